@@ -1,0 +1,507 @@
+//! The one IO layer: every stage reads and writes tables through here.
+//!
+//! Reading: stdin or a file; the format is sniffed from the first bytes (`FF FF FF FF` = Arrow IPC
+//! stream, `ARROW1` = IPC file, `PAR1` = Parquet), the schema is checked against the expected table
+//! and compatible encodings are cast. IPC streams are read batch by batch (bounded memory);
+//! Parquet and IPC files need random access, so from a pipe they are buffered whole.
+//!
+//! Writing: IPC stream (zstd) by default (the only Arrow format a pipe can carry), Parquet (zstd)
+//! for `*.parquet`, IPC file for `*.arrow`/`*.feather`. A file is written under a temporary name
+//! and renamed on success; if the writer is dropped unfinished, the temporary file is removed.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Cursor, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use arrow::compute::cast;
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::error::ArrowError;
+use arrow::ipc::reader::{FileReader, StreamReader};
+use arrow::ipc::writer::{FileWriter, IpcWriteOptions, StreamWriter};
+use arrow::ipc::CompressionType;
+use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde::{Deserialize, Serialize};
+
+use crate::tables::{compatible, type_name, Table, META_PROVENANCE, META_TABLE};
+
+/// Rows per batch when reading Parquet and when stages build batches.
+pub const BATCH_ROWS: usize = 8192;
+
+/// On-disk / on-pipe encoding of a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Format {
+    /// Arrow IPC stream (zstd-compressed buffers): the pipe format.
+    Ipc,
+    /// Arrow IPC file (random access; `.arrow`, `.feather`).
+    IpcFile,
+    /// Parquet with zstd.
+    Parquet,
+}
+
+impl Format {
+    /// Recognises a table encoding from its first bytes.
+    pub fn sniff(head: &[u8]) -> Option<Format> {
+        if head.starts_with(&[0xFF, 0xFF, 0xFF, 0xFF]) {
+            Some(Format::Ipc)
+        } else if head.starts_with(b"ARROW1") {
+            Some(Format::IpcFile)
+        } else if head.starts_with(b"PAR1") {
+            Some(Format::Parquet)
+        } else {
+            None
+        }
+    }
+
+    /// The default encoding for an output path (`None` = stdout).
+    pub fn for_path(path: Option<&Path>) -> Format {
+        match path.and_then(|p| p.extension()).and_then(|e| e.to_str()) {
+            Some("parquet") => Format::Parquet,
+            Some("arrow") | Some("feather") => Format::IpcFile,
+            _ => Format::Ipc,
+        }
+    }
+}
+
+/// Where a table came from: written into every output's schema metadata (`coa.provenance`), with
+/// the provenance of each input nested, so any file can be traced back to its first stage.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    pub stage: String,
+    pub version: String,
+    pub args: Vec<String>,
+    pub seed: Option<u64>,
+    pub inputs: Vec<InputProvenance>,
+}
+
+/// One input of a stage: its name, the table it held and that table's own provenance.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InputProvenance {
+    pub source: String,
+    pub table: Option<String>,
+    pub provenance: Option<Box<Provenance>>,
+}
+
+/// Human name of an input: `stdin` or the path.
+pub fn source_name(path: Option<&Path>) -> String {
+    match path {
+        None => "stdin".to_string(),
+        Some(p) if p == Path::new("-") => "stdin".to_string(),
+        Some(p) => p.display().to_string(),
+    }
+}
+
+type BatchIter = Box<dyn Iterator<Item = std::result::Result<RecordBatch, ArrowError>> + Send>;
+
+/// Batches of one input table, validated against (and cast to) the expected table.
+pub struct TableReader {
+    source: String,
+    format: Format,
+    expected: Option<&'static Table>,
+    found: SchemaRef,
+    schema: SchemaRef,
+    needs_cast: bool,
+    inner: BatchIter,
+    batches: usize,
+    rows: u64,
+}
+
+impl TableReader {
+    /// The schema of the batches this reader yields.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+    /// `stdin` or the input path.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+    pub fn format(&self) -> Format {
+        self.format
+    }
+    /// Rows yielded so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+    /// The table name recorded in the input's metadata, if any.
+    pub fn table_name(&self) -> Option<String> {
+        self.found.metadata().get(META_TABLE).cloned()
+    }
+    /// The provenance recorded in the input's metadata, if it was written by a stage.
+    pub fn provenance(&self) -> Option<Provenance> {
+        self.found.metadata().get(META_PROVENANCE).and_then(|s| serde_json::from_str(s).ok())
+    }
+    /// This input as recorded in a downstream output's provenance.
+    pub fn input_provenance(&self) -> InputProvenance {
+        InputProvenance {
+            source: self.source.clone(),
+            table: self.table_name().or_else(|| self.expected.map(|t| t.name.to_string())),
+            provenance: self.provenance().map(Box::new),
+        }
+    }
+
+    fn conform(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        if !self.needs_cast {
+            // Same columns and types: only the schema (metadata, nullability) is swapped, which
+            // still checks that required columns hold no nulls.
+            return RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec()).map_err(|e| anyhow!("{}: {e}", self.source));
+        }
+        let mut columns = Vec::with_capacity(self.schema.fields().len());
+        for field in self.schema.fields() {
+            let idx = batch.schema().index_of(field.name())?;
+            let column = batch.column(idx);
+            if column.data_type() == field.data_type() {
+                columns.push(column.clone());
+            } else {
+                columns.push(cast(column, field.data_type()).with_context(|| {
+                    format!("{}: casting column `{}` to {}", self.source, field.name(), type_name(field.data_type()))
+                })?);
+            }
+        }
+        RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| anyhow!("{}: {e}", self.source))
+    }
+}
+
+impl Iterator for TableReader {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        let next = self.inner.next()?;
+        let batch = match next {
+            Ok(b) => b,
+            Err(e) => {
+                return Some(Err(anyhow!(
+                    "{}: input is truncated or corrupt after {} batches ({} rows): {e}",
+                    self.source,
+                    self.batches,
+                    self.rows
+                )))
+            }
+        };
+        self.batches += 1;
+        self.rows += batch.num_rows() as u64;
+        Some(self.conform(batch))
+    }
+}
+
+/// Opens an input holding the `expected` table; `None` or `-` reads stdin.
+pub fn open(path: Option<&Path>, expected: &'static Table) -> Result<TableReader> {
+    open_inner(path, Some(expected))
+}
+
+/// Opens an input holding any table (no schema check).
+pub fn open_any(path: Option<&Path>) -> Result<TableReader> {
+    open_inner(path, None)
+}
+
+/// Reads a whole input into memory.
+pub fn read_all(path: Option<&Path>, expected: &'static Table) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let reader = open(path, expected)?;
+    let schema = reader.schema();
+    let batches = reader.collect::<Result<Vec<_>>>()?;
+    Ok((schema, batches))
+}
+
+fn expected_line(expected: Option<&'static Table>) -> String {
+    match expected {
+        Some(t) => format!("an Arrow IPC stream, Arrow IPC file or Parquet file holding the `{}` table (written by `{}`)", t.name, t.produced_by),
+        None => "an Arrow IPC stream, Arrow IPC file or Parquet file".to_string(),
+    }
+}
+
+fn read_head(r: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
+    let mut head = vec![0u8; n];
+    let mut got = 0;
+    while got < n {
+        match r.read(&mut head[got..]) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    head.truncate(got);
+    Ok(head)
+}
+
+fn describe_head(head: &[u8]) -> String {
+    let hex: Vec<String> = head.iter().map(|b| format!("{b:02x}")).collect();
+    let text: String = head.iter().map(|&b| if (0x20..0x7f).contains(&b) { b as char } else { '.' }).collect();
+    format!("{} ({text:?})", hex.join(" "))
+}
+
+fn open_inner(path: Option<&Path>, expected: Option<&'static Table>) -> Result<TableReader> {
+    let source = source_name(path);
+    let stdin = path.is_none() || path == Some(Path::new("-"));
+    let (format, inner, found): (Format, BatchIter, SchemaRef) = if stdin {
+        let mut input = io::stdin().lock();
+        let head = read_head(&mut input, 8).with_context(|| format!("{source}: reading"))?;
+        let format = sniff_or_fail(&source, &head, expected)?;
+        match format {
+            Format::Ipc => {
+                let chained = Cursor::new(head).chain(io::stdin());
+                stream_reader(&source, BufReader::with_capacity(1 << 20, chained))?
+            }
+            Format::IpcFile | Format::Parquet => {
+                // Both need random access: a pipe is buffered whole.
+                let mut all = head;
+                input.read_to_end(&mut all).with_context(|| format!("{source}: reading"))?;
+                random_access_reader(&source, format, Bytes::from(all))?
+            }
+        }
+    } else {
+        let p = path.unwrap();
+        let mut file = File::open(p).with_context(|| format!("cannot open input {source}"))?;
+        let head = read_head(&mut file, 8).with_context(|| format!("{source}: reading"))?;
+        let format = sniff_or_fail(&source, &head, expected)?;
+        file.seek(SeekFrom::Start(0))?;
+        match format {
+            Format::Ipc => stream_reader(&source, BufReader::with_capacity(1 << 20, file))?,
+            Format::IpcFile => {
+                let r = FileReader::try_new(BufReader::new(file), None)
+                    .map_err(|e| anyhow!("{source}: not a readable Arrow IPC file (truncated or corrupt?): {e}"))?;
+                let schema = r.schema();
+                (Format::IpcFile, Box::new(r), schema)
+            }
+            Format::Parquet => {
+                let b = ParquetRecordBatchReaderBuilder::try_new(file)
+                    .map_err(|e| anyhow!("{source}: not a readable Parquet file (truncated or corrupt?): {e}"))?;
+                let schema = b.schema().clone();
+                let r = b.with_batch_size(BATCH_ROWS).build()?;
+                (Format::Parquet, Box::new(r), schema)
+            }
+        }
+    };
+    let (schema, needs_cast) = match expected {
+        Some(t) => check_schema(&source, &found, t)?,
+        None => (found.clone(), false),
+    };
+    Ok(TableReader { source, format, expected, found, schema, needs_cast, inner, batches: 0, rows: 0 })
+}
+
+fn sniff_or_fail(source: &str, head: &[u8], expected: Option<&'static Table>) -> Result<Format> {
+    if head.is_empty() {
+        bail!("{source}: input is empty; expected {}", expected_line(expected));
+    }
+    Format::sniff(head).ok_or_else(|| {
+        anyhow!(
+            "{source}: input is not Arrow or Parquet (first bytes {}); expected {}",
+            describe_head(head),
+            expected_line(expected)
+        )
+    })
+}
+
+fn stream_reader<R: Read + Send + 'static>(source: &str, r: R) -> Result<(Format, BatchIter, SchemaRef)> {
+    let reader = StreamReader::try_new(r, None)
+        .map_err(|e| anyhow!("{source}: Arrow IPC stream is truncated or corrupt before its schema: {e}"))?;
+    let schema = reader.schema();
+    Ok((Format::Ipc, Box::new(reader), schema))
+}
+
+fn random_access_reader(source: &str, format: Format, bytes: Bytes) -> Result<(Format, BatchIter, SchemaRef)> {
+    match format {
+        Format::IpcFile => {
+            let r = FileReader::try_new(Cursor::new(bytes), None)
+                .map_err(|e| anyhow!("{source}: not a readable Arrow IPC file (truncated or corrupt?): {e}"))?;
+            let schema = r.schema();
+            Ok((format, Box::new(r), schema))
+        }
+        Format::Parquet => {
+            let b = ParquetRecordBatchReaderBuilder::try_new(bytes)
+                .map_err(|e| anyhow!("{source}: not a readable Parquet file (truncated or corrupt?): {e}"))?;
+            let schema = b.schema().clone();
+            Ok((format, Box::new(b.with_batch_size(BATCH_ROWS).build()?), schema))
+        }
+        Format::Ipc => unreachable!("streams are read incrementally"),
+    }
+}
+
+/// Checks `found` against the expected table. Returns the schema batches will be cast to:
+/// the canonical columns first, then any extra columns the input carries, unchanged.
+fn check_schema(source: &str, found: &Schema, table: &'static Table) -> Result<(SchemaRef, bool)> {
+    let written_by = format!("the `{}` table is written by `{}`", table.name, table.produced_by);
+    if let Some(name) = found.metadata().get(META_TABLE) {
+        if name != table.name {
+            bail!("{source}: input holds the `{name}` table, expected the `{}` table ({written_by})", table.name);
+        }
+    }
+    let canonical = table.schema();
+    let mut fields = Vec::with_capacity(found.fields().len());
+    let mut needs_cast = false;
+    for (i, col) in table.columns.iter().enumerate() {
+        let Ok(idx) = found.index_of(col.name) else {
+            let names: Vec<&str> = found.fields().iter().map(|f| f.name().as_str()).collect();
+            bail!(
+                "{source}: column `{}` is missing: expected {} ({written_by}; columns found: {})",
+                col.name,
+                type_name(&col.dtype),
+                names.join(", ")
+            );
+        };
+        let got = found.field(idx).data_type();
+        if !compatible(&col.dtype, got) {
+            bail!(
+                "{source}: column `{}` has type {}, expected {} ({written_by})",
+                col.name,
+                type_name(got),
+                type_name(&col.dtype)
+            );
+        }
+        needs_cast |= idx != i || got != &col.dtype;
+        fields.push(canonical.field(i).clone());
+    }
+    for f in found.fields() {
+        if table.column(f.name()).is_none() {
+            fields.push(f.as_ref().clone());
+            needs_cast = true;
+        }
+    }
+    let schema = Schema::new(fields).with_metadata(canonical.metadata().clone());
+    Ok((Arc::new(schema), needs_cast))
+}
+
+enum Sink {
+    Ipc(StreamWriter<Box<dyn Write + Send>>),
+    IpcFile(FileWriter<Box<dyn Write + Send>>),
+    Parquet(ArrowWriter<Box<dyn Write + Send>>),
+}
+
+/// Writes one table to stdout or a file (temp name + rename on [`TableWriter::finish`]).
+pub struct TableWriter {
+    sink: Option<Sink>,
+    target: String,
+    tmp: Option<(PathBuf, PathBuf)>,
+    rows: u64,
+}
+
+/// Adds `coa.provenance` to a table schema.
+pub fn with_provenance(schema: &Schema, provenance: &Provenance) -> Result<SchemaRef> {
+    let mut meta = schema.metadata().clone();
+    meta.insert(META_PROVENANCE.to_string(), serde_json::to_string(provenance)?);
+    Ok(Arc::new(schema.clone().with_metadata(meta)))
+}
+
+fn temp_path_for(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+/// Creates a writer; `path` `None` or `-` means stdout. `format` overrides the path's default.
+pub fn create(path: Option<&Path>, format: Option<Format>, schema: &Schema, provenance: &Provenance) -> Result<TableWriter> {
+    let stdout = path.is_none() || path == Some(Path::new("-"));
+    let path = if stdout { None } else { path };
+    let format = format.unwrap_or_else(|| Format::for_path(path));
+    let schema = with_provenance(schema, provenance)?;
+    let target = path.map(|p| p.display().to_string()).unwrap_or_else(|| "stdout".into());
+    let (out, tmp): (Box<dyn Write + Send>, _) = match path {
+        None => (Box::new(BufWriter::with_capacity(1 << 20, io::stdout())), None),
+        Some(p) => {
+            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).with_context(|| format!("creating output directory {}", dir.display()))?;
+            }
+            let tmp = temp_path_for(p);
+            let f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+            (Box::new(BufWriter::with_capacity(1 << 20, f)), Some((tmp, p.to_path_buf())))
+        }
+    };
+    let mut writer = TableWriter { sink: None, target, tmp, rows: 0 };
+    let ipc_options = || IpcWriteOptions::default().try_with_compression(Some(CompressionType::ZSTD));
+    let sink = match format {
+        Format::Ipc => Sink::Ipc(StreamWriter::try_new_with_options(out, &schema, ipc_options()?)?),
+        Format::IpcFile => Sink::IpcFile(FileWriter::try_new_with_options(out, &schema, ipc_options()?)?),
+        Format::Parquet => {
+            let props = WriterProperties::builder()
+                .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+                .set_max_row_group_row_count(Some(128 * 1024))
+                .build();
+            Sink::Parquet(ArrowWriter::try_new(out, schema, Some(props))?)
+        }
+    };
+    writer.sink = Some(sink);
+    Ok(writer)
+}
+
+impl TableWriter {
+    /// Appends one batch.
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let target = &self.target;
+        match self.sink.as_mut().expect("writer used after finish") {
+            Sink::Ipc(w) => w.write(batch).map_err(|e| io_context(e.into(), target))?,
+            Sink::IpcFile(w) => w.write(batch).map_err(|e| io_context(e.into(), target))?,
+            Sink::Parquet(w) => w.write(batch).map_err(|e| io_context(e.into(), target))?,
+        }
+        self.rows += batch.num_rows() as u64;
+        Ok(())
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Closes the table, flushes, and renames a file output into place. Returns rows written.
+    pub fn finish(mut self) -> Result<u64> {
+        let target = self.target.clone();
+        let flushed: Result<()> = match self.sink.take().expect("finish called twice") {
+            Sink::Ipc(mut w) => w.finish().map_err(Into::into).and_then(|_| w.into_inner().map_err(Into::into)).and_then(flush),
+            Sink::IpcFile(mut w) => w.finish().map_err(Into::into).and_then(|_| w.into_inner().map_err(Into::into)).and_then(flush),
+            Sink::Parquet(w) => w.into_inner().map_err(Into::into).and_then(flush),
+        };
+        flushed.map_err(|e| io_context(e, &target))?;
+        if let Some((tmp, path)) = self.tmp.take() {
+            std::fs::rename(&tmp, &path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+        }
+        Ok(self.rows)
+    }
+}
+
+fn flush(mut w: Box<dyn Write + Send>) -> Result<()> {
+    w.flush()?;
+    Ok(())
+}
+
+fn io_context(e: anyhow::Error, target: &str) -> anyhow::Error {
+    if is_broken_pipe(&e) {
+        return e;
+    }
+    e.context(format!("writing {target}"))
+}
+
+impl Drop for TableWriter {
+    fn drop(&mut self) {
+        // An unfinished output is never left behind under its final (or temporary) name.
+        if let Some((tmp, _)) = self.tmp.take() {
+            drop(self.sink.take());
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}
+
+/// Whether an error is (caused by) a closed stdout pipe, which ends a stage quietly.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        if let Some(io) = cause.downcast_ref::<io::Error>() {
+            return io.kind() == io::ErrorKind::BrokenPipe;
+        }
+        if let Some(ArrowError::IoError(_, io)) = cause.downcast_ref::<ArrowError>() {
+            return io.kind() == io::ErrorKind::BrokenPipe;
+        }
+        cause.to_string().contains("Broken pipe")
+    })
+}
+
+/// Writes a whole table in one go: convenience for small outputs built in memory.
+pub fn write_all(path: Option<&Path>, format: Option<Format>, schema: &Schema, batches: &[RecordBatch], provenance: &Provenance) -> Result<u64> {
+    let mut w = create(path, format, schema, provenance)?;
+    for b in batches {
+        w.write(b)?;
+    }
+    w.finish()
+}

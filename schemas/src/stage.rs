@@ -1,0 +1,193 @@
+//! The command-line harness every stage binary shares: common IO flags, the provenance of what it
+//! writes, the one-line JSON summary on stderr (and `--stats FILE`), progress bars only on a
+//! terminal, error reporting, and a quiet exit on a closed stdout pipe.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use arrow::datatypes::Schema;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::{json, Map, Value};
+
+use crate::io::{self, Format, InputProvenance, Provenance, TableReader, TableWriter};
+use crate::tables::Table;
+
+/// Flags shared by every stage that reads and writes one table.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct IoArgs {
+    /// Input table (Arrow IPC stream, IPC file or Parquet; sniffed). Default: stdin.
+    #[arg(short = 'i', long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+    /// Output table. Default: stdout as an Arrow IPC stream; `*.parquet` writes Parquet.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Output encoding, overriding the one implied by the output path.
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    /// Also write the one-line JSON summary to this file.
+    #[arg(long, value_name = "FILE")]
+    pub stats: Option<PathBuf>,
+}
+
+/// A running stage: what it read, what it wrote, and its summary.
+pub struct Stage {
+    name: String,
+    version: String,
+    seed: Option<u64>,
+    inputs: Vec<InputProvenance>,
+    started: Instant,
+    rows_in: u64,
+    rows_out: u64,
+    summary: Map<String, Value>,
+    stats_path: Option<PathBuf>,
+}
+
+impl Stage {
+    pub fn new(name: &str, version: &str) -> Stage {
+        Stage {
+            name: name.to_string(),
+            version: version.to_string(),
+            seed: None,
+            inputs: Vec::new(),
+            started: Instant::now(),
+            rows_in: 0,
+            rows_out: 0,
+            summary: Map::new(),
+            stats_path: None,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Records the seed in the provenance of every output.
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = Some(seed);
+    }
+
+    /// Where to also write the summary line.
+    pub fn set_stats_path(&mut self, path: Option<PathBuf>) {
+        self.stats_path = path;
+    }
+
+    /// The provenance written into outputs: this stage, its arguments, seed and inputs.
+    pub fn provenance(&self) -> Provenance {
+        Provenance {
+            stage: self.name.clone(),
+            version: self.version.clone(),
+            args: std::env::args().skip(1).collect(),
+            seed: self.seed,
+            inputs: self.inputs.clone(),
+        }
+    }
+
+    /// Opens an input table, checked against `table`, and records it in the provenance.
+    pub fn open(&mut self, path: Option<&Path>, table: &'static Table) -> Result<TableReader> {
+        let reader = io::open(path, table)?;
+        self.inputs.push(reader.input_provenance());
+        Ok(reader)
+    }
+
+    /// Records an input that is not a table (a task file being imported).
+    pub fn add_input_file(&mut self, path: &Path) {
+        self.inputs.push(InputProvenance { source: path.display().to_string(), table: None, provenance: None });
+    }
+
+    /// Creates an output writer carrying this stage's provenance.
+    pub fn create(&self, path: Option<&Path>, format: Option<Format>, schema: &Schema) -> Result<TableWriter> {
+        io::create(path, format, schema, &self.provenance())
+    }
+
+    pub fn add_rows_in(&mut self, n: u64) {
+        self.rows_in += n;
+    }
+    pub fn add_rows_out(&mut self, n: u64) {
+        self.rows_out += n;
+    }
+
+    /// Adds a field to the summary line.
+    pub fn note(&mut self, key: &str, value: impl Into<Value>) {
+        self.summary.insert(key.to_string(), value.into());
+    }
+
+    /// A progress bar drawn on stderr only when stderr is a terminal.
+    pub fn progress(&self, len: Option<u64>, what: &str) -> ProgressBar {
+        if !std::io::stderr().is_terminal() {
+            return ProgressBar::hidden();
+        }
+        let bar = match len {
+            Some(n) => ProgressBar::with_draw_target(Some(n), ProgressDrawTarget::stderr()),
+            None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
+        };
+        let template = if len.is_some() {
+            "{prefix} {bar:30} {pos}/{len} {msg} [{elapsed_precise}, eta {eta}]"
+        } else {
+            "{prefix} {spinner} {pos} {msg} [{elapsed_precise}]"
+        };
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style);
+        }
+        bar.set_prefix(format!("{} {what}", self.name));
+        bar
+    }
+
+    /// The summary line: stage, rows in/out, seconds, plus notes.
+    pub fn summary(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("stage".into(), json!(self.name));
+        m.insert("rows_in".into(), json!(self.rows_in));
+        m.insert("rows_out".into(), json!(self.rows_out));
+        m.insert("seconds".into(), json!((self.started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0));
+        for (k, v) in &self.summary {
+            m.insert(k.clone(), v.clone());
+        }
+        Value::Object(m)
+    }
+
+    fn finish(&self) -> Result<()> {
+        let line = serde_json::to_string(&self.summary())?;
+        eprintln!("{line}");
+        if let Some(path) = &self.stats_path {
+            write_atomically(path, format!("{line}\n").as_bytes())?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes a small file under a temporary name and renames it into place.
+pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| -> Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(contents)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs a stage body and turns its result into an exit code: the summary on success, one clear
+/// error line (with its chain of causes) on failure, and a quiet exit 0 when stdout was closed.
+pub fn run(stage: &mut Stage, body: impl FnOnce(&mut Stage) -> Result<()>) -> ExitCode {
+    let result = body(stage).and_then(|_| stage.finish());
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if io::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}: error: {e:#}", stage.name());
+            ExitCode::FAILURE
+        }
+    }
+}

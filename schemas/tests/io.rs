@@ -1,0 +1,226 @@
+//! The IO layer on real files: every format round-trips, provenance travels, and every kind of
+//! bad input gets its own clear error.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int32Array, LargeStringArray, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use coa_schemas::io::{self, Format, Provenance};
+use coa_schemas::rows::{self, CorpusPage, Task};
+use coa_schemas::tables::{CORPUS, TASKS};
+
+fn tasks(n: usize) -> Vec<Task> {
+    (0..n)
+        .map(|i| Task {
+            task_id: format!("t{i}"),
+            suite: "multihop".into(),
+            split: "train".into(),
+            source: "synthetic".into(),
+            question: format!("Where was person {i} born?"),
+            answers: vec![format!("City {i}")],
+            tools: vec!["web_search".into(), "crawl_page".into()],
+            hops: Some(2),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn provenance() -> Provenance {
+    Provenance { stage: "test".into(), version: "0".into(), args: vec!["--x".into()], seed: Some(7), inputs: vec![] }
+}
+
+fn write_tasks(path: &Path, format: Option<Format>, n: usize) {
+    let batch = rows::to_batch(&tasks(n)).unwrap();
+    io::write_all(Some(path), format, &TASKS.schema(), &[batch], &provenance()).unwrap();
+}
+
+fn err_of(path: &Path) -> String {
+    match io::open(Some(path), &TASKS) {
+        Ok(r) => match r.collect::<anyhow::Result<Vec<_>>>() {
+            Ok(_) => panic!("expected an error for {}", path.display()),
+            Err(e) => format!("{e:#}"),
+        },
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn every_format_round_trips_with_provenance() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, format) in [("a.parquet", Format::Parquet), ("a.arrow", Format::IpcFile), ("a.ipc", Format::Ipc)] {
+        let path = dir.path().join(name);
+        write_tasks(&path, None, 100);
+        let head = std::fs::read(&path).unwrap();
+        assert_eq!(Format::sniff(&head), Some(format), "{name}");
+        let reader = io::open(Some(&path), &TASKS).unwrap();
+        assert_eq!(reader.format(), format);
+        let prov = reader.provenance().expect("provenance in metadata");
+        assert_eq!(prov, provenance());
+        assert_eq!(reader.table_name().as_deref(), Some("tasks"));
+        let batches: Vec<_> = reader.collect::<anyhow::Result<_>>().unwrap();
+        let back: Vec<Task> = batches.iter().flat_map(|b| rows::from_batch::<Task>(b).unwrap()).collect();
+        assert_eq!(back, tasks(100), "{name}");
+        // No temporary file is left next to the output.
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
+        assert!(leftovers.is_empty());
+    }
+}
+
+#[test]
+fn format_flag_overrides_the_extension() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tasks.parquet");
+    write_tasks(&path, Some(Format::Ipc), 3);
+    assert_eq!(Format::sniff(&std::fs::read(&path).unwrap()), Some(Format::Ipc));
+}
+
+#[test]
+fn writing_is_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    for ext in ["parquet", "ipc"] {
+        let a = dir.path().join(format!("a.{ext}"));
+        let b = dir.path().join(format!("b.{ext}"));
+        write_tasks(&a, None, 50);
+        write_tasks(&b, None, 50);
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "{ext}");
+    }
+}
+
+#[test]
+fn an_unfinished_writer_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("out.parquet");
+    {
+        let mut w = io::create(Some(&path), None, &TASKS.schema(), &provenance()).unwrap();
+        w.write(&rows::to_batch(&tasks(10)).unwrap()).unwrap();
+        // dropped without finish(): the stage failed
+    }
+    assert!(!path.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "temporary file left behind");
+}
+
+#[test]
+fn empty_input_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.parquet");
+    std::fs::write(&path, b"").unwrap();
+    let e = err_of(&path);
+    assert!(e.contains("empty.parquet") && e.contains("input is empty") && e.contains("`tasks`"), "{e}");
+}
+
+#[test]
+fn non_arrow_bytes_are_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tasks.jsonl");
+    std::fs::write(&path, b"{\"question\": 1}\n").unwrap();
+    let e = err_of(&path);
+    assert!(e.contains("not Arrow or Parquet") && e.contains("7b 22") && e.contains("coa-generate tasks"), "{e}");
+}
+
+#[test]
+fn truncated_inputs_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    // Several batches so a cut lands inside a message, after the schema.
+    let path = dir.path().join("full.ipc");
+    let mut w = io::create(Some(&path), None, &TASKS.schema(), &provenance()).unwrap();
+    for _ in 0..4 {
+        w.write(&rows::to_batch(&tasks(500)).unwrap()).unwrap();
+    }
+    w.finish().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.path().join("cut.ipc");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let e = err_of(&cut);
+    assert!(e.contains("cut.ipc") && e.contains("truncated or corrupt"), "{e}");
+
+    let pq = dir.path().join("full.parquet");
+    write_tasks(&pq, None, 100);
+    let bytes = std::fs::read(&pq).unwrap();
+    let cut = dir.path().join("cut.parquet");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let e = err_of(&cut);
+    assert!(e.contains("cut.parquet") && e.contains("truncated or corrupt"), "{e}");
+}
+
+fn write_raw(path: &Path, schema: Schema, columns: Vec<ArrayRef>) {
+    let schema = Arc::new(schema);
+    let batch = RecordBatch::try_new(schema.clone(), columns).unwrap();
+    io::write_all(Some(path), None, &schema, &[batch], &Provenance::default()).unwrap();
+}
+
+#[test]
+fn a_missing_column_names_column_type_and_producer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.parquet");
+    let schema = Schema::new(vec![Field::new("url", DataType::Utf8, false), Field::new("title", DataType::Utf8, false)]);
+    write_raw(&path, schema, vec![Arc::new(StringArray::from(vec!["u"])), Arc::new(StringArray::from(vec!["t"]))]);
+    let e = match io::open(Some(&path), &CORPUS) {
+        Err(e) => format!("{e:#}"),
+        Ok(_) => panic!("accepted a table without `text`"),
+    };
+    assert!(e.contains("column `text` is missing") && e.contains("expected utf8") && e.contains("coa-generate tasks --corpus-out"), "{e}");
+    assert!(e.contains("columns found: url, title"), "{e}");
+}
+
+#[test]
+fn a_wrong_type_names_expected_and_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.ipc");
+    let schema = Schema::new(vec![
+        Field::new("url", DataType::Utf8, false),
+        Field::new("title", DataType::Int32, false),
+        Field::new("text", DataType::Utf8, false),
+        Field::new("kind", DataType::Utf8, false),
+    ]);
+    let s = |v: &str| Arc::new(StringArray::from(vec![v])) as ArrayRef;
+    write_raw(&path, schema, vec![s("u"), Arc::new(Int32Array::from(vec![1])), s("x"), s("entity")]);
+    let e = format!("{:#}", io::open(Some(&path), &CORPUS).err().expect("accepted int32 title"));
+    assert!(e.contains("column `title` has type int32, expected utf8"), "{e}");
+}
+
+#[test]
+fn the_wrong_table_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tasks.parquet");
+    write_tasks(&path, None, 2);
+    let e = format!("{:#}", io::open(Some(&path), &CORPUS).err().expect("read tasks as corpus"));
+    assert!(e.contains("holds the `tasks` table, expected the `corpus` table"), "{e}");
+}
+
+#[test]
+fn polars_encodings_are_cast_and_extra_columns_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("polars.parquet");
+    // Columns reordered, large strings (as polars writes), plus a user column.
+    let schema = Schema::new(vec![
+        Field::new("kind", DataType::LargeUtf8, true),
+        Field::new("text", DataType::LargeUtf8, true),
+        Field::new("title", DataType::LargeUtf8, true),
+        Field::new("url", DataType::LargeUtf8, true),
+        Field::new("my_score", DataType::Int32, true),
+    ]);
+    let s = |v: &str| Arc::new(LargeStringArray::from(vec![v])) as ArrayRef;
+    write_raw(&path, schema, vec![s("entity"), s("body"), s("T"), s("https://x"), Arc::new(Int32Array::from(vec![5]))]);
+    let (schema, batches) = io::read_all(Some(&path), &CORPUS).unwrap();
+    let names: Vec<_> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    assert_eq!(names, ["url", "title", "text", "kind", "my_score"]);
+    let pages: Vec<CorpusPage> = rows::from_batch(&batches[0]).unwrap();
+    assert_eq!(pages[0], CorpusPage { url: "https://x".into(), title: "T".into(), text: "body".into(), kind: "entity".into() });
+}
+
+#[test]
+fn nulls_in_a_required_column_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nulls.parquet");
+    let schema = Schema::new(vec![
+        Field::new("url", DataType::Utf8, true),
+        Field::new("title", DataType::Utf8, true),
+        Field::new("text", DataType::Utf8, true),
+        Field::new("kind", DataType::Utf8, true),
+    ]);
+    let s = |v: Option<&str>| Arc::new(StringArray::from(vec![v])) as ArrayRef;
+    write_raw(&path, schema, vec![s(Some("u")), s(None), s(Some("x")), s(Some("entity"))]);
+    let e = format!("{:#}", io::read_all(Some(&path), &CORPUS).err().expect("accepted a null title"));
+    assert!(e.contains("nulls.parquet") && e.contains("title"), "{e}");
+}
