@@ -26,6 +26,7 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
@@ -417,7 +418,16 @@ pub fn create(path: Option<&Path>, format: Option<Format>, schema: &Schema, prov
         Format::Ipc => Sink::Ipc(StreamWriter::try_new_with_options(out, &schema, ipc_options()?)?),
         Format::IpcFile => Sink::IpcFile(FileWriter::try_new_with_options(out, &schema, ipc_options()?)?),
         Format::Parquet => {
+            // The coa.* keys also go into Parquet's own key-value metadata, so tools that do not
+            // decode the embedded Arrow schema (polars' read_parquet_metadata, duckdb) see them.
+            let kv: Vec<KeyValue> = schema
+                .metadata()
+                .iter()
+                .filter(|(k, _)| k.starts_with("coa."))
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
+                .collect();
             let props = WriterProperties::builder()
+                .set_key_value_metadata(Some(kv))
                 .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
                 .set_max_row_group_row_count(Some(128 * 1024))
                 .build();

@@ -1,0 +1,62 @@
+# Chain-of-Agents in Rust. `make help` lists the targets.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DELETE_ON_ERROR:
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-builtin-rules
+
+include pipelines/default.mk
+
+CARGO   ?= cargo
+PROFILE ?= release
+BIN     := target/$(PROFILE)
+RUNDIR  := runs/$(RUN)
+STAGES  := coa-generate
+GENERATE := $(BIN)/coa-generate
+PYTHON  ?= python3
+VENV    := .venv
+
+.PHONY: help build test pipeline tasks bench bench-io schemas-doc clean
+
+help:
+	@echo "make pipeline   run the offline default loop (today: task generation) into runs/$(RUN)/"
+	@echo "make test       build and run every test (unit, real-file, end-to-end)"
+	@echo "make build      build the stage binaries ($(PROFILE) profile) into $(BIN)/"
+	@echo "make tasks      runs/$(RUN)/tasks.parquet + corpus.parquet, and the held-out test/ split"
+	@echo "make bench      benchmarks side by side with the Python tools (writes bench/results/)"
+	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
+
+build:
+	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))
+
+# Every stage binary is rebuilt when any source changes (cargo decides what is stale).
+$(GENERATE): build
+	@true
+
+test:
+	@command -v $(PYTHON) >/dev/null || { echo "make test: python3 is needed (the code sandbox runs it)"; exit 1; }
+	$(CARGO) build $(addprefix -p ,$(STAGES))
+	$(CARGO) test --workspace --no-fail-fast
+
+include pipelines/tasks.mk
+
+pipeline: tasks
+	@echo "pipeline: tasks in $(RUNDIR)/ (distill, sft, rl and eval arrive with their stages)"
+
+# Python side of the benchmarks: pyarrow, pandas, polars in a local virtualenv.
+$(VENV)/.ok: bench/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -r bench/requirements.txt
+	touch $@
+
+bench: bench-io
+
+bench-io: $(VENV)/.ok
+	$(CARGO) build --profile $(PROFILE) -p coa-schemas --example io_passthrough
+	$(VENV)/bin/python bench/io_bench.py --bin $(BIN)/examples/io_passthrough --rows 1000000 --out bench/results/io.md
+
+schemas-doc:
+	COA_BLESS=1 $(CARGO) test -p coa-schemas --test reference_doc
+
+clean:
+	rm -rf runs target/$(PROFILE)/coa-*

@@ -1,0 +1,14 @@
+# The embedded offline default run: sizes and seeds of `make pipeline`.
+# Override any of these on the command line, e.g. `make tasks RUN=big N_MULTIHOP=5000`.
+
+RUN        ?= default
+SEED       ?= 1
+TEST_SEED  ?= 2
+
+# Tasks per suite, training split and held-out test split.
+N_MULTIHOP ?= 1000
+N_MATH     ?= 300
+N_CODE     ?= 300
+TEST_N_MULTIHOP ?= 200
+TEST_N_MATH     ?= 100
+TEST_N_CODE     ?= 100
