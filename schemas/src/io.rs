@@ -35,6 +35,12 @@ use crate::tables::{compatible, type_name, Table, META_PROVENANCE, META_TABLE};
 /// Rows per batch when reading Parquet and when stages build batches.
 pub const BATCH_ROWS: usize = 8192;
 
+/// zstd level of IPC stream buffers.
+const IPC_ZSTD_LEVEL: i32 = 1;
+
+/// Batches decoded ahead of the consumer by the reader's background thread.
+const PREFETCH_BATCHES: usize = 2;
+
 /// On-disk / on-pipe encoding of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -283,7 +289,49 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>) -> Result<T
         Some(t) => check_schema(&source, &found, t)?,
         None => (found.clone(), false),
     };
+    let inner = prefetch(inner);
     Ok(TableReader { source, format, expected, found, schema, needs_cast, inner, batches: 0, rows: 0 })
+}
+
+/// Decodes batches on a background thread, a few ahead of the consumer, so decompression overlaps
+/// the stage's own work and its output encoding. Memory stays bounded by the channel capacity.
+fn prefetch(inner: BatchIter) -> BatchIter {
+    let (tx, rx) = std::sync::mpsc::sync_channel(PREFETCH_BATCHES);
+    let handle = std::thread::Builder::new()
+        .name("coa-read".into())
+        .spawn(move || {
+            for item in inner {
+                if tx.send(item).is_err() {
+                    break; // the consumer stopped reading
+                }
+            }
+        })
+        .expect("spawning the reader thread");
+    Box::new(Prefetched { rx, handle: Some(handle) })
+}
+
+struct Prefetched {
+    rx: std::sync::mpsc::Receiver<std::result::Result<RecordBatch, ArrowError>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Iterator for Prefetched {
+    type Item = std::result::Result<RecordBatch, ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.rx.recv() {
+            Ok(item) => Some(item),
+            Err(_) => {
+                // The channel closed: a clean end, unless the decoder thread panicked, which must
+                // not read as a shorter table.
+                let handle = self.handle.take()?;
+                match handle.join() {
+                    Ok(()) => None,
+                    Err(_) => Some(Err(ArrowError::ExternalError("the reader thread panicked while decoding".into()))),
+                }
+            }
+        }
+    }
 }
 
 fn sniff_or_fail(source: &str, head: &[u8], expected: Option<&'static Table>) -> Result<Format> {
@@ -413,7 +461,10 @@ pub fn create(path: Option<&Path>, format: Option<Format>, schema: &Schema, prov
         }
     };
     let mut writer = TableWriter { sink: None, target, tmp, rows: 0 };
-    let ipc_options = || IpcWriteOptions::default().try_with_compression(Some(CompressionType::ZSTD));
+    // zstd level 1, as Arrow C++/pyarrow use: a pipe format wants speed over the last few percent.
+    let ipc_options = || {
+        IpcWriteOptions::default().try_with_compression(Some(CompressionType::ZSTD))?.try_with_compression_level(Some(IPC_ZSTD_LEVEL))
+    };
     let sink = match format {
         Format::Ipc => Sink::Ipc(StreamWriter::try_new_with_options(out, &schema, ipc_options()?)?),
         Format::IpcFile => Sink::IpcFile(FileWriter::try_new_with_options(out, &schema, ipc_options()?)?),

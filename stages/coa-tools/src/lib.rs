@@ -1,0 +1,21 @@
+//! The agents' tools, offline backends: `web_search` (BM25 over the corpus), `crawl_page`
+//! (page text by URL) and `code` (Python 3 in a sandbox), each producing the observation text
+//! in the reference tools' format (DESIGN.md §4, §6).
+//!
+//! - [`search`] has [`Bm25Index`], [`SearchHit`] and [`render_search`];
+//! - [`corpus`] has [`Corpus`], the pages + URL map + index, built once and shared;
+//! - [`crawl`] has [`crawl_page`];
+//! - [`code`] has [`run_python`], [`SandboxLimits`] and [`CodeRun`].
+//!
+//! Nothing here panics on bad input: bad data is an `Err` with context, and bad *agent*
+//! behaviour (unknown URL, failing code) is an observation for the agent to read.
+
+pub mod code;
+pub mod corpus;
+pub mod crawl;
+pub mod search;
+
+pub use code::{find_python, run_python, run_python_with, CodeRun, RunStatus, SandboxLimits};
+pub use corpus::{Corpus, PageLookup};
+pub use crawl::crawl_page;
+pub use search::{render_search, Bm25Index, SearchHit};
