@@ -207,6 +207,16 @@ pub fn open_any(path: Option<&Path>) -> Result<TableReader> {
     open_inner(path, None)
 }
 
+/// Opens a table already in memory (e.g. a file read whole to sniff it); `expected` as in [`open`].
+pub fn open_bytes(source: &str, bytes: Bytes, expected: Option<&'static Table>) -> Result<TableReader> {
+    let format = sniff_or_fail(source, &bytes[..bytes.len().min(8)], expected)?;
+    let (format, inner, found) = match format {
+        Format::Ipc => stream_reader(source, Cursor::new(bytes))?,
+        _ => random_access_reader(source, format, bytes)?,
+    };
+    finish_open(source.to_string(), format, inner, found, expected)
+}
+
 /// Reads a whole input into memory.
 pub fn read_all(path: Option<&Path>, expected: &'static Table) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let reader = open(path, expected)?;
@@ -285,6 +295,10 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>) -> Result<T
             }
         }
     };
+    finish_open(source, format, inner, found, expected)
+}
+
+fn finish_open(source: String, format: Format, inner: BatchIter, found: SchemaRef, expected: Option<&'static Table>) -> Result<TableReader> {
     let (schema, needs_cast) = match expected {
         Some(t) => check_schema(&source, &found, t)?,
         None => (found.clone(), false),

@@ -98,7 +98,10 @@ fn tasks(stage: &mut Stage, args: &TasksArgs) -> Result<()> {
             if args.corpus_out.is_some() {
                 bail!("--corpus-out: imported tasks come without a corpus; it is written only with --suite multihop");
             }
-            (coa_tasks::import::import_file(path, args.import_split.as_deref())?, Vec::new())
+            let (layout, tasks) = coa_tasks::import::import_file_with_layout(path, args.import_split.as_deref())?;
+            stage.add_rows_in(tasks.len() as u64);
+            stage.note("layout", layout.to_string());
+            (tasks, Vec::new())
         }
         (None, false) => {
             stage.set_seed(args.seed);
