@@ -19,7 +19,7 @@ use arrow::compute::cast;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::ipc::reader::{FileReader, StreamReader};
-use arrow::ipc::writer::{FileWriter, IpcWriteOptions, StreamWriter};
+use arrow::ipc::writer::{write_message, DictionaryTracker, EncodedData, FileWriter, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use arrow::ipc::CompressionType;
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
@@ -430,8 +430,89 @@ fn check_schema(source: &str, found: &Schema, table: &'static Table) -> Result<(
     Ok((Arc::new(schema), needs_cast))
 }
 
+/// An Arrow IPC stream writer that compresses several batches at once on rayon's threads and
+/// writes them in order: zstd encoding is the expensive part of writing a pipe, and arrow's
+/// `StreamWriter` does it on one thread. Schemas with dictionary columns (whose dictionaries must
+/// be tracked across batches) are encoded one batch at a time.
+struct ParallelStreamWriter {
+    out: Box<dyn Write + Send>,
+    options: IpcWriteOptions,
+    generator: IpcDataGenerator,
+    tracker: DictionaryTracker,
+    context: IpcWriteContext,
+    sequential: bool,
+    pending: Vec<RecordBatch>,
+}
+
+/// Batches encoded together; bounded so memory stays a few batches deep.
+const ENCODE_AHEAD: usize = 4;
+
+impl ParallelStreamWriter {
+    fn try_new(mut out: Box<dyn Write + Send>, schema: &Schema, options: IpcWriteOptions) -> Result<Self> {
+        let generator = IpcDataGenerator::default();
+        let mut tracker = DictionaryTracker::new(false);
+        let encoded = generator.schema_to_bytes_with_dictionary_tracker(schema, &mut tracker, &options);
+        write_message(&mut out, encoded, &options)?;
+        let sequential = schema.fields().iter().any(|f| has_dictionary(f.data_type()));
+        Ok(ParallelStreamWriter { out, options, generator, tracker, context: IpcWriteContext::default(), sequential, pending: Vec::new() })
+    }
+
+    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if self.sequential {
+            let (dictionaries, encoded) = self.generator.encode(batch, &mut self.tracker, &self.options, &mut self.context)?;
+            for d in dictionaries {
+                write_message(&mut self.out, d, &self.options)?;
+            }
+            write_message(&mut self.out, encoded, &self.options)?;
+            return Ok(());
+        }
+        self.pending.push(batch.clone());
+        if self.pending.len() >= ENCODE_AHEAD {
+            self.flush_pending()?;
+        }
+        Ok(())
+    }
+
+    fn flush_pending(&mut self) -> Result<()> {
+        use rayon::prelude::*;
+        let (generator, options) = (&self.generator, &self.options);
+        let encoded: Vec<std::result::Result<EncodedData, ArrowError>> = self
+            .pending
+            .par_iter()
+            .map_init(IpcWriteContext::default, |context, batch| {
+                let mut tracker = DictionaryTracker::new(false);
+                generator.encode(batch, &mut tracker, options, context).map(|(_, data)| data)
+            })
+            .collect();
+        self.pending.clear();
+        for data in encoded {
+            write_message(&mut self.out, data?, &self.options)?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Box<dyn Write + Send>> {
+        self.flush_pending()?;
+        // End-of-stream: continuation marker and a zero-length message.
+        self.out.write_all(&[0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0])?;
+        Ok(self.out)
+    }
+}
+
+fn has_dictionary(dt: &arrow::datatypes::DataType) -> bool {
+    use arrow::datatypes::DataType::*;
+    match dt {
+        Dictionary(..) => true,
+        List(f) | LargeList(f) | FixedSizeList(f, _) | ListView(f) | LargeListView(f) | Map(f, _) => has_dictionary(f.data_type()),
+        Struct(fs) => fs.iter().any(|f| has_dictionary(f.data_type())),
+        Union(fs, _) => fs.iter().any(|(_, f)| has_dictionary(f.data_type())),
+        RunEndEncoded(_, v) => has_dictionary(v.data_type()),
+        _ => false,
+    }
+}
+
 enum Sink {
-    Ipc(StreamWriter<Box<dyn Write + Send>>),
+    Ipc(ParallelStreamWriter),
     IpcFile(FileWriter<Box<dyn Write + Send>>),
     Parquet(ArrowWriter<Box<dyn Write + Send>>),
 }
@@ -480,7 +561,7 @@ pub fn create(path: Option<&Path>, format: Option<Format>, schema: &Schema, prov
         IpcWriteOptions::default().try_with_compression(Some(CompressionType::ZSTD))?.try_with_compression_level(Some(IPC_ZSTD_LEVEL))
     };
     let sink = match format {
-        Format::Ipc => Sink::Ipc(StreamWriter::try_new_with_options(out, &schema, ipc_options()?)?),
+        Format::Ipc => Sink::Ipc(ParallelStreamWriter::try_new(out, &schema, ipc_options()?)?),
         Format::IpcFile => Sink::IpcFile(FileWriter::try_new_with_options(out, &schema, ipc_options()?)?),
         Format::Parquet => {
             // The coa.* keys also go into Parquet's own key-value metadata, so tools that do not
@@ -508,7 +589,7 @@ impl TableWriter {
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         let target = &self.target;
         match self.sink.as_mut().expect("writer used after finish") {
-            Sink::Ipc(w) => w.write(batch).map_err(|e| io_context(e.into(), target))?,
+            Sink::Ipc(w) => w.write(batch).map_err(|e| io_context(e, target))?,
             Sink::IpcFile(w) => w.write(batch).map_err(|e| io_context(e.into(), target))?,
             Sink::Parquet(w) => w.write(batch).map_err(|e| io_context(e.into(), target))?,
         }
@@ -525,7 +606,7 @@ impl TableWriter {
     pub fn finish(mut self) -> Result<u64> {
         let target = self.target.clone();
         let flushed: Result<()> = match self.sink.take().expect("finish called twice") {
-            Sink::Ipc(mut w) => w.finish().map_err(Into::into).and_then(|_| w.into_inner().map_err(Into::into)).and_then(flush),
+            Sink::Ipc(w) => w.finish().and_then(flush),
             Sink::IpcFile(mut w) => w.finish().map_err(Into::into).and_then(|_| w.into_inner().map_err(Into::into)).and_then(flush),
             Sink::Parquet(w) => w.into_inner().map_err(Into::into).and_then(flush),
         };

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int32Array, LargeStringArray, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, Int32Array, LargeStringArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use coa_schemas::io::{self, Format, Provenance};
 use coa_schemas::rows::{self, CorpusPage, Task};
@@ -223,4 +223,36 @@ fn nulls_in_a_required_column_are_rejected() {
     write_raw(&path, schema, vec![s(Some("u")), s(None), s(Some("x")), s(Some("entity"))]);
     let e = format!("{:#}", io::read_all(Some(&path), &CORPUS).err().expect("accepted a null title"));
     assert!(e.contains("nulls.parquet") && e.contains("title"), "{e}");
+}
+
+#[test]
+fn ipc_streams_keep_batch_order_and_dictionary_columns() {
+    use arrow::array::{DictionaryArray, Int32Array as I32};
+    use arrow::datatypes::Int32Type;
+    let dir = tempfile::tempdir().unwrap();
+    // Batches are compressed several at a time: order must survive (11 is not a multiple of the group).
+    let path = dir.path().join("many.ipc");
+    let mut w = io::create(Some(&path), None, &TASKS.schema(), &provenance()).unwrap();
+    for b in 0..11 {
+        let mut t = tasks(3);
+        t.iter_mut().for_each(|t| t.task_id = format!("b{b}-{}", t.task_id));
+        w.write(&rows::to_batch(&t).unwrap()).unwrap();
+    }
+    assert_eq!(w.finish().unwrap(), 33);
+    let (_, batches) = io::read_all(Some(&path), &TASKS).unwrap();
+    let ids: Vec<String> = batches.iter().flat_map(|b| rows::from_batch::<Task>(b).unwrap()).map(|t| t.task_id).collect();
+    let want: Vec<String> = (0..11).flat_map(|b| (0..3).map(move |i| format!("b{b}-t{i}"))).collect();
+    assert_eq!(ids, want);
+
+    // A dictionary column (as polars writes categoricals) goes through the sequential path.
+    let path = dir.path().join("dict.ipc");
+    let dict: DictionaryArray<Int32Type> = vec!["a", "b", "a"].into_iter().collect();
+    let schema = Schema::new(vec![Field::new("c", dict.data_type().clone(), false), Field::new("n", DataType::Int32, false)]);
+    let schema = Arc::new(schema);
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(dict), Arc::new(I32::from(vec![1, 2, 3]))]).unwrap();
+    io::write_all(Some(&path), None, &schema, &[batch.clone(), batch.clone()], &Provenance::default()).unwrap();
+    let reader = io::open_any(Some(&path)).unwrap();
+    let back: Vec<RecordBatch> = reader.collect::<anyhow::Result<_>>().unwrap();
+    assert_eq!(back.len(), 2);
+    assert_eq!(back[1].column(0).as_ref(), batch.column(0).as_ref());
 }
