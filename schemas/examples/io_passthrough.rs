@@ -8,6 +8,9 @@ use std::path::PathBuf;
 use anyhow::Result;
 use coa_schemas::io::{self, Provenance};
 
+#[global_allocator]
+static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
+
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let (mut input, mut output): (Option<PathBuf>, Option<PathBuf>) = (None, None);

@@ -39,7 +39,7 @@ pub const BATCH_ROWS: usize = 8192;
 const IPC_ZSTD_LEVEL: i32 = 1;
 
 /// Batches decoded ahead of the consumer by the reader's background thread.
-const PREFETCH_BATCHES: usize = 2;
+const PREFETCH_BATCHES: usize = 8;
 
 /// On-disk / on-pipe encoding of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]

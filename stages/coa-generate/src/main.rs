@@ -14,6 +14,9 @@ use coa_schemas::stage::{self, IoArgs, Stage};
 use coa_schemas::tables::CORPUS;
 use coa_tasks::{Split, Suite};
 
+#[global_allocator]
+static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
+
 #[derive(Parser)]
 #[command(name = "coa-generate", version, about = "Generate Chain-of-Agents data: task suites (tasks)")]
 struct Cli {
