@@ -494,9 +494,8 @@ fn generating_1000_multihop_tasks_is_fast() {
 }
 
 /// Many seeds and sizes, and every solution of 2000 math and 2000 code tasks run in python3
-/// (about 10 s): `cargo test -p coa-tasks -- --ignored`.
+/// (about 10 s).
 #[test]
-#[ignore]
 fn stress_many_seeds_and_all_solutions() {
     for seed in 0..40u64 {
         for split in [Split::Train, Split::Test] {
