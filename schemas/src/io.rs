@@ -546,6 +546,12 @@ pub fn create(path: Option<&Path>, format: Option<Format>, schema: &Schema, prov
     let target = path.map(|p| p.display().to_string()).unwrap_or_else(|| "stdout".into());
     let (out, tmp): (Box<dyn Write + Send>, _) = match path {
         None => (Box::new(BufWriter::with_capacity(1 << 20, io::stdout())), None),
+        // A device or FIFO (`-o /dev/null`, `-o /dev/stdout`, a named pipe) is written in place:
+        // renaming a temporary file onto it would replace the device with a regular file.
+        Some(p) if std::fs::metadata(p).is_ok_and(|m| !m.file_type().is_file() && !m.is_dir()) => {
+            let f = std::fs::OpenOptions::new().write(true).open(p).with_context(|| format!("opening {}", p.display()))?;
+            (Box::new(BufWriter::with_capacity(1 << 20, f)), None)
+        }
         Some(p) => {
             if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir).with_context(|| format!("creating output directory {}", dir.display()))?;

@@ -168,6 +168,10 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    // A device or FIFO (`--stats /dev/stderr`) is written in place, never replaced.
+    if std::fs::metadata(path).is_ok_and(|m| !m.file_type().is_file() && !m.is_dir()) {
+        return std::fs::OpenOptions::new().write(true).open(path).and_then(|mut f| f.write_all(contents)).with_context(|| format!("writing {}", path.display()));
+    }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| -> Result<()> {

@@ -256,3 +256,14 @@ fn ipc_streams_keep_batch_order_and_dictionary_columns() {
     assert_eq!(back.len(), 2);
     assert_eq!(back[1].column(0).as_ref(), batch.column(0).as_ref());
 }
+
+#[test]
+fn a_device_output_is_written_in_place_not_replaced() {
+    use std::os::unix::fs::FileTypeExt;
+    let null = Path::new("/dev/null");
+    assert!(std::fs::metadata(null).unwrap().file_type().is_char_device(), "/dev/null is not a device before the test");
+    for format in [None, Some(Format::Parquet), Some(Format::IpcFile)] {
+        write_tasks(null, format, 5);
+        assert!(std::fs::metadata(null).unwrap().file_type().is_char_device(), "writing {format:?} replaced /dev/null");
+    }
+}

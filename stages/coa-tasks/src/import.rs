@@ -538,7 +538,8 @@ fn import_jsonl(shown: &str, bytes: &[u8], split_override: Option<&str>) -> Resu
                 } else if has(&NQ_REQUIRED) {
                     Layout::NqJsonl
                 } else {
-                    let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+                    let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+                    keys.sort_unstable();
                     bail!(
                         "{shown}: unknown JSON-lines layout: keys found on line {lineno}: {}.\nSupported layouts:\n{SUPPORTED_LAYOUTS}",
                         if keys.is_empty() { "(none)".to_string() } else { keys.join(", ") }
