@@ -262,6 +262,9 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>) -> Result<T
         let format = sniff_or_fail(&source, &head, expected)?;
         match format {
             Format::Ipc => {
+                // Release the lock first: the reader thread reads stdin through its own handle,
+                // and std's stdin lock is not reentrant.
+                drop(input);
                 let chained = Cursor::new(head).chain(io::stdin());
                 stream_reader(&source, BufReader::with_capacity(1 << 20, chained))?
             }
