@@ -11,27 +11,24 @@ CARGO   ?= cargo
 PROFILE ?= release
 BIN     := target/$(PROFILE)
 RUNDIR  := runs/$(RUN)
-STAGES  := coa-generate
+STAGES  := coa-generate coa-extract coa-filter coa-convert
 GENERATE := $(BIN)/coa-generate
 PYTHON  ?= python3
 VENV    := .venv
 
-.PHONY: help build test pipeline tasks bench bench-io schemas-doc clean
+.PHONY: help build test pipeline tasks distill bench bench-io bench-distill schemas-doc clean
 
 help:
-	@echo "make pipeline   run the offline default loop (today: task generation) into runs/$(RUN)/"
+	@echo "make pipeline   run the offline default loop (today: tasks + distillation) into runs/$(RUN)/"
 	@echo "make test       build and run every test (unit, real-file, end-to-end)"
 	@echo "make build      build the stage binaries ($(PROFILE) profile) into $(BIN)/"
 	@echo "make tasks      runs/$(RUN)/tasks.parquet + corpus.parquet, and the held-out test/ split"
+	@echo "make distill    teacher MAS -> extract -> filter -> convert per suite, and the summary table"
 	@echo "make bench      benchmarks side by side with the Python tools (writes bench/results/)"
 	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
 
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))
-
-# Every stage binary is rebuilt when any source changes (cargo decides what is stale).
-$(GENERATE): build
-	@true
 
 test:
 	@command -v $(PYTHON) >/dev/null || { echo "make test: python3 is needed (the code sandbox runs it)"; exit 1; }
@@ -39,9 +36,10 @@ test:
 	$(CARGO) test --workspace --no-fail-fast
 
 include pipelines/tasks.mk
+include pipelines/distill.mk
 
-pipeline: tasks
-	@echo "pipeline: tasks in $(RUNDIR)/ (distill, sft, rl and eval arrive with their stages)"
+pipeline: tasks distill
+	@echo "pipeline: tasks and distilled CoA data in $(RUNDIR)/ (sft, rl and eval arrive with their stages)"
 
 # Python side of the benchmarks: pyarrow, pandas, polars in a local virtualenv.
 $(VENV)/.ok: bench/requirements.txt
@@ -49,11 +47,14 @@ $(VENV)/.ok: bench/requirements.txt
 	$(VENV)/bin/pip install -q -r bench/requirements.txt
 	touch $@
 
-bench: bench-io
+bench: bench-io bench-distill
 
 bench-io: $(VENV)/.ok
 	$(CARGO) build --profile $(PROFILE) -p coa-schemas --example io_passthrough
 	$(VENV)/bin/python bench/io_bench.py --bin $(BIN)/examples/io_passthrough --rows 1000000 --out bench/results/io.md
+
+bench-distill: $(VENV)/.ok build
+	$(VENV)/bin/python bench/distill_bench.py --bin $(BIN) --rows 100000 --out bench/results/distill.md
 
 schemas-doc:
 	COA_BLESS=1 $(CARGO) test -p coa-schemas --test reference_doc

@@ -12,3 +12,8 @@ N_CODE     ?= 300
 TEST_N_MULTIHOP ?= 200
 TEST_N_MATH     ?= 100
 TEST_N_CODE     ?= 100
+
+# Distillation: kept trajectories have at most this many agent/tool interactions (a `--where`
+# rule of coa-filter, counted with the others), and the scripted teacher's flags.
+MAX_HOPS  ?= 20
+MAS_FLAGS ?=

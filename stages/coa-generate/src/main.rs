@@ -2,6 +2,10 @@
 //!
 //! `coa-generate tasks` synthesizes an offline task suite (with its document corpus for
 //! multihop) or imports a real task file, and writes the `tasks` table.
+//! `coa-generate mas` runs the teacher multi-agent system (`coa-agents`) on a `tasks` table and
+//! writes `mas_runs`.
+
+mod mas;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,16 +22,19 @@ use coa_tasks::{Split, Suite};
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 #[derive(Parser)]
-#[command(name = "coa-generate", version, about = "Generate Chain-of-Agents data: task suites (tasks)")]
+#[command(name = "coa-generate", version, about = "Generate Chain-of-Agents data: task suites (tasks), teacher multi-agent runs (mas)")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once
 enum Command {
     /// Synthesize an offline task suite, or import a real task file, into the `tasks` table.
     Tasks(TasksArgs),
+    /// Run the teacher multi-agent system on a `tasks` table (stdin or -i) into `mas_runs`.
+    Mas(mas::MasArgs),
 }
 
 #[derive(clap::Args)]
@@ -87,6 +94,11 @@ fn main() -> ExitCode {
             let mut stage = Stage::new("coa-generate tasks", env!("CARGO_PKG_VERSION"));
             stage.set_stats_path(args.io.stats.clone());
             stage::run(&mut stage, |s| tasks(s, &args))
+        }
+        Command::Mas(args) => {
+            let mut stage = Stage::new("coa-generate mas", env!("CARGO_PKG_VERSION"));
+            stage.set_stats_path(args.io.stats.clone());
+            stage::run(&mut stage, |s| mas::run(s, &args))
         }
     }
 }

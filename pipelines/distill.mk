@@ -1,0 +1,31 @@
+# Multi-agent distillation (DESIGN §7), per suite, every intermediate kept for inspection:
+#   runs/<RUN>/distill/<suite>/mas_runs.parquet      teacher multi-agent runs (every activation)
+#   runs/<RUN>/distill/<suite>/trajectories.parquet  linear CoA steps
+#   runs/<RUN>/distill/<suite>/kept.parquet          after the filter rules (dropped.parquet: the rest, with reasons)
+#   runs/<RUN>/distill/<suite>/coa_text.parquet      CoA text with observation spans (+ alpaca.json, verl.parquet exports)
+# `make distill` then prints the summary table (pipelines/distill_report.py).
+
+DISTILL := $(RUNDIR)/distill
+SUITES  := multihop math code
+
+$(DISTILL)/%/mas_runs.parquet: $(RUNDIR)/tasks.parquet $(RUNDIR)/corpus.parquet | build
+	$(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$*'" \
+	| $(BIN)/coa-generate mas --corpus $(RUNDIR)/corpus.parquet --seed $(SEED) $(MAS_FLAGS) \
+	    --stats $(DISTILL)/$*/mas.json -o $@
+
+$(DISTILL)/%/trajectories.parquet: $(DISTILL)/%/mas_runs.parquet
+	$(BIN)/coa-extract -i $< --stats $(DISTILL)/$*/extract.json -o $@
+
+$(DISTILL)/%/kept.parquet: $(DISTILL)/%/trajectories.parquet
+	$(BIN)/coa-filter -i $< --seed $(SEED) --where "hops <= $(MAX_HOPS)" --keep-dropped $(DISTILL)/$*/dropped.parquet \
+	    --stats $(DISTILL)/$*/filter.json -o $@
+
+$(DISTILL)/%/coa_text.parquet: $(DISTILL)/%/kept.parquet
+	$(BIN)/coa-convert -i $< --stats $(DISTILL)/$*/convert.json -o $@
+	$(BIN)/coa-convert -i $< --to alpaca-json -o $(DISTILL)/$*/alpaca.json
+	$(BIN)/coa-convert -i $< --to verl --tasks $(RUNDIR)/tasks.parquet -o $(DISTILL)/$*/verl.parquet
+
+.PRECIOUS: $(DISTILL)/%/mas_runs.parquet $(DISTILL)/%/trajectories.parquet $(DISTILL)/%/kept.parquet
+
+distill: $(foreach s,$(SUITES),$(DISTILL)/$(s)/coa_text.parquet)
+	@$(PYTHON) pipelines/distill_report.py $(DISTILL) $(SUITES) | tee $(DISTILL)/report.md

@@ -1,0 +1,169 @@
+//! The teacher multi-agent system of `coa-generate mas` (DESIGN §5).
+//!
+//! Agents — a **manager** that routes, a **planner** (plans, suggested answers, final answers), a
+//! **search agent**, a **crawl agent**, a **code agent**, a **reflector** and a **verifier** —
+//! each with its own role prompt ([`prompts`]) and message history, exchange messages through
+//! the [`orchestrator`], which runs the real tools ([`tools`]) and logs every activation as an
+//! [`Event`]. Agents think through a [`Backend`]: the offline [`ScriptedBackend`] expert (a
+//! simulator) or any OpenAI-compatible endpoint ([`OpenAiBackend`]).
+//!
+//! # Event contract (what `coa-extract` reads)
+//! - `seq`: 0, 1, … in order; `agent`: `manager`, `planner`, `search_agent`, `crawl_agent`,
+//!   `code_agent`, `reflector` or `verifier`.
+//! - `role`: `manager` for a routing decision (output `next: <action>\nreason: …`; when the
+//!   grammar allows a single action it is decided by rule: no input messages, 0 tokens) and for a
+//!   rejected agent output (agent = the agent that wrote it, output = its raw text; kept for the
+//!   token count, no part of the CoA trace). Otherwise the CoA action produced: `plan`,
+//!   `web_search`, `crawl_page`, `code`, `reflection`, `suggested_answer`, `double_check`,
+//!   `answer`.
+//! - A non-manager `output` is canonical CoA text: `<think>…</think>\n` then exactly one action
+//!   block (`<code>\n```py\n…\n```\n</code>` for code; math answers `\boxed{…}`, code answers a
+//!   ```` ```python ```` block inside `<answer>`). Every action carries a think block (answers too).
+//! - Tool events: `tool` = the tag name, `tool_input` = the query / `|`-separated URLs / the
+//!   Python source (no fence), `observation` = the tool's output exactly as `coa-tools` renders
+//!   it. Other events: all three null.
+//! - Ordering follows `coa-format`'s grammar (web flavor for multihop/qa, code flavor for
+//!   math/code); a reflection graded Poor (web) is followed by a plan; a double_check with
+//!   score ≥ 3 by the answer, ≤ 2 by a plan, search or crawl.
+//! - `tokens_in`: the estimate of [`tokens`] over `input_messages` (or the endpoint's usage);
+//!   `tokens_out`: over the raw reply. `latency_ms`: measured (openai) or simulated (scripted).
+//!
+//! Row fields: `final_answer` is the content of the `<answer>` (for code tasks the program
+//! inside its fence), `success` is checked with `coa-rewards` (exact match for multihop/qa,
+//! `math_equal` for math, the unit/stdio tests for code), `tokens_in/out` and `latency_ms` are
+//! sums over the events.
+
+pub mod action;
+pub mod backend;
+pub mod event;
+pub mod orchestrator;
+pub mod prompts;
+pub mod tokens;
+pub mod tools;
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use coa_schemas::rows::Task;
+use rayon::prelude::*;
+use serde_json::{json, Value};
+
+pub use action::{Action, AgentRole, Step};
+pub use backend::openai::{OpenAiBackend, OpenAiClient, OpenAiConfig};
+pub use backend::scripted::{Noise, ScriptedBackend};
+pub use backend::{Backend, Mind, Reply, Turn};
+pub use event::{ChatMessage, Event, MasRun};
+pub use orchestrator::{run_task, RunConfig};
+pub use tools::{ToolConfig, Tools};
+
+/// Runs tasks on a fixed number of threads; results come back in input order, and each run
+/// depends only on its task (and the backend's seed), so the output is the same for any number
+/// of threads.
+pub struct Runner {
+    pool: rayon::ThreadPool,
+}
+
+impl Runner {
+    pub fn new(threads: usize) -> Result<Runner> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("coa-mas-{i}"))
+            .build()
+            .context("starting the task thread pool")?;
+        Ok(Runner { pool })
+    }
+
+    /// [`run_task`] on every task, in parallel; the first error (in input order) wins.
+    pub fn run(&self, tasks: &[Task], backend: &dyn Backend, tools: Tools<'_>, cfg: &RunConfig) -> Result<Vec<MasRun>> {
+        self.pool.install(|| tasks.par_iter().map(|t| run_task(t, backend, tools, cfg)).collect())
+    }
+}
+
+/// Aggregate statistics of runs, for the stage summary and calibration.
+#[derive(Debug, Clone, Default)]
+pub struct RunStats {
+    pub runs: u64,
+    pub successes: u64,
+    pub events: u64,
+    /// Events that are part of the CoA trace (not `manager`).
+    pub action_events: u64,
+    pub min_actions: Option<u64>,
+    pub max_actions: u64,
+    pub tokens: i64,
+    pub runs_with_reflection: u64,
+    /// Correct runs that went wrong on the way and recovered: a reflection graded Poor, a
+    /// doubted suggested answer, or a program found at fault and rewritten.
+    pub recoveries: u64,
+    /// Runs with a reflection graded Poor.
+    pub runs_with_poor_reflection: u64,
+    /// Runs whose first double_check scored ≤ 2 (a premature answer).
+    pub runs_with_doubted_answer: u64,
+    /// Rejected outputs (contract violations).
+    pub rejected: u64,
+    pub no_answer: u64,
+    pub per_suite: BTreeMap<String, (u64, u64)>,
+}
+
+impl RunStats {
+    pub fn add(&mut self, run: &MasRun) {
+        self.runs += 1;
+        self.successes += run.success as u64;
+        self.events += run.events.len() as u64;
+        let actions = run.events.iter().filter(|e| e.role != "manager").count() as u64;
+        self.action_events += actions;
+        self.min_actions = Some(self.min_actions.map_or(actions, |m| m.min(actions)));
+        self.max_actions = self.max_actions.max(actions);
+        self.tokens += run.tokens_in + run.tokens_out;
+        let reflections: Vec<&Event> = run.events.iter().filter(|e| e.role == "reflection").collect();
+        self.runs_with_reflection += !reflections.is_empty() as u64;
+        let poor = reflections.iter().any(|e| e.output.lines().any(|l| l.contains(": Poor")));
+        self.runs_with_poor_reflection += poor as u64;
+        let first_check = run.events.iter().find(|e| e.role == "double_check");
+        let doubted = first_check.is_some_and(|e| coa_format::parse_double_check(inner(&e.output, "double_check")).is_ok_and(|s| s <= 2));
+        self.runs_with_doubted_answer += doubted as u64;
+        // code flavor: a reflection that found fault (a grade below Good) followed by another program
+        let actions: Vec<&Event> = run.events.iter().filter(|e| e.role != "manager").collect();
+        let fixed = actions.windows(2).any(|w| w[0].role == "reflection" && w[1].role == "code" && w[0].output.lines().any(|l| l.contains(": Fair") || l.contains(": Poor")));
+        self.recoveries += ((poor || doubted || fixed) && run.success) as u64;
+        self.rejected += run.events.iter().filter(|e| e.role == "manager" && e.agent != "manager").count() as u64;
+        self.no_answer += run.final_answer.is_none() as u64;
+        let s = self.per_suite.entry(run.suite.clone()).or_default();
+        s.0 += 1;
+        s.1 += run.success as u64;
+    }
+
+    /// The summary fields (rates rounded to 4 digits).
+    pub fn to_json(&self) -> Value {
+        let n = self.runs.max(1) as f64;
+        let r = |x: f64| (x * 10_000.0).round() / 10_000.0;
+        let suites: serde_json::Map<String, Value> =
+            self.per_suite.iter().map(|(k, (runs, ok))| (k.clone(), json!({"runs": runs, "success_rate": r(*ok as f64 / (*runs).max(1) as f64)}))).collect();
+        json!({
+            "success_rate": r(self.successes as f64 / n),
+            "mean_events": r(self.events as f64 / n),
+            "mean_actions": r(self.action_events as f64 / n),
+            "min_actions": self.min_actions.unwrap_or(0),
+            "max_actions": self.max_actions,
+            "tokens_per_task": r(self.tokens as f64 / n),
+            "reflection_rate": r(self.runs_with_reflection as f64 / n),
+            "poor_reflection_rate": r(self.runs_with_poor_reflection as f64 / n),
+            "recovery_rate": r(self.recoveries as f64 / n),
+            "doubted_answer_rate": r(self.runs_with_doubted_answer as f64 / n),
+            "no_answer": self.no_answer,
+            "rejected_outputs": self.rejected,
+            "suites": Value::Object(suites),
+        })
+    }
+}
+
+/// The content of the first `<tag>` block of `text` (or "").
+fn inner<'a>(text: &'a str, tag: &str) -> &'a str {
+    let open = format!("<{tag}>");
+    let close = format!("</{tag}>");
+    text.find(&open)
+        .and_then(|s| {
+            let b = s + open.len();
+            text[b..].find(&close).map(|e| &text[b..b + e])
+        })
+        .unwrap_or("")
+}

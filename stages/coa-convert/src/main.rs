@@ -1,0 +1,75 @@
+//! `coa-convert`: Chain-of-Agents trajectories → CoA text (`coa_text`), or exports for
+//! LLaMA-Factory (alpaca JSON) and verl (RL Parquet). The logic lives in `coa_distill::convert`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use coa_distill::Target;
+use coa_schemas::stage::{self, IoArgs, Stage};
+
+#[derive(Clone, Copy, ValueEnum)]
+enum To {
+    /// The `coa_text` table (task_id, suite, prompt, text, observation_spans): what coa-tokenize reads.
+    CoaText,
+    /// LLaMA-Factory / AFM SFT data: a JSON array of {instruction, input, output}, one trajectory per record.
+    AlpacaJson,
+    /// verl RL Parquet: data_source, prompt, ability, reward_model, extra_info.
+    Verl,
+}
+
+#[derive(Parser)]
+#[command(
+    name = "coa-convert",
+    version,
+    about = "Render Chain-of-Agents trajectories as CoA text (coa_text), or export alpaca JSON / verl Parquet",
+    long_about = "Render Chain-of-Agents trajectories as CoA text (coa_text), or export alpaca JSON / verl Parquet.\n\n\
+The prompt is the suite's AFM-style instruction (tags and order rules) followed by the question; the text is the \
+trajectory in AFM tags (<think>, <plan>, <web_search>, <crawl_page>, <code>, <observation>, <reflection>, \
+<suggested_answer>, <double_check>, <answer>), one block per line. observation_spans are character (Unicode scalar) \
+offsets [start, end) of every <observation>...</observation> block in the text, tags included: the tokenizer masks \
+them from the loss.\n\n\
+A trajectory with format_ok = false, or whose steps break the CoA grammar, is an error naming the row and task, and \
+nothing is written; with --skip-bad FILE such rows go to FILE (the trajectories row plus a `reject_reason` column).",
+    after_help = "Examples:\n  coa-convert -i trajectories.parquet -o coa_text.parquet\n  \
+coa-convert -i trajectories.parquet --to alpaca-json -o sft.json\n  \
+coa-convert -i trajectories.parquet --to verl --tasks tasks.parquet --split train -o rl.parquet\n  \
+coa-extract -i mas_runs.parquet | coa-filter | coa-convert --skip-bad bad.parquet | coa-tokenize -o tokens.parquet"
+)]
+struct Cli {
+    /// What to write.
+    #[arg(long, value_enum, default_value = "coa-text")]
+    to: To,
+    /// Write bad trajectories here (trajectories rows + `reject_reason`) instead of failing.
+    #[arg(long, value_name = "FILE")]
+    skip_bad: Option<PathBuf>,
+    /// The tasks table, for --to verl: code tasks' ground truth is their test spec, read from here.
+    #[arg(long, value_name = "FILE")]
+    tasks: Option<PathBuf>,
+    /// extra_info.split of the verl rows.
+    #[arg(long, default_value = "train")]
+    split: String,
+    #[command(flatten)]
+    io: IoArgs,
+}
+
+#[global_allocator]
+static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut stage = Stage::new("coa-convert", env!("CARGO_PKG_VERSION"));
+    stage.set_stats_path(cli.io.stats.clone());
+    let target = match cli.to {
+        To::CoaText => Target::CoaText,
+        To::AlpacaJson => Target::AlpacaJson,
+        To::Verl => Target::Verl,
+    };
+    let args = coa_distill::stages::ConvertArgs {
+        target,
+        skip_bad: cli.skip_bad.as_deref(),
+        tasks: cli.tasks.as_deref(),
+        split: &cli.split,
+    };
+    stage::run(&mut stage, |s| coa_distill::stages::run_convert(s, &cli.io, &args))
+}

@@ -1,0 +1,314 @@
+//! The bodies of the `coa-extract` and `coa-convert` stages: read the input group by group,
+//! process each group in parallel, write the outputs in input order. The binaries only parse
+//! flags and hand over to these.
+//!
+//! The main output is created once the first group is processed, so a bad first row leaves no
+//! output at all (a file is never left behind in any case: outputs are renamed into place only
+//! when the stage finishes).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use arrow::record_batch::RecordBatch;
+use coa_schemas::io::{Format, TableWriter};
+use coa_schemas::stage::{IoArgs, Stage};
+use coa_schemas::tables::{COA_TEXT, MAS_RUNS, TASKS, TRAJECTORIES};
+
+use crate::convert::{self, ConvertOptions, Target};
+use crate::extract;
+use crate::util::{self, AtomicFile};
+
+/// Writes rejected rows, if `--skip-bad` was given.
+struct Rejects {
+    writer: Option<(TableWriter, arrow::datatypes::SchemaRef)>,
+    count: u64,
+}
+
+impl Rejects {
+    fn new(stage: &Stage, path: Option<&Path>, input_schema: &arrow::datatypes::Schema) -> Result<Rejects> {
+        let writer = match path {
+            Some(p) => {
+                let schema = util::reject_schema(input_schema);
+                Some((stage.create(Some(p), None, &schema)?, schema))
+            }
+            None => None,
+        };
+        Ok(Rejects { writer, count: 0 })
+    }
+
+    fn write(&mut self, group: &[RecordBatch], rejected: &[Vec<(u32, String)>]) -> Result<()> {
+        for (batch, rows) in group.iter().zip(rejected) {
+            if rows.is_empty() {
+                continue;
+            }
+            self.count += rows.len() as u64;
+            if let Some((w, schema)) = &mut self.writer {
+                w.write(&util::reject_batch(schema, batch, rows)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self, stage: &mut Stage) -> Result<()> {
+        if let Some((w, _)) = self.writer {
+            w.finish()?;
+            stage.note("rejected", self.count);
+        }
+        Ok(())
+    }
+}
+
+/// A table writer on its own thread: encoding and compressing one group's batches overlaps the
+/// next group's compute. Dropped unfinished, it still joins the thread, so the writer's own drop
+/// removes its temporary file before the process exits.
+struct BackgroundWriter {
+    tx: Option<std::sync::mpsc::SyncSender<RecordBatch>>,
+    handle: Option<std::thread::JoinHandle<Result<TableWriter>>>,
+}
+
+impl BackgroundWriter {
+    fn new(mut w: TableWriter) -> Result<BackgroundWriter> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<RecordBatch>(4);
+        let handle = std::thread::Builder::new().name("coa-write".into()).spawn(move || {
+            for b in rx {
+                w.write(&b)?;
+            }
+            Ok(w)
+        })?;
+        Ok(BackgroundWriter { tx: Some(tx), handle: Some(handle) })
+    }
+
+    /// The writer thread's error, once it has stopped.
+    fn failure(&mut self) -> anyhow::Error {
+        self.tx = None;
+        match self.handle.take().map(|h| h.join()) {
+            Some(Ok(Err(e))) => e,
+            Some(Err(_)) => anyhow::anyhow!("the writer thread panicked"),
+            _ => anyhow::anyhow!("the writer thread stopped"),
+        }
+    }
+
+    fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        match &self.tx {
+            Some(tx) if tx.send(batch).is_ok() => Ok(()),
+            _ => Err(self.failure()),
+        }
+    }
+
+    /// Waits for every batch to be written, then closes the table. Returns rows written.
+    fn finish(mut self) -> Result<u64> {
+        self.tx = None;
+        match self.handle.take().map(|h| h.join()) {
+            Some(Ok(Ok(w))) => w.finish(),
+            Some(Ok(Err(e))) => Err(e),
+            _ => bail!("the writer thread panicked"),
+        }
+    }
+}
+
+impl Drop for BackgroundWriter {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// `coa-extract`: `mas_runs` → `trajectories`.
+pub fn run_extract(stage: &mut Stage, io: &IoArgs, skip_bad: Option<&Path>) -> Result<()> {
+    let mut reader = stage.open(io.input.as_deref(), &MAS_RUNS)?;
+    let mut rejects = Rejects::new(stage, skip_bad, &reader.schema())?;
+    let mut out: Option<BackgroundWriter> = None;
+    let bar = stage.progress(None, "extracting");
+    let (mut rows_in, mut format_errors, mut steps) = (0u64, 0u64, 0u64);
+    loop {
+        let group = util::next_group(&mut reader)?;
+        if group.is_empty() {
+            break;
+        }
+        let n: u64 = group.iter().map(|b| b.num_rows() as u64).sum();
+        let ex = extract::extract_group(&group, rows_in, skip_bad.is_some()).with_context(|| reader.source().to_string())?;
+        let w = match &mut out {
+            Some(w) => w,
+            None => out.insert(BackgroundWriter::new(stage.create(io.output.as_deref(), io.format, &TRAJECTORIES.schema())?)?),
+        };
+        for b in ex.batches {
+            w.write(b)?;
+        }
+        rejects.write(&group, &ex.rejected)?;
+        rows_in += n;
+        format_errors += ex.format_errors;
+        steps += ex.steps;
+        bar.inc(n);
+    }
+    bar.finish_and_clear();
+    let rows_out = match out {
+        Some(w) => w.finish()?,
+        None => stage.create(io.output.as_deref(), io.format, &TRAJECTORIES.schema())?.finish()?,
+    };
+    rejects.finish(stage)?;
+    stage.add_rows_in(rows_in);
+    stage.add_rows_out(rows_out);
+    stage.note("steps", steps);
+    stage.note("format_errors", format_errors);
+    Ok(())
+}
+
+/// Flags of `coa-convert` beyond the common IO ones.
+#[derive(Debug, Clone)]
+pub struct ConvertArgs<'a> {
+    pub target: Target,
+    pub skip_bad: Option<&'a Path>,
+    /// The tasks table (code test specs for verl ground truths).
+    pub tasks: Option<&'a Path>,
+    /// `extra_info.split` of verl rows.
+    pub split: &'a str,
+}
+
+/// The alpaca JSON array, streamed to a file (temp name + rename) or stdout.
+#[derive(Default)]
+struct JsonOut {
+    file: Option<AtomicFile>,
+    stdout: Option<std::io::BufWriter<std::io::Stdout>>,
+    records: bool,
+}
+
+impl JsonOut {
+    fn open(&mut self, path: Option<&Path>) -> Result<()> {
+        match path {
+            Some(p) => self.file = Some(AtomicFile::create(p)?),
+            None => self.stdout = Some(std::io::BufWriter::with_capacity(1 << 20, std::io::stdout())),
+        }
+        self.write(b"[\n")
+    }
+
+    fn is_open(&self) -> bool {
+        self.file.is_some() || self.stdout.is_some()
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        match (&mut self.file, &mut self.stdout) {
+            (Some(f), _) => f.write_all(bytes),
+            (None, Some(s)) => Ok(s.write_all(bytes)?),
+            (None, None) => bail!("internal: JSON output not open"),
+        }
+    }
+
+    /// Appends `,\n`-separated records.
+    fn records(&mut self, chunk: &[u8]) -> Result<()> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        if self.records {
+            self.write(b",\n")?;
+        }
+        self.records = true;
+        self.write(chunk)
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.write(if self.records { b"\n]\n" } else { b"]\n" })?;
+        if let Some(f) = self.file.take() {
+            f.finish()?;
+        } else if let Some(mut s) = self.stdout.take() {
+            s.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// `coa-convert`: `trajectories` → `coa_text`, alpaca JSON or verl Parquet.
+pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Result<()> {
+    let format = match (args.target, io.format) {
+        (Target::CoaText, f) => f,
+        (Target::Verl, None | Some(Format::Parquet)) => Some(Format::Parquet),
+        (Target::Verl, Some(f)) => bail!("--to verl writes Parquet; --format {f:?} does not apply"),
+        (Target::AlpacaJson, None) => None,
+        (Target::AlpacaJson, Some(_)) => bail!("--to alpaca-json writes JSON; --format does not apply"),
+    };
+    if args.tasks.is_some() && args.target != Target::Verl {
+        bail!("--tasks is only used by --to verl (code test specs for the ground truth)");
+    }
+    let code_specs = match args.tasks {
+        Some(path) => {
+            let mut specs = HashMap::new();
+            for batch in stage.open(Some(path), &TASKS)? {
+                convert::code_specs_from_tasks(&batch?, &mut specs)?;
+            }
+            stage.note("code_specs", specs.len());
+            Some(Arc::new(specs))
+        }
+        None => None,
+    };
+    let opts = ConvertOptions { target: args.target, skip_bad: args.skip_bad.is_some(), code_specs };
+    let mut reader = stage.open(io.input.as_deref(), &TRAJECTORIES)?;
+    let mut rejects = Rejects::new(stage, args.skip_bad, &reader.schema())?;
+    let out_path = io.output.as_deref().filter(|p| *p != Path::new("-"));
+    let mut table: Option<BackgroundWriter> = None;
+    let mut json = JsonOut::default();
+    let table_schema = match args.target {
+        Target::Verl => convert::verl_schema(),
+        _ => COA_TEXT.schema(),
+    };
+    let bar = stage.progress(None, "converting");
+    let (mut rows_in, mut rows_out, mut spans) = (0u64, 0u64, 0u64);
+    loop {
+        let group = util::next_group(&mut reader)?;
+        let last = group.is_empty();
+        let (units, outs) = if last {
+            (Vec::new(), Vec::new())
+        } else {
+            convert::convert_group(&group, rows_in, &opts).with_context(|| reader.source().to_string())?
+        };
+        // Open the output once the first group converted cleanly (or at the end of an empty input).
+        if args.target == Target::AlpacaJson {
+            if !json.is_open() {
+                json.open(out_path)?;
+            }
+        } else if table.is_none() {
+            table = Some(BackgroundWriter::new(stage.create(out_path, format, &table_schema)?)?);
+        }
+        for o in &outs {
+            match (&mut table, args.target) {
+                (_, Target::AlpacaJson) => json.records(&o.json)?,
+                (Some(w), Target::Verl) => w.write(convert::verl_batch(o, rows_out as i64, args.split)?)?,
+                (Some(w), _) => w.write(o.coa.clone())?,
+                (None, _) => bail!("internal: output not open"),
+            }
+            rows_out += o.coa.num_rows() as u64;
+            spans += o.spans;
+        }
+        if last {
+            break;
+        }
+        let mut rejected = vec![Vec::new(); group.len()];
+        for (u, o) in units.iter().zip(outs) {
+            rejected[u.batch].extend(o.rejected);
+        }
+        rejects.write(&group, &rejected)?;
+        let n: u64 = group.iter().map(|b| b.num_rows() as u64).sum();
+        rows_in += n;
+        bar.inc(n);
+    }
+    bar.finish_and_clear();
+    match table {
+        Some(w) => {
+            w.finish()?;
+        }
+        None => json.finish()?,
+    }
+    rejects.finish(stage)?;
+    stage.add_rows_in(rows_in);
+    stage.add_rows_out(rows_out);
+    stage.note("to", match args.target {
+        Target::CoaText => "coa-text",
+        Target::AlpacaJson => "alpaca-json",
+        Target::Verl => "verl",
+    });
+    stage.note("observation_spans", spans);
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! Shared plumbing of the distillation stages: work units for rayon, column access with clear
+//! errors, reject tables (`--skip-bad`), and an atomic streaming file for non-Arrow exports.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context, Result};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int32Array, Int64Array, ListArray, StringArray, StructArray, UInt32Array};
+use arrow::compute::take;
+use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use coa_schemas::io::{TableReader, BATCH_ROWS};
+
+/// Rows per work unit: the grain of parallelism and the size of the output batches. Fixed (not
+/// derived from the thread count) so that output is byte-identical on any machine.
+pub const UNIT_ROWS: usize = 1024;
+
+/// Rows gathered from the input before one parallel pass (bounded: teacher runs carry every
+/// agent's whole context, so a row can weigh tens of kilobytes).
+pub const GROUP_ROWS: usize = BATCH_ROWS;
+
+/// The column added to rejected rows.
+pub const REJECT_REASON: &str = "reject_reason";
+
+/// A slice of one input batch processed by one task.
+#[derive(Debug, Clone, Copy)]
+pub struct Unit {
+    pub batch: usize,
+    pub lo: usize,
+    pub hi: usize,
+    /// Row number of `lo` in the whole input (for error messages).
+    pub global: u64,
+}
+
+/// Cuts batches into units of at most [`UNIT_ROWS`] rows; `first_row` is the global row number of
+/// the first batch's first row.
+pub fn units(batches: &[RecordBatch], first_row: u64) -> Vec<Unit> {
+    let mut out = Vec::new();
+    let mut global = first_row;
+    for (b, batch) in batches.iter().enumerate() {
+        let n = batch.num_rows();
+        let mut lo = 0;
+        while lo < n {
+            let hi = (lo + UNIT_ROWS).min(n);
+            out.push(Unit { batch: b, lo, hi, global: global + lo as u64 });
+            lo = hi;
+        }
+        global += n as u64;
+    }
+    out
+}
+
+/// Reads batches until at least [`GROUP_ROWS`] rows are gathered (or the input ends).
+pub fn next_group(reader: &mut TableReader) -> Result<Vec<RecordBatch>> {
+    let mut group = Vec::new();
+    let mut rows = 0;
+    while rows < GROUP_ROWS {
+        match reader.next() {
+            Some(b) => {
+                let b = b?;
+                rows += b.num_rows();
+                if b.num_rows() > 0 {
+                    group.push(b);
+                }
+            }
+            None => break,
+        }
+    }
+    Ok(group)
+}
+
+fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+    batch.column_by_name(name).ok_or_else(|| anyhow!("column `{name}` is missing"))
+}
+
+pub fn utf8<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a StringArray> {
+    column(batch, name)?.as_string_opt::<i32>().ok_or_else(|| anyhow!("column `{name}` is not utf8"))
+}
+
+pub fn list<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ListArray> {
+    column(batch, name)?.as_list_opt::<i32>().ok_or_else(|| anyhow!("column `{name}` is not a list"))
+}
+
+pub fn boolean<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a BooleanArray> {
+    column(batch, name)?.as_boolean_opt().ok_or_else(|| anyhow!("column `{name}` is not bool"))
+}
+
+pub fn int64<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a Int64Array> {
+    column(batch, name)?.as_primitive_opt::<Int64Type>().ok_or_else(|| anyhow!("column `{name}` is not int64"))
+}
+
+pub fn struct_field<'a>(s: &'a StructArray, name: &str, what: &str) -> Result<&'a ArrayRef> {
+    s.column_by_name(name).ok_or_else(|| anyhow!("{what} has no field `{name}`"))
+}
+
+pub fn struct_utf8<'a>(s: &'a StructArray, name: &str, what: &str) -> Result<&'a StringArray> {
+    struct_field(s, name, what)?.as_string_opt::<i32>().ok_or_else(|| anyhow!("{what} field `{name}` is not utf8"))
+}
+
+pub fn struct_i32<'a>(s: &'a StructArray, name: &str, what: &str) -> Result<&'a Int32Array> {
+    struct_field(s, name, what)?.as_primitive_opt::<Int32Type>().ok_or_else(|| anyhow!("{what} field `{name}` is not int32"))
+}
+
+/// A nullable string cell.
+#[inline]
+pub fn opt_str(a: &StringArray, i: usize) -> Option<&str> {
+    if a.is_null(i) {
+        None
+    } else {
+        Some(a.value(i))
+    }
+}
+
+/// The rows `kept` of a column: a zero-copy slice when they are all of `lo..hi`, else a take.
+pub fn select(col: &ArrayRef, lo: usize, hi: usize, kept: &[u32]) -> Result<ArrayRef> {
+    if kept.len() == hi - lo {
+        Ok(col.slice(lo, hi - lo))
+    } else {
+        Ok(take(col.as_ref(), &UInt32Array::from(kept.to_vec()), None)?)
+    }
+}
+
+/// The schema of a reject table: the input's columns plus `reject_reason` (utf8).
+pub fn reject_schema(input: &Schema) -> SchemaRef {
+    let mut fields: Vec<Arc<Field>> = input.fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new(REJECT_REASON, DataType::Utf8, false)));
+    Arc::new(Schema::new(fields).with_metadata(input.metadata().clone()))
+}
+
+/// The rejected rows of an input batch with their reasons.
+pub fn reject_batch(schema: &SchemaRef, batch: &RecordBatch, rows: &[(u32, String)]) -> Result<RecordBatch> {
+    let idx = UInt32Array::from(rows.iter().map(|(r, _)| *r).collect::<Vec<_>>());
+    let mut columns = Vec::with_capacity(batch.num_columns() + 1);
+    for c in batch.columns() {
+        columns.push(take(c.as_ref(), &idx, None)?);
+    }
+    columns.push(Arc::new(StringArray::from_iter_values(rows.iter().map(|(_, why)| why.as_str()))) as ArrayRef);
+    RecordBatch::try_new(schema.clone(), columns).context("building the reject table")
+}
+
+/// A file written under a temporary name and renamed into place by [`AtomicFile::finish`]; dropped
+/// unfinished, the temporary file is removed (the same contract as the table writers).
+pub struct AtomicFile {
+    out: Option<BufWriter<File>>,
+    /// `None` when writing a device or FIFO in place.
+    tmp: Option<PathBuf>,
+    path: PathBuf,
+}
+
+impl AtomicFile {
+    pub fn create(path: &Path) -> Result<AtomicFile> {
+        // A device or FIFO (`-o /dev/null`, a named pipe) is written in place: renaming a temporary
+        // file onto it would replace the device with a regular file.
+        if std::fs::metadata(path).is_ok_and(|m| !m.file_type().is_file() && !m.is_dir()) {
+            let f = std::fs::OpenOptions::new().write(true).open(path).with_context(|| format!("opening {}", path.display()))?;
+            return Ok(AtomicFile { out: Some(BufWriter::with_capacity(1 << 20, f)), tmp: None, path: path.to_path_buf() });
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+        let f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        Ok(AtomicFile { out: Some(BufWriter::with_capacity(1 << 20, f)), tmp: Some(tmp), path: path.to_path_buf() })
+    }
+
+    pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
+        let out = self.out.as_mut().ok_or_else(|| anyhow!("{} already finished", self.path.display()))?;
+        out.write_all(bytes).with_context(|| format!("writing {}", self.path.display()))
+    }
+
+    pub fn finish(mut self) -> Result<()> {
+        let out = self.out.take().ok_or_else(|| anyhow!("{} already finished", self.path.display()))?;
+        let f = out.into_inner().map_err(|e| e.into_error()).with_context(|| format!("writing {}", self.path.display()))?;
+        let Some(tmp) = self.tmp.take() else { return Ok(()) };
+        f.sync_all().with_context(|| format!("writing {}", self.path.display()))?;
+        std::fs::rename(&tmp, &self.path).with_context(|| format!("renaming {} to {}", tmp.display(), self.path.display()))
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if let (Some(_), Some(tmp)) = (self.out.take(), self.tmp.take()) {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! `coa-extract`: teacher multi-agent runs (`mas_runs`) → linear Chain-of-Agents trajectories
+//! (`trajectories`). The logic lives in `coa_distill::extract`; this binary parses flags.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use coa_schemas::stage::{self, IoArgs, Stage};
+
+#[derive(Parser)]
+#[command(
+    name = "coa-extract",
+    version,
+    about = "Linearize teacher multi-agent runs (mas_runs) into Chain-of-Agents trajectories (trajectories)",
+    long_about = "Linearize teacher multi-agent runs (mas_runs) into Chain-of-Agents trajectories (trajectories).\n\n\
+Every non-manager event becomes a <think> step (if its output thought) and one action step (plan, web_search, \
+crawl_page, code, reflection, suggested_answer, double_check, answer) with the event's agent, the block's content and, \
+for tool calls, the tool input and observation. Manager (routing) events are skipped. Each trajectory gets its hop \
+count, reflections, double_check scores, final answer, correctness, teacher token cost, and format_ok/format_error from \
+the CoA grammar (DESIGN.md §4).\n\n\
+A malformed event (output that does not parse, a role/tag mismatch, an unknown tool, a tag never closed, seq out of \
+order) is an error naming the row, task and event seq, and nothing is written; with --skip-bad FILE such runs go to \
+FILE (the mas_runs row plus a `reject_reason` column) and the rest is extracted.",
+    after_help = "Examples:\n  coa-extract -i mas_runs.parquet -o trajectories.parquet\n  \
+coa-generate mas -i tasks.parquet | coa-extract | coa-filter | coa-convert -o coa_text.parquet\n  \
+coa-extract -i mas_runs.parquet --skip-bad rejected.parquet -o trajectories.parquet --stats extract.json"
+)]
+struct Cli {
+    /// Write malformed runs here (mas_runs rows + `reject_reason`) instead of failing.
+    #[arg(long, value_name = "FILE")]
+    skip_bad: Option<PathBuf>,
+    #[command(flatten)]
+    io: IoArgs,
+}
+
+#[global_allocator]
+static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut stage = Stage::new("coa-extract", env!("CARGO_PKG_VERSION"));
+    stage.set_stats_path(cli.io.stats.clone());
+    stage::run(&mut stage, |s| coa_distill::stages::run_extract(s, &cli.io, cli.skip_bad.as_deref()))
+}

@@ -1,0 +1,254 @@
+//! `coa-filter`: keep the rows of a table that pass named rules, with per-rule counts.
+//!
+//! Reads any table; for trajectories it applies the Chain-of-Agents distillation rules by default.
+//! Writes the same table (same schema and metadata, new provenance) with the kept rows.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use coa_filter::{render_stats, Filter, Options, RuleSet};
+use coa_schemas::io::{self, TableReader, TableWriter};
+use coa_schemas::stage::{self, IoArgs, Stage};
+
+const AFTER_HELP: &str = "\
+Rules (in order; each sees only the rows the previous ones kept):
+  dedup                 exact duplicates: same task_id + steps (trajectories) or same values in
+                        every column / the --dedup-key columns; the first occurrence is kept
+  complexity            hops < --min-hops
+  wrong_answer          correct = false
+  format                format_ok = false
+  repeated_tool_input   two steps with the same (tool, tool_input)
+  where[i]              the i-th --where expression is false or null
+  dynamic_sampling      --group-by groups whose --value is the same in every row (DAPO)
+  reflection            reflections = 0: dropped in --reflection-required-suites, elsewhere kept
+                        with probability --no-reflection-keep (deterministic in task_id and --seed)
+  error_correction      correct and first double_check score <= 2: the row appears
+                        --error-correction-copies times
+The distillation rules (all but where/dynamic_sampling) run on a trajectories table (by its
+`coa.table` metadata, or by its columns when it has none); `--no-rule quality` disables the three
+quality rules. Counts go to stderr as a table and into the summary line (and --stats FILE) as
+`rules`: name, rule, rows_in, kept, dropped, duplicated.
+
+Examples:
+  coa-filter -i trajectories.parquet -o kept.parquet --stats filter.json
+  coa-extract < runs.arrow | coa-filter --min-hops 3 --keep-dropped dropped.parquet | coa-convert > text.arrow
+  coa-filter -i trajectories.parquet --where \"hops <= 20 AND suite = 'multihop'\" -o hard.parquet
+  coa-filter -i trajectories.parquet --no-rule reflection --no-rule quality -o some.parquet
+  coa-filter -i scores.parquet --dynamic-sampling --group-by task_id --value reward -o batch.parquet
+  coa-filter -i tasks.parquet --rules none --dedup --dedup-key question --where \"suite = 'math'\"";
+
+#[derive(Parser)]
+#[command(
+    name = "coa-filter",
+    version,
+    about = "Filter any table by named rules with per-rule counts: CoA distillation rules for trajectories, \
+             --where SQL conditions, exact dedup, DAPO dynamic sampling",
+    after_help = AFTER_HELP
+)]
+struct Cli {
+    /// Built-in rule set: `auto` runs the distillation rules on a trajectories table and none on
+    /// other tables; `distill` requires trajectories; `none` runs only --where, --dedup and
+    /// --dynamic-sampling.
+    #[arg(long, value_enum, default_value = "auto")]
+    rules: RuleSet,
+    /// Do not run this rule (repeatable): dedup, complexity, wrong_answer, format,
+    /// repeated_tool_input, reflection, error_correction, or quality (= the three quality rules).
+    #[arg(long = "no-rule", value_name = "NAME")]
+    no_rule: Vec<String>,
+    /// complexity: trajectories with fewer agent/tool interactions (`hops`) are dropped.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    min_hops: i64,
+    /// reflection: fraction of reflection-less trajectories kept (outside the required suites).
+    #[arg(long, default_value_t = 0.3, value_name = "FRACTION")]
+    no_reflection_keep: f64,
+    /// reflection: suites where a trajectory without reflection is always dropped (comma-separated;
+    /// empty for none).
+    #[arg(long, default_value = "math,code", value_name = "SUITES", value_delimiter = ',')]
+    reflection_required_suites: Vec<String>,
+    /// error_correction: how many times a trajectory that doubted its answer (first double_check
+    /// score <= 2) and ended correct appears in the output.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    error_correction_copies: u32,
+    /// Seed of the reflection down-sampling: same input + seed = same output.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Keep only rows where this polars SQL condition holds (repeatable; each is its own rule
+    /// `where[i]`), e.g. "hops <= 20 AND suite = 'multihop'". Evaluated on the whole table.
+    #[arg(long = "where", value_name = "EXPR")]
+    wheres: Vec<String>,
+    /// Exact dedup on any table (it is on by default for trajectories).
+    #[arg(long)]
+    dedup: bool,
+    /// Dedup key columns (comma-separated; implies --dedup). Default: task_id,steps for
+    /// trajectories, every column otherwise.
+    #[arg(long, value_name = "COLS", value_delimiter = ',')]
+    dedup_key: Vec<String>,
+    /// DAPO dynamic sampling: drop every --group-by group whose --value is the same in all its rows.
+    #[arg(long)]
+    dynamic_sampling: bool,
+    /// dynamic sampling: the group column.
+    #[arg(long, default_value = "task_id", value_name = "COL", requires = "dynamic_sampling")]
+    group_by: String,
+    /// dynamic sampling: the value that must vary within a group.
+    #[arg(long, default_value = "reward", value_name = "COL", requires = "dynamic_sampling")]
+    value: String,
+    /// Also write the dropped rows, with a `drop_reason` column naming the rule, to this file.
+    #[arg(long, value_name = "FILE")]
+    keep_dropped: Option<PathBuf>,
+    #[command(flatten)]
+    io: IoArgs,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut stage = Stage::new("coa-filter", env!("CARGO_PKG_VERSION"));
+    stage.set_stats_path(cli.io.stats.clone());
+    stage::run(&mut stage, |s| filter(s, &cli))
+}
+
+fn options(cli: &Cli, source: &str) -> Options {
+    Options {
+        rules: cli.rules,
+        disabled: cli.no_rule.clone(),
+        min_hops: cli.min_hops,
+        no_reflection_keep: cli.no_reflection_keep,
+        reflection_required_suites: cli.reflection_required_suites.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        error_correction_copies: cli.error_correction_copies,
+        seed: cli.seed,
+        wheres: cli.wheres.clone(),
+        dedup: cli.dedup,
+        dedup_key: cli.dedup_key.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        dynamic_sampling: cli.dynamic_sampling.then(|| (cli.group_by.clone(), cli.value.clone())),
+        source: source.to_string(),
+    }
+}
+
+/// Opens the input table, any table.
+///
+/// Workaround: `io::open_any(None)` deadlocks on an Arrow IPC stream from stdin (`open_inner` in
+/// schemas/src/io.rs keeps `io::stdin().lock()` alive while its stream reader reads through a second
+/// `io::stdin()`; std's stdin mutex is not reentrant). Until that is fixed, stdin is read whole and
+/// decoded from memory (its compressed bytes; batches are still decoded one at a time).
+fn open_input(path: Option<&Path>) -> Result<TableReader> {
+    match path {
+        Some(p) if p != Path::new("-") => io::open_any(Some(p)),
+        _ => {
+            let mut bytes = Vec::new();
+            std::io::stdin().lock().read_to_end(&mut bytes).context("stdin: reading")?;
+            io::open_bytes("stdin", bytes::Bytes::from(bytes), None)
+        }
+    }
+}
+
+fn filter(stage: &mut Stage, cli: &Cli) -> Result<()> {
+    stage.set_seed(cli.seed);
+    let reader = open_input(cli.io.input.as_deref())?;
+    let schema = reader.schema();
+    // Every flag is checked against the schema before anything is written.
+    let mut filter = Filter::new(schema.clone(), &options(cli, reader.source()))?;
+    filter.keep_dropped(cli.keep_dropped.is_some());
+
+    // The input's provenance nests in the outputs'.
+    let mut provenance = stage.provenance();
+    provenance.inputs.push(reader.input_provenance());
+    let mut out = io::create(cli.io.output.as_deref(), cli.io.format, &schema, &provenance)?;
+    let mut dropped = match &cli.keep_dropped {
+        Some(path) => Some(io::create(Some(path), None, &filter.dropped_schema(), &provenance)?),
+        None => None,
+    };
+
+    let bar = stage.progress(None, "filtering");
+    let mut rows_in = 0u64;
+    // For trajectories, the kept rows' mean hops and reflections go into the summary (make distill's table).
+    let mut kept = KeptShape::default();
+    let write = |outputs: Vec<coa_filter::BatchOutput>, out: &mut TableWriter, dropped: &mut Option<TableWriter>, kept: &mut KeptShape| -> Result<()> {
+        for o in outputs {
+            if o.kept.num_rows() > 0 {
+                kept.add(&o.kept);
+                out.write(&o.kept)?;
+            }
+            if let (Some(w), Some(d)) = (dropped.as_mut(), o.dropped) {
+                w.write(&d)?;
+            }
+        }
+        Ok(())
+    };
+    if filter.needs_whole_table() {
+        let mut batches = Vec::new();
+        for b in reader {
+            let b = b?;
+            rows_in += b.num_rows() as u64;
+            bar.inc(b.num_rows() as u64);
+            batches.push(b);
+        }
+        let outputs = filter.process(&batches)?;
+        write(outputs, &mut out, &mut dropped, &mut kept)?;
+    } else {
+        for b in reader {
+            let b = b?;
+            rows_in += b.num_rows() as u64;
+            bar.inc(b.num_rows() as u64);
+            let outputs = filter.process(std::slice::from_ref(&b))?;
+            write(outputs, &mut out, &mut dropped, &mut kept)?;
+        }
+    }
+    bar.finish_and_clear();
+    let rows_out = out.finish()?;
+    let rows_dropped = match dropped {
+        Some(w) => Some(w.finish()?),
+        None => None,
+    };
+
+    stage.add_rows_in(rows_in);
+    stage.add_rows_out(rows_out);
+    if let Some(t) = filter.table() {
+        stage.note("table", t);
+    }
+    stage.note("mode", if filter.distill() { "distill" } else { "none" });
+    if filter.table() == Some("trajectories") && kept.rows > 0 {
+        stage.note("kept_mean_hops", kept.hops as f64 / kept.rows as f64);
+        stage.note("kept_mean_reflections", kept.reflections as f64 / kept.rows as f64);
+    }
+    for n in filter.notes() {
+        eprintln!("coa-filter: note: {n}");
+    }
+    if !filter.notes().is_empty() {
+        stage.note("notes", filter.notes().to_vec());
+    }
+    if let Some(n) = rows_dropped {
+        stage.note("rows_dropped_written", n);
+    }
+    stage.note("rules", serde_json::to_value(filter.stats())?);
+    if !filter.stats().is_empty() {
+        eprint!("coa-filter: {rows_in} rows in, {rows_out} out\n{}", render_stats(filter.stats()));
+    } else {
+        eprintln!("coa-filter: {rows_in} rows in, {rows_out} out; no rule ran");
+    }
+    Ok(())
+}
+
+/// Sums of `hops` and `reflections` over the kept rows of a trajectories table.
+#[derive(Default)]
+struct KeptShape {
+    rows: u64,
+    hops: i64,
+    reflections: i64,
+}
+
+impl KeptShape {
+    fn add(&mut self, batch: &arrow::record_batch::RecordBatch) {
+        use arrow::array::{Array, Int32Array};
+        let sum = |name: &str| -> Option<i64> {
+            let col = batch.column_by_name(name)?.as_any().downcast_ref::<Int32Array>()?;
+            Some(col.iter().flatten().map(i64::from).sum())
+        };
+        if let (Some(h), Some(r)) = (sum("hops"), sum("reflections")) {
+            self.rows += batch.num_rows() as u64;
+            self.hops += h;
+            self.reflections += r;
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! The Chain-of-Agents tag grammar (DESIGN §4), defined once. Every stage that reads or writes
+//! CoA text uses this crate: `coa-extract` parses teacher outputs, `coa-convert` renders
+//! trajectories and prompts, `coa-filter` and `coa-score` validate.
+//!
+//! - [`tag`]: the [`Tag`]s (think, plan, reflection, suggested_answer, double_check, web_search /
+//!   wiki_search, crawl_page, code, observation, answer) and the tool names.
+//! - [`parse`]: text → [`Segment`]s `(tag, content, byte range, char span)` with positioned
+//!   [`ParseError`]s (unclosed, stray closing, unknown, nested tags, text outside tags).
+//! - [`grammar`]: the ordering state machine as explicit transition tables, [`validate`] for steps
+//!   (ordering + score/grade rules), [`validate_text`] for raw text.
+//! - [`grade`]: reflection grades and double_check scores.
+//! - [`render`]: steps → text with observation spans in character offsets.
+//! - [`prompt`]: the AFM-style instruction per suite.
+
+pub mod grade;
+pub mod grammar;
+pub mod parse;
+pub mod prompt;
+pub mod render;
+pub mod tag;
+
+pub use grade::{
+    parse_double_check, parse_reflection, Grade, GradeError, ReflectionGrades, REFLECTION_CRITERIA,
+};
+pub use grammar::{
+    next_actions, steps_from_text, think_rule, validate, validate_tags, validate_text, Flavor,
+    Machine, Step, TextError, ThinkRule, Violation, ViolationKind, CODE_TRANSITIONS,
+    WEB_TRANSITIONS,
+};
+pub use parse::{
+    char_len, code_source, parse, parse_into, ParseError, ParseErrorKind, Segment, Span,
+};
+pub use prompt::{build_prompt, instruction, write_prompt};
+pub use render::{check_observations, check_steps, render, render_to, RenderError, RenderProblem, Rendered};
+pub use tag::{is_known_tool, list_tags, Tag, TagKind, TOOL_NAMES};

@@ -1,0 +1,130 @@
+//! Rewards on real task files from `../shared/data/external` (read through the importers).
+
+use std::path::PathBuf;
+
+use coa_rewards::{answer_correct, code_passes, math_equal};
+use coa_schemas::rows::{StdioTest, Task};
+use coa_tools::SandboxLimits;
+
+fn external(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/external").join(name)
+}
+
+/// The gold with its first number increased by one, or `+1` appended when it has no digit.
+fn perturbed(gold: &str) -> String {
+    let bytes = gold.as_bytes();
+    match bytes.iter().position(|b| b.is_ascii_digit()) {
+        Some(start) => {
+            let end = bytes[start..].iter().position(|b| !b.is_ascii_digit()).map_or(bytes.len(), |e| start + e);
+            let digits = &gold[start..end];
+            // +1 on the digit string, keeping leading zeros' width (`025` -> `026`)
+            let mut out: Vec<u8> = digits.bytes().collect();
+            let mut i = out.len();
+            loop {
+                if i == 0 {
+                    out.insert(0, b'1');
+                    break;
+                }
+                i -= 1;
+                if out[i] == b'9' {
+                    out[i] = b'0';
+                } else {
+                    out[i] += 1;
+                    break;
+                }
+            }
+            format!("{}{}{}", &gold[..start], String::from_utf8(out).unwrap(), &gold[end..])
+        }
+        None => format!("{gold}+1"),
+    }
+}
+
+#[test]
+fn math500_and_aime_golds_match_themselves_and_boxed_copies_but_not_perturbed_ones() {
+    let mut checked = 0;
+    for file in ["math500.parquet", "aime24.parquet"] {
+        let tasks = coa_tasks::import::import_file(&external(file), None).unwrap();
+        assert!(!tasks.is_empty(), "{file}");
+        for task in &tasks {
+            assert_eq!(task.suite, "math", "{}", task.task_id);
+            let gold = &task.answers[0];
+            assert!(math_equal(gold, gold), "{}: {gold:?} vs itself", task.task_id);
+            let boxed = format!("The answer is $\\boxed{{{gold}}}$.");
+            assert!(math_equal(&boxed, gold), "{}: {boxed:?} vs {gold:?}", task.task_id);
+            assert!(answer_correct(task, &boxed).unwrap(), "{}", task.task_id);
+            let wrong = perturbed(gold);
+            assert!(!math_equal(&wrong, gold), "{}: perturbed {wrong:?} equals {gold:?}", task.task_id);
+            assert!(!math_equal(&format!("\\boxed{{{wrong}}}"), gold), "{}: boxed perturbed {wrong:?}", task.task_id);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 530);
+}
+
+fn limits() -> SandboxLimits {
+    SandboxLimits { wall: std::time::Duration::from_secs(20), ..SandboxLimits::default() }
+}
+
+#[test]
+fn humaneval_canonical_solution_passes_and_a_broken_one_fails() {
+    let tasks = coa_tasks::import::import_file(&external("HumanEval.jsonl.gz"), None).unwrap();
+    let task = &tasks[0];
+    let solution: serde_json::Value = serde_json::from_str(task.solution.as_deref().unwrap()).unwrap();
+    let code = solution["code"].as_str().unwrap();
+    let verdict = code_passes(task, code, &limits()).unwrap();
+    assert!(verdict.passed, "{verdict:?}");
+    assert_eq!((verdict.tests_run, verdict.tests_passed), (1, 1));
+    // break it: the same function, answering the opposite
+    let broken = format!("{code}\n\n_orig = {ep}\ndef {ep}(*a, **k):\n    return not _orig(*a, **k)\n", ep = task.entry_point.as_deref().unwrap());
+    let verdict = code_passes(task, &broken, &limits()).unwrap();
+    assert!(!verdict.passed);
+    assert!(verdict.failure.as_deref().unwrap().contains("[FAILED]"), "{verdict:?}");
+}
+
+const VERTICAL_WRITING: &str = "n = int(input())
+s = [input().strip() for _ in range(n)]
+m = max(len(x) for x in s)
+for j in range(m):
+    row = ''.join(s[n - 1 - i][j] if j < len(s[n - 1 - i]) else '*' for i in range(n))
+    print(row.rstrip('*'))
+";
+
+#[test]
+fn livecodebench_stdio_task_abc366_b() {
+    let tasks = coa_tasks::import::import_file(&external("livecodebench_v4.parquet"), None).unwrap();
+    let task = tasks.iter().find(|t| t.question.contains("Vertical Writing") || t.extra.as_deref().is_some_and(|e| e.contains("abc366_b"))).unwrap();
+    assert!(!task.stdio_tests.is_empty());
+    let verdict = code_passes(task, VERTICAL_WRITING, &limits()).unwrap();
+    assert!(verdict.passed, "{verdict:?}");
+    assert_eq!(verdict.tests_passed, task.stdio_tests.len());
+    // forgetting to strip the trailing `*` fails on the first test
+    let wrong = VERTICAL_WRITING.replace("print(row.rstrip('*'))", "print(row)");
+    let verdict = code_passes(task, &wrong, &limits()).unwrap();
+    assert!(!verdict.passed);
+    assert_eq!(verdict.tests_run, 1);
+    assert!(verdict.failure.as_deref().unwrap().contains("wrong output"), "{verdict:?}");
+}
+
+#[test]
+fn synthetic_stdio_task_with_both_styles_and_whitespace_rules() {
+    let task = Task {
+        task_id: "s1".into(),
+        suite: "code".into(),
+        test_code: Some("assert double(2) == 4\n".into()),
+        stdio_tests: vec![
+            StdioTest { stdin: "3\n".into(), expected_stdout: "6\n".into() },
+            StdioTest { stdin: "5\n".into(), expected_stdout: "10".into() },
+        ],
+        ..Default::default()
+    };
+    let good = "def double(x):\n    return 2 * x\n\nif __name__ == '__main__':\n    import sys\n    data = sys.stdin.read().split()\n    if data:\n        print(double(int(data[0])), '  ')\n        print()\n";
+    let v = code_passes(&task, good, &limits()).unwrap();
+    assert!(v.passed, "{v:?}");
+    assert_eq!((v.style, v.tests_total, v.tests_run, v.tests_passed), (coa_rewards::TestStyle::Both, 3, 3, 3));
+    let crash = "x = int(input())\nif x == 5:\n    raise ValueError('boom')\nprint(2 * x)\n";
+    let v = code_passes(&Task { test_code: None, ..task.clone() }, crash, &limits()).unwrap();
+    assert!(!v.passed);
+    assert_eq!((v.style, v.tests_run, v.tests_passed), (coa_rewards::TestStyle::Stdio, 2, 1), "{v:?}");
+    let failure = v.failure.unwrap();
+    assert!(failure.contains("stdio test 1") && failure.contains("[FAILED]") && failure.contains("boom"), "{failure}");
+}
