@@ -13,6 +13,7 @@ usage: distill_ref.py -i mas_runs.parquet -o coa_text.parquet [--alpaca out.json
 import argparse, hashlib, json, re
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 ACTIONS = {"plan", "web_search", "crawl_page", "code", "reflection", "suggested_answer", "double_check", "answer"}
 TOOLS = {"web_search", "crawl_page", "code"}
@@ -165,15 +166,18 @@ def main():
     ap.add_argument("-o", "--output", required=True)
     ap.add_argument("--alpaca")
     a = ap.parse_args()
-    runs = pd.read_parquet(a.input)
-    traj = extract(runs)
+    # Read in batches: the nested `events` column of 100k runs is too big for one pandas frame.
+    pf = pq.ParquetFile(a.input)
+    parts = [extract(b.to_pandas()) for b in pf.iter_batches(batch_size=8192)]
+    traj = pd.concat(parts, ignore_index=True)
+    n_runs = pf.metadata.num_rows
     kept, stats = filter_rules(traj)
     coa = convert(kept)
     coa.to_parquet(a.output, compression="zstd")
     if a.alpaca:
         with open(a.alpaca, "w") as f:
             json.dump([{"instruction": p, "input": "", "output": t} for p, t in zip(coa.prompt, coa.text)], f)
-    print(json.dumps({"rows_in": len(runs), "kept": len(kept), "rules": stats}))
+    print(json.dumps({"rows_in": n_runs, "kept": len(kept), "rules": stats}))
 
 
 if __name__ == "__main__":
