@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use arrow::record_batch::RecordBatch;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::tables::{Table, CORPUS, TASKS};
+use crate::tables::{Table, CORPUS, MAS_RUNS, TASKS, TRAJECTORIES};
 
 /// A row of the `tasks` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -45,6 +45,94 @@ pub struct CorpusPage {
     pub kind: String,
 }
 
+/// One chat message `{role, content}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: impl Into<String>) -> ChatMessage {
+        ChatMessage { role: role.to_string(), content: content.into() }
+    }
+    pub fn system(content: impl Into<String>) -> ChatMessage {
+        ChatMessage::new("system", content)
+    }
+    pub fn user(content: impl Into<String>) -> ChatMessage {
+        ChatMessage::new("user", content)
+    }
+    pub fn assistant(content: impl Into<String>) -> ChatMessage {
+        ChatMessage::new("assistant", content)
+    }
+}
+
+/// One agent activation of a teacher run (an element of `mas_runs.events`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Event {
+    /// Position in the run, from 0.
+    pub seq: i32,
+    /// The agent that was activated (`manager`, `planner`, `search_agent`, ...).
+    pub agent: String,
+    /// `manager` for routing (and rejected outputs), else the CoA action tag produced.
+    pub role: String,
+    /// What the agent read: its whole history plus the new message.
+    pub input_messages: Vec<ChatMessage>,
+    pub output: String,
+    pub tool: Option<String>,
+    pub tool_input: Option<String>,
+    pub observation: Option<String>,
+    pub tokens_in: i64,
+    pub tokens_out: i64,
+    pub latency_ms: f64,
+}
+
+/// A row of the `mas_runs` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct MasRun {
+    pub task_id: String,
+    pub suite: String,
+    pub question: String,
+    pub answers: Vec<String>,
+    pub backend: String,
+    pub simulator: bool,
+    pub events: Vec<Event>,
+    pub final_answer: Option<String>,
+    pub success: bool,
+    pub tokens_in: i64,
+    pub tokens_out: i64,
+    pub latency_ms: f64,
+}
+
+/// One CoA step (an element of `trajectories.steps`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Step {
+    pub role: String,
+    pub agent: String,
+    pub content: String,
+    pub tool: Option<String>,
+    pub tool_input: Option<String>,
+    pub observation: Option<String>,
+}
+
+/// A row of the `trajectories` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Trajectory {
+    pub task_id: String,
+    pub suite: String,
+    pub question: String,
+    pub answers: Vec<String>,
+    pub steps: Vec<Step>,
+    pub hops: i32,
+    pub reflections: i32,
+    pub double_check_scores: Vec<i32>,
+    pub final_answer: Option<String>,
+    pub correct: bool,
+    pub format_ok: bool,
+    pub format_error: Option<String>,
+    pub teacher_tokens: i64,
+}
+
 /// Rows that belong to one table.
 pub trait Row: Serialize + DeserializeOwned {
     fn table() -> &'static Table;
@@ -59,6 +147,18 @@ impl Row for Task {
 impl Row for CorpusPage {
     fn table() -> &'static Table {
         &CORPUS
+    }
+}
+
+impl Row for MasRun {
+    fn table() -> &'static Table {
+        &MAS_RUNS
+    }
+}
+
+impl Row for Trajectory {
+    fn table() -> &'static Table {
+        &TRAJECTORIES
     }
 }
 

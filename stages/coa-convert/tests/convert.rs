@@ -11,34 +11,7 @@ use arrow::record_batch::RecordBatch;
 use coa_schemas::io::{self, Provenance};
 use coa_schemas::rows::{self, StdioTest, Task};
 use coa_schemas::tables::{COA_TEXT, TASKS, TRAJECTORIES};
-use serde::Serialize;
-
-#[derive(Serialize, Clone, Debug)]
-struct StepRow {
-    role: String,
-    agent: String,
-    content: String,
-    tool: Option<String>,
-    tool_input: Option<String>,
-    observation: Option<String>,
-}
-
-#[derive(Serialize, Clone, Debug)]
-struct Traj {
-    task_id: String,
-    suite: String,
-    question: String,
-    answers: Vec<String>,
-    steps: Vec<StepRow>,
-    hops: i32,
-    reflections: i32,
-    double_check_scores: Vec<i32>,
-    final_answer: Option<String>,
-    correct: bool,
-    format_ok: bool,
-    format_error: Option<String>,
-    teacher_tokens: i64,
-}
+use coa_schemas::rows::{Step as StepRow, Trajectory as Traj};
 
 fn step(role: &str, content: &str) -> StepRow {
     StepRow { role: role.into(), agent: "agent".into(), content: content.into(), tool: None, tool_input: None, observation: None }

@@ -8,44 +8,7 @@ use coa_distill::convert::{convert_group, ConvertOptions};
 use coa_distill::extract::extract_group;
 use coa_distill::Target;
 use coa_schemas::tables::MAS_RUNS;
-use serde::Serialize;
-
-#[derive(Serialize, Clone)]
-struct Message {
-    role: String,
-    content: String,
-}
-
-#[derive(Serialize, Clone)]
-struct Event {
-    seq: i32,
-    agent: String,
-    role: String,
-    input_messages: Vec<Message>,
-    output: String,
-    tool: Option<String>,
-    tool_input: Option<String>,
-    observation: Option<String>,
-    tokens_in: i64,
-    tokens_out: i64,
-    latency_ms: f64,
-}
-
-#[derive(Serialize, Clone)]
-struct Run {
-    task_id: String,
-    suite: String,
-    question: String,
-    answers: Vec<String>,
-    backend: String,
-    simulator: bool,
-    events: Vec<Event>,
-    final_answer: Option<String>,
-    success: bool,
-    tokens_in: i64,
-    tokens_out: i64,
-    latency_ms: f64,
-}
+use coa_schemas::rows::{Event, MasRun as Run};
 
 fn ev(seq: i32, role: &str, output: String, obs: Option<&str>) -> Event {
     let tool = obs.map(|_| role.to_string());

@@ -9,44 +9,7 @@ use arrow::datatypes::{Int32Type, Int64Type};
 use arrow::record_batch::RecordBatch;
 use coa_schemas::io::{self, Provenance};
 use coa_schemas::tables::{MAS_RUNS, TRAJECTORIES};
-use serde::Serialize;
-
-#[derive(Serialize, Clone)]
-struct Message {
-    role: String,
-    content: String,
-}
-
-#[derive(Serialize, Clone)]
-struct Event {
-    seq: i32,
-    agent: String,
-    role: String,
-    input_messages: Vec<Message>,
-    output: String,
-    tool: Option<String>,
-    tool_input: Option<String>,
-    observation: Option<String>,
-    tokens_in: i64,
-    tokens_out: i64,
-    latency_ms: f64,
-}
-
-#[derive(Serialize, Clone)]
-struct Run {
-    task_id: String,
-    suite: String,
-    question: String,
-    answers: Vec<String>,
-    backend: String,
-    simulator: bool,
-    events: Vec<Event>,
-    final_answer: Option<String>,
-    success: bool,
-    tokens_in: i64,
-    tokens_out: i64,
-    latency_ms: f64,
-}
+use coa_schemas::rows::{ChatMessage as Message, Event, MasRun as Run};
 
 fn ev(seq: i32, agent: &str, role: &str, output: &str) -> Event {
     Event {

@@ -6,36 +6,9 @@ use arrow::array::{ArrayRef, AsArray, Float32Array, Int32Array, RecordBatch, Str
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Float32Type, Int32Type, Schema};
 use coa_schemas::tables::{TASKS, TRAJECTORIES};
-use serde::Serialize;
 
 use super::*;
-
-#[derive(Serialize, Clone)]
-struct Step {
-    role: String,
-    agent: String,
-    content: String,
-    tool: Option<String>,
-    tool_input: Option<String>,
-    observation: Option<String>,
-}
-
-#[derive(Serialize, Clone)]
-struct Traj {
-    task_id: String,
-    suite: String,
-    question: String,
-    answers: Vec<String>,
-    steps: Vec<Step>,
-    hops: i32,
-    reflections: i32,
-    double_check_scores: Vec<i32>,
-    final_answer: Option<String>,
-    correct: bool,
-    format_ok: bool,
-    format_error: Option<String>,
-    teacher_tokens: i64,
-}
+use coa_schemas::rows::{Step, Trajectory as Traj};
 
 fn step(role: &str, content: &str) -> Step {
     Step { role: role.into(), agent: role.into(), content: content.into(), tool: None, tool_input: None, observation: None }

@@ -9,35 +9,8 @@ use arrow::array::{ArrayRef, AsArray, Float32Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use coa_schemas::io::{self, Format, Provenance};
 use coa_schemas::tables::{META_PROVENANCE, META_TABLE, TASKS, TRAJECTORIES};
-use serde::Serialize;
 use serde_json::Value;
-
-#[derive(Serialize, Clone)]
-struct Step {
-    role: String,
-    agent: String,
-    content: String,
-    tool: Option<String>,
-    tool_input: Option<String>,
-    observation: Option<String>,
-}
-
-#[derive(Serialize, Clone)]
-struct Traj {
-    task_id: String,
-    suite: String,
-    question: String,
-    answers: Vec<String>,
-    steps: Vec<Step>,
-    hops: i32,
-    reflections: i32,
-    double_check_scores: Vec<i32>,
-    final_answer: Option<String>,
-    correct: bool,
-    format_ok: bool,
-    format_error: Option<String>,
-    teacher_tokens: i64,
-}
+use coa_schemas::rows::{Step, Trajectory as Traj};
 
 fn traj(id: &str, suite: &str, hops: i32, reflections: i32, correct: bool, dcs: Vec<i32>) -> Traj {
     let s = |role: &str, tool: Option<&str>, input: Option<String>| Step {
