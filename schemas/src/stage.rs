@@ -97,6 +97,13 @@ impl Stage {
         Ok(reader)
     }
 
+    /// Opens an input holding any table (no schema check), and records it in the provenance.
+    pub fn open_any(&mut self, path: Option<&Path>) -> Result<TableReader> {
+        let reader = io::open_any(path)?;
+        self.inputs.push(reader.input_provenance());
+        Ok(reader)
+    }
+
     /// Records an input that is not a table (a task file being imported).
     pub fn add_input_file(&mut self, path: &Path) {
         self.inputs.push(InputProvenance { source: path.display().to_string(), table: None, provenance: None });

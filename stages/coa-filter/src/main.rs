@@ -3,14 +3,13 @@
 //! Reads any table; for trajectories it applies the Chain-of-Agents distillation rules by default.
 //! Writes the same table (same schema and metadata, new provenance) with the kept rows.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use coa_filter::{render_stats, Filter, Options, RuleSet};
-use coa_schemas::io::{self, TableReader, TableWriter};
+use coa_schemas::io::TableWriter;
 use coa_schemas::stage::{self, IoArgs, Stage};
 
 const AFTER_HELP: &str = "\
@@ -126,37 +125,18 @@ fn options(cli: &Cli, source: &str) -> Options {
     }
 }
 
-/// Opens the input table, any table.
-///
-/// Workaround: `io::open_any(None)` deadlocks on an Arrow IPC stream from stdin (`open_inner` in
-/// schemas/src/io.rs keeps `io::stdin().lock()` alive while its stream reader reads through a second
-/// `io::stdin()`; std's stdin mutex is not reentrant). Until that is fixed, stdin is read whole and
-/// decoded from memory (its compressed bytes; batches are still decoded one at a time).
-fn open_input(path: Option<&Path>) -> Result<TableReader> {
-    match path {
-        Some(p) if p != Path::new("-") => io::open_any(Some(p)),
-        _ => {
-            let mut bytes = Vec::new();
-            std::io::stdin().lock().read_to_end(&mut bytes).context("stdin: reading")?;
-            io::open_bytes("stdin", bytes::Bytes::from(bytes), None)
-        }
-    }
-}
 
 fn filter(stage: &mut Stage, cli: &Cli) -> Result<()> {
     stage.set_seed(cli.seed);
-    let reader = open_input(cli.io.input.as_deref())?;
+    let reader = stage.open_any(cli.io.input.as_deref())?;
     let schema = reader.schema();
     // Every flag is checked against the schema before anything is written.
     let mut filter = Filter::new(schema.clone(), &options(cli, reader.source()))?;
     filter.keep_dropped(cli.keep_dropped.is_some());
 
-    // The input's provenance nests in the outputs'.
-    let mut provenance = stage.provenance();
-    provenance.inputs.push(reader.input_provenance());
-    let mut out = io::create(cli.io.output.as_deref(), cli.io.format, &schema, &provenance)?;
+    let mut out = stage.create(cli.io.output.as_deref(), cli.io.format, &schema)?;
     let mut dropped = match &cli.keep_dropped {
-        Some(path) => Some(io::create(Some(path), None, &filter.dropped_schema(), &provenance)?),
+        Some(path) => Some(stage.create(Some(path), None, &filter.dropped_schema())?),
         None => None,
     };
 
