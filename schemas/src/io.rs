@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::compute::cast;
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::array::ArrayRef;
+use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::ipc::reader::{FileReader, StreamReader};
 use arrow::ipc::writer::{write_message, DictionaryTracker, EncodedData, FileWriter, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
@@ -24,6 +25,7 @@ use arrow::ipc::CompressionType;
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
@@ -130,6 +132,8 @@ pub struct TableReader {
     found: SchemaRef,
     schema: SchemaRef,
     needs_cast: bool,
+    /// Nested fields to drop from each decoded batch (formats that cannot skip them while reading).
+    prune: Vec<Vec<&'static str>>,
     inner: BatchIter,
     batches: usize,
     rows: u64,
@@ -169,6 +173,7 @@ impl TableReader {
     }
 
     fn conform(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        let batch = if self.prune.is_empty() { batch } else { prune_batch(&batch, &self.prune)? };
         if !self.needs_cast {
             // Same columns and types: only the schema (metadata, nullability) is swapped, which
             // still checks that required columns hold no nulls.
@@ -214,12 +219,30 @@ impl Iterator for TableReader {
 
 /// Opens an input holding the `expected` table; `None` or `-` reads stdin.
 pub fn open(path: Option<&Path>, expected: &'static Table) -> Result<TableReader> {
-    open_inner(path, Some(expected))
+    open_inner(path, Some(expected), Vec::new())
+}
+
+/// Opens an input holding the `expected` table without the nested fields in `omit` (dotted paths
+/// through structs and lists, e.g. `events.input_messages`): a stage that never looks at a large
+/// field does not pay for decoding it. Parquet inputs skip those column chunks entirely (never
+/// read, never decompressed); IPC inputs drop them after decoding. The schema check expects the
+/// table minus these fields, and the batches come without them.
+pub fn open_without(path: Option<&Path>, expected: &'static Table, omit: &[&'static str]) -> Result<TableReader> {
+    let omit: Vec<Vec<&'static str>> = omit.iter().map(|p| p.split('.').collect()).collect();
+    for path in &omit {
+        let Some(col) = expected.column(path[0]) else {
+            bail!("internal: cannot omit `{}`: the `{}` table has no column `{}`", path.join("."), expected.name, path[0]);
+        };
+        if path.len() < 2 || prune_type(&col.dtype, &path[1..]).is_none() {
+            bail!("internal: cannot omit `{}`: not a nested field of the `{}` table", path.join("."), expected.name);
+        }
+    }
+    open_inner(path, Some(expected), omit)
 }
 
 /// Opens an input holding any table (no schema check).
 pub fn open_any(path: Option<&Path>) -> Result<TableReader> {
-    open_inner(path, None)
+    open_inner(path, None, Vec::new())
 }
 
 /// Opens a table already in memory (e.g. a file read whole to sniff it); `expected` as in [`open`].
@@ -227,9 +250,9 @@ pub fn open_bytes(source: &str, bytes: Bytes, expected: Option<&'static Table>) 
     let format = sniff_or_fail(source, &bytes[..bytes.len().min(8)], expected)?;
     let (format, inner, found) = match format {
         Format::Ipc => stream_reader(source, Cursor::new(bytes))?,
-        _ => random_access_reader(source, format, bytes)?,
+        _ => random_access_reader(source, format, bytes, &[])?,
     };
-    finish_open(source.to_string(), format, inner, found, expected)
+    finish_open(source.to_string(), format, inner, found, expected, Vec::new())
 }
 
 /// Reads a whole input into memory.
@@ -268,7 +291,7 @@ fn describe_head(head: &[u8]) -> String {
     format!("{} ({text:?})", hex.join(" "))
 }
 
-fn open_inner(path: Option<&Path>, expected: Option<&'static Table>) -> Result<TableReader> {
+fn open_inner(path: Option<&Path>, expected: Option<&'static Table>, omit: Vec<Vec<&'static str>>) -> Result<TableReader> {
     let source = source_name(path);
     let stdin = path.is_none() || path == Some(Path::new("-"));
     let (format, inner, found): (Format, BatchIter, SchemaRef) = if stdin {
@@ -287,7 +310,7 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>) -> Result<T
                 // Both need random access: a pipe is buffered whole.
                 let mut all = head;
                 input.read_to_end(&mut all).with_context(|| format!("{source}: reading"))?;
-                random_access_reader(&source, format, Bytes::from(all))?
+                random_access_reader(&source, format, Bytes::from(all), &omit)?
             }
         }
     } else {
@@ -307,23 +330,157 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>) -> Result<T
             Format::Parquet => {
                 let b = ParquetRecordBatchReaderBuilder::try_new(file)
                     .map_err(|e| anyhow!("{source}: not a readable Parquet file (truncated or corrupt?): {e}"))?;
-                let schema = b.schema().clone();
-                let rows = parquet_batch_rows(b.metadata());
-                let r = b.with_batch_size(rows).build()?;
-                (Format::Parquet, Box::new(r), schema)
+                parquet_reader(b, &omit)?
             }
         }
     };
-    finish_open(source, format, inner, found, expected)
+    finish_open(source, format, inner, found, expected, omit)
 }
 
-fn finish_open(source: String, format: Format, inner: BatchIter, found: SchemaRef, expected: Option<&'static Table>) -> Result<TableReader> {
+fn finish_open(
+    source: String,
+    format: Format,
+    inner: BatchIter,
+    found: SchemaRef,
+    expected: Option<&'static Table>,
+    omit: Vec<Vec<&'static str>>,
+) -> Result<TableReader> {
+    // Parquet skipped the omitted fields while reading; other formats drop them from each batch.
+    let (found, prune) = if format == Format::Parquet || omit.is_empty() {
+        (found, Vec::new())
+    } else {
+        (prune_schema(&found, &omit), omit.clone())
+    };
     let (schema, needs_cast) = match expected {
-        Some(t) => check_schema(&source, &found, t)?,
+        Some(t) => check_schema(&source, &found, t, &omit)?,
         None => (found.clone(), false),
     };
     let inner = prefetch(inner);
-    Ok(TableReader { source, format, expected, found, schema, needs_cast, inner, batches: 0, rows: 0 })
+    Ok(TableReader { source, format, expected, found, schema, needs_cast, prune, inner, batches: 0, rows: 0 })
+}
+
+/// A Parquet reader without the leaves under the omitted fields; batches sized by [`parquet_batch_rows`].
+fn parquet_reader<T: parquet::file::reader::ChunkReader + 'static>(
+    b: ParquetRecordBatchReaderBuilder<T>,
+    omit: &[Vec<&'static str>],
+) -> Result<(Format, BatchIter, SchemaRef)> {
+    let rows = parquet_batch_rows(b.metadata());
+    // The table name and provenance live in the file's schema metadata; the built reader's
+    // (projected) schema does not carry them.
+    let metadata = b.schema().metadata().clone();
+    let b = b.with_batch_size(rows);
+    let b = if omit.is_empty() {
+        b
+    } else {
+        let leaves = b.parquet_schema();
+        let keep: Vec<usize> = (0..leaves.num_columns())
+            .filter(|&i| !omit.iter().any(|o| leaf_under(leaves.column(i).path().parts(), o)))
+            .collect();
+        let mask = ProjectionMask::leaves(leaves, keep);
+        b.with_projection(mask)
+    };
+    let r = b.build()?;
+    let fields = arrow::record_batch::RecordBatchReader::schema(&r).fields().clone();
+    let schema = Arc::new(Schema::new(fields).with_metadata(metadata));
+    Ok((Format::Parquet, Box::new(r), schema))
+}
+
+/// Whether a Parquet leaf (its column path) lies under the field `chain`, skipping the
+/// repeated-group wrappers Parquet writers put around list items.
+fn leaf_under(parts: &[String], chain: &[&str]) -> bool {
+    let mut k = 0;
+    for part in parts {
+        if part == chain[k] {
+            k += 1;
+            if k == chain.len() {
+                return true;
+            }
+        } else if k == 0 || !matches!(part.as_str(), "list" | "element" | "item" | "array" | "bag") {
+            return false;
+        }
+    }
+    false
+}
+
+/// `dt` without the nested field at `path` (through structs and lists); `None` if there is none.
+fn prune_type(dt: &DataType, path: &[&str]) -> Option<DataType> {
+    use DataType::*;
+    match dt {
+        Struct(fields) => {
+            let idx = fields.iter().position(|f| f.name() == path[0])?;
+            let mut kept: Vec<FieldRef> = fields.iter().cloned().collect();
+            if path.len() == 1 {
+                kept.remove(idx);
+            } else {
+                let inner = prune_type(kept[idx].data_type(), &path[1..])?;
+                kept[idx] = Arc::new(kept[idx].as_ref().clone().with_data_type(inner));
+            }
+            Some(Struct(Fields::from(kept)))
+        }
+        List(item) => Some(List(Arc::new(item.as_ref().clone().with_data_type(prune_type(item.data_type(), path)?)))),
+        LargeList(item) => Some(LargeList(Arc::new(item.as_ref().clone().with_data_type(prune_type(item.data_type(), path)?)))),
+        _ => None,
+    }
+}
+
+fn prune_schema(schema: &Schema, omit: &[Vec<&'static str>]) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let mut dt = f.data_type().clone();
+            for path in omit.iter().filter(|p| p[0] == f.name()) {
+                dt = prune_type(&dt, &path[1..]).unwrap_or(dt);
+            }
+            f.as_ref().clone().with_data_type(dt)
+        })
+        .collect();
+    Arc::new(Schema::new(fields).with_metadata(schema.metadata().clone()))
+}
+
+/// `array` without the nested field at `path` (the array counterpart of [`prune_type`]).
+fn prune_array(array: &ArrayRef, path: &[&str]) -> Result<ArrayRef> {
+    use arrow::array::{Array, AsArray, GenericListArray, StructArray};
+    Ok(match array.data_type() {
+        DataType::Struct(_) => {
+            let s = array.as_struct();
+            let Some(idx) = s.fields().iter().position(|f| f.name() == path[0]) else { return Ok(array.clone()) };
+            let mut fields: Vec<FieldRef> = s.fields().iter().cloned().collect();
+            let mut columns = s.columns().to_vec();
+            if path.len() == 1 {
+                fields.remove(idx);
+                columns.remove(idx);
+            } else {
+                columns[idx] = prune_array(&columns[idx], &path[1..])?;
+                fields[idx] = Arc::new(fields[idx].as_ref().clone().with_data_type(columns[idx].data_type().clone()));
+            }
+            Arc::new(StructArray::try_new(Fields::from(fields), columns, s.nulls().cloned())?)
+        }
+        DataType::List(item) => {
+            let l = array.as_list::<i32>();
+            let values = prune_array(l.values(), path)?;
+            let item = Arc::new(item.as_ref().clone().with_data_type(values.data_type().clone()));
+            Arc::new(GenericListArray::<i32>::try_new(item, l.offsets().clone(), values, l.nulls().cloned())?)
+        }
+        DataType::LargeList(item) => {
+            let l = array.as_list::<i64>();
+            let values = prune_array(l.values(), path)?;
+            let item = Arc::new(item.as_ref().clone().with_data_type(values.data_type().clone()));
+            Arc::new(GenericListArray::<i64>::try_new(item, l.offsets().clone(), values, l.nulls().cloned())?)
+        }
+        _ => array.clone(),
+    })
+}
+
+fn prune_batch(batch: &RecordBatch, omit: &[Vec<&'static str>]) -> Result<RecordBatch> {
+    let mut columns = batch.columns().to_vec();
+    for path in omit {
+        if let Ok(idx) = batch.schema().index_of(path[0]) {
+            columns[idx] = prune_array(&columns[idx], &path[1..])?;
+        }
+    }
+    let schema = prune_schema(&batch.schema(), omit);
+    Ok(RecordBatch::try_new(schema, columns)?)
 }
 
 /// Decodes batches on a background thread, a few ahead of the consumer, so decompression overlaps
@@ -387,7 +544,7 @@ fn stream_reader<R: Read + Send + 'static>(source: &str, r: R) -> Result<(Format
     Ok((Format::Ipc, Box::new(reader), schema))
 }
 
-fn random_access_reader(source: &str, format: Format, bytes: Bytes) -> Result<(Format, BatchIter, SchemaRef)> {
+fn random_access_reader(source: &str, format: Format, bytes: Bytes, omit: &[Vec<&'static str>]) -> Result<(Format, BatchIter, SchemaRef)> {
     match format {
         Format::IpcFile => {
             let r = FileReader::try_new(Cursor::new(bytes), None)
@@ -398,17 +555,16 @@ fn random_access_reader(source: &str, format: Format, bytes: Bytes) -> Result<(F
         Format::Parquet => {
             let b = ParquetRecordBatchReaderBuilder::try_new(bytes)
                 .map_err(|e| anyhow!("{source}: not a readable Parquet file (truncated or corrupt?): {e}"))?;
-            let schema = b.schema().clone();
-            let rows = parquet_batch_rows(b.metadata());
-            Ok((format, Box::new(b.with_batch_size(rows).build()?), schema))
+            parquet_reader(b, omit)
         }
         Format::Ipc => unreachable!("streams are read incrementally"),
     }
 }
 
-/// Checks `found` against the expected table. Returns the schema batches will be cast to:
-/// the canonical columns first, then any extra columns the input carries, unchanged.
-fn check_schema(source: &str, found: &Schema, table: &'static Table) -> Result<(SchemaRef, bool)> {
+/// Checks `found` against the expected table (minus the `omit`ted nested fields). Returns the
+/// schema batches will be cast to: the canonical columns first, then any extra columns the input
+/// carries, unchanged.
+fn check_schema(source: &str, found: &Schema, table: &'static Table, omit: &[Vec<&'static str>]) -> Result<(SchemaRef, bool)> {
     let written_by = format!("the `{}` table is written by `{}`", table.name, table.produced_by);
     if let Some(name) = found.metadata().get(META_TABLE) {
         if name != table.name {
@@ -429,16 +585,20 @@ fn check_schema(source: &str, found: &Schema, table: &'static Table) -> Result<(
             );
         };
         let got = found.field(idx).data_type();
-        if !compatible(&col.dtype, got) {
+        let mut want = col.dtype.clone();
+        for path in omit.iter().filter(|p| p[0] == col.name) {
+            want = prune_type(&want, &path[1..]).unwrap_or(want);
+        }
+        if !compatible(&want, got) {
             bail!(
                 "{source}: column `{}` has type {}, expected {} ({written_by})",
                 col.name,
                 type_name(got),
-                type_name(&col.dtype)
+                type_name(&want)
             );
         }
-        needs_cast |= idx != i || got != &col.dtype;
-        fields.push(canonical.field(i).clone());
+        needs_cast |= idx != i || got != &want;
+        fields.push(canonical.field(i).clone().with_data_type(want));
     }
     for f in found.fields() {
         if table.column(f.name()).is_none() {
@@ -537,6 +697,43 @@ enum Sink {
     Parquet(ArrowWriter<Box<dyn Write + Send>>),
 }
 
+/// The buffer compression of an Arrow IPC output. A file is stored, so it gets zstd (level 1, as
+/// Arrow C++/pyarrow use); a pipe between two stages is read at once and never stored, so it is
+/// not compressed: compressing cost more CPU on both ends than moving the bytes (zstd was a third
+/// of coa-extract's time, LZ4 a quarter). `COA_IPC_COMPRESSION=zstd|lz4|none` overrides both.
+fn ipc_compression(path: Option<&Path>) -> Result<Option<CompressionType>> {
+    if let Ok(v) = std::env::var("COA_IPC_COMPRESSION") {
+        return match v.as_str() {
+            "zstd" => Ok(Some(CompressionType::ZSTD)),
+            "lz4" => Ok(Some(CompressionType::LZ4_FRAME)),
+            "none" => Ok(None),
+            other => bail!("COA_IPC_COMPRESSION={other:?}: expected zstd, lz4 or none"),
+        };
+    }
+    let regular_file = match path {
+        Some(p) => !std::fs::metadata(p).is_ok_and(|m| !m.file_type().is_file()),
+        None => stdout_is_regular_file(),
+    };
+    Ok(if regular_file { Some(CompressionType::ZSTD) } else { None })
+}
+
+/// A pipe holds 64 KiB by default: the two stages on its ends then take turns every 64 KiB. Ask
+/// for 1 MiB (best effort: the kernel caps it, and it fails harmlessly when stdout is no pipe).
+fn widen_stdout_pipe() {
+    // SAFETY: fcntl on fd 1 with an integer argument.
+    unsafe {
+        libc::fcntl(1, libc::F_SETPIPE_SZ, 1 << 20);
+    }
+}
+
+fn stdout_is_regular_file() -> bool {
+    // SAFETY: fstat on fd 1 into a zeroed stat buffer.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(1, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFREG
+    }
+}
+
 /// Writes one table to stdout or a file (temp name + rename on [`TableWriter::finish`]).
 pub struct TableWriter {
     sink: Option<Sink>,
@@ -565,7 +762,10 @@ pub fn create(path: Option<&Path>, format: Option<Format>, schema: &Schema, prov
     let schema = with_provenance(schema, provenance)?;
     let target = path.map(|p| p.display().to_string()).unwrap_or_else(|| "stdout".into());
     let (out, tmp): (Box<dyn Write + Send>, _) = match path {
-        None => (Box::new(BufWriter::with_capacity(1 << 20, io::stdout())), None),
+        None => {
+            widen_stdout_pipe();
+            (Box::new(BufWriter::with_capacity(1 << 20, io::stdout())), None)
+        }
         // A device or FIFO (`-o /dev/null`, `-o /dev/stdout`, a named pipe) is written in place:
         // renaming a temporary file onto it would replace the device with a regular file.
         Some(p) if std::fs::metadata(p).is_ok_and(|m| !m.file_type().is_file() && !m.is_dir()) => {
@@ -582,9 +782,10 @@ pub fn create(path: Option<&Path>, format: Option<Format>, schema: &Schema, prov
         }
     };
     let mut writer = TableWriter { sink: None, target, tmp, rows: 0 };
-    // zstd level 1, as Arrow C++/pyarrow use: a pipe format wants speed over the last few percent.
-    let ipc_options = || {
-        IpcWriteOptions::default().try_with_compression(Some(CompressionType::ZSTD))?.try_with_compression_level(Some(IPC_ZSTD_LEVEL))
+    let compression = ipc_compression(path)?;
+    let ipc_options = || -> Result<IpcWriteOptions> {
+        let o = IpcWriteOptions::default().try_with_compression(compression)?;
+        Ok(if compression == Some(CompressionType::ZSTD) { o.try_with_compression_level(Some(IPC_ZSTD_LEVEL))? } else { o })
     };
     let sink = match format {
         Format::Ipc => Sink::Ipc(ParallelStreamWriter::try_new(out, &schema, ipc_options()?)?),
@@ -600,7 +801,8 @@ pub fn create(path: Option<&Path>, format: Option<Format>, schema: &Schema, prov
                 .collect();
             let props = WriterProperties::builder()
                 .set_key_value_metadata(Some(kv))
-                .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+                // zstd level 1, as pyarrow writes zstd Parquet: level 3 cost a third of coa-convert's time.
+                .set_compression(Compression::ZSTD(ZstdLevel::try_new(1)?))
                 .set_max_row_group_row_count(Some(128 * 1024))
                 .build();
             Sink::Parquet(ArrowWriter::try_new(out, schema, Some(props))?)

@@ -20,6 +20,23 @@ use crate::tables::Table;
 /// ~10% of a pipe's time over the system allocator (measured on the IO benchmark).
 pub use mimalloc::MiMalloc as Allocator;
 
+/// Stages are short batch processes that free and re-allocate batch-sized buffers at a high rate:
+/// by default mimalloc returns freed pages to the OS after a delay and then faults them in again,
+/// zeroed (a third of coa-extract's time went to the kernel). Keep them instead. A delay the user
+/// set (`MIMALLOC_PURGE_DELAY`) is respected: the option is changed only while it holds the
+/// default of the mimalloc version we build (v3: 1000 ms).
+pub fn tune_allocator() {
+    // `mi_option_purge_delay` in mimalloc v3's option enum (libmimalloc-sys has no constant for it).
+    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    const V3_DEFAULT_MS: std::os::raw::c_long = 1000;
+    // SAFETY: plain option getters/setters of the linked allocator; no pointers involved.
+    unsafe {
+        if libmimalloc_sys::mi_option_get(PURGE_DELAY) == V3_DEFAULT_MS {
+            libmimalloc_sys::mi_option_set(PURGE_DELAY, -1);
+        }
+    }
+}
+
 /// Flags shared by every stage that reads and writes one table.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct IoArgs {
@@ -52,6 +69,7 @@ pub struct Stage {
 
 impl Stage {
     pub fn new(name: &str, version: &str) -> Stage {
+        tune_allocator();
         Stage {
             name: name.to_string(),
             version: version.to_string(),
@@ -93,6 +111,13 @@ impl Stage {
     /// Opens an input table, checked against `table`, and records it in the provenance.
     pub fn open(&mut self, path: Option<&Path>, table: &'static Table) -> Result<TableReader> {
         let reader = io::open(path, table)?;
+        self.inputs.push(reader.input_provenance());
+        Ok(reader)
+    }
+
+    /// Like [`Stage::open`], without the nested fields in `omit` (see [`io::open_without`]).
+    pub fn open_without(&mut self, path: Option<&Path>, table: &'static Table, omit: &[&'static str]) -> Result<TableReader> {
+        let reader = io::open_without(path, table, omit)?;
         self.inputs.push(reader.input_provenance());
         Ok(reader)
     }

@@ -267,3 +267,65 @@ fn a_device_output_is_written_in_place_not_replaced() {
         assert!(std::fs::metadata(null).unwrap().file_type().is_char_device(), "writing {format:?} replaced /dev/null");
     }
 }
+
+fn runs(n: usize) -> Vec<rows::MasRun> {
+    use rows::{ChatMessage, Event, MasRun};
+    (0..n)
+        .map(|i| MasRun {
+            task_id: format!("t{i}"),
+            suite: "multihop".into(),
+            question: "q".into(),
+            answers: vec!["a".into()],
+            backend: "scripted".into(),
+            simulator: true,
+            events: (0..3)
+                .map(|s| Event {
+                    seq: s,
+                    agent: "planner".into(),
+                    role: "plan".into(),
+                    input_messages: vec![ChatMessage::system("you plan"), ChatMessage::user(format!("run {i} step {s}"))],
+                    output: format!("<plan>{i}.{s}</plan>"),
+                    observation: (s == 1).then(|| "seen".to_string()),
+                    tokens_in: 10,
+                    ..Default::default()
+                })
+                .collect(),
+            success: i % 2 == 0,
+            ..Default::default()
+        })
+        .collect()
+}
+
+#[test]
+fn an_omitted_nested_field_is_never_read_and_the_rest_is_intact() {
+    use arrow::array::AsArray;
+    use coa_schemas::tables::MAS_RUNS;
+    let dir = tempfile::tempdir().unwrap();
+    let batch = rows::to_batch(&runs(50)).unwrap();
+    for name in ["r.parquet", "r.arrow", "r.ipc"] {
+        let path = dir.path().join(name);
+        io::write_all(Some(&path), None, &MAS_RUNS.schema(), &[batch.clone()], &provenance()).unwrap();
+        let reader = io::open_without(Some(&path), &MAS_RUNS, &["events.input_messages"]).unwrap();
+        assert!(reader.provenance().is_some(), "{name}: metadata survives the projection");
+        let schema = reader.schema();
+        let DataType::List(item) = schema.field_with_name("events").unwrap().data_type() else { panic!("events is a list") };
+        let DataType::Struct(fields) = item.data_type() else { panic!("events items are structs") };
+        let names: Vec<&str> = fields.iter().map(|f| f.name().as_str()).collect();
+        assert!(!names.contains(&"input_messages"), "{name}: {names:?}");
+        assert!(names.contains(&"output") && names.contains(&"observation"), "{name}: {names:?}");
+        let batches: Vec<RecordBatch> = reader.collect::<anyhow::Result<_>>().unwrap();
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(rows, 50, "{name}");
+        let events = batches[0].column_by_name("events").unwrap().as_list::<i32>();
+        assert_eq!(events.values().len(), 150, "{name}: every event is kept");
+        let output = events.values().as_struct().column_by_name("output").unwrap().as_string::<i32>();
+        assert_eq!(output.value(4), "<plan>1.1</plan>", "{name}");
+        assert_eq!(batches[0].schema().fields(), schema.fields(), "{name}: batches match the reader's schema");
+    }
+    // Only nested fields of the table can be omitted.
+    let path = dir.path().join("r.parquet");
+    for bad in ["events.nope", "nope.x", "task_id"] {
+        let e = io::open_without(Some(&path), &MAS_RUNS, &[bad]).err().expect("an error");
+        assert!(format!("{e:#}").contains(bad), "{bad}: {e:#}");
+    }
+}

@@ -120,7 +120,12 @@ impl Drop for BackgroundWriter {
 
 /// `coa-extract`: `mas_runs` → `trajectories`.
 pub fn run_extract(stage: &mut Stage, io: &IoArgs, skip_bad: Option<&Path>) -> Result<()> {
-    let mut reader = stage.open(io.input.as_deref(), &MAS_RUNS)?;
+    // Extraction never reads what each agent re-read (`events.input_messages`, most of a run's
+    // bytes): skip it, unless rejected rows must be written whole.
+    let mut reader = match skip_bad {
+        None => stage.open_without(io.input.as_deref(), &MAS_RUNS, &["events.input_messages"])?,
+        Some(_) => stage.open(io.input.as_deref(), &MAS_RUNS)?,
+    };
     let mut rejects = Rejects::new(stage, skip_bad, &reader.schema())?;
     let mut out: Option<BackgroundWriter> = None;
     let bar = stage.progress(None, "extracting");

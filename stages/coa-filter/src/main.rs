@@ -101,6 +101,9 @@ struct Cli {
     io: IoArgs,
 }
 
+#[global_allocator]
+static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut stage = Stage::new("coa-filter", env!("CARGO_PKG_VERSION"));
