@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use arrow::record_batch::RecordBatch;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::tables::{Table, CORPUS, MAS_RUNS, TASKS, TRAJECTORIES};
+use crate::tables::{Table, CORPUS, MAS_RUNS, ROLLOUTS, TASKS, TRAJECTORIES};
 
 /// A row of the `tasks` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -133,6 +133,23 @@ pub struct Trajectory {
     pub teacher_tokens: i64,
 }
 
+/// A row of the `rollouts` table: one policy sample with its tool turns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Rollout {
+    pub task_id: String,
+    pub suite: String,
+    pub sample_idx: i32,
+    pub model: String,
+    pub prompt_ids: Vec<i32>,
+    pub response_ids: Vec<i32>,
+    pub loss_mask: Vec<u8>,
+    pub logprobs: Vec<f32>,
+    pub response_text: String,
+    pub turns: i32,
+    pub tool_calls: i32,
+    pub finish_reason: String,
+}
+
 /// Rows that belong to one table.
 pub trait Row: Serialize + DeserializeOwned {
     fn table() -> &'static Table;
@@ -159,6 +176,12 @@ impl Row for MasRun {
 impl Row for Trajectory {
     fn table() -> &'static Table {
         &TRAJECTORIES
+    }
+}
+
+impl Row for Rollout {
+    fn table() -> &'static Table {
+        &ROLLOUTS
     }
 }
 

@@ -7,12 +7,16 @@
 //! - [`code`]: [`code_passes`], running a program against a task's unit tests (`test_code`) or
 //!   its stdin/stdout tests in the `coa-tools` sandbox.
 //!
+//! - [`shaping`]: the total reward (outcome, format, DAPO overlong shaping), GRPO group
+//!   advantages and pass@k.
+//!
 //! [`answer_correct`] picks the right check for a text answer by suite; [`check_answer`] also
 //! covers code tasks (it runs the tests).
 
 pub mod code;
 pub mod math;
 pub mod qa;
+pub mod shaping;
 
 use anyhow::{bail, Result};
 use coa_schemas::rows::Task;
@@ -21,6 +25,7 @@ use coa_tools::SandboxLimits;
 pub use code::{code_passes, extract_program, CodeVerdict, TestStyle};
 pub use math::{extract_boxed, math_equal, normalize_math};
 pub use qa::{exact_match, f1, normalize_answer, split_answers};
+pub use shaping::{group_advantages, overlong_penalty, pass_at_k, total_reward, RewardConfig};
 
 /// Whether a text `answer` is correct for `task`: exact match (after SQuAD normalisation) for the
 /// `multihop` and `qa` suites, [`math_equal`] against any gold for `math`.

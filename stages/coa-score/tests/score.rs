@@ -1,0 +1,149 @@
+//! `coa-score` end to end on real task files: the binary reads rollouts and tasks, writes scores
+//! with rewards and group advantages, and the eval report; bad input is named.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::Float32Type;
+use coa_schemas::io::{self, Provenance};
+use coa_schemas::rows::{self, Rollout, Task};
+use coa_schemas::tables::{ROLLOUTS, SCORES, TASKS};
+
+fn external(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/external").join(name)
+}
+
+fn prov() -> Provenance {
+    Provenance { stage: "test".into(), version: "0".into(), args: vec![], seed: None, inputs: vec![] }
+}
+
+fn web_text(answer: &str) -> String {
+    format!(
+        "<think>t</think>\n<plan>find it</plan>\n<think>t</think>\n<web_search>q</web_search>\n<observation>o</observation>\n\
+         <think>t</think>\n<suggested_answer>{answer}</suggested_answer>\n<think>t</think>\n<double_check>score: 4</double_check>\n\
+         <answer>{answer}</answer>"
+    )
+}
+
+fn code_text(answer: &str) -> String {
+    format!(
+        "<think>a</think>\n<plan>p</plan>\n<think>b</think>\n<code>\n```py\nprint(1)\n```\n</code>\n<observation>1</observation>\n\
+         <think>c</think>\n<reflection>ok</reflection>\n<answer>{answer}</answer>"
+    )
+}
+
+fn rollout(task: &Task, idx: i32, text: String, len: usize) -> Rollout {
+    Rollout {
+        task_id: task.task_id.clone(),
+        suite: task.suite.clone(),
+        sample_idx: idx,
+        model: "m".into(),
+        prompt_ids: vec![1, 2],
+        response_ids: vec![5; len],
+        loss_mask: vec![1; len],
+        logprobs: vec![-0.5; len],
+        response_text: text,
+        turns: 2,
+        tool_calls: 1,
+        finish_reason: "answer".into(),
+    }
+}
+
+fn write<R: rows::Row>(path: &Path, rows: &[R], table: &'static coa_schemas::tables::Table) {
+    io::write_all(Some(path), None, &table.schema(), &[rows::to_batch(rows).unwrap()], &prov()).unwrap();
+}
+
+fn score(dir: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_coa-score"))
+        .args(["-i", dir.join("rollouts.parquet").to_str().unwrap(), "--tasks", dir.join("tasks.parquet").to_str().unwrap()])
+        .args(["-o", dir.join("scores.parquet").to_str().unwrap(), "--report", dir.join("eval.json").to_str().unwrap()])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn rewards_advantages_and_report_on_real_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let math = coa_tasks::import::import_file(&external("math500.parquet"), None).unwrap().remove(0);
+    let code = coa_tasks::import::import_file(&external("HumanEval.jsonl.gz"), None).unwrap().remove(0);
+    let nq = coa_tasks::import::import_file(&external("nq_full.jsonl"), None).unwrap().remove(0);
+    write(&dir.path().join("tasks.parquet"), &[math.clone(), code.clone(), nq.clone()], &TASKS);
+
+    let gold = &math.answers[0];
+    let program: serde_json::Value = serde_json::from_str(code.solution.as_deref().unwrap()).unwrap();
+    let program = program["code"].as_str().unwrap();
+    let rollouts = vec![
+        rollout(&math, 0, code_text(&format!("\\boxed{{{gold}}}")), 100), // right
+        rollout(&math, 1, code_text("\\boxed{123456789}"), 100),          // wrong
+        rollout(&math, 2, format!("<think>x</think><answer>\\boxed{{{gold}}}</answer>"), 100), // right answer, bad format
+        rollout(&math, 3, code_text(&format!("\\boxed{{{gold}}}")), 3800), // right, in the overlong band
+        rollout(&code, 0, code_text(&format!("```python\n{program}\n```")), 50),
+        rollout(&code, 1, code_text("```python\ndef nope():\n    pass\n```"), 50),
+        rollout(&nq, 0, web_text(&nq.answers[0]), 10),
+        rollout(&nq, 1, web_text("certainly not the answer"), 10),
+    ];
+    write(&dir.path().join("rollouts.parquet"), &rollouts, &ROLLOUTS);
+
+    let out = score(dir.path(), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let reader = io::open(Some(&dir.path().join("scores.parquet")), &SCORES).unwrap();
+    let batches: Vec<RecordBatch> = reader.collect::<anyhow::Result<_>>().unwrap();
+    let b = &batches[0];
+    let col = |n: &str| b.column_by_name(n).unwrap().clone();
+    let correct: Vec<bool> = col("correct").as_boolean().iter().map(|v| v.unwrap()).collect();
+    let format_ok: Vec<bool> = col("format_ok").as_boolean().iter().map(|v| v.unwrap()).collect();
+    let reward: Vec<f32> = col("reward").as_primitive::<Float32Type>().values().to_vec();
+    let overlong: Vec<f32> = col("overlong").as_primitive::<Float32Type>().values().to_vec();
+    let adv: Vec<f32> = col("advantage").as_primitive::<Float32Type>().values().to_vec();
+    let f1 = col("f1");
+    assert_eq!(correct, [true, false, true, true, true, false, true, false], "{stderr}");
+    assert_eq!(format_ok, [true, true, false, true, true, true, true, true], "{stderr}");
+    // Lmax 4096, Lcache 512: 3800 tokens is (3584 - 3800) / 512 into the band.
+    assert!((overlong[3] - (3584.0 - 3800.0) / 512.0).abs() < 1e-6);
+    assert_eq!(&reward[..3], &[1.0, 0.0, -1.0]);
+    assert!((reward[3] - (1.0 + overlong[3])).abs() < 1e-6);
+    // Group advantages: per task, mean zero, the best sample highest.
+    assert!((adv[..4].iter().sum::<f32>()).abs() < 1e-4);
+    assert!(adv[0] > adv[3] && adv[3] > adv[1] && adv[1] > adv[2], "{adv:?}");
+    assert!(adv[4] > 0.0 && adv[5] < 0.0 && (adv[4] + adv[5]).abs() < 1e-4);
+    // F1 only for QA.
+    assert!(f1.is_null(0) && f1.is_null(4));
+    assert_eq!(f1.as_primitive::<Float32Type>().value(6), 1.0);
+    assert!(f1.as_primitive::<Float32Type>().value(7) < 1.0);
+
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("eval.json")).unwrap()).unwrap();
+    let math_line = report.as_array().unwrap().iter().find(|l| l["suite"] == "math").unwrap();
+    assert_eq!(math_line["pass_at_1"], 0.75);
+    assert_eq!(math_line["pass_at_k"], 1.0);
+    assert_eq!(math_line["format_error_rate"], 0.25);
+    assert!(stderr.contains("| math | m | 1 | 4 | 75.0% | 100.0% |"), "{stderr}");
+}
+
+#[test]
+fn unknown_tasks_and_ragged_rows_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let math = coa_tasks::import::import_file(&external("aime24.parquet"), None).unwrap().remove(0);
+    write(&dir.path().join("tasks.parquet"), std::slice::from_ref(&math), &TASKS);
+    let mut stranger = rollout(&math, 0, code_text("\\boxed{1}"), 5);
+    stranger.task_id = "who-is-this".into();
+    write(&dir.path().join("rollouts.parquet"), &[stranger], &ROLLOUTS);
+    let out = score(dir.path(), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("who-is-this") && stderr.contains("--tasks"), "{stderr}");
+    assert!(!dir.path().join("scores.parquet").exists(), "no partial output");
+
+    let mut ragged = rollout(&math, 0, code_text("\\boxed{1}"), 5);
+    ragged.loss_mask.pop();
+    write(&dir.path().join("rollouts.parquet"), &[ragged], &ROLLOUTS);
+    let out = score(dir.path(), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("row 0") && stderr.contains("loss_mask 4"), "{stderr}");
+
+    let out = score(dir.path(), &["--overlong-cache", "9999"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--overlong-cache"));
+}
