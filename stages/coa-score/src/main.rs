@@ -114,7 +114,7 @@ fn run(stage: &mut Stage, cli: &Cli) -> Result<()> {
             task_id: &r.task_id,
             correct: v.correct,
             format_ok: v.format_ok,
-            tokens: r.response_ids.len(),
+            tokens: r.prompt_ids.len() + r.response_ids.len(),
             tool_calls: r.tool_calls,
         })
         .collect();

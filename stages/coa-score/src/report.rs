@@ -14,7 +14,9 @@ pub struct Sample<'a> {
     pub task_id: &'a str,
     pub correct: bool,
     pub format_ok: bool,
-    /// Response tokens over all turns (observations included: the budget counts them).
+    /// Tokens the model processed for this sample: the prompt plus every response token over all
+    /// turns (observations included). With a KV cache nothing is processed twice, so this is the
+    /// counterpart of a multi-agent run's tokens in + out.
     pub tokens: usize,
     pub tool_calls: i32,
 }
@@ -30,9 +32,9 @@ pub struct Line {
     pub samples: usize,
     pub pass_at_1: f64,
     pub pass_at_k: f64,
-    /// Mean response tokens per sample.
+    /// Mean tokens (prompt + response) per sample.
     pub tokens_per_task: f64,
-    /// All response tokens spent divided by the samples that solved their task (`None` when
+    /// All tokens spent divided by the samples that solved their task (`None` when
     /// nothing was solved).
     pub tokens_per_solved: Option<f64>,
     pub tool_calls: f64,

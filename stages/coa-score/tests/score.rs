@@ -120,6 +120,9 @@ fn rewards_advantages_and_report_on_real_tasks() {
     assert_eq!(math_line["pass_at_k"], 1.0);
     assert_eq!(math_line["format_error_rate"], 0.25);
     assert!(stderr.contains("| math | m | 1 | 4 | 75.0% | 100.0% |"), "{stderr}");
+    // Tokens are prompt (2) + response: math spent 4 * 2 + 100 + 100 + 100 + 3800 on 3 solves.
+    assert_eq!(math_line["tokens_per_task"], 1027.0);
+    assert_eq!(math_line["tokens_per_solved"], 4108.0 / 3.0);
 }
 
 #[test]
