@@ -30,11 +30,12 @@ help:
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))
 
-test:
+test: cuda-deps
 	@command -v $(PYTHON) >/dev/null || { echo "make test: python3 is needed (the code sandbox runs it)"; exit 1; }
 	$(CARGO) build $(addprefix -p ,$(STAGES))
 	$(CARGO) test --workspace --no-fail-fast
 
+include pipelines/cuda.mk
 include pipelines/tasks.mk
 include pipelines/distill.mk
 

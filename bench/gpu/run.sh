@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# GPU benchmark and correctness run, in two halves (the GPU machine has no Rust and no network):
+#
+#   bash bench/gpu/run.sh build     # HERE: release-build the test and bench binaries into .gpubin/
+#   bash bench/gpu/run.sh device    # ON THE GPU MACHINE, one device-tool call, carrying .gpubin:
+#       run(command="bash bench/gpu/run.sh device", carry=[".gpubin"], timeout_s=600)
+#
+# The device half runs the kernel correctness tests (every kernel against the CPU reference, on
+# the real GPU), then times our kernels and PyTorch's on the same machine, and writes
+# $OUT/gpu_bench.md (tables for BENCHMARKS.md) plus the raw logs under $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=.gpubin
+
+build() {
+    grep -qxF "/$BIN/" .git/info/exclude 2>/dev/null || echo "/$BIN/" >> .git/info/exclude
+    rm -rf "$BIN" && mkdir -p "$BIN"
+    cargo build --release -p coa-kernels --examples --tests --message-format=json-render-diagnostics \
+        | python3 -c '
+import json, shutil, sys
+want = {"gpu_bench", "gpu_kernels", "device_select", "nvrtc_compile", "ptxas_report"}
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
+        shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
+        print("  " + m["target"]["name"], file=sys.stderr)
+' "$BIN"
+    for b in gpu_bench gpu_kernels device_select nvrtc_compile; do test -x "$BIN/$b"; done
+    du -sh "$BIN"
+    echo "now: run(command=\"bash bench/gpu/run.sh device\", carry=[\"$BIN\"], timeout_s=600)"
+}
+
+device() {
+    OUT=${OUT:-bench/out/gpu}
+    mkdir -p "$OUT"
+    nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+    head -15 "$OUT/nvidia-smi.txt"
+    # NVRTC, cuBLAS and the headers come from the machine's CUDA 13.0 (torch's nvidia wheels or
+    # /usr/local/cuda): coa-kernels searches COA_PYTHON_SITE/nvidia/cu13/{lib,include}.
+    COA_PYTHON_SITE=$(python3 -c 'import site; print(":".join(site.getsitepackages()))')
+    export COA_PYTHON_SITE
+    export COA_CACHE_DIR=/tmp/coa-ptx PYTHONUNBUFFERED=1
+    local status=0
+    : > "$OUT/tests.log"
+    for t in device_select nvrtc_compile gpu_kernels; do
+        echo "== $t" | tee -a "$OUT/tests.log"
+        "$BIN/$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1 || status=1
+        grep -E "^test result|FAILED|panicked|skipped" "$OUT/tests.log" | tail -3
+    done
+    "$BIN/ptxas_report" > "$OUT/ptxas.txt" 2>&1 || true
+    echo "== our kernels"
+    "$BIN/gpu_bench" > "$OUT/ours.jsonl" 2> "$OUT/ours.err" || { status=1; tail -20 "$OUT/ours.err"; }
+    echo "== PyTorch"
+    python3 bench/gpu/torch_ref.py attention xent copy > "$OUT/torch.jsonl" 2> "$OUT/torch.err" || { status=1; tail -20 "$OUT/torch.err"; }
+
+    # ---- TRAIN STEP: our side awaits `coa-train-step --device cuda` (not wired yet). ----------
+    # When it exists: build it in `build()` (cargo build --release -p coa-train-step), copy it into
+    # .gpubin, and time it here on the ~125M Llama config with the same batch (8 x 1024) as
+    # torch_ref.py's trainstep, emitting {"kind":"trainstep","impl":"ours",...} into ours.jsonl.
+    python3 bench/gpu/torch_ref.py trainstep >> "$OUT/torch.jsonl" 2>> "$OUT/torch.err" || { status=1; tail -20 "$OUT/torch.err"; }
+    # -------------------------------------------------------------------------------------------
+
+    python3 bench/gpu/report.py "$OUT/ours.jsonl" "$OUT/torch.jsonl" "$OUT/tests.log" > "$OUT/gpu_bench.md"
+    cat "$OUT/gpu_bench.md"
+    return $status
+}
+
+case "${1:-}" in
+    build) build ;;
+    device) device ;;
+    *) echo "usage: $0 build|device" >&2; exit 2 ;;
+esac

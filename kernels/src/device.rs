@@ -1,0 +1,221 @@
+//! `--device auto|cpu|cuda`: probing for a usable GPU without ever panicking.
+//!
+//! cudarc panics when a CUDA library cannot be opened, so every library is probed first
+//! ([`crate::locate::ensure_loaded`] / `is_culib_present`) and the driver is initialised through the
+//! `Result`-returning calls only. `probe` additionally runs under `catch_unwind`, so an unexpected
+//! panic inside a library binding still becomes a [`NoGpu`].
+
+use crate::compile;
+use crate::locate;
+use std::fmt;
+use std::str::FromStr;
+
+/// What the user asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// The GPU when one is usable, else the CPU (with a one-line note on stderr).
+    #[default]
+    Auto,
+    Cpu,
+    /// GPU `ordinal` (`cuda` = `cuda:0`); an error when none is usable.
+    Cuda(usize),
+}
+
+impl FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(DeviceChoice::Auto),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" | "gpu" => Ok(DeviceChoice::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(DeviceChoice::Cuda(n)),
+                _ => Err(format!("unknown device {s:?}: expected auto, cpu, cuda or cuda:N")),
+            },
+        }
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceChoice::Auto => f.write_str("auto"),
+            DeviceChoice::Cpu => f.write_str("cpu"),
+            DeviceChoice::Cuda(0) => f.write_str("cuda"),
+            DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// A usable GPU, as found by [`probe`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub ordinal: usize,
+    pub name: String,
+    /// Compute capability (major, minor), e.g. (9, 0) for H100/H200.
+    pub compute_capability: (i32, i32),
+    pub total_mem_bytes: usize,
+    pub multiprocessors: i32,
+    /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
+    pub driver_version: i32,
+    pub nvrtc_version: (i32, i32),
+}
+
+impl GpuInfo {
+    /// The NVRTC target for this device, e.g. `compute_90`.
+    pub fn arch(&self) -> String {
+        format!("compute_{}{}", self.compute_capability.0, self.compute_capability.1)
+    }
+}
+
+impl fmt::Display for GpuInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cuda:{} {} (sm_{}{}, {} SMs, {:.1} GiB, driver {}.{}, NVRTC {}.{})",
+            self.ordinal,
+            self.name,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.multiprocessors,
+            self.total_mem_bytes as f64 / (1u64 << 30) as f64,
+            self.driver_version / 1000,
+            (self.driver_version % 1000) / 10,
+            self.nvrtc_version.0,
+            self.nvrtc_version.1
+        )
+    }
+}
+
+/// Why no GPU can be used: a sentence for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoGpu(pub String);
+
+impl fmt::Display for NoGpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for NoGpu {}
+
+/// The device a stage runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(GpuInfo),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(g) => g.fmt(f),
+        }
+    }
+}
+
+/// Whether the CUDA driver library can be opened at all (cheap; no initialisation).
+pub fn driver_present() -> bool {
+    locate::ensure_loaded(locate::DRIVER_SONAME).is_ok()
+        // SAFETY: a dlopen probe only.
+        && unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Finds GPU 0. Never panics.
+pub fn probe() -> Result<GpuInfo, NoGpu> {
+    probe_ordinal(0)
+}
+
+/// Finds GPU `ordinal` and checks that everything the GPU path needs can be loaded: the driver
+/// (libcuda), a device, NVRTC and cuBLAS. Never panics.
+pub fn probe_ordinal(ordinal: usize) -> Result<GpuInfo, NoGpu> {
+    match std::panic::catch_unwind(|| probe_inner(ordinal)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(NoGpu(format!("CUDA probe failed: {msg}")))
+        }
+    }
+}
+
+fn probe_inner(ordinal: usize) -> Result<GpuInfo, NoGpu> {
+    use cudarc::driver::{result, sys};
+    if let Err(e) = locate::ensure_loaded(locate::DRIVER_SONAME) {
+        return Err(NoGpu(format!("no NVIDIA driver: {e}")));
+    }
+    // SAFETY: a dlopen probe only.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(NoGpu("no NVIDIA driver: libcuda cannot be opened".into()));
+    }
+    let err = |what: &str, e: cudarc::driver::DriverError| {
+        NoGpu(format!("{what}: {}", crate::error::Error::from(e)))
+    };
+    result::init().map_err(|e| err("the NVIDIA driver is installed but cuInit failed (no GPU visible?)", e))?;
+    let count = result::device::get_count().map_err(|e| err("cuDeviceGetCount failed", e))?;
+    if count <= 0 {
+        return Err(NoGpu("the NVIDIA driver sees no GPU".into()));
+    }
+    if ordinal >= count as usize {
+        return Err(NoGpu(format!("cuda:{ordinal} requested but only {count} GPU(s) visible")));
+    }
+    let dev = result::device::get(ordinal as i32).map_err(|e| err("cuDeviceGet failed", e))?;
+    let name = result::device::get_name(dev).map_err(|e| err("cuDeviceGetName failed", e))?;
+    let attr = |a: sys::CUdevice_attribute| {
+        // SAFETY: dev is a valid device handle from cuDeviceGet.
+        unsafe { result::device::get_attribute(dev, a) }.map_err(|e| err("cuDeviceGetAttribute failed", e))
+    };
+    let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    // SAFETY: valid device handle.
+    let mem = unsafe { result::device::total_mem(dev) }.map_err(|e| err("cuDeviceTotalMem failed", e))?;
+    let mut driver_version = 0i32;
+    // SAFETY: valid out pointer; the driver library is loaded.
+    unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+        .result()
+        .map_err(|e| err("cuDriverGetVersion failed", e))?;
+    if major < 8 {
+        return Err(NoGpu(format!(
+            "{name} is sm_{major}{minor}; the bf16 tensor-core kernels need sm_80 or newer"
+        )));
+    }
+    let (_, nvrtc_version) = compile::load_nvrtc().map_err(|e| NoGpu(format!("GPU found but NVRTC is missing: {e}")))?;
+    locate::ensure_loaded(locate::CUBLASLT_SONAME)
+        .and_then(|_| locate::ensure_loaded(locate::CUBLAS_SONAME))
+        .map_err(|e| NoGpu(format!("GPU found but cuBLAS is missing: {e}")))?;
+    // SAFETY: a dlopen probe only.
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        return Err(NoGpu("GPU found but cudarc cannot open libcublas".into()));
+    }
+    Ok(GpuInfo {
+        ordinal,
+        name,
+        compute_capability: (major, minor),
+        total_mem_bytes: mem,
+        multiprocessors: sms,
+        driver_version,
+        nvrtc_version,
+    })
+}
+
+/// Resolves `--device`. `cuda` without a usable GPU is an error naming the reason; `auto` falls
+/// back to the CPU with a one-line note on stderr.
+pub fn select_device(choice: DeviceChoice) -> Result<Device, NoGpu> {
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Cuda(n) => probe_ordinal(n)
+            .map(Device::Cuda)
+            .map_err(|e| NoGpu(format!("--device {choice}: {e}"))),
+        DeviceChoice::Auto => match probe() {
+            Ok(g) => Ok(Device::Cuda(g)),
+            Err(e) => {
+                eprintln!("note: --device auto: no usable CUDA GPU ({e}); running on the CPU");
+                Ok(Device::Cpu)
+            }
+        },
+    }
+}

@@ -1,0 +1,28 @@
+//! The GPU path of the trainer: CUDA kernels (`kernels/*.cu`), compiled at run time by NVRTC
+//! through cudarc (dynamic loading, CUDA 13.0 bindings) with the PTX cached on disk, and their host
+//! side: device selection that never panics, launchers, cuBLAS matmuls (bf16 in, fp32 accumulate).
+//!
+//! - [`device`]: `--device auto|cpu|cuda` ([`select_device`], [`probe`]).
+//! - [`locate`]: finding libnvrtc / libcublas / `cuda_bf16.h` (pip wheels, CUDA toolkit, env).
+//! - [`compile`]: NVRTC compile + on-disk PTX cache.
+//! - [`sources`]: the embedded `.cu` sources and their entry points.
+//! - [`gpu`]: [`Gpu`], the context that owns the stream, the cuBLAS handle and the module cache,
+//!   with one launcher per kernel.
+//! - [`rng`]: a small seeded generator for tests and benchmarks.
+//!
+//! Semantics of every kernel equal the f32 CPU reference in `coa_model::ops` (see each `.cu`
+//! header); the tests in `tests/gpu_kernels.rs` check every output element against it.
+
+pub mod compile;
+pub mod device;
+pub mod error;
+pub mod gpu;
+pub mod locate;
+pub mod rng;
+pub mod sources;
+
+pub use cudarc;
+pub use device::{probe, select_device, Device, DeviceChoice, GpuInfo, NoGpu};
+pub use error::{Error, Result};
+pub use gpu::Gpu;
+pub use half::bf16;

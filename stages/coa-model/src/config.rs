@@ -1,0 +1,473 @@
+//! `ModelConfig`: the HF `config.json` of a Llama / Qwen2 decoder.
+//!
+//! Parsed by hand from a JSON object (not derived) so that every error names the field, and so
+//! that fields we do not model (`transformers_version`, `use_cache`, `sliding_window`, ...) are
+//! kept in `extra` and written back unchanged.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// `eos_token_id` is an int in most configs and a list in some (Llama 3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenIds {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    pub fn to_vec(&self) -> Vec<u32> {
+        match self {
+            TokenIds::One(x) => vec![*x],
+            TokenIds::Many(v) => v.clone(),
+        }
+    }
+    fn to_json(&self) -> Value {
+        match self {
+            TokenIds::One(x) => Value::from(*x),
+            TokenIds::Many(v) => Value::from(v.clone()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub architectures: Vec<String>,
+    /// "llama" or "qwen2".
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    /// Defaults to `num_attention_heads` when absent (HF convention).
+    pub num_key_value_heads: usize,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f64,
+    /// Top-level `rope_theta`, or `rope_parameters.rope_theta` (transformers v5 layout).
+    pub rope_theta: f64,
+    pub tie_word_embeddings: bool,
+    /// Llama: bias on q/k/v AND o_proj. Ignored for qwen2, which always has q/k/v bias and no o bias.
+    pub attention_bias: bool,
+    /// Llama only: bias on gate/up/down projections.
+    pub mlp_bias: bool,
+    pub initializer_range: f64,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<TokenIds>,
+    pub torch_dtype: Option<String>,
+    /// Explicit head dimension, when the config has one; else hidden_size / num_attention_heads.
+    pub head_dim: Option<usize>,
+    pub hidden_act: String,
+    /// Every other field of config.json, preserved in order on save.
+    pub extra: Map<String, Value>,
+}
+
+const KNOWN: &[&str] = &[
+    "architectures",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "initializer_range",
+    "bos_token_id",
+    "eos_token_id",
+    "torch_dtype",
+    "head_dim",
+    "hidden_act",
+];
+
+fn get_usize(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(x) => Ok(Some(x as usize)),
+            None => bail!("config field `{key}` must be a non-negative integer, got {v}"),
+        },
+    }
+}
+
+fn req_usize(obj: &Map<String, Value>, key: &str) -> Result<usize> {
+    get_usize(obj, key)?.with_context(|| format!("config field `{key}` is missing"))
+}
+
+fn get_f64(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) => Ok(Some(x)),
+            None => bail!("config field `{key}` must be a number, got {v}"),
+        },
+    }
+}
+
+fn get_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => bail!("config field `{key}` must be true or false, got {v}"),
+    }
+}
+
+fn get_str(obj: &Map<String, Value>, key: &str) -> Result<Option<String>> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => bail!("config field `{key}` must be a string, got {v}"),
+    }
+}
+
+fn get_u32(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>> {
+    match get_usize(obj, key)? {
+        None => Ok(None),
+        Some(x) => u32::try_from(x)
+            .map(Some)
+            .map_err(|_| anyhow::anyhow!("config field `{key}` = {x} does not fit in u32")),
+    }
+}
+
+impl ModelConfig {
+    /// A fresh llama-style GQA config. "tiny": ~1-2M parameters (with a few-thousand vocab),
+    /// trains in minutes on 2 CPU cores. "small": ~25M parameters at an 8k vocab.
+    pub fn preset(name: &str, vocab_size: usize) -> Result<Self> {
+        let (hidden, layers, heads, kv_heads, inter, max_pos) = match name {
+            "tiny" => (128, 4, 4, 2, 384, 2048),
+            "small" => (512, 8, 8, 4, 1408, 4096),
+            other => bail!("unknown model preset `{other}` (expected `tiny` or `small`)"),
+        };
+        if vocab_size == 0 {
+            bail!("config field `vocab_size` must be positive");
+        }
+        let c = ModelConfig {
+            architectures: vec!["LlamaForCausalLM".to_string()],
+            model_type: "llama".to_string(),
+            vocab_size,
+            hidden_size: hidden,
+            intermediate_size: inter,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            max_position_embeddings: max_pos,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            tie_word_embeddings: true,
+            attention_bias: false,
+            mlp_bias: false,
+            initializer_range: 0.02,
+            bos_token_id: None,
+            eos_token_id: None,
+            torch_dtype: Some("float32".to_string()),
+            head_dim: None,
+            hidden_act: "silu".to_string(),
+            extra: Map::new(),
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Read an HF `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading model config {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("parsing model config {} as JSON", path.display()))?;
+        Self::from_json(&v).with_context(|| format!("model config {}", path.display()))
+    }
+
+    /// Parse the JSON object of a config.json (no validation beyond types; see `validate`).
+    pub fn from_json(v: &Value) -> Result<Self> {
+        let obj = v.as_object().context("config.json must be a JSON object")?;
+        let architectures = match obj.get("architectures") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| {
+                    x.as_str()
+                        .map(str::to_string)
+                        .context("config field `architectures` must be a list of strings")
+                })
+                .collect::<Result<Vec<_>>>()?,
+            Some(other) => bail!("config field `architectures` must be a list, got {other}"),
+        };
+        let model_type = match get_str(obj, "model_type")? {
+            Some(m) => m,
+            None => match architectures.first().map(String::as_str) {
+                Some("LlamaForCausalLM") => "llama".to_string(),
+                Some("Qwen2ForCausalLM") => "qwen2".to_string(),
+                _ => bail!("config field `model_type` is missing"),
+            },
+        };
+        let vocab_size = req_usize(obj, "vocab_size")?;
+        let hidden_size = req_usize(obj, "hidden_size")?;
+        let intermediate_size = req_usize(obj, "intermediate_size")?;
+        let num_hidden_layers = req_usize(obj, "num_hidden_layers")?;
+        let num_attention_heads = req_usize(obj, "num_attention_heads")?;
+        let mut extra = Map::new();
+        for (k, val) in obj {
+            if !KNOWN.contains(&k.as_str()) {
+                extra.insert(k.clone(), val.clone());
+            }
+        }
+        // transformers v5 keeps rope_theta inside `rope_parameters`, and the dtype under `dtype`.
+        let rope_theta = match get_f64(obj, "rope_theta")? {
+            Some(t) => t,
+            None => match obj.get("rope_parameters").and_then(|p| p.get("rope_theta")) {
+                Some(t) => t
+                    .as_f64()
+                    .with_context(|| format!("config field `rope_parameters.rope_theta` must be a number, got {t}"))?,
+                None => 10000.0,
+            },
+        };
+        let torch_dtype = match get_str(obj, "torch_dtype")? {
+            Some(d) => Some(d),
+            None => get_str(obj, "dtype")?,
+        };
+        let eos_token_id = match obj.get("eos_token_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(a)) => Some(TokenIds::Many(
+                a.iter()
+                    .map(|x| {
+                        x.as_u64()
+                            .and_then(|x| u32::try_from(x).ok())
+                            .context("config field `eos_token_id` must be an int or a list of ints")
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            )),
+            Some(_) => Some(TokenIds::One(get_u32(obj, "eos_token_id")?.unwrap_or(0))),
+        };
+        Ok(ModelConfig {
+            architectures,
+            vocab_size,
+            hidden_size,
+            intermediate_size,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads: get_usize(obj, "num_key_value_heads")?.unwrap_or(num_attention_heads),
+            max_position_embeddings: get_usize(obj, "max_position_embeddings")?.unwrap_or(match model_type
+                .as_str()
+            {
+                "qwen2" => 32768,
+                _ => 2048,
+            }),
+            rms_norm_eps: get_f64(obj, "rms_norm_eps")?.unwrap_or(1e-6),
+            rope_theta,
+            tie_word_embeddings: get_bool(obj, "tie_word_embeddings")?.unwrap_or(false),
+            attention_bias: get_bool(obj, "attention_bias")?.unwrap_or(false),
+            mlp_bias: get_bool(obj, "mlp_bias")?.unwrap_or(false),
+            initializer_range: get_f64(obj, "initializer_range")?.unwrap_or(0.02),
+            bos_token_id: get_u32(obj, "bos_token_id")?,
+            eos_token_id,
+            torch_dtype,
+            head_dim: get_usize(obj, "head_dim")?,
+            hidden_act: get_str(obj, "hidden_act")?.unwrap_or_else(|| "silu".to_string()),
+            model_type,
+            extra,
+        })
+    }
+
+    /// The config.json object: our fields first, then `extra` in its original order.
+    pub fn to_json(&self) -> Value {
+        let mut o = Map::new();
+        let arch = if self.architectures.is_empty() {
+            vec![match self.model_type.as_str() {
+                "qwen2" => "Qwen2ForCausalLM".to_string(),
+                _ => "LlamaForCausalLM".to_string(),
+            }]
+        } else {
+            self.architectures.clone()
+        };
+        o.insert("architectures".into(), Value::from(arch));
+        o.insert("model_type".into(), Value::from(self.model_type.clone()));
+        o.insert("vocab_size".into(), Value::from(self.vocab_size));
+        o.insert("hidden_size".into(), Value::from(self.hidden_size));
+        o.insert("intermediate_size".into(), Value::from(self.intermediate_size));
+        o.insert("num_hidden_layers".into(), Value::from(self.num_hidden_layers));
+        o.insert("num_attention_heads".into(), Value::from(self.num_attention_heads));
+        o.insert("num_key_value_heads".into(), Value::from(self.num_key_value_heads));
+        o.insert("max_position_embeddings".into(), Value::from(self.max_position_embeddings));
+        o.insert("rms_norm_eps".into(), Value::from(self.rms_norm_eps));
+        o.insert("rope_theta".into(), Value::from(self.rope_theta));
+        o.insert("tie_word_embeddings".into(), Value::from(self.tie_word_embeddings));
+        if self.model_type != "qwen2" || self.attention_bias {
+            o.insert("attention_bias".into(), Value::from(self.attention_bias));
+        }
+        if self.model_type != "qwen2" || self.mlp_bias {
+            o.insert("mlp_bias".into(), Value::from(self.mlp_bias));
+        }
+        o.insert("initializer_range".into(), Value::from(self.initializer_range));
+        o.insert("hidden_act".into(), Value::from(self.hidden_act.clone()));
+        if let Some(b) = self.bos_token_id {
+            o.insert("bos_token_id".into(), Value::from(b));
+        }
+        if let Some(e) = &self.eos_token_id {
+            o.insert("eos_token_id".into(), e.to_json());
+        }
+        if let Some(d) = &self.torch_dtype {
+            o.insert("torch_dtype".into(), Value::from(d.clone()));
+        }
+        if let Some(h) = self.head_dim {
+            o.insert("head_dim".into(), Value::from(h));
+        }
+        for (k, v) in &self.extra {
+            if k == "dtype" {
+                // v5 spelling of torch_dtype: keep it in step with what we write.
+                if let Some(d) = &self.torch_dtype {
+                    o.insert(k.clone(), Value::from(d.clone()));
+                    continue;
+                }
+            }
+            if k == "rope_parameters" {
+                // Keep rope_parameters.rope_theta in step with our rope_theta.
+                if let Value::Object(p) = v {
+                    let mut p = p.clone();
+                    if p.contains_key("rope_theta") {
+                        p.insert("rope_theta".into(), Value::from(self.rope_theta));
+                    }
+                    o.insert(k.clone(), Value::Object(p));
+                    continue;
+                }
+            }
+            o.insert(k.clone(), v.clone());
+        }
+        Value::Object(o)
+    }
+
+    /// Per-head dimension.
+    pub fn head_dim(&self) -> usize {
+        match self.head_dim {
+            Some(h) => h,
+            None if self.num_attention_heads > 0 => self.hidden_size / self.num_attention_heads,
+            None => 0,
+        }
+    }
+
+    /// Whether q/k/v projections carry a bias.
+    pub fn qkv_bias(&self) -> bool {
+        self.model_type == "qwen2" || self.attention_bias
+    }
+
+    /// Whether o_proj carries a bias (llama `attention_bias` only).
+    pub fn o_bias(&self) -> bool {
+        self.model_type == "llama" && self.attention_bias
+    }
+
+    /// Whether gate/up/down carry a bias (llama `mlp_bias`).
+    pub fn mlp_bias(&self) -> bool {
+        self.model_type == "llama" && self.mlp_bias
+    }
+
+    /// Check that the model can be built from this config; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        match self.model_type.as_str() {
+            "llama" | "qwen2" => {}
+            other => bail!("config field `model_type` = {other:?} is not supported (expected \"llama\" or \"qwen2\")"),
+        }
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ] {
+            if v == 0 {
+                bail!("config field `{name}` must be positive");
+            }
+        }
+        if self.vocab_size > u32::MAX as usize {
+            bail!("config field `vocab_size` = {} exceeds u32 ids", self.vocab_size);
+        }
+        if self.head_dim == Some(0) {
+            bail!("config field `head_dim` must be positive");
+        }
+        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+            bail!(
+                "config field `num_attention_heads` = {} does not divide `hidden_size` = {}",
+                self.num_attention_heads,
+                self.hidden_size
+            );
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            bail!(
+                "config field `num_key_value_heads` = {} does not divide `num_attention_heads` = {}",
+                self.num_key_value_heads,
+                self.num_attention_heads
+            );
+        }
+        if self.head_dim() % 2 != 0 {
+            bail!(
+                "head dimension {} (config field `head_dim`, or `hidden_size` / `num_attention_heads`) must be even for RoPE",
+                self.head_dim()
+            );
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            bail!("config field `rms_norm_eps` = {} must be a positive number", self.rms_norm_eps);
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            bail!("config field `rope_theta` = {} must be a positive number", self.rope_theta);
+        }
+        if !(self.initializer_range.is_finite() && self.initializer_range >= 0.0) {
+            bail!("config field `initializer_range` = {} must be a non-negative number", self.initializer_range);
+        }
+        if self.hidden_act != "silu" {
+            bail!("config field `hidden_act` = {:?} is not supported (only \"silu\")", self.hidden_act);
+        }
+        if let Some(rs) = self.extra.get("rope_scaling") {
+            if !rs.is_null() {
+                bail!("config field `rope_scaling` = {rs} is not supported (only plain RoPE)");
+            }
+        }
+        if let Some(rt) = self.extra.get("rope_parameters").and_then(|p| p.get("rope_type")) {
+            if rt.as_str() != Some("default") {
+                bail!("config field `rope_parameters.rope_type` = {rt} is not supported (only \"default\")");
+            }
+        }
+        if self.model_type == "qwen2" {
+            if let Some(Value::Bool(true)) = self.extra.get("use_sliding_window") {
+                bail!("config field `use_sliding_window` = true is not supported");
+            }
+        }
+        if let Some(tp) = self.extra.get("pretraining_tp") {
+            if tp.as_u64().is_some_and(|x| x > 1) {
+                bail!("config field `pretraining_tp` = {tp} is not supported (only 1)");
+            }
+        }
+        let hd = self.head_dim();
+        self.num_attention_heads
+            .checked_mul(hd)
+            .and_then(|x| x.checked_mul(self.hidden_size))
+            .and_then(|_| self.vocab_size.checked_mul(self.hidden_size))
+            .and_then(|_| self.intermediate_size.checked_mul(self.hidden_size))
+            .context("config sizes overflow")?;
+        Ok(())
+    }
+
+    /// Number of parameters (each tied matrix counted once).
+    pub fn n_params(&self) -> usize {
+        crate::params::param_specs(self).iter().map(|s| s.shape.iter().product::<usize>()).sum()
+    }
+}
+
+impl Serialize for ModelConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        self.to_json().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        ModelConfig::from_json(&v).map_err(|e| serde::de::Error::custom(format!("{e:#}")))
+    }
+}

@@ -1,0 +1,541 @@
+//! The decoder: init, forward (logits), and forward + backward with a caller-supplied
+//! d loss / d logp.
+
+use anyhow::{bail, Context, Result};
+
+use crate::config::ModelConfig;
+use crate::ops;
+use crate::params::{layout, param_specs, LayerIdx, Layout, Params, Tensor};
+
+/// A Llama / Qwen2 decoder with f32 parameters.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub config: ModelConfig,
+    pub params: Params,
+}
+
+/// One sequence (or a packed row of several).
+#[derive(Clone, Copy, Debug)]
+pub struct Seq<'a> {
+    /// Token ids `[T]`.
+    pub input_ids: &'a [u32],
+    /// Optional segment ids `[T]` for packed rows: a segment is a maximal run of equal ids;
+    /// attention is causal within a segment only and RoPE positions restart at each segment.
+    pub segment_ids: Option<&'a [i32]>,
+}
+
+impl<'a> Seq<'a> {
+    pub fn new(input_ids: &'a [u32]) -> Self {
+        Seq { input_ids, segment_ids: None }
+    }
+}
+
+/// Per-token statistics, both `[T]`. `logp[t] = log p(ids[t] | earlier ids of its segment)`,
+/// predicted from position t−1 (HF unshifted-labels convention); `entropy[t]` is the entropy of
+/// that predictive distribution (nats). Both are 0 where t starts a segment (t = 0 included).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenStats {
+    pub logp: Vec<f32>,
+    pub entropy: Vec<f32>,
+}
+
+/// Above this many logits (T·V floats) the head works in row chunks and recomputes the logits
+/// in the backward instead of keeping them all.
+const LOGITS_CACHE_LIMIT: usize = 32 << 20;
+/// Rows per chunk when the logits are not kept.
+const HEAD_CHUNK_ROWS: usize = 256;
+
+/// SplitMix64: a tiny, portable, deterministic generator for the init.
+struct SplitMix64(u64);
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in (0, 1].
+    fn next_f64(&mut self) -> f64 {
+        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn fnv1a(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    h
+}
+
+/// Activations of one layer kept for the backward.
+struct LayerActs {
+    x: Vec<f32>,     // [T,D] layer input (residual stream)
+    rstd1: Vec<f32>, // [T]
+    h1: Vec<f32>,    // [T,D] input_layernorm output
+    q: Vec<f32>,     // [T,Hq*hd] after RoPE
+    k: Vec<f32>,     // [T,Hk*hd] after RoPE
+    v: Vec<f32>,     // [T,Hk*hd]
+    att: Vec<f32>,   // [T,Hq*hd] attention output (before o_proj)
+    lse: Vec<f32>,   // [T,Hq]
+    x2: Vec<f32>,    // [T,D] residual after attention
+    rstd2: Vec<f32>, // [T]
+    h2: Vec<f32>,    // [T,D] post_attention_layernorm output
+    g: Vec<f32>,     // [T,I] gate_proj output
+    u: Vec<f32>,     // [T,I] up_proj output
+    a: Vec<f32>,     // [T,I] silu(g)*u
+}
+
+/// Sequence-level context shared by forward and backward.
+struct SeqCtx {
+    t: usize,
+    seg_start: Vec<usize>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Model {
+    /// A fresh model with HF-style init: every linear weight and the embedding ~ N(0,
+    /// initializer_range), biases 0, norm weights 1. Deterministic from `seed` (each tensor has its
+    /// own stream, keyed by its name).
+    pub fn init(config: ModelConfig, seed: u64) -> Result<Model> {
+        config.validate()?;
+        let std = config.initializer_range;
+        let tensors = param_specs(&config)
+            .into_iter()
+            .map(|s| {
+                let mut t = Tensor::zeros(s.name.clone(), s.shape.clone());
+                if s.name.ends_with("layernorm.weight") || s.name == "model.norm.weight" {
+                    t.data.iter_mut().for_each(|x| *x = 1.0);
+                } else if s.name.ends_with(".weight") {
+                    let mut rng = SplitMix64(seed ^ fnv1a(&s.name).rotate_left(17));
+                    let mut i = 0;
+                    let n = t.data.len();
+                    while i < n {
+                        // Box-Muller: two normals per pair of uniforms.
+                        let u1 = rng.next_f64();
+                        let u2 = rng.next_f64();
+                        let r = (-2.0 * u1.ln()).sqrt();
+                        let th = 2.0 * std::f64::consts::PI * u2;
+                        t.data[i] = (std * r * th.cos()) as f32;
+                        if i + 1 < n {
+                            t.data[i + 1] = (std * r * th.sin()) as f32;
+                        }
+                        i += 2;
+                    }
+                }
+                t
+            })
+            .collect();
+        Ok(Model { config, params: Params { tensors } })
+    }
+
+    /// Wrap existing parameters; errors unless they match the config's canonical layout.
+    pub fn new(config: ModelConfig, params: Params) -> Result<Model> {
+        config.validate()?;
+        let m = Model { config, params };
+        m.check_layout()?;
+        Ok(m)
+    }
+
+    /// Error unless `self.params` has exactly the tensors the config calls for, in order.
+    pub fn check_layout(&self) -> Result<()> {
+        let specs = param_specs(&self.config);
+        if specs.len() != self.params.tensors.len() {
+            bail!(
+                "model has {} parameter tensors, the config calls for {}",
+                self.params.tensors.len(),
+                specs.len()
+            );
+        }
+        for (s, t) in specs.iter().zip(&self.params.tensors) {
+            if s.name != t.name {
+                bail!("parameter tensor {} found where {} was expected", t.name, s.name);
+            }
+            let n: usize = s.shape.iter().product();
+            if s.shape != t.shape || t.data.len() != n {
+                bail!(
+                    "tensor {} has shape {:?} ({} values), expected {:?}",
+                    t.name,
+                    t.shape,
+                    t.data.len(),
+                    s.shape
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Every id must be < vocab_size; the error names the position and the id.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        let v = self.config.vocab_size;
+        if let Some((pos, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= v) {
+            bail!("token id {id} at position {pos} is outside the vocabulary (vocab_size = {v})");
+        }
+        Ok(())
+    }
+
+    fn check_seq(&self, seq: &Seq) -> Result<SeqCtx> {
+        let t = seq.input_ids.len();
+        if t == 0 {
+            bail!("input_ids is empty");
+        }
+        self.check_ids(seq.input_ids)?;
+        if let Some(s) = seq.segment_ids {
+            if s.len() != t {
+                bail!("segment_ids has length {}, input_ids has length {t}", s.len());
+            }
+        }
+        let (pos, seg_start) = ops::segment_layout(t, seq.segment_ids);
+        let (cos, sin) = ops::rope_tables(&pos, self.config.head_dim(), self.config.rope_theta);
+        Ok(SeqCtx { t, seg_start, cos, sin })
+    }
+
+    fn p(&self, i: usize) -> &[f32] {
+        &self.params.tensors[i].data
+    }
+
+    fn pb(&self, i: Option<usize>) -> Option<&[f32]> {
+        i.map(|i| self.params.tensors[i].data.as_slice())
+    }
+
+    /// Forward of one layer. Returns (output residual, kept activations).
+    fn layer_forward(&self, li: &LayerIdx, x: Vec<f32>, cx: &SeqCtx) -> (Vec<f32>, LayerActs) {
+        let c = &self.config;
+        let (t, d, hd, nh, nkv, inter) =
+            (cx.t, c.hidden_size, c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let eps = c.rms_norm_eps as f32;
+        let mut rstd1 = vec![0f32; t];
+        let mut h1 = vec![0f32; t * d];
+        ops::rmsnorm_forward(&mut h1, &mut rstd1, &x, self.p(li.ln1), eps, d);
+        let mut q = vec![0f32; t * qd];
+        let mut k = vec![0f32; t * kvd];
+        let mut v = vec![0f32; t * kvd];
+        ops::linear_forward(&mut q, &h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
+        ops::linear_forward(&mut k, &h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
+        ops::linear_forward(&mut v, &h1, self.p(li.wv), self.pb(li.bv), t, d, kvd);
+        ops::rope_forward(&mut q, &cx.cos, &cx.sin, nh, hd);
+        ops::rope_forward(&mut k, &cx.cos, &cx.sin, nkv, hd);
+        let mut att = vec![0f32; t * qd];
+        let mut lse = vec![0f32; t * nh];
+        ops::attention_forward(&mut att, &mut lse, &q, &k, &v, &cx.seg_start, nh, nkv, hd);
+        let mut x2 = vec![0f32; t * d];
+        ops::linear_forward(&mut x2, &att, self.p(li.wo), self.pb(li.bo), t, qd, d);
+        x2.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
+        let mut rstd2 = vec![0f32; t];
+        let mut h2 = vec![0f32; t * d];
+        ops::rmsnorm_forward(&mut h2, &mut rstd2, &x2, self.p(li.ln2), eps, d);
+        let mut g = vec![0f32; t * inter];
+        let mut u = vec![0f32; t * inter];
+        ops::linear_forward(&mut g, &h2, self.p(li.wg), self.pb(li.bg), t, d, inter);
+        ops::linear_forward(&mut u, &h2, self.p(li.wu), self.pb(li.bu), t, d, inter);
+        let mut a = vec![0f32; t * inter];
+        ops::swiglu_forward(&mut a, &g, &u);
+        let mut x3 = vec![0f32; t * d];
+        ops::linear_forward(&mut x3, &a, self.p(li.wd), self.pb(li.bd), t, inter, d);
+        x3.iter_mut().zip(&x2).for_each(|(a, b)| *a += b);
+        (x3, LayerActs { x, rstd1, h1, q, k, v, att, lse, x2, rstd2, h2, g, u, a })
+    }
+
+    /// Embedding + all layers. Returns the final residual `[T,D]` and, if `keep`, each layer's
+    /// activations.
+    fn trunk_forward(&self, lay: &Layout, ids: &[u32], cx: &SeqCtx, keep: bool) -> (Vec<f32>, Vec<LayerActs>) {
+        let d = self.config.hidden_size;
+        let mut x = vec![0f32; cx.t * d];
+        ops::embedding_forward(&mut x, ids, self.p(lay.embed), d);
+        let mut acts = Vec::new();
+        for li in &lay.layers {
+            let (y, a) = self.layer_forward(li, x, cx);
+            if keep {
+                acts.push(a);
+            }
+            x = y;
+        }
+        (x, acts)
+    }
+
+    fn head_weight(&self, lay: &Layout) -> usize {
+        lay.lm_head.unwrap_or(lay.embed)
+    }
+
+    /// Logits `[T, V]`, row-major: row t is the distribution of token t+1.
+    pub fn logits(&self, seq: &Seq) -> Result<Vec<f32>> {
+        self.check_layout()?;
+        let cx = self.check_seq(seq)?;
+        let lay = layout(&self.config);
+        let (d, v) = (self.config.hidden_size, self.config.vocab_size);
+        let (x, _) = self.trunk_forward(&lay, seq.input_ids, &cx, false);
+        let mut rstd = vec![0f32; cx.t];
+        let mut hf = vec![0f32; cx.t * d];
+        ops::rmsnorm_forward(&mut hf, &mut rstd, &x, self.p(lay.norm), self.config.rms_norm_eps as f32, d);
+        let mut logits = vec![0f32; cx.t * v];
+        ops::linear_forward(&mut logits, &hf, self.p(self.head_weight(&lay)), None, cx.t, d, v);
+        Ok(logits)
+    }
+
+    /// Token statistics only (no backward).
+    pub fn token_stats(&self, seq: &Seq) -> Result<TokenStats> {
+        let logits = self.logits(seq)?;
+        let cx = self.check_seq(seq)?;
+        let v = self.config.vocab_size;
+        let targets = targets_of(seq.input_ids, &cx.seg_start);
+        let mut lp = vec![0f32; cx.t];
+        let mut en = vec![0f32; cx.t];
+        let mut lse = vec![0f32; cx.t];
+        ops::logsoftmax_forward(&mut lp, &mut en, &mut lse, &logits, &targets, v);
+        Ok(shift_stats(&lp, &en))
+    }
+
+    /// Forward, then `dloss_dlogp(&stats)` → d loss / d logp[t] (len T), then backward, ADDING
+    /// the parameter gradients into `grads` (which must have the layout of `self.params`).
+    /// Returns the stats. Entries of d loss / d logp at segment starts are ignored.
+    pub fn forward_backward(
+        &self,
+        seq: &Seq,
+        grads: &mut Params,
+        dloss_dlogp: &mut dyn FnMut(&TokenStats) -> Vec<f32>,
+    ) -> Result<TokenStats> {
+        self.check_layout()?;
+        grads
+            .check_same_layout(&self.params, "gradient buffer vs model parameters")
+            .context("forward_backward: grads must be Params::zeros_like(&model.params) (or an accumulation of it)")?;
+        let cx = self.check_seq(seq)?;
+        let c = &self.config;
+        let lay = layout(c);
+        let (t, d, v) = (cx.t, c.hidden_size, c.vocab_size);
+        let eps = c.rms_norm_eps as f32;
+        let ids = seq.input_ids;
+
+        // ---- forward
+        let (xl, acts) = self.trunk_forward(&lay, ids, &cx, true);
+        let mut rstd_f = vec![0f32; t];
+        let mut hf = vec![0f32; t * d];
+        ops::rmsnorm_forward(&mut hf, &mut rstd_f, &xl, self.p(lay.norm), eps, d);
+        let wh = self.head_weight(&lay);
+        let targets = targets_of(ids, &cx.seg_start);
+        let mut row_lp = vec![0f32; t];
+        let mut row_en = vec![0f32; t];
+        let mut row_lse = vec![0f32; t];
+        let cache = t * v <= LOGITS_CACHE_LIMIT;
+        // When cached: the full probabilities [T,V]; the head backward then reads them.
+        let mut logits_cache: Vec<f32> = Vec::new();
+        if cache {
+            logits_cache = vec![0f32; t * v];
+            ops::linear_forward(&mut logits_cache, &hf, self.p(wh), None, t, d, v);
+            // logits_cache now holds the probabilities
+            ops::logsoftmax_forward_inplace(&mut row_lp, &mut row_en, &mut row_lse, &mut logits_cache, &targets, v);
+        } else {
+            let mut buf = vec![0f32; HEAD_CHUNK_ROWS * v];
+            for r0 in (0..t).step_by(HEAD_CHUNK_ROWS) {
+                let r1 = (r0 + HEAD_CHUNK_ROWS).min(t);
+                let n = r1 - r0;
+                let z = &mut buf[..n * v];
+                ops::linear_forward(z, &hf[r0 * d..r1 * d], self.p(wh), None, n, d, v);
+                ops::logsoftmax_forward(
+                    &mut row_lp[r0..r1],
+                    &mut row_en[r0..r1],
+                    &mut row_lse[r0..r1],
+                    z,
+                    &targets[r0..r1],
+                    v,
+                );
+            }
+        }
+        let stats = shift_stats(&row_lp, &row_en);
+
+        // ---- d loss / d logp
+        let dlogp_tok = dloss_dlogp(&stats);
+        if dlogp_tok.len() != t {
+            bail!("d loss / d logp has length {}, the sequence has {t} tokens", dlogp_tok.len());
+        }
+        if let Some((pos, x)) = dlogp_tok.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            bail!("d loss / d logp at position {pos} is not finite ({x})");
+        }
+        // row r predicts token r+1
+        let mut dlogp_row = vec![0f32; t];
+        dlogp_row[..t - 1].copy_from_slice(&dlogp_tok[1..]);
+
+        // ---- backward: head
+        let mut dhf = vec![0f32; t * d];
+        {
+            let gw = &mut grads.tensors[wh].data;
+            if cache {
+                // overwrite the probabilities with dlogits
+                let dl = &mut logits_cache;
+                ops::logsoftmax_backward_from_probs(dl, &targets, &dlogp_row, v);
+                ops::linear_backward(Some(&mut dhf), gw, None, dl, &hf, self.p(wh), t, d, v);
+            } else {
+                let mut z = vec![0f32; HEAD_CHUNK_ROWS * v];
+                let mut dz = vec![0f32; HEAD_CHUNK_ROWS * v];
+                for r0 in (0..t).step_by(HEAD_CHUNK_ROWS) {
+                    let r1 = (r0 + HEAD_CHUNK_ROWS).min(t);
+                    let n = r1 - r0;
+                    let (zc, dzc) = (&mut z[..n * v], &mut dz[..n * v]);
+                    ops::linear_forward(zc, &hf[r0 * d..r1 * d], self.p(wh), None, n, d, v);
+                    ops::logsoftmax_backward(dzc, zc, &row_lse[r0..r1], &targets[r0..r1], &dlogp_row[r0..r1], v);
+                    ops::linear_backward(
+                        Some(&mut dhf[r0 * d..r1 * d]),
+                        gw,
+                        None,
+                        dzc,
+                        &hf[r0 * d..r1 * d],
+                        self.p(wh),
+                        n,
+                        d,
+                        v,
+                    );
+                }
+            }
+        }
+        let mut dx = vec![0f32; t * d];
+        ops::rmsnorm_backward(&mut dx, &mut grads.tensors[lay.norm].data, &dhf, &xl, self.p(lay.norm), &rstd_f, d);
+        drop(dhf);
+
+        // ---- backward: layers
+        let mut bufs = BackBufs::new(c, t);
+        for (li, a) in lay.layers.iter().zip(&acts).rev() {
+            self.layer_backward(li, a, &cx, &mut dx, grads, &mut bufs);
+        }
+        ops::embedding_backward(&mut grads.tensors[lay.embed].data, &dx, ids, d);
+        Ok(stats)
+    }
+
+    /// Backward of one layer: `dx[T,D]` holds d loss / d (layer output) on entry and
+    /// d loss / d (layer input) on exit.
+    fn layer_backward(
+        &self,
+        li: &LayerIdx,
+        a: &LayerActs,
+        cx: &SeqCtx,
+        dx: &mut [f32],
+        grads: &mut Params,
+        b: &mut BackBufs,
+    ) {
+        let c = &self.config;
+        let (t, d, hd, nh, nkv, inter) =
+            (cx.t, c.hidden_size, c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let g = &mut grads.tensors;
+        // MLP: x3 = x2 + down(silu(gate(h2)) * up(h2)), h2 = rmsnorm(x2)
+        b.da.iter_mut().for_each(|x| *x = 0.0);
+        {
+            let (dw, db) = grad_pair(g, li.wd, li.bd);
+            ops::linear_backward(Some(&mut b.da), dw, db, dx, &a.a, self.p(li.wd), t, inter, d);
+        }
+        b.dg.iter_mut().for_each(|x| *x = 0.0);
+        b.du.iter_mut().for_each(|x| *x = 0.0);
+        ops::swiglu_backward(&mut b.dg, &mut b.du, &b.da, &a.g, &a.u);
+        b.dh.iter_mut().for_each(|x| *x = 0.0);
+        {
+            let (dw, db) = grad_pair(g, li.wg, li.bg);
+            ops::linear_backward(Some(&mut b.dh), dw, db, &b.dg, &a.h2, self.p(li.wg), t, d, inter);
+        }
+        {
+            let (dw, db) = grad_pair(g, li.wu, li.bu);
+            ops::linear_backward(Some(&mut b.dh), dw, db, &b.du, &a.h2, self.p(li.wu), t, d, inter);
+        }
+        ops::rmsnorm_backward(dx, &mut g[li.ln2].data, &b.dh, &a.x2, self.p(li.ln2), &a.rstd2, d);
+        // Attention: x2 = x + o_proj(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = rmsnorm(x)
+        b.datt.iter_mut().for_each(|x| *x = 0.0);
+        {
+            let (dw, db) = grad_pair(g, li.wo, li.bo);
+            ops::linear_backward(Some(&mut b.datt), dw, db, dx, &a.att, self.p(li.wo), t, qd, d);
+        }
+        b.dq.iter_mut().for_each(|x| *x = 0.0);
+        b.dk.iter_mut().for_each(|x| *x = 0.0);
+        b.dv.iter_mut().for_each(|x| *x = 0.0);
+        ops::attention_backward(
+            &mut b.dq,
+            &mut b.dk,
+            &mut b.dv,
+            &b.datt,
+            &a.q,
+            &a.k,
+            &a.v,
+            &a.att,
+            &a.lse,
+            &cx.seg_start,
+            nh,
+            nkv,
+            hd,
+        );
+        ops::rope_backward(&mut b.dq, &cx.cos, &cx.sin, nh, hd);
+        ops::rope_backward(&mut b.dk, &cx.cos, &cx.sin, nkv, hd);
+        b.dh.iter_mut().for_each(|x| *x = 0.0);
+        {
+            let (dw, db) = grad_pair(g, li.wq, li.bq);
+            ops::linear_backward(Some(&mut b.dh), dw, db, &b.dq, &a.h1, self.p(li.wq), t, d, qd);
+        }
+        {
+            let (dw, db) = grad_pair(g, li.wk, li.bk);
+            ops::linear_backward(Some(&mut b.dh), dw, db, &b.dk, &a.h1, self.p(li.wk), t, d, kvd);
+        }
+        {
+            let (dw, db) = grad_pair(g, li.wv, li.bv);
+            ops::linear_backward(Some(&mut b.dh), dw, db, &b.dv, &a.h1, self.p(li.wv), t, d, kvd);
+        }
+        ops::rmsnorm_backward(dx, &mut g[li.ln1].data, &b.dh, &a.x, self.p(li.ln1), &a.rstd1, d);
+    }
+}
+
+/// Scratch gradients reused across layers.
+struct BackBufs {
+    dh: Vec<f32>,   // [T,D]
+    dq: Vec<f32>,   // [T,Hq*hd]
+    dk: Vec<f32>,   // [T,Hk*hd]
+    dv: Vec<f32>,   // [T,Hk*hd]
+    datt: Vec<f32>, // [T,Hq*hd]
+    da: Vec<f32>,   // [T,I]
+    dg: Vec<f32>,   // [T,I]
+    du: Vec<f32>,   // [T,I]
+}
+
+impl BackBufs {
+    fn new(c: &ModelConfig, t: usize) -> Self {
+        let hd = c.head_dim();
+        let qd = c.num_attention_heads * hd;
+        let kvd = c.num_key_value_heads * hd;
+        let i = c.intermediate_size;
+        BackBufs {
+            dh: vec![0.0; t * c.hidden_size],
+            dq: vec![0.0; t * qd],
+            dk: vec![0.0; t * kvd],
+            dv: vec![0.0; t * kvd],
+            datt: vec![0.0; t * qd],
+            da: vec![0.0; t * i],
+            dg: vec![0.0; t * i],
+            du: vec![0.0; t * i],
+        }
+    }
+}
+
+/// Mutable weight gradient and optional bias gradient (distinct tensors).
+fn grad_pair(g: &mut [Tensor], w: usize, b: Option<usize>) -> (&mut [f32], Option<&mut [f32]>) {
+    match b {
+        None => (&mut g[w].data, None),
+        Some(bi) => {
+            debug_assert!(bi > w);
+            let (lo, hi) = g.split_at_mut(bi);
+            (&mut lo[w].data, Some(&mut hi[0].data))
+        }
+    }
+}
+
+/// Target of each logits row `[T]`: row r predicts ids[r+1] unless r+1 starts a segment.
+fn targets_of(ids: &[u32], seg_start: &[usize]) -> Vec<Option<u32>> {
+    let t = ids.len();
+    (0..t).map(|r| (r + 1 < t && seg_start[r + 1] != r + 1).then(|| ids[r + 1])).collect()
+}
+
+/// Row statistics (row r about token r+1) → token statistics (token t from row t−1).
+fn shift_stats(row_lp: &[f32], row_en: &[f32]) -> TokenStats {
+    let t = row_lp.len();
+    let mut logp = vec![0f32; t];
+    let mut entropy = vec![0f32; t];
+    logp[1..].copy_from_slice(&row_lp[..t - 1]);
+    entropy[1..].copy_from_slice(&row_en[..t - 1]);
+    TokenStats { logp, entropy }
+}

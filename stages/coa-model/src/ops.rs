@@ -1,0 +1,695 @@
+//! The CPU reference ops, forward and backward, as plain functions over f32 slices.
+//!
+//! Conventions (llm.c style): every tensor is a row-major slice, its shape written next to the
+//! argument; T = tokens, D = hidden size, V = vocab, I = intermediate size, Hq / Hk = query /
+//! key-value heads, hd = head dim. Backward functions ACCUMULATE (`+=`) into weight gradients and
+//! into input gradients unless the doc says "written"; callers zero buffers once.
+//!
+//! Every op is deterministic: parallel work is split into fixed-size chunks (independent of the
+//! thread count) and partial sums are reduced in chunk order, so a result is bit-identical
+//! whatever the number of rayon threads.
+
+// `let p = p;` inside closures makes them capture the Send pointer wrappers whole.
+#![allow(clippy::redundant_locals)]
+
+use rayon::prelude::*;
+
+/// Rows per parallel task for row-wise ops (fixed: results do not depend on the thread count).
+const ROW_CHUNK: usize = 16;
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// `c[m,n] = a' @ b' + beta * c`, where a' = a (stored [m,k]) or aᵀ (a stored [k,m], `a_t`), and
+/// b' = b (stored [k,n]) or bᵀ (b stored [n,k], `b_t`). `c` is row-major contiguous. With
+/// `beta == 0` the old contents of `c` are ignored (may be anything, even NaN).
+/// Parallel over output tiles with rayon; single-threaded sgemm (matrixmultiply) per tile.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: bool, c: &mut [f32], beta: f32) {
+    assert_eq!(a.len(), m * k, "gemm: a has {} elements, expected {m}x{k}", a.len());
+    assert_eq!(b.len(), k * n, "gemm: b has {} elements, expected {k}x{n}", b.len());
+    assert_eq!(c.len(), m * n, "gemm: c has {} elements, expected {m}x{n}", c.len());
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.iter_mut().for_each(|x| *x *= beta);
+        if beta == 0.0 {
+            c.iter_mut().for_each(|x| *x = 0.0);
+        }
+        return;
+    }
+    let (rsa, csa) = if a_t { (1isize, m as isize) } else { (k as isize, 1isize) };
+    let (rsb, csb) = if b_t { (1isize, k as isize) } else { (n as isize, 1isize) };
+    let threads = rayon::current_num_threads().max(1);
+    let work = m * n * k;
+    // Tile the output: split the longer side into about 2 tiles per thread.
+    let (mt, nt) = if work < 32 * 32 * 32 || threads == 1 {
+        (m, n)
+    } else if m >= n {
+        let t = m.div_ceil(2 * threads).next_multiple_of(16).min(m);
+        (t, n)
+    } else {
+        let t = n.div_ceil(2 * threads).next_multiple_of(16).min(n);
+        (m, t)
+    };
+    let tiles_m = m.div_ceil(mt);
+    let tiles_n = n.div_ceil(nt);
+    let cp = SendPtr(c.as_mut_ptr());
+    let ap = a.as_ptr() as usize;
+    let bp = b.as_ptr() as usize;
+    let run = |tile: usize| {
+        let cp = cp; // capture the Send wrapper, not its raw-pointer field
+        let (ti, tj) = (tile / tiles_n, tile % tiles_n);
+        let i0 = ti * mt;
+        let j0 = tj * nt;
+        let mm = mt.min(m - i0);
+        let nn = nt.min(n - j0);
+        // SAFETY: tiles are disjoint blocks of c; a and b are only read; offsets stay in bounds
+        // because i0 < m, j0 < n and the strides describe the checked lengths above.
+        unsafe {
+            let a0 = (ap as *const f32).offset(i0 as isize * rsa);
+            let b0 = (bp as *const f32).offset(j0 as isize * csb);
+            let c0 = cp.0.add(i0 * n + j0);
+            matrixmultiply::sgemm(mm, k, nn, 1.0, a0, rsa, csa, b0, rsb, csb, beta, c0, n as isize, 1);
+        }
+    };
+    let n_tiles = tiles_m * tiles_n;
+    if n_tiles == 1 {
+        run(0);
+    } else {
+        (0..n_tiles).into_par_iter().for_each(run);
+    }
+}
+
+/// Linear layer forward: `out[T,O] = x[T,I] @ w[O,I]ᵀ + b[O]` (out is written).
+pub fn linear_forward(out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, t: usize, i: usize, o: usize) {
+    gemm(t, o, i, x, false, w, true, out, 0.0);
+    if let Some(b) = b {
+        assert_eq!(b.len(), o);
+        out.par_chunks_mut(o * ROW_CHUNK).for_each(|rows| {
+            for row in rows.chunks_mut(o) {
+                row.iter_mut().zip(b).for_each(|(y, bb)| *y += bb);
+            }
+        });
+    }
+}
+
+/// Linear layer backward. Accumulates `dx[T,I] += dout[T,O] @ w[O,I]` (when `dx` is given),
+/// `dw[O,I] += dout[T,O]ᵀ @ x[T,I]`, `db[O] += Σ_t dout[t,:]`.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward(
+    dx: Option<&mut [f32]>,
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    dout: &[f32],
+    x: &[f32],
+    w: &[f32],
+    t: usize,
+    i: usize,
+    o: usize,
+) {
+    if let Some(dx) = dx {
+        gemm(t, i, o, dout, false, w, false, dx, 1.0);
+    }
+    gemm(o, i, t, dout, true, x, false, dw, 1.0);
+    if let Some(db) = db {
+        let partial = column_sums(dout, t, o);
+        db.iter_mut().zip(&partial).for_each(|(a, b)| *a += b);
+    }
+}
+
+/// Σ over rows of `x[T,C]` → `[C]`, with fixed chunking (deterministic).
+fn column_sums(x: &[f32], t: usize, c: usize) -> Vec<f32> {
+    let chunk_rows = 64;
+    let partials: Vec<Vec<f32>> = x[..t * c]
+        .par_chunks(c * chunk_rows)
+        .map(|rows| {
+            let mut acc = vec![0f32; c];
+            for row in rows.chunks(c) {
+                acc.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+            }
+            acc
+        })
+        .collect();
+    let mut out = vec![0f32; c];
+    for p in partials {
+        out.iter_mut().zip(&p).for_each(|(a, b)| *a += b);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// embedding
+
+/// `out[T,D] = table[V,D][ids[T]]` (written). Ids must be < V (checked by the caller).
+pub fn embedding_forward(out: &mut [f32], ids: &[u32], table: &[f32], d: usize) {
+    out.par_chunks_mut(d).zip(ids.par_iter()).for_each(|(row, &id)| {
+        let s = id as usize * d;
+        row.copy_from_slice(&table[s..s + d]);
+    });
+}
+
+/// `dtable[V,D][ids[t]] += dout[T,D][t]` for every t (sequential: ids repeat).
+pub fn embedding_backward(dtable: &mut [f32], dout: &[f32], ids: &[u32], d: usize) {
+    for (row, &id) in dout.chunks(d).zip(ids) {
+        let s = id as usize * d;
+        dtable[s..s + d].iter_mut().zip(row).for_each(|(a, b)| *a += b);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+/// `out[T,D] = x[T,D] * rstd[T] * w[D]`, `rstd[t] = 1 / sqrt(mean(x[t]²) + eps)` (both written).
+pub fn rmsnorm_forward(out: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], eps: f32, d: usize) {
+    out.par_chunks_mut(d)
+        .zip(rstd.par_iter_mut())
+        .zip(x.par_chunks(d))
+        .with_min_len(ROW_CHUNK)
+        .for_each(|((o, r), xr)| {
+            let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let rs = 1.0 / (ss + eps).sqrt();
+            *r = rs;
+            o.iter_mut().zip(xr).zip(w).for_each(|((o, &xv), &wv)| *o = wv * (xv * rs));
+        });
+}
+
+/// RMSNorm backward: `dx[T,D] += ...`, `dw[D] += Σ_t dout·x·rstd`.
+/// With g = dout·w: `dx = rstd·g − x·rstd³·(Σ_i g_i x_i)/D`.
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_backward(
+    dx: &mut [f32],
+    dw: &mut [f32],
+    dout: &[f32],
+    x: &[f32],
+    w: &[f32],
+    rstd: &[f32],
+    d: usize,
+) {
+    let partials: Vec<Vec<f32>> = dx
+        .par_chunks_mut(d * ROW_CHUNK)
+        .zip(dout.par_chunks(d * ROW_CHUNK))
+        .zip(x.par_chunks(d * ROW_CHUNK))
+        .zip(rstd.par_chunks(ROW_CHUNK))
+        .map(|(((dxc, dyc), xc), rc)| {
+            let mut dwp = vec![0f32; d];
+            for (((dxr, dyr), xr), &rs) in dxc.chunks_mut(d).zip(dyc.chunks(d)).zip(xc.chunks(d)).zip(rc) {
+                let mut dot = 0f32;
+                for i in 0..d {
+                    dot += dyr[i] * w[i] * xr[i];
+                    dwp[i] += dyr[i] * xr[i] * rs;
+                }
+                let c = rs * rs * rs * dot / d as f32;
+                for i in 0..d {
+                    dxr[i] += rs * dyr[i] * w[i] - xr[i] * c;
+                }
+            }
+            dwp
+        })
+        .collect();
+    for p in partials {
+        dw.iter_mut().zip(&p).for_each(|(a, b)| *a += b);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE
+
+/// RoPE tables for the given positions: `cos[T, hd/2]`, `sin[T, hd/2]` (returned), with
+/// inv_freq[i] = 1 / theta^(2i/hd) and angle = pos · inv_freq[i], computed in f32 like HF.
+pub fn rope_tables(positions: &[u32], hd: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let half = hd / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| {
+            let e = (2 * i) as f32 / hd as f32;
+            (1.0 / (theta as f32 as f64).powf(e as f64)) as f32
+        })
+        .collect();
+    let mut cos = vec![0f32; positions.len() * half];
+    let mut sin = vec![0f32; positions.len() * half];
+    for (t, &p) in positions.iter().enumerate() {
+        for i in 0..half {
+            let ang = p as f32 * inv[i];
+            cos[t * half + i] = (ang as f64).cos() as f32;
+            sin[t * half + i] = (ang as f64).sin() as f32;
+        }
+    }
+    (cos, sin)
+}
+
+/// In-place RoPE on `x[T, H*hd]` (HF rotate_half convention: pairs (i, i + hd/2)):
+/// `x'[i] = x[i]·cos − x[i+h]·sin`, `x'[i+h] = x[i+h]·cos + x[i]·sin`, cos/sin `[T, hd/2]`.
+pub fn rope_forward(x: &mut [f32], cos: &[f32], sin: &[f32], n_heads: usize, hd: usize) {
+    rope_apply(x, cos, sin, n_heads, hd, 1.0);
+}
+
+/// In-place RoPE backward on the gradient `dx[T, H*hd]`: the transpose rotation (angle −θ).
+pub fn rope_backward(dx: &mut [f32], cos: &[f32], sin: &[f32], n_heads: usize, hd: usize) {
+    rope_apply(dx, cos, sin, n_heads, hd, -1.0);
+}
+
+fn rope_apply(x: &mut [f32], cos: &[f32], sin: &[f32], n_heads: usize, hd: usize, sign: f32) {
+    let half = hd / 2;
+    let width = n_heads * hd;
+    x.par_chunks_mut(width).enumerate().with_min_len(ROW_CHUNK).for_each(|(t, row)| {
+        let c = &cos[t * half..(t + 1) * half];
+        let s = &sin[t * half..(t + 1) * half];
+        for head in row.chunks_mut(hd) {
+            let (a, b) = head.split_at_mut(half);
+            for i in 0..half {
+                let (x1, x2) = (a[i], b[i]);
+                let si = sign * s[i];
+                a[i] = x1 * c[i] - x2 * si;
+                b[i] = x2 * c[i] + x1 * si;
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// segments
+
+/// From optional segment ids `[T]`: RoPE positions `[T]` (restart at 0 at each segment start)
+/// and the start index of each token's segment `[T]`. A segment is a maximal run of equal ids.
+pub fn segment_layout(t: usize, segment_ids: Option<&[i32]>) -> (Vec<u32>, Vec<usize>) {
+    let mut pos = Vec::with_capacity(t);
+    let mut start = Vec::with_capacity(t);
+    let mut s0 = 0usize;
+    for i in 0..t {
+        if let Some(seg) = segment_ids {
+            if i > 0 && seg[i] != seg[i - 1] {
+                s0 = i;
+            }
+        }
+        start.push(s0);
+        pos.push((i - s0) as u32);
+    }
+    (pos, start)
+}
+
+/// End (exclusive) of each token's segment `[T]`, from the segment starts `[T]`.
+pub fn segment_ends(seg_start: &[usize]) -> Vec<usize> {
+    let t = seg_start.len();
+    let mut end = vec![t; t];
+    for i in (0..t).rev() {
+        end[i] = if i + 1 < t && seg_start[i + 1] == seg_start[i] { end[i + 1] } else { i + 1 };
+    }
+    end
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention
+
+/// Single-threaded strided matmul on raw pointers (matrixmultiply):
+/// `C = alpha · A·B + beta · C` with A element (i,p) at `a + i·rsa + p·csa`, B (p,j) at
+/// `b + p·rsb + j·csb`, C (i,j) at `c + i·ldc + j`.
+///
+/// # Safety
+/// Every addressed element must lie inside the allocations, and no other thread may access the
+/// addressed part of C concurrently.
+#[allow(clippy::too_many_arguments)]
+unsafe fn sgemm_raw(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    rsa: usize,
+    csa: usize,
+    b: *const f32,
+    rsb: usize,
+    csb: usize,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
+    matrixmultiply::sgemm(
+        m, k, n, alpha, a, rsa as isize, csa as isize, b, rsb as isize, csb as isize, beta, c, ldc as isize, 1,
+    );
+}
+
+/// Query / key rows per attention task.
+const ATT_BLOCK: usize = 64;
+
+/// Causal grouped-query attention within segments, scale 1/sqrt(hd).
+/// `out[T, Hq*hd]` and `lse[T, Hq]` (log-sum-exp of the scaled scores) are written;
+/// `q[T, Hq*hd]`, `k[T, Hk*hd]`, `v[T, Hk*hd]` (q, k already rotated); `seg_start[T]`.
+/// Query head h reads kv head h / (Hq/Hk). Token i attends to j in [seg_start[i], i]:
+/// `out_i = Σ_j softmax_j(scale · q_i·k_j) v_j`.
+///
+/// Work: one task per (head, block of 64 queries); scores for the block against every key its
+/// rows may see are one sgemm, the softmax is row-wise, and P·V is one sgemm.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward(
+    out: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    seg_start: &[usize],
+    n_heads: usize,
+    n_kv_heads: usize,
+    hd: usize,
+) {
+    let t_len = seg_start.len();
+    let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
+    assert!(q.len() == t_len * qw && out.len() == t_len * qw && lse.len() == t_len * n_heads);
+    assert!(k.len() == t_len * kw && v.len() == t_len * kw);
+    let group = n_heads / n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let n_blocks = t_len.div_ceil(ATT_BLOCK);
+    let outp = SendPtr(out.as_mut_ptr());
+    let lsep = SendPtr(lse.as_mut_ptr());
+    (0..n_heads * n_blocks).into_par_iter().for_each_init(Vec::new, |s, task| {
+        let (outp, lsep) = (outp, lsep);
+        let (h, blk) = (task / n_blocks, task % n_blocks);
+        let g = h / group;
+        let i0 = blk * ATT_BLOCK;
+        let i1 = (i0 + ATT_BLOCK).min(t_len);
+        let k0 = seg_start[i0];
+        let (nb, nk) = (i1 - i0, i1 - k0);
+        s.resize(nb * nk, 0.0);
+        // S[nb, nk] = Q[i0..i1, h] · K[k0..i1, g]ᵀ (unscaled)
+        // SAFETY: all reads are inside q / k (rows < T, columns < hd within the head).
+        unsafe {
+            sgemm_raw(nb, nk, hd, 1.0, q.as_ptr().add(i0 * qw + h * hd), qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
+        }
+        for r in 0..nb {
+            let i = i0 + r;
+            let (lo, hi) = (seg_start[i] - k0, i - k0 + 1);
+            let row = &mut s[r * nk..(r + 1) * nk];
+            row[..lo].iter_mut().for_each(|x| *x = 0.0);
+            row[hi..].iter_mut().for_each(|x| *x = 0.0);
+            let valid = &mut row[lo..hi];
+            let mx = crate::simd::max(valid) * scale;
+            let sum = crate::simd::exp_affine_sum(valid, scale, mx);
+            crate::simd::scale(valid, 1.0 / sum);
+            // SAFETY: (i, h) is written by this task only.
+            unsafe { *lsep.0.add(i * n_heads + h) = mx + sum.ln() };
+        }
+        // O[i0..i1, h] = P[nb, nk] · V[k0..i1, g]
+        // SAFETY: rows i0..i1, columns h·hd..(h+1)·hd of out belong to this task alone.
+        unsafe {
+            sgemm_raw(nb, hd, nk, 1.0, s.as_ptr(), nk, 1, v.as_ptr().add(k0 * kw + g * hd), kw, 1, 0.0, outp.0.add(i0 * qw + h * hd), qw);
+        }
+    });
+}
+
+/// Attention backward. Accumulates `dq[T, Hq*hd]`, `dk[T, Hk*hd]`, `dv[T, Hk*hd]` from
+/// `dout[T, Hq*hd]`, using the forward's `q, k, v, out, lse[T, Hq]` and `seg_start[T]`.
+/// Probabilities are recomputed from lse: p_ij = exp(scale·q_i·k_j − lse_i).
+/// With delta_i = dout_i·out_i and dS_ij = p_ij (dout_i·v_j − delta_i):
+/// dq_i = scale Σ_j dS_ij k_j; dk_j = scale Σ_i dS_ij q_i; dv_j = Σ_i p_ij dout_i.
+/// Two race-free passes: tasks over (query head, query block) for dq, then over (kv head, key
+/// block) for dk and dv.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    seg_start: &[usize],
+    n_heads: usize,
+    n_kv_heads: usize,
+    hd: usize,
+) {
+    let t_len = seg_start.len();
+    let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
+    assert!(q.len() == t_len * qw && dq.len() == t_len * qw && dout.len() == t_len * qw && out.len() == t_len * qw);
+    assert!(k.len() == t_len * kw && v.len() == t_len * kw && dk.len() == t_len * kw && dv.len() == t_len * kw);
+    assert!(lse.len() == t_len * n_heads);
+    let group = n_heads / n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let seg_end = segment_ends(seg_start);
+    let n_blocks = t_len.div_ceil(ATT_BLOCK);
+    // delta[T, Hq] = dout_i,h · out_i,h
+    let mut delta = vec![0f32; t_len * n_heads];
+    delta.par_chunks_mut(n_heads).enumerate().with_min_len(ROW_CHUNK).for_each(|(i, drow)| {
+        for h in 0..n_heads {
+            let r = i * qw + h * hd..i * qw + (h + 1) * hd;
+            drow[h] = crate::simd::dot(&dout[r.clone()], &out[r]);
+        }
+    });
+    let delta = &delta;
+    // The same, head-major [Hq, T], for pass 2's column-wise use.
+    let mut lse_hm = vec![0f32; t_len * n_heads];
+    let mut delta_hm = vec![0f32; t_len * n_heads];
+    for i in 0..t_len {
+        for h in 0..n_heads {
+            lse_hm[h * t_len + i] = lse[i * n_heads + h];
+            delta_hm[h * t_len + i] = delta[i * n_heads + h];
+        }
+    }
+    let (lse_hm, delta_hm) = (&lse_hm, &delta_hm);
+
+    // Pass 1: dq. Task (h, query block [i0, i1)) against keys [seg_start[i0], i1).
+    let dqp = SendPtr(dq.as_mut_ptr());
+    (0..n_heads * n_blocks).into_par_iter().for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(s, dp), task| {
+            let dqp = dqp;
+            let (h, blk) = (task / n_blocks, task % n_blocks);
+            let g = h / group;
+            let i0 = blk * ATT_BLOCK;
+            let i1 = (i0 + ATT_BLOCK).min(t_len);
+            let k0 = seg_start[i0];
+            let (nb, nk) = (i1 - i0, i1 - k0);
+            s.resize(nb * nk, 0.0);
+            dp.resize(nb * nk, 0.0);
+            // SAFETY: reads inside q, k, v, dout; see attention_forward.
+            unsafe {
+                // S = Q·Kᵀ, dP = dO·Vᵀ   [nb, nk]
+                sgemm_raw(nb, nk, hd, 1.0, q.as_ptr().add(i0 * qw + h * hd), qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
+                sgemm_raw(nb, nk, hd, 1.0, dout.as_ptr().add(i0 * qw + h * hd), qw, 1, v.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, dp.as_mut_ptr(), nk);
+            }
+            for r in 0..nb {
+                let i = i0 + r;
+                let (lo, hi) = (seg_start[i] - k0, i - k0 + 1);
+                let dsr = &mut dp[r * nk..(r + 1) * nk];
+                let pr = &mut s[r * nk..(r + 1) * nk];
+                crate::simd::attn_ds_row(&mut pr[lo..hi], &mut dsr[lo..hi], scale, lse[i * n_heads + h], delta[i * n_heads + h]);
+                dsr[..lo].iter_mut().for_each(|x| *x = 0.0);
+                dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
+            }
+            // dQ[i0..i1, h] += scale · dS · K[k0..i1, g]
+            // SAFETY: rows i0..i1, head h of dq belong to this task alone.
+            unsafe {
+                sgemm_raw(nb, hd, nk, scale, dp.as_ptr(), nk, 1, k.as_ptr().add(k0 * kw + g * hd), kw, 1, 1.0, dqp.0.add(i0 * qw + h * hd), qw);
+            }
+        },
+    );
+
+    // Pass 2: dk, dv. Task (g, key block [j0, j1)) against queries [j0, seg_end[j1 − 1]),
+    // over every query head of the group, in the transposed layout (keys as rows).
+    let dkp = SendPtr(dk.as_mut_ptr());
+    let dvp = SendPtr(dv.as_mut_ptr());
+    (0..n_kv_heads * n_blocks).into_par_iter().for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(s, dp), task| {
+            let (dkp, dvp) = (dkp, dvp);
+            let (g, blk) = (task / n_blocks, task % n_blocks);
+            let j0 = blk * ATT_BLOCK;
+            let j1 = (j0 + ATT_BLOCK).min(t_len);
+            let e = seg_end[j1 - 1];
+            let (nb, nq) = (j1 - j0, e - j0);
+            s.resize(nb * nq, 0.0);
+            dp.resize(nb * nq, 0.0);
+            for h in g * group..(g + 1) * group {
+                // SAFETY: reads inside q, k, v, dout.
+                unsafe {
+                    // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   [nb, nq]
+                    sgemm_raw(nb, nq, hd, 1.0, k.as_ptr().add(j0 * kw + g * hd), kw, 1, q.as_ptr().add(j0 * qw + h * hd), 1, qw, 0.0, s.as_mut_ptr(), nq);
+                    sgemm_raw(nb, nq, hd, 1.0, v.as_ptr().add(j0 * kw + g * hd), kw, 1, dout.as_ptr().add(j0 * qw + h * hd), 1, qw, 0.0, dp.as_mut_ptr(), nq);
+                }
+                for r in 0..nb {
+                    let j = j0 + r;
+                    // valid queries: j <= i < seg_end[j]
+                    let (lo, hi) = (j - j0, seg_end[j] - j0);
+                    let pr = &mut s[r * nq..(r + 1) * nq];
+                    let dsr = &mut dp[r * nq..(r + 1) * nq];
+                    let (c0, c1) = (h * t_len + j0 + lo, h * t_len + j0 + hi);
+                    crate::simd::attn_ds_row_cols(&mut pr[lo..hi], &mut dsr[lo..hi], scale, &lse_hm[c0..c1], &delta_hm[c0..c1]);
+                    pr[..lo].iter_mut().for_each(|x| *x = 0.0);
+                    pr[hi..].iter_mut().for_each(|x| *x = 0.0);
+                    dsr[..lo].iter_mut().for_each(|x| *x = 0.0);
+                    dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
+                }
+                // SAFETY: rows j0..j1, kv head g of dk / dv belong to this task alone.
+                unsafe {
+                    // dV[j0..j1, g] += Pᵀ · dO[j0..e, h];  dK[j0..j1, g] += scale · dSᵀ · Q[j0..e, h]
+                    sgemm_raw(nb, hd, nq, 1.0, s.as_ptr(), nq, 1, dout.as_ptr().add(j0 * qw + h * hd), qw, 1, 1.0, dvp.0.add(j0 * kw + g * hd), kw);
+                    sgemm_raw(nb, hd, nq, scale, dp.as_ptr(), nq, 1, q.as_ptr().add(j0 * qw + h * hd), qw, 1, 1.0, dkp.0.add(j0 * kw + g * hd), kw);
+                }
+            }
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+
+/// `out[T,I] = silu(g[T,I]) * u[T,I]` (written), silu(x) = x·σ(x).
+pub fn swiglu_forward(out: &mut [f32], g: &[f32], u: &[f32]) {
+    out.par_chunks_mut(4096)
+        .zip(g.par_chunks(4096))
+        .zip(u.par_chunks(4096))
+        .for_each(|((o, g), u)| crate::simd::swiglu(o, g, u));
+}
+
+/// SwiGLU backward: `dg[T,I] += dout·u·σ(g)·(1 + g·(1 − σ(g)))`, `du[T,I] += dout·silu(g)`.
+pub fn swiglu_backward(dg: &mut [f32], du: &mut [f32], dout: &[f32], g: &[f32], u: &[f32]) {
+    dg.par_chunks_mut(4096)
+        .zip(du.par_chunks_mut(4096))
+        .zip(dout.par_chunks(4096))
+        .zip(g.par_chunks(4096).zip(u.par_chunks(4096)))
+        .for_each(|(((dg, du), dy), (g, u))| crate::simd::swiglu_back(dg, du, dy, g, u));
+}
+
+// ---------------------------------------------------------------------------------------------
+// log-softmax / cross-entropy from logits
+
+/// Statistics of one logits row for the target id.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowStats {
+    /// log Σ_i exp(z_i)
+    pub lse: f32,
+    /// z_target − lse
+    pub logp: f32,
+    /// −Σ_i p_i log p_i
+    pub entropy: f32,
+}
+
+/// Stats of one row `z[V]` for `target`, overwriting `z` with the probabilities softmax(z).
+pub fn logsoftmax_row_inplace(z: &mut [f32], target: usize) -> RowStats {
+    let zt = z[target];
+    let mx = crate::simd::max(z);
+    // e_i = exp(z_i − mx); sum = Σ e; sz = Σ e·(z − mx)
+    let (sum, sz) = crate::simd::exp_shift_sums(z, mx);
+    crate::simd::scale(z, (1.0 / sum) as f32);
+    let lse = mx as f64 + sum.ln();
+    RowStats {
+        lse: lse as f32,
+        logp: (zt as f64 - lse) as f32,
+        // entropy = lse − E_p[z] = ln(sum) − E_p[z − mx]
+        entropy: (sum.ln() - sz / sum) as f32,
+    }
+}
+
+/// Per-row log-prob of the targets: `logp[R] = z[r, target[r]] − lse[r]`, `entropy[R]`,
+/// `lse[R]` (written) from `logits[R,V]` (read only). Rows with `target[r] = None` get
+/// logp = entropy = 0 (lse is still written).
+pub fn logsoftmax_forward(
+    logp: &mut [f32],
+    entropy: &mut [f32],
+    lse: &mut [f32],
+    logits: &[f32],
+    targets: &[Option<u32>],
+    v: usize,
+) {
+    logp.par_iter_mut()
+        .zip(entropy.par_iter_mut())
+        .zip(lse.par_iter_mut())
+        .zip(logits.par_chunks(v))
+        .zip(targets.par_iter())
+        .for_each_init(
+            || vec![0f32; v],
+            |buf, ((((lp, en), ls), row), tgt)| {
+                buf.copy_from_slice(row);
+                let st = logsoftmax_row_inplace(buf, tgt.unwrap_or(0) as usize);
+                *ls = st.lse;
+                (*lp, *en) = if tgt.is_some() { (st.logp, st.entropy) } else { (0.0, 0.0) };
+            },
+        );
+}
+
+/// `logsoftmax_forward` that overwrites `z[R,V]` with the probabilities softmax(z) (for
+/// `logsoftmax_backward_from_probs`, saving the second exp).
+pub fn logsoftmax_forward_inplace(
+    logp: &mut [f32],
+    entropy: &mut [f32],
+    lse: &mut [f32],
+    z: &mut [f32],
+    targets: &[Option<u32>],
+    v: usize,
+) {
+    logp.par_iter_mut()
+        .zip(entropy.par_iter_mut())
+        .zip(lse.par_iter_mut())
+        .zip(z.par_chunks_mut(v))
+        .zip(targets.par_iter())
+        .for_each(|((((lp, en), ls), row), tgt)| {
+            let st = logsoftmax_row_inplace(row, tgt.unwrap_or(0) as usize);
+            *ls = st.lse;
+            (*lp, *en) = if tgt.is_some() { (st.logp, st.entropy) } else { (0.0, 0.0) };
+        });
+}
+
+/// Backward of `logp[r] = log_softmax(z[r])[target[r]]`: `dlogits[R,V]` (written) =
+/// `dlogp[r] · (onehot(target[r]) − softmax(z[r]))`, from `logits[R,V]` and `lse[R]`.
+/// Rows with no target get 0.
+pub fn logsoftmax_backward(
+    dlogits: &mut [f32],
+    logits: &[f32],
+    lse: &[f32],
+    targets: &[Option<u32>],
+    dlogp: &[f32],
+    v: usize,
+) {
+    dlogits.copy_from_slice(&logits[..dlogits.len()]);
+    logsoftmax_backward_inplace(dlogits, lse, targets, dlogp, v);
+}
+
+/// `logsoftmax_backward` in place: `z[R,V]` holds the logits on entry and dlogits on exit.
+pub fn logsoftmax_backward_inplace(z: &mut [f32], lse: &[f32], targets: &[Option<u32>], dlogp: &[f32], v: usize) {
+    z.par_chunks_mut(v).enumerate().for_each(|(r, row)| match targets[r] {
+        Some(tg) if dlogp[r] != 0.0 => {
+            crate::simd::neg_c_exp_shift(row, dlogp[r], lse[r]);
+            row[tg as usize] += dlogp[r];
+        }
+        _ => row.iter_mut().for_each(|x| *x = 0.0),
+    });
+}
+
+/// `logsoftmax_backward` from probabilities: `p[R,V]` holds softmax(z) on entry (as left by
+/// `logsoftmax_forward_inplace`) and dlogits on exit.
+pub fn logsoftmax_backward_from_probs(p: &mut [f32], targets: &[Option<u32>], dlogp: &[f32], v: usize) {
+    p.par_chunks_mut(v).enumerate().for_each(|(r, row)| match targets[r] {
+        Some(tg) if dlogp[r] != 0.0 => {
+            crate::simd::neg_scale(row, dlogp[r]);
+            row[tg as usize] += dlogp[r];
+        }
+        _ => row.iter_mut().for_each(|x| *x = 0.0),
+    });
+}
+
+/// Masked mean cross-entropy of `logits[R,V]` against `targets[R]` with weights `mask[R]`:
+/// `loss = −Σ_r mask[r]·logp[r] / Σ_r mask[r]` and `dlogits[R,V]` (returned). Rows with a zero
+/// mask contribute nothing. If Σ mask = 0 the loss is 0 with zero gradient.
+pub fn masked_cross_entropy(logits: &[f32], targets: &[u32], mask: &[f32], v: usize) -> (f32, Vec<f32>) {
+    let r = targets.len();
+    let tg: Vec<Option<u32>> = targets.iter().zip(mask).map(|(&t, &m)| (m != 0.0).then_some(t)).collect();
+    let mut logp = vec![0f32; r];
+    let mut ent = vec![0f32; r];
+    let mut lse = vec![0f32; r];
+    logsoftmax_forward(&mut logp, &mut ent, &mut lse, logits, &tg, v);
+    let n: f64 = mask.iter().map(|&m| m as f64).sum();
+    if n == 0.0 {
+        return (0.0, vec![0f32; r * v]);
+    }
+    let loss = -(logp.iter().zip(mask).map(|(&l, &m)| l as f64 * m as f64).sum::<f64>() / n);
+    let dlogp: Vec<f32> = mask.iter().map(|&m| (-(m as f64) / n) as f32).collect();
+    let mut d = vec![0f32; r * v];
+    logsoftmax_backward(&mut d, logits, &lse, &tg, &dlogp, v);
+    (loss as f32, d)
+}

@@ -1,0 +1,436 @@
+//! Model-level tests: config, init, save/load round trips, accumulation, bad input.
+
+use std::path::Path;
+
+use coa_model::{param_specs, Model, ModelConfig, Params, SaveDtype, Seq, TokenIds};
+use serde_json::Value;
+
+fn small_config(model_type: &str, tied: bool) -> ModelConfig {
+    let mut c = ModelConfig::preset("tiny", 97).unwrap();
+    c.model_type = model_type.to_string();
+    c.architectures = vec![];
+    c.hidden_size = 32;
+    c.intermediate_size = 40;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.tie_word_embeddings = tied;
+    c.bos_token_id = Some(1);
+    c.eos_token_id = Some(TokenIds::One(2));
+    c.validate().unwrap();
+    c
+}
+
+fn ids(n: usize, v: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % v as u64) as u32
+        })
+        .collect()
+}
+
+fn sft_grads(m: &Model, ids: &[u32]) -> (Params, f64) {
+    let n = (ids.len() - 1) as f32;
+    let mut g = m.params.zeros_like();
+    let st = m
+        .forward_backward(&Seq::new(ids), &mut g, &mut |s| {
+            let mut d = vec![-1.0 / n; s.logp.len()];
+            d[0] = 0.0;
+            d
+        })
+        .unwrap();
+    let loss = -st.logp.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
+    (g, loss)
+}
+
+#[test]
+fn presets_are_valid_and_sized() {
+    let tiny = ModelConfig::preset("tiny", 4096).unwrap();
+    let small = ModelConfig::preset("small", 8192).unwrap();
+    assert!((1_000_000..3_000_000).contains(&tiny.n_params()), "tiny {}", tiny.n_params());
+    assert!((20_000_000..30_000_000).contains(&small.n_params()), "small {}", small.n_params());
+    assert_eq!(tiny.num_attention_heads % tiny.num_key_value_heads, 0);
+    assert!(tiny.num_key_value_heads < tiny.num_attention_heads, "GQA");
+    let m = Model::init(tiny.clone(), 0).unwrap();
+    assert_eq!(m.params.n_elements(), tiny.n_params());
+    let e = ModelConfig::preset("huge", 10).unwrap_err().to_string();
+    assert!(e.contains("huge"), "{e}");
+}
+
+#[test]
+fn init_is_deterministic_and_hf_style() {
+    let c = small_config("qwen2", false);
+    let a = Model::init(c.clone(), 7).unwrap();
+    let b = Model::init(c.clone(), 7).unwrap();
+    let d = Model::init(c.clone(), 8).unwrap();
+    assert_eq!(a.params, b.params);
+    assert_ne!(a.params, d.params);
+    let w = &a.params.get("model.layers.0.mlp.up_proj.weight").unwrap().data;
+    let mean = w.iter().map(|&x| x as f64).sum::<f64>() / w.len() as f64;
+    let std = (w.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
+    assert!(mean.abs() < 0.002 && (std - 0.02).abs() < 0.002, "mean {mean} std {std}");
+    assert!(a.params.get("model.norm.weight").unwrap().data.iter().all(|&x| x == 1.0));
+    assert!(a.params.get("model.layers.1.self_attn.q_proj.bias").unwrap().data.iter().all(|&x| x == 0.0));
+    assert!(a.params.get("model.layers.1.self_attn.o_proj.bias").is_none(), "qwen2 has no o_proj bias");
+    assert!(a.params.get("lm_head.weight").is_some());
+    let names: Vec<String> = param_specs(&c).into_iter().map(|s| s.name).collect();
+    assert_eq!(names.first().unwrap(), "model.embed_tokens.weight");
+    assert_eq!(names.last().unwrap(), "lm_head.weight");
+}
+
+#[test]
+fn stats_match_logits_and_segment_starts_are_zero() {
+    let m = Model::init(small_config("llama", true), 3).unwrap();
+    let x = ids(12, 97, 1);
+    let seg = [0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2];
+    let seq = Seq { input_ids: &x, segment_ids: Some(&seg) };
+    let logits = m.logits(&seq).unwrap();
+    let st = m.token_stats(&seq).unwrap();
+    let v = 97;
+    for t in 0..x.len() {
+        if t == 0 || seg[t] != seg[t - 1] {
+            assert_eq!((st.logp[t], st.entropy[t]), (0.0, 0.0), "segment start {t}");
+            continue;
+        }
+        let row: Vec<f64> = logits[(t - 1) * v..t * v].iter().map(|&z| z as f64).collect();
+        let lse = row.iter().map(|z| z.exp()).sum::<f64>().ln();
+        assert!((st.logp[t] as f64 - (row[x[t] as usize] - lse)).abs() < 1e-5);
+        let h = -row.iter().map(|z| (z - lse).exp() * (z - lse)).sum::<f64>();
+        assert!((st.entropy[t] as f64 - h).abs() < 1e-5);
+    }
+    // forward_backward returns the same stats
+    let mut g = m.params.zeros_like();
+    let st2 = m.forward_backward(&seq, &mut g, &mut |s| vec![0.0; s.logp.len()]).unwrap();
+    assert_eq!(st, st2);
+    assert_eq!(g.sum_squares(), 0.0, "zero d loss / d logp gives zero gradients");
+}
+
+#[test]
+fn gradients_accumulate_and_are_deterministic() {
+    let m = Model::init(small_config("llama", false), 5).unwrap();
+    let x = ids(16, 97, 2);
+    let (g1, loss) = sft_grads(&m, &x);
+    assert!(loss > 3.0 && loss < 6.0, "near ln(97) at init: {loss}");
+    let (g1b, _) = sft_grads(&m, &x);
+    assert_eq!(g1, g1b, "bit-identical across runs");
+    let mut acc = g1.clone();
+    m.forward_backward(&Seq::new(&x), &mut acc, &mut |s| {
+        let n = (s.logp.len() - 1) as f32;
+        let mut d = vec![-1.0 / n; s.logp.len()];
+        d[0] = 0.0;
+        d
+    })
+    .unwrap();
+    let mut twice = g1.clone();
+    twice.scale(2.0);
+    for (a, b) in acc.iter().zip(twice.iter()) {
+        assert!(a.data.iter().zip(&b.data).all(|(x, y)| (x - y).abs() <= 1e-6 * y.abs().max(1e-3)), "{}", a.name);
+    }
+}
+
+#[test]
+fn gradient_matches_finite_difference_of_loss() {
+    // Whole-model check: d loss / d θ for a few coordinates of several tensors.
+    let mut m = Model::init(small_config("qwen2", false), 11).unwrap();
+    for t in m.params.iter_mut() {
+        let n = t.data.len();
+        for (i, x) in t.data.iter_mut().enumerate() {
+            *x += 0.05 * (((i * 7919 + n) % 101) as f32 / 50.0 - 1.0);
+        }
+    }
+    let x = ids(10, 97, 3);
+    let (g, _) = sft_grads(&m, &x);
+    for name in [
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.bias",
+        "model.layers.1.mlp.down_proj.weight",
+        "model.layers.1.post_attention_layernorm.weight",
+        "lm_head.weight",
+    ] {
+        let ti = m.params.tensors.iter().position(|t| t.name == name).unwrap();
+        let gt = &g.tensors[ti].data;
+        // the coordinate with the largest gradient, and one in the middle
+        let imax = (0..gt.len()).max_by(|&a, &b| gt[a].abs().total_cmp(&gt[b].abs())).unwrap();
+        for i in [imax, gt.len() / 2] {
+            let h = 1e-2f32;
+            let orig = m.params.tensors[ti].data[i];
+            m.params.tensors[ti].data[i] = orig + h;
+            let lp = sft_grads(&m, &x).1;
+            m.params.tensors[ti].data[i] = orig - h;
+            let lm = sft_grads(&m, &x).1;
+            m.params.tensors[ti].data[i] = orig;
+            let num = (lp - lm) / (2.0 * h as f64);
+            let ana = gt[i] as f64;
+            assert!((num - ana).abs() <= 2e-3 * gt[imax].abs() as f64 + 1e-5, "{name}[{i}]: analytic {ana} vs numeric {num}");
+        }
+    }
+}
+
+#[test]
+fn save_load_round_trip_f32_and_bf16() {
+    for (mt, tied) in [("llama", true), ("qwen2", false)] {
+        let m = Model::init(small_config(mt, tied), 9).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        m.save(dir.path(), SaveDtype::F32).unwrap();
+        let back = Model::load(dir.path()).unwrap();
+        assert_eq!(back.params, m.params, "{mt}: f32 round trip is exact");
+        assert_eq!(back.config, {
+            let mut c = m.config.clone();
+            c.torch_dtype = Some("float32".into());
+            c.architectures = back.config.architectures.clone();
+            c
+        });
+        let cfg: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
+        assert_eq!(cfg["model_type"], mt);
+        assert_eq!(cfg["architectures"][0], if mt == "qwen2" { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" });
+        let gen: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("generation_config.json")).unwrap()).unwrap();
+        assert_eq!(gen["eos_token_id"], 2);
+        let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        assert_eq!(meta.metadata().as_ref().unwrap().get("format").map(String::as_str), Some("pt"));
+        assert_eq!(meta.tensors().contains_key("lm_head.weight"), !tied);
+        // no temporary files left behind
+        for e in std::fs::read_dir(dir.path()).unwrap() {
+            let n = e.unwrap().file_name().into_string().unwrap();
+            assert!(!n.contains(".tmp."), "{n}");
+        }
+
+        let dir2 = tempfile::tempdir().unwrap();
+        m.save(dir2.path(), SaveDtype::Bf16).unwrap();
+        let b16 = Model::load(dir2.path()).unwrap();
+        assert_eq!(b16.config.torch_dtype.as_deref(), Some("bfloat16"));
+        for (a, b) in b16.params.iter().zip(m.params.iter()) {
+            for (x, y) in a.data.iter().zip(&b.data) {
+                assert!((x - y).abs() <= y.abs() * (1.0 / 256.0), "{}: {x} vs {y}", a.name);
+            }
+        }
+        // bf16 logits stay close to f32 logits
+        let x = ids(8, 97, 4);
+        let l32 = m.logits(&Seq::new(&x)).unwrap();
+        let l16 = b16.logits(&Seq::new(&x)).unwrap();
+        let err = l32.iter().zip(&l16).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(err < 0.05, "{err}");
+    }
+}
+
+#[test]
+fn loads_f16_and_sharded_checkpoints() {
+    let m = Model::init(small_config("llama", false), 12).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    m.save(dir.path(), SaveDtype::F32).unwrap();
+    // rewrite as two f16 shards with an index
+    let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    let mut weight_map = serde_json::Map::new();
+    let halves = names.split_at(names.len() / 2);
+    for (k, part) in [halves.0, halves.1].into_iter().enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", k + 1);
+        let enc: Vec<(String, Vec<usize>, Vec<u8>)> = part
+            .iter()
+            .map(|n| {
+                let t = m.params.get(n).unwrap();
+                let b = t.data.iter().flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect();
+                weight_map.insert(n.clone(), Value::from(file.clone()));
+                (n.clone(), t.shape.clone(), b)
+            })
+            .collect();
+        let views: Vec<(String, safetensors::tensor::TensorView)> = enc
+            .iter()
+            .map(|(n, s, b)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F16, s.clone(), b).unwrap()))
+            .collect();
+        std::fs::write(dir.path().join(&file), safetensors::tensor::serialize(views, None).unwrap()).unwrap();
+    }
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let back = Model::load(dir.path()).unwrap();
+    for (a, b) in back.params.iter().zip(m.params.iter()) {
+        for (x, y) in a.data.iter().zip(&b.data) {
+            assert!((x - y).abs() <= y.abs() / 1000.0 + 1e-7, "{}", a.name);
+        }
+    }
+}
+
+fn err_of<T: std::fmt::Debug>(r: anyhow::Result<T>) -> String {
+    format!("{:#}", r.unwrap_err())
+}
+
+#[test]
+fn bad_ids_are_errors_naming_position() {
+    let m = Model::init(small_config("llama", true), 1).unwrap();
+    let e = err_of(m.check_ids(&[1, 2, 97, 3]));
+    assert!(e.contains("position 2") && e.contains("97"), "{e}");
+    let e = err_of(m.logits(&Seq::new(&[5, 1000])));
+    assert!(e.contains("position 1") && e.contains("1000"), "{e}");
+    let mut g = m.params.zeros_like();
+    let e = err_of(m.forward_backward(&Seq::new(&[5, 99]), &mut g, &mut |s| vec![0.0; s.logp.len()]));
+    assert!(e.contains("99"), "{e}");
+    let e = err_of(m.logits(&Seq::new(&[])));
+    assert!(e.contains("empty"), "{e}");
+    let e = err_of(m.logits(&Seq { input_ids: &[1, 2, 3], segment_ids: Some(&[0, 0]) }));
+    assert!(e.contains("segment_ids"), "{e}");
+    let e = err_of(m.forward_backward(&Seq::new(&[1, 2, 3]), &mut g, &mut |_| vec![0.0; 2]));
+    assert!(e.contains("length 2"), "{e}");
+    let e = err_of(m.forward_backward(&Seq::new(&[1, 2, 3]), &mut g, &mut |_| vec![0.0, f32::NAN, 0.0]));
+    assert!(e.contains("position 1"), "{e}");
+    let mut wrong = Model::init(small_config("llama", false), 1).unwrap().params.zeros_like();
+    let e = err_of(m.forward_backward(&Seq::new(&[1, 2, 3]), &mut wrong, &mut |s| vec![0.0; s.logp.len()]));
+    assert!(e.contains("grads"), "{e}");
+}
+
+#[test]
+fn bad_configs_are_errors_naming_the_field() {
+    let base = small_config("llama", true);
+    let cases: Vec<(Box<dyn Fn(&mut ModelConfig)>, &str)> = vec![
+        (Box::new(|c| c.num_attention_heads = 5), "num_attention_heads"),
+        (Box::new(|c| c.num_key_value_heads = 3), "num_key_value_heads"),
+        (Box::new(|c| c.hidden_size = 36), "head_dim"), // 36 / 4 = 9: odd head dim
+        (Box::new(|c| c.vocab_size = 0), "vocab_size"),
+        (Box::new(|c| c.model_type = "gpt2".into()), "model_type"),
+        (Box::new(|c| c.hidden_act = "gelu".into()), "hidden_act"),
+        (Box::new(|c| c.rms_norm_eps = -1.0), "rms_norm_eps"),
+        (Box::new(|c| c.rope_theta = 0.0), "rope_theta"),
+        (Box::new(|c| c.num_hidden_layers = 0), "num_hidden_layers"),
+        (
+            Box::new(|c| {
+                c.extra.insert("rope_scaling".into(), serde_json::json!({"rope_type": "yarn", "factor": 4.0}));
+            }),
+            "rope_scaling",
+        ),
+    ];
+    for (f, field) in cases {
+        let mut c = base.clone();
+        f(&mut c);
+        let e = err_of(c.validate());
+        assert!(e.contains(field), "expected an error naming {field}: {e}");
+        let e = err_of(Model::init(c, 0));
+        assert!(e.contains(field), "{e}");
+    }
+    // config.json parsing errors name the field
+    let e = err_of(ModelConfig::from_json(&serde_json::json!({"model_type": "llama", "hidden_size": 8})));
+    assert!(e.contains("vocab_size"), "{e}");
+    let e = err_of(ModelConfig::from_json(&serde_json::json!({
+        "model_type": "llama", "vocab_size": "many", "hidden_size": 8})));
+    assert!(e.contains("vocab_size"), "{e}");
+}
+
+#[test]
+fn config_json_round_trip_keeps_unknown_fields() {
+    let text = r#"{"architectures":["Qwen2ForCausalLM"],"model_type":"qwen2","vocab_size":100,
+      "hidden_size":16,"intermediate_size":24,"num_hidden_layers":1,"num_attention_heads":2,
+      "num_key_value_heads":1,"rope_parameters":{"rope_theta":1000000.0,"rope_type":"default"},
+      "dtype":"bfloat16","sliding_window":4096,"use_sliding_window":false,"eos_token_id":[5,6],
+      "my_field":{"a":1}}"#;
+    let c: ModelConfig = serde_json::from_str(text).unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.rope_theta, 1e6);
+    assert_eq!(c.torch_dtype.as_deref(), Some("bfloat16"));
+    assert_eq!(c.eos_token_id, Some(TokenIds::Many(vec![5, 6])));
+    assert!(c.qkv_bias() && !c.o_bias());
+    let v = serde_json::to_value(&c).unwrap();
+    assert_eq!(v["my_field"]["a"], 1);
+    assert_eq!(v["sliding_window"], 4096);
+    assert_eq!(v["eos_token_id"], serde_json::json!([5, 6]));
+    let back: ModelConfig = serde_json::from_value(v).unwrap();
+    assert_eq!(back, c);
+}
+
+fn write_model(dir: &Path, m: &Model) {
+    m.save(dir, SaveDtype::F32).unwrap();
+}
+
+/// Rewrite model.safetensors with `edit` applied to the (name, shape, data) list.
+fn rewrite(dir: &Path, m: &Model, edit: impl Fn(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) {
+    let mut ts: Vec<(String, Vec<usize>, Vec<f32>)> =
+        m.params.iter().map(|t| (t.name.clone(), t.shape.clone(), t.data.clone())).collect();
+    edit(&mut ts);
+    let enc: Vec<(String, Vec<usize>, Vec<u8>)> =
+        ts.into_iter().map(|(n, s, d)| (n, s, d.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = enc
+        .iter()
+        .map(|(n, s, b)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap()))
+        .collect();
+    std::fs::write(dir.join("model.safetensors"), safetensors::tensor::serialize(views, None).unwrap()).unwrap();
+}
+
+#[test]
+fn bad_checkpoints_are_errors_naming_the_tensor() {
+    let m = Model::init(small_config("llama", false), 2).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), &m);
+
+    rewrite(dir.path(), &m, |ts| ts.retain(|t| t.0 != "model.layers.1.mlp.up_proj.weight"));
+    let e = err_of(Model::load(dir.path()));
+    assert!(e.contains("missing tensor model.layers.1.mlp.up_proj.weight") && e.contains("[40, 32]"), "{e}");
+
+    rewrite(dir.path(), &m, |ts| {
+        let t = ts.iter_mut().find(|t| t.0 == "model.layers.0.self_attn.k_proj.weight").unwrap();
+        t.1 = vec![t.1[1], t.1[0]];
+    });
+    let e = err_of(Model::load(dir.path()));
+    assert!(e.contains("model.layers.0.self_attn.k_proj.weight") && e.contains("expected [16, 32]"), "{e}");
+
+    rewrite(dir.path(), &m, |ts| ts.push(("model.layers.7.mlp.up_proj.weight".into(), vec![2], vec![0.0, 0.0])));
+    let e = err_of(Model::load(dir.path()));
+    assert!(e.contains("unexpected tensor model.layers.7.mlp.up_proj.weight"), "{e}");
+
+    rewrite(dir.path(), &m, |ts| ts.retain(|t| t.0 != "lm_head.weight"));
+    let e = err_of(Model::load(dir.path()));
+    assert!(e.contains("lm_head.weight"), "untied model without a head: {e}");
+
+    rewrite(dir.path(), &m, |ts| ts[3].2[5] = f32::NAN);
+    let e = err_of(Model::load(dir.path()));
+    assert!(e.contains("non-finite"), "{e}");
+
+    std::fs::write(dir.path().join("model.safetensors"), b"not a safetensors file").unwrap();
+    let e = err_of(Model::load(dir.path()));
+    assert!(e.contains("model.safetensors"), "{e}");
+
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    let e = err_of(Model::load(dir.path()));
+    assert!(e.contains("neither model.safetensors"), "{e}");
+
+    let e = err_of(Model::load(&dir.path().join("nope")));
+    assert!(e.contains("config.json"), "{e}");
+
+    // a config the model cannot build
+    write_model(dir.path(), &m);
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
+    cfg["num_key_value_heads"] = Value::from(3);
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    let e = err_of(Model::load(dir.path()));
+    assert!(e.contains("num_key_value_heads"), "{e}");
+}
+
+#[test]
+fn tied_checkpoint_with_lm_head_is_accepted() {
+    let m = Model::init(small_config("llama", true), 4).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), &m);
+    let emb = m.params.get("model.embed_tokens.weight").unwrap().clone();
+    rewrite(dir.path(), &m, |ts| ts.push(("lm_head.weight".into(), emb.shape.clone(), emb.data.clone())));
+    let back = Model::load(dir.path()).unwrap();
+    assert_eq!(back.params, m.params);
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let m = Model::init(ModelConfig::preset("tiny", 300).unwrap(), 6).unwrap();
+    let x = ids(150, 300, 9);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| sft_grads(&m, &x))
+    };
+    let (g1, l1) = run(1);
+    let (g3, l3) = run(3);
+    assert_eq!(l1.to_bits(), l3.to_bits());
+    for (a, b) in g1.iter().zip(g3.iter()) {
+        assert!(a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits()), "{}", a.name);
+    }
+}
