@@ -11,12 +11,12 @@ CARGO   ?= cargo
 PROFILE ?= release
 BIN     := target/$(PROFILE)
 RUNDIR  := runs/$(RUN)
-STAGES  := coa-generate coa-extract coa-filter coa-convert
+STAGES  := coa-generate coa-extract coa-filter coa-convert coa-tokenize coa-score
 GENERATE := $(BIN)/coa-generate
 PYTHON  ?= python3
 VENV    := .venv
 
-.PHONY: help build test pipeline tasks distill bench bench-io bench-distill schemas-doc clean
+.PHONY: help build test pipeline tasks distill bench bench-io bench-distill bench-tokenize schemas-doc clean
 
 help:
 	@echo "make pipeline   run the offline default loop (today: tasks + distillation) into runs/$(RUN)/"
@@ -48,7 +48,7 @@ $(VENV)/.ok: bench/requirements.txt
 	$(VENV)/bin/pip install -q -r bench/requirements.txt
 	touch $@
 
-bench: bench-io bench-distill
+bench: bench-io bench-distill bench-tokenize
 
 bench-io: $(VENV)/.ok
 	$(CARGO) build --profile $(PROFILE) -p coa-schemas --example io_passthrough
@@ -56,6 +56,9 @@ bench-io: $(VENV)/.ok
 
 bench-distill: $(VENV)/.ok build
 	$(VENV)/bin/python bench/distill_bench.py --bin $(BIN) --rows 100000 --out bench/results/distill.md
+
+bench-tokenize: $(VENV)/.ok build
+	$(VENV)/bin/python bench/tokenize_bench.py --bin $(BIN) --rows 100000 --out bench/results/tokenize.md
 
 schemas-doc:
 	COA_BLESS=1 $(CARGO) test -p coa-schemas --test reference_doc

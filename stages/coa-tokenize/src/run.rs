@@ -1,0 +1,257 @@
+//! The stage body: read `coa_text`, (train a vocabulary,) encode rows in parallel batch by batch,
+//! apply the length policy and packing, write `tokens`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use arrow::array::AsArray;
+use arrow::record_batch::RecordBatch;
+use coa_schemas::stage::{IoArgs, Stage};
+use coa_schemas::tables::{COA_TEXT, TOKENS};
+use rayon::prelude::*;
+use serde_json::json;
+
+use crate::encode::{check_spans, encode_joined, encode_row, Encoded};
+use crate::pack::{apply_max_len, Fate, OutRow, Overlong, Packer};
+use crate::table::{build_batch, InputBatch};
+use crate::vocab::{SpecialChoice, Vocab};
+
+/// The stage's own flags (the IO flags are [`IoArgs`]).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TokenizeArgs {
+    /// Load this HF `tokenizer.json` (Qwen/Llama style); the CoA tags are added as special tokens
+    /// where missing.
+    #[arg(long, value_name = "FILE", conflicts_with = "train_bpe", required_unless_present = "train_bpe")]
+    pub tokenizer: Option<PathBuf>,
+    /// Train a byte-level BPE on the input (prompt and text) first, then tokenize with it
+    /// (needs --save-tokenizer).
+    #[arg(long, requires = "save_tokenizer")]
+    pub train_bpe: bool,
+    /// Vocabulary size of --train-bpe, special tokens included.
+    #[arg(long, value_name = "N", default_value_t = 8192)]
+    pub vocab_size: usize,
+    /// Minimum pair count for a BPE merge (--train-bpe).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub min_frequency: u64,
+    /// Write the tokenizer used (trained, or loaded with the tags added) as a tokenizer.json.
+    #[arg(long, value_name = "FILE")]
+    pub save_tokenizer: Option<PathBuf>,
+    /// Token(s) before the prompt: `auto` (what the tokenizer's post-processor prepends, e.g.
+    /// Llama's BOS; nothing for Qwen2 and trained vocabularies), `none`, or a token.
+    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
+    pub bos: SpecialChoice,
+    /// Token after the text, a target: `auto` (tokenizer_config.json's eos_token beside the file,
+    /// else <|endoftext|>, <|end_of_text|> or </s>), `none`, or a token. Trained: <|endoftext|>.
+    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
+    pub eos: SpecialChoice,
+    /// Maximum tokens per sequence (and per packed row).
+    #[arg(long, value_name = "N")]
+    pub max_len: Option<usize>,
+    /// What to do with a sequence longer than --max-len.
+    #[arg(long, value_enum, default_value_t = Overlong::Drop)]
+    pub overlong: Overlong,
+    /// Pack sequences greedily (first fit) into rows of at most --max-len tokens, with segment ids.
+    #[arg(long, requires = "max_len")]
+    pub pack: bool,
+    /// Open rows the packer keeps before emitting the oldest (bigger: fuller rows, more memory).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub pack_window: usize,
+    /// Also encode each joined `prompt\ntext` in one piece and count rows whose ids differ
+    /// (`joined_mismatch` in the summary). Twice the work; for checking a new tokenizer.
+    #[arg(long)]
+    pub verify_joined: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+/// A file written under a temporary name, renamed into place by [`PendingFile::commit`], removed
+/// if dropped uncommitted (a failing run leaves no partial output).
+struct PendingFile {
+    tmp: PathBuf,
+    dest: PathBuf,
+    done: bool,
+}
+
+impl PendingFile {
+    fn tokenizer(dest: &Path, vocab: &Vocab) -> Result<PendingFile> {
+        if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = dest.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+        let file = PendingFile { tmp, dest: dest.to_path_buf(), done: false };
+        vocab.save(&file.tmp)?;
+        Ok(file)
+    }
+
+    fn commit(mut self) -> Result<()> {
+        std::fs::rename(&self.tmp, &self.dest).with_context(|| format!("writing {}", self.dest.display()))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for PendingFile {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+struct RowResult {
+    enc: Encoded,
+    joined_differs: bool,
+}
+
+#[derive(Default)]
+struct Counts {
+    tokens: u64,
+    targets: u64,
+    dropped: u64,
+    truncated: u64,
+    unaligned: u64,
+    joined_mismatch: u64,
+}
+
+/// Runs the stage.
+pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs) -> Result<()> {
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow!("--threads: {e}"))?;
+    }
+    if args.max_len == Some(0) {
+        bail!("--max-len must be at least 1");
+    }
+    let started = Instant::now();
+    let mut reader = stage.open(io.input.as_deref(), &COA_TEXT)?;
+    let source = reader.source().to_string();
+
+    let mut held: Vec<RecordBatch> = Vec::new();
+    let vocab = if args.train_bpe {
+        for batch in &mut reader {
+            held.push(batch?);
+        }
+        let texts = held.iter().flat_map(|b| {
+            let (p, t) = (b.column_by_name("prompt"), b.column_by_name("text"));
+            let (p, t) = (p.expect("checked schema").as_string::<i32>(), t.expect("checked schema").as_string::<i32>());
+            (0..b.num_rows()).flat_map(move |i| [p.value(i), t.value(i)])
+        });
+        let v = Vocab::train(texts, args.vocab_size, args.min_frequency)?;
+        stage.note("train_seconds", round3(started.elapsed().as_secs_f64()));
+        v
+    } else {
+        let path = args.tokenizer.as_deref().ok_or_else(|| anyhow!("pass --tokenizer FILE or --train-bpe"))?;
+        stage.add_input_file(path);
+        Vocab::load(path, &args.bos, &args.eos)?
+    };
+    let pending = args.save_tokenizer.as_deref().map(|p| PendingFile::tokenizer(p, &vocab)).transpose()?;
+
+    let schema = TOKENS.schema();
+    let mut writer = stage.create(io.output.as_deref(), io.format, &schema)?;
+    let batches: Box<dyn Iterator<Item = Result<RecordBatch>>> =
+        if args.train_bpe { Box::new(held.into_iter().map(Ok)) } else { Box::new(reader) };
+
+    let mut packer = args.pack.then(|| Packer::new(args.max_len.expect("--pack requires --max-len"), args.pack_window));
+    let mut counts = Counts::default();
+    let mut row0: u64 = 0;
+    let mut out: Vec<OutRow> = Vec::new();
+    let bar = stage.progress(None, "rows");
+    for batch in batches {
+        let batch = batch?;
+        let input = InputBatch::new(&batch, &source)?;
+        let results: Vec<Result<RowResult, String>> = (0..input.len())
+            .into_par_iter()
+            .map(|i| {
+                let (starts, ends) = input.spans(i);
+                let (prompt, text) = (input.prompt.value(i), input.text.value(i));
+                let n_chars = if text.is_ascii() { text.len() } else { text.chars().count() };
+                check_spans(starts, ends, n_chars)?;
+                let enc = encode_row(&vocab, prompt, text, starts, ends)?;
+                let joined_differs = args.verify_joined && encode_joined(&vocab, prompt, text)? != enc.ids;
+                Ok(RowResult { enc, joined_differs })
+            })
+            .collect();
+        for (i, r) in results.into_iter().enumerate() {
+            let r = r.map_err(|msg| anyhow!("{source}: row {} (task_id `{}`): {msg}", row0 + i as u64, input.task_id.value(i)))?;
+            counts.unaligned += u64::from(!r.enc.aligned);
+            counts.joined_mismatch += u64::from(r.joined_differs);
+            let enc = match apply_max_len(r.enc, args.max_len, args.overlong) {
+                Fate::Keep(e) => e,
+                Fate::Truncated(e) => {
+                    counts.truncated += 1;
+                    e
+                }
+                Fate::Dropped => {
+                    counts.dropped += 1;
+                    continue;
+                }
+            };
+            let task_id = input.task_id.value(i);
+            match packer.as_mut() {
+                Some(p) => p.push(task_id, enc, &mut out),
+                None => out.push(OutRow::single(task_id.to_string(), enc)),
+            }
+        }
+        row0 += input.len() as u64;
+        stage.add_rows_in(input.len() as u64);
+        bar.inc(input.len() as u64);
+        write_rows(stage, &mut writer, &schema, &mut out, &mut counts)?;
+    }
+    if let Some(p) = packer.as_mut() {
+        p.finish(&mut out);
+        write_rows(stage, &mut writer, &schema, &mut out, &mut counts)?;
+    }
+    writer.finish()?;
+    bar.finish_and_clear();
+    if let Some(p) = pending {
+        p.commit()?;
+    }
+
+    let secs = started.elapsed().as_secs_f64();
+    stage.note("tokenizer", vocab.source.clone());
+    stage.note("vocab_size", vocab.size());
+    stage.note("tags_added", vocab.tags_added);
+    stage.note("bos", json!(vocab.bos));
+    stage.note("eos", json!(vocab.eos));
+    stage.note("tokens", counts.tokens);
+    stage.note("targets", counts.targets);
+    stage.note("dropped_overlong", counts.dropped);
+    stage.note("truncated", counts.truncated);
+    stage.note("rows_unaligned", counts.unaligned);
+    if args.verify_joined {
+        stage.note("joined_mismatch", counts.joined_mismatch);
+    }
+    if let Some(p) = &packer {
+        stage.note("packed_rows", p.rows);
+        stage.note("pack_fill", round3(p.fill()));
+    }
+    stage.note("tokens_per_s", (counts.tokens as f64 / secs.max(1e-9)).round());
+    Ok(())
+}
+
+fn write_rows(
+    stage: &mut Stage,
+    writer: &mut coa_schemas::io::TableWriter,
+    schema: &arrow::datatypes::SchemaRef,
+    out: &mut Vec<OutRow>,
+    counts: &mut Counts,
+) -> Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    for r in out.iter() {
+        counts.tokens += r.ids.len() as u64;
+        counts.targets += r.mask.iter().map(|&m| m as u64).sum::<u64>();
+    }
+    let batch = build_batch(schema, out)?;
+    writer.write(&batch)?;
+    stage.add_rows_out(out.len() as u64);
+    out.clear();
+    Ok(())
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
