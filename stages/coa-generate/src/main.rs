@@ -4,8 +4,11 @@
 //! multihop) or imports a real task file, and writes the `tasks` table.
 //! `coa-generate mas` runs the teacher multi-agent system (`coa-agents`) on a `tasks` table and
 //! writes `mas_runs`.
+//! `coa-generate policy` samples a checkpoint G times per task with real tool calls and writes
+//! `rollouts`.
 
 mod mas;
+mod policy;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,7 +25,7 @@ use coa_tasks::{Split, Suite};
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 #[derive(Parser)]
-#[command(name = "coa-generate", version, about = "Generate Chain-of-Agents data: task suites (tasks), teacher multi-agent runs (mas)")]
+#[command(name = "coa-generate", version, about = "Generate Chain-of-Agents data: task suites (tasks), teacher multi-agent runs (mas), policy rollouts (policy)")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -35,6 +38,8 @@ enum Command {
     Tasks(TasksArgs),
     /// Run the teacher multi-agent system on a `tasks` table (stdin or -i) into `mas_runs`.
     Mas(mas::MasArgs),
+    /// Sample a checkpoint G times per task, with real tool calls, into `rollouts`.
+    Policy(policy::PolicyArgs),
 }
 
 #[derive(clap::Args)]
@@ -99,6 +104,11 @@ fn main() -> ExitCode {
             let mut stage = Stage::new("coa-generate mas", env!("CARGO_PKG_VERSION"));
             stage.set_stats_path(args.io.stats.clone());
             stage::run(&mut stage, |s| mas::run(s, &args))
+        }
+        Command::Policy(args) => {
+            let mut stage = Stage::new("coa-generate policy", env!("CARGO_PKG_VERSION"));
+            stage.set_stats_path(args.io.stats.clone());
+            stage::run(&mut stage, |s| policy::run(s, &args))
         }
     }
 }

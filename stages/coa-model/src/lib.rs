@@ -4,10 +4,12 @@
 //! - [`Params`]: f32 parameters in canonical order with HF names.
 //! - [`Model`]: init, HF checkpoint load/save (safetensors f32/bf16/f16), logits, and
 //!   `forward_backward` with a caller-supplied d loss / d logp (SFT and RL share it).
+//! - [`decode`]: [`KvCache`] and batched incremental decoding (`prefill`, `decode_step`, `extend`).
 //! - [`ops`]: every op as plain f32 functions, forward and backward: the CPU reference the GPU
 //!   kernels are tested against.
 
 pub mod config;
+pub mod decode;
 pub mod io;
 pub mod model;
 pub mod ops;
@@ -15,6 +17,7 @@ pub mod params;
 pub(crate) mod simd;
 
 pub use config::{ModelConfig, TokenIds};
+pub use decode::KvCache;
 pub use io::SaveDtype;
 pub use model::{Model, Seq, TokenStats};
 pub use params::{param_specs, ParamSpec, Params, Tensor};

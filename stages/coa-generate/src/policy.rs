@@ -1,0 +1,793 @@
+//! `coa-generate policy`: sample a checkpoint G times per task, with real tool calls, into
+//! `rollouts` (DESIGN §9).
+//!
+//! **Prompt.** Exactly the training layout (`coa-tokenize`): `[BOS…] prompt "\n"`, the prompt built
+//! by `coa_format::build_prompt(suite, question)`, its ids taken from `coa_tokenize::encode_row`
+//! (the conditioning prefix of the row `(prompt, "")`), so rollouts condition on the very tokens the
+//! model was fine-tuned on.
+//!
+//! **Loop** (per sample): the prompt is prefilled into a KV-cache slot; tokens are sampled one at
+//! a time (every active sample of the batch decodes in one batched forward) until a tool's closing
+//! tag token (`</web_search>`, `</wiki_search>`, `</crawl_page>`, `</code>`), `</answer>`, EOS, the
+//! budget or the turn limit. At a tool's closing tag only this turn's tokens are decoded: the ids
+//! between the last opening tag of that tool and the closing tag are the tool input (for `<code>`,
+//! the fenced source via `coa_format::code_source`). The tool runs (`coa_agents::Tools`: the same
+//! tools and observation rendering the teacher used), and the environment appends the block the
+//! training text has after a tool call: `"\n<observation>…</observation>"` (the step separator and
+//! the observation rendered by `coa_format::render`). The block is encoded on its own and appended
+//! as tokens (token-in/token-out: the history is never decoded and re-tokenized), with loss mask 0
+//! and log-prob 0; its ids equal those of the training text because every CoA tag is a special
+//! token (segments split there). The separator `"\n"` is a target in the SFT data; here the
+//! environment writes it (mask 0), so the policy is never trained on text it did not sample.
+//!
+//! **Budget and turns.** `--max-response-tokens` counts every response token, observations
+//! included; an observation that does not fit is cut at the budget and the sample ends with
+//! `budget`. A turn is one stretch of generated tokens; a tool call that ends turn
+//! `--max-turns` is not executed and the sample ends with `max_turns`. `--max-observation-tokens`
+//! keeps the first N tokens of an observation's body (the tags and separator are not counted).
+//!
+//! **Log-probs** (`logprobs` column): the log-probability of the sampled token under the
+//! distribution it was sampled from before top-p truncation, softmax(logits / T), as verl's
+//! trainer recomputes it (logits divided by the rollout temperature); at the default T = 1 this is
+//! the model's own distribution. With T = 0 (greedy) the model's distribution at T = 1.
+//!
+//! **Determinism.** Each sample has its own random stream, keyed by (seed, task_id, sample index);
+//! the decoder's results do not depend on the thread count or on which samples share a batch, so
+//! the output is the same for any `--threads` and `--batch`.
+//!
+//! **Oversampling.** With `--oversample --groups N`, each finished group (in task order) is judged
+//! with `coa_score::judge` against its task's gold (reward as coa-score computes it, with
+//! Lmax = `--max-response-tokens`, Lcache = `--overlong-cache` (default Lmax / 8) and the default
+//! format penalty); a group is
+//! informative when its rewards are not all equal. Tasks are taken in order until N informative
+//! groups exist; every group up to and including the N-th informative one is written (dropping
+//! the uninformative ones is `coa-filter --dynamic-sampling`'s job).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use coa_agents::{Action, ToolConfig, Tools};
+use coa_format::{build_prompt, code_source, render, Step, Tag};
+use coa_model::{KvCache, Model};
+use coa_rewards::RewardConfig;
+use coa_schemas::rows::{self, CorpusPage, Rollout, Task};
+use coa_schemas::stage::{IoArgs, Stage};
+use coa_schemas::tables::{CORPUS, ROLLOUTS, TASKS};
+use coa_tokenize::{encode_row, SpecialChoice, Vocab};
+use coa_tools::{Corpus, SandboxLimits};
+
+/// What joins a tool call and its observation block in the rendered CoA text (`coa_format::render`
+/// separates blocks with one newline; a test holds the two together).
+pub const OBSERVATION_PREFIX: &str = "\n";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    /// CPU (the only device implemented for decoding so far).
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) | Err(_) => Err(format!("`{s}`: expected a whole number of at least 1")),
+        Ok(n) => Ok(n),
+    }
+}
+
+fn temperature(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("`{s}`: expected a temperature >= 0 (0 = greedy)")),
+    }
+}
+
+fn top_p(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("`{s}`: expected a probability in (0, 1]")),
+    }
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("`{s}`: expected a positive number of seconds")),
+    }
+}
+
+#[derive(clap::Args)]
+#[command(after_help = "Examples:\n  coa-generate policy --checkpoint ckpt -i tasks.parquet --corpus corpus.parquet --n 8 -o rollouts.parquet\n  \
+coa-generate policy --checkpoint ckpt -i tasks.parquet --corpus corpus.parquet --n 8 --oversample --groups 32 | coa-score --tasks tasks.parquet")]
+pub struct PolicyArgs {
+    /// Checkpoint directory: config.json + model.safetensors + tokenizer.json (as coa-train-step saves it).
+    #[arg(long, value_name = "DIR")]
+    checkpoint: PathBuf,
+    /// The offline web (written by `coa-generate tasks --corpus-out`); needed when the tasks
+    /// include multihop or other web tasks.
+    #[arg(long, value_name = "FILE")]
+    corpus: Option<PathBuf>,
+    /// Samples per task (the group size G).
+    #[arg(long, value_parser = positive, default_value = "8", value_name = "G")]
+    n: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, value_parser = temperature, default_value = "1.0", value_name = "T")]
+    temperature: f32,
+    /// Nucleus sampling: sample among the most likely tokens whose probabilities sum to P.
+    #[arg(long, value_parser = top_p, default_value = "1.0", value_name = "P")]
+    top_p: f32,
+    /// Seed: the same seed gives byte-identical output (whatever --threads and --batch).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Response budget in tokens, counting every turn, observations included.
+    #[arg(long, value_parser = positive, default_value = "1024", value_name = "N")]
+    max_response_tokens: usize,
+    /// Generation turns per sample (a turn ends at a tool call).
+    #[arg(long, value_parser = positive, default_value = "16", value_name = "N")]
+    max_turns: usize,
+    /// Keep only the first N tokens of each observation's body (tags not counted).
+    #[arg(long, value_parser = positive, value_name = "N")]
+    max_observation_tokens: Option<usize>,
+    /// Sequences decoded together (KV-cache slots).
+    #[arg(long, value_parser = positive, default_value = "16", value_name = "N")]
+    batch: usize,
+    /// Decoding device: auto (= cpu for now), cpu, cuda.
+    #[arg(long, value_enum, default_value = "auto")]
+    device: Device,
+    /// Keep taking tasks until --groups informative groups (rewards not all equal) exist.
+    #[arg(long, requires = "groups")]
+    oversample: bool,
+    /// With --oversample: informative groups wanted.
+    #[arg(long, value_parser = positive, value_name = "N", requires = "oversample")]
+    groups: Option<usize>,
+    /// With --oversample: Lcache of the overlong shaping the groups are judged with (default:
+    /// an eighth of --max-response-tokens, as coa-score's 512 of 4096); Lmax is
+    /// --max-response-tokens. Match coa-score's --max-response-len / --overlong-cache.
+    #[arg(long, value_name = "N", requires = "oversample")]
+    overlong_cache: Option<usize>,
+    /// The `model` column (default: the checkpoint directory's name).
+    #[arg(long, value_name = "NAME")]
+    model_name: Option<String>,
+    /// Token(s) before the prompt, as given to coa-tokenize: auto, none or a token.
+    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
+    bos: SpecialChoice,
+    /// The EOS token, as given to coa-tokenize: auto, none or a token.
+    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
+    eos: SpecialChoice,
+    /// Hits per web_search.
+    #[arg(long, value_parser = positive, default_value = "5", value_name = "K")]
+    search_k: usize,
+    /// Characters kept per crawled page.
+    #[arg(long, value_parser = positive, default_value = "4000", value_name = "N")]
+    crawl_chars: usize,
+    /// Wall-clock limit of one code run (and of the unit tests that judge code answers).
+    #[arg(long, value_parser = seconds, default_value = "10", value_name = "SECS")]
+    code_timeout: f64,
+    /// Worker threads (default: all cores).
+    #[arg(long, value_parser = positive, value_name = "N")]
+    threads: Option<usize>,
+    #[command(flatten)]
+    pub io: IoArgs,
+}
+
+// ---------------------------------------------------------------------------------------------
+// the policy and the environment
+
+/// A language model that appends tokens to sequences held in slots and returns next-token logits.
+pub trait Policy {
+    fn vocab_size(&self) -> usize;
+    fn n_slots(&self) -> usize;
+    /// Empties a slot for a new sequence.
+    fn reset(&mut self, slot: usize);
+    /// Appends `ids` to each slot of `items` (distinct slots) and returns the logits
+    /// `[items, vocab]` of the last new position of each.
+    fn extend(&mut self, items: &[(usize, &[u32])]) -> Result<Vec<f32>>;
+}
+
+/// The real model on CPU with a KV cache.
+pub struct ModelPolicy<'a> {
+    pub model: &'a Model,
+    pub cache: KvCache,
+}
+
+impl<'a> ModelPolicy<'a> {
+    pub fn new(model: &'a Model, slots: usize, max_len: usize) -> Result<Self> {
+        Ok(ModelPolicy { model, cache: KvCache::new(&model.config, slots, max_len)? })
+    }
+}
+
+impl Policy for ModelPolicy<'_> {
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+    fn n_slots(&self) -> usize {
+        self.cache.n_slots()
+    }
+    fn reset(&mut self, slot: usize) {
+        self.cache.reset(slot);
+    }
+    fn extend(&mut self, items: &[(usize, &[u32])]) -> Result<Vec<f32>> {
+        self.model.extend(&mut self.cache, items)
+    }
+}
+
+/// Runs a tool call and returns its observation text (the body of `<observation>`).
+pub trait Environment: Sync {
+    fn observe(&self, tool: Tag, input: &str) -> Result<String>;
+}
+
+/// The teacher's tools (`coa_agents::Tools`).
+pub struct ToolEnv<'a> {
+    pub tools: Tools<'a>,
+}
+
+impl Environment for ToolEnv<'_> {
+    fn observe(&self, tool: Tag, input: &str) -> Result<String> {
+        let action = match tool {
+            Tag::WebSearch | Tag::WikiSearch => Action::WebSearch,
+            Tag::CrawlPage => Action::CrawlPage,
+            Tag::Code => Action::Code,
+            other => bail!("{} is not a tool", other.open()),
+        };
+        if action != Action::Code && self.tools.corpus.is_none() {
+            // A web tool called on a task without a corpus (a math or code task): the model
+            // learns from the answer, the run goes on.
+            return Ok(format!("[ERROR] {} is not available for this task.", tool.name()));
+        }
+        Ok(self.tools.run(action, input)?.observation)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tokens
+
+/// The ids the loop watches for, and the vocabulary to encode observations and decode turns.
+pub struct Codec<'a> {
+    pub vocab: &'a Vocab,
+    eos: Option<u32>,
+    answer_close: u32,
+    /// (opening id, closing id, tag) of every tool.
+    tools: Vec<(u32, u32, Tag)>,
+    obs_head: Vec<u32>,
+    obs_tail: Vec<u32>,
+}
+
+impl<'a> Codec<'a> {
+    pub fn new(vocab: &'a Vocab) -> Result<Self> {
+        let id = |s: &str| -> Result<u32> {
+            vocab.tokenizer.token_to_id(s).ok_or_else(|| anyhow!("{}: the CoA tag {s} is not in the vocabulary", vocab.source))
+        };
+        let tools = [Tag::WebSearch, Tag::WikiSearch, Tag::CrawlPage, Tag::Code]
+            .into_iter()
+            .map(|t| Ok((id(t.open())?, id(t.close())?, t)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut obs_head = Vec::new();
+        vocab.encode_into(&format!("{OBSERVATION_PREFIX}{}", Tag::Observation.open()), &mut obs_head)?;
+        let mut obs_tail = Vec::new();
+        vocab.encode_into(Tag::Observation.close(), &mut obs_tail)?;
+        Ok(Codec { vocab, eos: vocab.eos, answer_close: id(Tag::Answer.close())?, tools, obs_head, obs_tail })
+    }
+
+    /// The prompt ids of a task: the conditioning prefix of the training layout.
+    pub fn prompt_ids(&self, suite: &str, question: &str) -> Result<Vec<u32>> {
+        let prompt = build_prompt(suite, question);
+        let enc = encode_row(self.vocab, &prompt, "", &[], &[]).map_err(|e| anyhow!("{e}"))?;
+        Ok(enc.ids[..enc.prompt_len as usize].to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.vocab.tokenizer.decode(ids, false).map_err(|e| anyhow!("decoding tokens: {e}"))
+    }
+
+    /// The ids of the observation block for `body` (prefix, tags, body cut to `max_body` tokens).
+    fn observation_ids(&self, body: &str, max_body: Option<usize>) -> Result<Vec<u32>> {
+        // Text a tool returns may hold `</observation>`, which would end the block early and
+        // could not be rendered; it is removed.
+        let body = body.replace(Tag::Observation.close(), "");
+        // The block as training renders it (a check: an error here is a bug, not bad input).
+        let block = render(&[Step::new(Tag::Observation, &body)]).map_err(|e| anyhow!("rendering an observation: {e}"))?;
+        debug_assert!(block.text.starts_with(Tag::Observation.open()));
+        let mut body_ids = Vec::new();
+        self.vocab.encode_into(&body, &mut body_ids)?;
+        if let Some(n) = max_body {
+            body_ids.truncate(n);
+        }
+        let mut ids = self.obs_head.clone();
+        ids.extend(body_ids);
+        ids.extend_from_slice(&self.obs_tail);
+        Ok(ids)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// sampling
+
+/// SplitMix64: a small, portable, seedable generator.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn fnv1a(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    h
+}
+
+/// The random stream of one sample.
+pub fn sample_seed(seed: u64, task_id: &str, sample_idx: usize) -> u64 {
+    let mut r = Rng::new(seed ^ fnv1a(task_id).rotate_left(21) ^ (sample_idx as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+    r.next_u64()
+}
+
+/// Samples one token from `logits` and returns it with its log-prob under softmax(logits / T)
+/// (T = 0: greedy, log-prob at T = 1). Top-p keeps the most likely tokens (ties by id) whose
+/// probabilities reach `top_p`.
+pub fn sample_token(logits: &[f32], temperature: f32, top_p: f32, rng: &mut Rng) -> Result<(u32, f32)> {
+    if let Some(i) = logits.iter().position(|x| !x.is_finite()) {
+        bail!("the model produced a non-finite logit ({}) for token {i}", logits[i]);
+    }
+    let t = if temperature > 0.0 { temperature as f64 } else { 1.0 };
+    let mx = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let w: Vec<f64> = logits.iter().map(|&z| ((z as f64 - mx) / t).exp()).collect();
+    let sum: f64 = w.iter().sum();
+    let logp = |i: usize| ((logits[i] as f64 - mx) / t - sum.ln()) as f32;
+    if temperature == 0.0 {
+        let best = logits.iter().enumerate().fold(0, |b, (i, &z)| if z > logits[b] { i } else { b });
+        return Ok((best as u32, logp(best)));
+    }
+    let pick = |order: &mut dyn Iterator<Item = usize>, total: f64, rng: &mut Rng| -> Option<usize> {
+        let u = rng.next_f64() * total;
+        let mut acc = 0.0;
+        let mut last = None;
+        for i in order {
+            acc += w[i];
+            last = Some(i);
+            if acc > u {
+                return Some(i);
+            }
+        }
+        last
+    };
+    let tok = if top_p >= 1.0 {
+        pick(&mut (0..w.len()), sum, rng)
+    } else {
+        let mut idx: Vec<usize> = (0..w.len()).collect();
+        idx.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(a.cmp(&b)));
+        let target = top_p as f64 * sum;
+        let mut acc = 0.0;
+        let mut keep = 0;
+        for &i in &idx {
+            acc += w[i];
+            keep += 1;
+            if acc >= target {
+                break;
+            }
+        }
+        pick(&mut idx[..keep].iter().copied(), acc, rng)
+    };
+    let tok = tok.ok_or_else(|| anyhow!("empty vocabulary"))?;
+    Ok((tok as u32, logp(tok)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// the loop
+
+/// Sampling settings.
+#[derive(Debug, Clone)]
+pub struct SampleConfig {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub max_response_tokens: usize,
+    pub max_turns: usize,
+    pub max_observation_tokens: Option<usize>,
+}
+
+/// One sample to generate.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The caller's key (returned with the sample).
+    pub key: usize,
+    pub prompt_ids: Vec<u32>,
+    pub seed: u64,
+}
+
+/// A finished sample.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sample {
+    pub prompt_ids: Vec<u32>,
+    pub response_ids: Vec<u32>,
+    pub loss_mask: Vec<u8>,
+    pub logprobs: Vec<f32>,
+    pub response_text: String,
+    pub turns: u32,
+    pub tool_calls: u32,
+    pub finish_reason: &'static str,
+}
+
+struct Active {
+    key: usize,
+    rng: Rng,
+    s: Sample,
+    /// Tokens to feed at the next forward.
+    pending: Vec<u32>,
+    /// Where the current turn starts in `response_ids`.
+    turn_start: usize,
+}
+
+/// Counters of a generation run.
+#[derive(Debug, Clone, Default)]
+pub struct GenStats {
+    pub forwards: u64,
+    /// Tokens fed to the model (prompts, sampled tokens, observations).
+    pub tokens_fed: u64,
+    pub tokens_sampled: u64,
+    pub tool_calls: u64,
+    pub decode_secs: f64,
+    pub tool_secs: f64,
+}
+
+/// Generates every job, `policy.n_slots()` at a time, calling `done(key, sample)` as each
+/// finishes; `done` returning `false` stops the run (samples in flight are dropped).
+pub fn generate(
+    policy: &mut dyn Policy,
+    env: &dyn Environment,
+    codec: &Codec,
+    cfg: &SampleConfig,
+    jobs: impl IntoIterator<Item = Job>,
+    done: &mut dyn FnMut(usize, Sample) -> Result<bool>,
+) -> Result<GenStats> {
+    let mut jobs = jobs.into_iter();
+    let mut slots: Vec<Option<Active>> = (0..policy.n_slots()).map(|_| None).collect();
+    let mut stats = GenStats::default();
+    let mut exhausted = false;
+    loop {
+        // Fill free slots.
+        if !exhausted {
+            for (slot, a) in slots.iter_mut().enumerate() {
+                if a.is_some() {
+                    continue;
+                }
+                match jobs.next() {
+                    Some(job) => {
+                        if job.prompt_ids.is_empty() {
+                            bail!("job {}: empty prompt", job.key);
+                        }
+                        policy.reset(slot);
+                        *a = Some(Active {
+                            key: job.key,
+                            rng: Rng::new(job.seed),
+                            pending: job.prompt_ids.clone(),
+                            s: Sample { prompt_ids: job.prompt_ids, turns: 1, ..Sample::default() },
+                            turn_start: 0,
+                        });
+                    }
+                    None => {
+                        exhausted = true;
+                        break;
+                    }
+                }
+            }
+        }
+        let active: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].is_some()).collect();
+        if active.is_empty() {
+            return Ok(stats);
+        }
+        // One batched forward.
+        let t0 = Instant::now();
+        let logits = {
+            let items: Vec<(usize, &[u32])> =
+                active.iter().map(|&i| (i, slots[i].as_ref().expect("active").pending.as_slice())).collect();
+            stats.tokens_fed += items.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
+            policy.extend(&items)?
+        };
+        stats.forwards += 1;
+        stats.decode_secs += t0.elapsed().as_secs_f64();
+        let v = policy.vocab_size();
+        if logits.len() != active.len() * v {
+            bail!("the policy returned {} logits for {} sequences of a {v}-token vocabulary", logits.len(), active.len());
+        }
+        // Sample; collect tool calls.
+        let mut calls: Vec<(usize, Tag, String)> = Vec::new();
+        let mut finished: Vec<usize> = Vec::new();
+        for (row, &slot) in active.iter().enumerate() {
+            let a = slots[slot].as_mut().expect("active");
+            let (tok, lp) = sample_token(&logits[row * v..(row + 1) * v], cfg.temperature, cfg.top_p, &mut a.rng)?;
+            stats.tokens_sampled += 1;
+            a.s.response_ids.push(tok);
+            a.s.loss_mask.push(1);
+            a.s.logprobs.push(lp);
+            a.pending.clear();
+            a.pending.push(tok);
+            let tool = codec.tools.iter().find(|t| t.1 == tok).copied();
+            if Some(tok) == codec.eos {
+                a.s.finish_reason = "eos";
+            } else if tok == codec.answer_close {
+                a.s.finish_reason = "answer";
+            } else if let Some((open, _, tag)) = tool {
+                if a.s.turns as usize >= cfg.max_turns {
+                    a.s.finish_reason = "max_turns";
+                } else if a.s.response_ids.len() >= cfg.max_response_tokens {
+                    a.s.finish_reason = "budget";
+                } else {
+                    // This turn's tokens only: after the last opening tag of this tool.
+                    let turn = &a.s.response_ids[a.turn_start..a.s.response_ids.len() - 1];
+                    let from = turn.iter().rposition(|&t| t == open).map_or(0, |p| p + 1);
+                    let content = codec.decode(&turn[from..])?;
+                    let input = if tag == Tag::Code { code_source(&content).to_string() } else { content.trim().to_string() };
+                    calls.push((slot, tag, input));
+                    continue;
+                }
+            } else if a.s.response_ids.len() >= cfg.max_response_tokens {
+                a.s.finish_reason = "budget";
+            } else {
+                continue;
+            }
+            finished.push(slot);
+        }
+        // Run this step's tool calls concurrently (code runs wait on a subprocess).
+        if !calls.is_empty() {
+            let t0 = Instant::now();
+            let outs: Vec<Result<String>> = std::thread::scope(|sc| {
+                let handles: Vec<_> = calls.iter().map(|(_, tag, input)| sc.spawn(move || env.observe(*tag, input))).collect();
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a tool call panicked")))).collect()
+            });
+            stats.tool_secs += t0.elapsed().as_secs_f64();
+            for ((slot, tag, _), out) in calls.iter().zip(outs) {
+                let obs = out.with_context(|| format!("running {}", tag.name()))?;
+                let a = slots[*slot].as_mut().expect("active");
+                let mut ids = codec.observation_ids(&obs, cfg.max_observation_tokens)?;
+                let room = cfg.max_response_tokens - a.s.response_ids.len();
+                let cut = ids.len() > room;
+                ids.truncate(room);
+                a.s.response_ids.extend_from_slice(&ids);
+                a.s.loss_mask.resize(a.s.response_ids.len(), 0);
+                a.s.logprobs.resize(a.s.response_ids.len(), 0.0);
+                a.s.tool_calls += 1;
+                stats.tool_calls += 1;
+                if cut || a.s.response_ids.len() >= cfg.max_response_tokens {
+                    a.s.finish_reason = "budget";
+                    finished.push(*slot);
+                } else {
+                    a.pending.extend_from_slice(&ids);
+                    a.s.turns += 1;
+                    a.turn_start = a.s.response_ids.len();
+                }
+            }
+        }
+        finished.sort_unstable();
+        for slot in finished {
+            let mut a = slots[slot].take().expect("active");
+            a.s.response_text = codec.decode(&a.s.response_ids)?;
+            if !done(a.key, a.s)? {
+                return Ok(stats);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the stage
+
+/// The checkpoint's model and vocabulary, checked against each other.
+pub fn load_checkpoint(dir: &Path, bos: &SpecialChoice, eos: &SpecialChoice) -> Result<(Model, Vocab)> {
+    if !dir.is_dir() {
+        bail!("--checkpoint {}: not a directory (expected config.json, model.safetensors and tokenizer.json as coa-train-step saves them)", dir.display());
+    }
+    for f in ["config.json", "tokenizer.json"] {
+        if !dir.join(f).is_file() {
+            bail!("--checkpoint {}: {f} is missing (coa-train-step writes it when given --tokenizer)", dir.display());
+        }
+    }
+    let vocab = Vocab::load(&dir.join("tokenizer.json"), bos, eos).with_context(|| format!("--checkpoint {}", dir.display()))?;
+    let model = Model::load(dir).with_context(|| format!("--checkpoint {}", dir.display()))?;
+    if vocab.size() > model.config.vocab_size {
+        bail!(
+            "--checkpoint {}: tokenizer.json has {} tokens but the model's vocab_size is {}",
+            dir.display(),
+            vocab.size(),
+            model.config.vocab_size
+        );
+    }
+    Ok((model, vocab))
+}
+
+fn read_corpus(stage: &mut Stage, path: &Path) -> Result<Corpus> {
+    let reader = stage.open(Some(path), &CORPUS)?;
+    let mut pages: Vec<CorpusPage> = Vec::new();
+    for batch in reader {
+        pages.extend(rows::from_batch::<CorpusPage>(&batch?).with_context(|| format!("{}: reading corpus pages", path.display()))?);
+    }
+    Corpus::new(pages).with_context(|| format!("--corpus {}", path.display()))
+}
+
+pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
+    match args.device {
+        Device::Cuda => bail!("--device cuda: not implemented yet on CUDA for policy decoding; use --device cpu"),
+        Device::Auto | Device::Cpu => {}
+    }
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow!("--threads: {e}"))?;
+    }
+    stage.set_seed(args.seed);
+    let (model, vocab) = load_checkpoint(&args.checkpoint, &args.bos, &args.eos)?;
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        let p = args.checkpoint.join(f);
+        if p.exists() {
+            stage.add_input_file(&p);
+        }
+    }
+    let codec = Codec::new(&vocab)?;
+    let model_name = match &args.model_name {
+        Some(n) => n.clone(),
+        None => std::fs::canonicalize(&args.checkpoint)
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| args.checkpoint.display().to_string()),
+    };
+
+    let reader = stage.open(args.io.input.as_deref(), &TASKS)?;
+    let source = reader.source().to_string();
+    let mut tasks: Vec<Task> = Vec::new();
+    for batch in reader {
+        tasks.extend(rows::from_batch::<Task>(&batch?).with_context(|| format!("{source}: reading tasks"))?);
+    }
+    stage.add_rows_in(tasks.len() as u64);
+    let mut seen = HashMap::new();
+    for (row, t) in tasks.iter().enumerate() {
+        if let Some(first) = seen.insert(t.task_id.as_str(), row) {
+            bail!("{source}: task_id `{}` appears in rows {first} and {row}; a group is keyed by task_id", t.task_id);
+        }
+    }
+
+    let web: Vec<&Task> = tasks.iter().filter(|t| !matches!(t.suite.as_str(), "math" | "code")).collect();
+    let corpus = match &args.corpus {
+        Some(path) => Some(read_corpus(stage, path)?),
+        None if !web.is_empty() => bail!(
+            "--corpus FILE is required: {} task(s) search the web (suite {}, first: task {}); pass the corpus written by `coa-generate tasks --corpus-out`",
+            web.len(),
+            web[0].suite,
+            web[0].task_id
+        ),
+        None => None,
+    };
+    let limits = SandboxLimits {
+        wall: Duration::from_secs_f64(args.code_timeout),
+        cpu_secs: args.code_timeout.ceil() as u64,
+        ..SandboxLimits::default()
+    };
+    let tool_config = ToolConfig { search_k: args.search_k, crawl_chars: args.crawl_chars, limits };
+    let env = ToolEnv { tools: Tools { corpus: corpus.as_ref(), config: &tool_config } };
+
+    let prompts: Vec<Vec<u32>> = tasks
+        .iter()
+        .map(|t| codec.prompt_ids(&t.suite, &t.question).with_context(|| format!("task {}: encoding the prompt", t.task_id)))
+        .collect::<Result<_>>()?;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let slots = args.batch.min(tasks.len() * args.n).max(1);
+    let mut policy = ModelPolicy::new(&model, slots, longest + args.max_response_tokens)?;
+    let cfg = SampleConfig {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        max_response_tokens: args.max_response_tokens,
+        max_turns: args.max_turns,
+        max_observation_tokens: args.max_observation_tokens,
+    };
+    let g = args.n;
+    let jobs = tasks.iter().enumerate().flat_map(|(ti, t)| {
+        let p = &prompts[ti];
+        (0..g).map(move |k| Job { key: ti * g + k, prompt_ids: p.clone(), seed: sample_seed(args.seed, &t.task_id, k) })
+    });
+
+    let reward_config = RewardConfig {
+        max_len: args.max_response_tokens,
+        cache_len: args.overlong_cache.unwrap_or(args.max_response_tokens / 8),
+        ..RewardConfig::default()
+    };
+    if reward_config.cache_len > reward_config.max_len {
+        bail!("--overlong-cache {} is larger than --max-response-tokens {}", reward_config.cache_len, reward_config.max_len);
+    }
+    let mut writer = stage.create(args.io.output.as_deref(), args.io.format, &ROLLOUTS.schema())?;
+    let bar = stage.progress(Some((tasks.len() * g) as u64), "sampling the policy");
+    // Finished samples wait here until their whole group and every earlier group are done; groups
+    // are then written (and judged, with --oversample) in task order.
+    let mut waiting: HashMap<usize, Rollout> = HashMap::new();
+    let mut next_task = 0usize;
+    let (mut groups_written, mut informative, mut written) = (0u64, 0u64, 0u64);
+    let want = if args.oversample { args.groups } else { None };
+    let started = Instant::now();
+    let mut done = |key: usize, s: Sample| -> Result<bool> {
+        let (ti, k) = (key / g, key % g);
+        let t = &tasks[ti];
+        waiting.insert(
+            key,
+            Rollout {
+                task_id: t.task_id.clone(),
+                suite: t.suite.clone(),
+                sample_idx: k as i32,
+                model: model_name.clone(),
+                prompt_ids: s.prompt_ids.iter().map(|&x| x as i32).collect(),
+                response_ids: s.response_ids.iter().map(|&x| x as i32).collect(),
+                loss_mask: s.loss_mask,
+                logprobs: s.logprobs,
+                response_text: s.response_text,
+                turns: s.turns as i32,
+                tool_calls: s.tool_calls as i32,
+                finish_reason: s.finish_reason.to_string(),
+            },
+        );
+        bar.inc(1);
+        while next_task < tasks.len() && (0..g).all(|k| waiting.contains_key(&(next_task * g + k))) {
+            let group: Vec<Rollout> = (0..g).map(|k| waiting.remove(&(next_task * g + k)).expect("checked")).collect();
+            let task = &tasks[next_task];
+            next_task += 1;
+            if want.is_some() {
+                let rewards = std::thread::scope(|sc| {
+                    let hs: Vec<_> = group.iter().map(|r| sc.spawn(|| coa_score::judge(task, r, &reward_config, &limits))).collect();
+                    hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("judging panicked")))).collect::<Result<Vec<_>>>()
+                })
+                .with_context(|| format!("judging the group of task {}", task.task_id))?;
+                if rewards.iter().any(|v| v.reward != rewards[0].reward) {
+                    informative += 1;
+                }
+            }
+            writer.write(&rows::to_batch(&group)?)?;
+            written += group.len() as u64;
+            groups_written += 1;
+            if want.is_some_and(|n| informative >= n as u64) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    };
+    let gen = generate(&mut policy, &env, &codec, &cfg, jobs, &mut done)?;
+    bar.finish_and_clear();
+    let secs = started.elapsed().as_secs_f64();
+    let n = writer.finish()?;
+    debug_assert_eq!(n, written);
+    stage.add_rows_out(n);
+    stage.note("model", model_name.as_str());
+    stage.note("device", "cpu");
+    stage.note("groups", groups_written);
+    if let Some(want) = want {
+        stage.note("informative_groups", informative);
+        if informative < want as u64 {
+            eprintln!(
+                "coa-generate policy: warning: --groups {want}: only {informative} informative group(s) among all {} tasks",
+                tasks.len()
+            );
+        }
+    }
+    stage.note("tokens_sampled", gen.tokens_sampled);
+    stage.note("tokens_fed", gen.tokens_fed);
+    stage.note("tool_calls", gen.tool_calls);
+    stage.note("forwards", gen.forwards);
+    stage.note("decode_secs", (gen.decode_secs * 1000.0).round() / 1000.0);
+    stage.note("tool_secs", (gen.tool_secs * 1000.0).round() / 1000.0);
+    stage.note("sampled_tokens_per_s", if secs > 0.0 { (gen.tokens_sampled as f64 / secs).round() } else { 0.0 });
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "policy_tests.rs"]
+mod tests;

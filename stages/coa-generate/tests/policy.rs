@@ -1,0 +1,178 @@
+//! `coa-generate policy` end to end: the real binary on a tiny random checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use coa_model::{Model, ModelConfig, SaveDtype};
+use coa_schemas::io::{self, Provenance};
+use coa_schemas::rows::{self, Rollout, Row, Task};
+use coa_schemas::tables::{CORPUS, ROLLOUTS};
+use coa_tasks::{Split, Suite};
+use coa_tokenize::Vocab;
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_coa-generate")).args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A checkpoint as coa-train-step saves it: a tiny random model and a BPE trained on the prompts.
+fn checkpoint(dir: &Path, tasks: &[Task]) -> PathBuf {
+    let ckpt = dir.join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let texts: Vec<String> = tasks.iter().map(|t| coa_format::build_prompt(&t.suite, &t.question)).collect();
+    let vocab = Vocab::train(texts.iter().map(String::as_str), 600, 2).unwrap();
+    vocab.save(&ckpt.join("tokenizer.json")).unwrap();
+    let mut c = ModelConfig::preset("tiny", vocab.size()).unwrap();
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    let mut m = Model::init(c, 1).unwrap();
+    m.params.scale(4.0);
+    m.save(&ckpt, SaveDtype::F32).unwrap();
+    ckpt
+}
+
+fn write_tasks(path: &Path, tasks: &[Task]) {
+    let prov = Provenance { stage: "test".into(), ..Default::default() };
+    io::write_all(Some(path), None, &Task::table().schema(), &[rows::to_batch(tasks).unwrap()], &prov).unwrap();
+}
+
+fn read_rollouts(path: &Path) -> Vec<Rollout> {
+    let (_, batches) = io::read_all(Some(path), &ROLLOUTS).unwrap();
+    batches.iter().flat_map(|b| rows::from_batch::<Rollout>(b).unwrap()).collect()
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+    ckpt: PathBuf,
+    math: PathBuf,
+    web: PathBuf,
+    corpus: PathBuf,
+    n_math: usize,
+}
+
+fn setup() -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let math = coa_tasks::generate(Suite::Math, 3, 1, Split::Train).unwrap().tasks;
+    let web = coa_tasks::generate(Suite::Multihop, 2, 1, Split::Train).unwrap();
+    let mut all = math.clone();
+    all.extend(web.tasks.iter().cloned());
+    let ckpt = checkpoint(&dir, &all);
+    let (m, w, c) = (dir.join("math.parquet"), dir.join("web.parquet"), dir.join("corpus.parquet"));
+    write_tasks(&m, &math);
+    write_tasks(&w, &web.tasks);
+    let prov = Provenance { stage: "test".into(), ..Default::default() };
+    io::write_all(Some(&c), None, &CORPUS.schema(), &[rows::to_batch(&web.corpus).unwrap()], &prov).unwrap();
+    Setup { _dir: tmp, dir, ckpt, math: m, web: w, corpus: c, n_math: math.len() }
+}
+
+#[test]
+fn samples_g_rollouts_per_task_deterministically() {
+    let s = setup();
+    let out = |name: &str| s.dir.join(name);
+    let args = |o: &Path, batch: &str, threads: &str| {
+        run(&[
+            "policy", "--checkpoint", s.ckpt.to_str().unwrap(), "-i", s.math.to_str().unwrap(), "--n", "3",
+            "--max-response-tokens", "48", "--max-turns", "3", "--max-observation-tokens", "16", "--seed", "5",
+            "--batch", batch, "--threads", threads, "-o", o.to_str().unwrap(),
+        ])
+    };
+    let o = args(&out("a.parquet"), "4", "1");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary: serde_json::Value = serde_json::from_str(stderr(&o).lines().last().unwrap()).unwrap();
+    assert!(summary["sampled_tokens_per_s"].as_f64().unwrap() > 0.0, "{summary}");
+    let a = read_rollouts(&out("a.parquet"));
+    assert_eq!(a.len(), s.n_math * 3);
+    for (i, r) in a.iter().enumerate() {
+        assert_eq!(r.sample_idx as usize, i % 3);
+        assert_eq!(r.model, "ckpt");
+        assert!(!r.prompt_ids.is_empty() && !r.response_ids.is_empty() && r.response_ids.len() <= 48);
+        assert_eq!((r.loss_mask.len(), r.logprobs.len()), (r.response_ids.len(), r.response_ids.len()));
+        assert!(["answer", "budget", "max_turns", "eos"].contains(&r.finish_reason.as_str()), "{}", r.finish_reason);
+        assert!((1..=3).contains(&r.turns) && (r.tool_calls == r.turns - 1 || r.tool_calls == r.turns), "{} {}", r.turns, r.tool_calls);
+        for (m, lp) in r.loss_mask.iter().zip(&r.logprobs) {
+            assert!(if *m == 0 { *lp == 0.0 } else { *lp <= 0.0 });
+        }
+    }
+    // the same seed gives the same rows whatever the batch and thread count
+    let o = args(&out("b.parquet"), "7", "2");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(a, read_rollouts(&out("b.parquet")));
+}
+
+#[test]
+fn web_tasks_need_the_corpus_and_run_with_it() {
+    let s = setup();
+    let o = run(&["policy", "--checkpoint", s.ckpt.to_str().unwrap(), "-i", s.web.to_str().unwrap(), "--n", "2", "--max-response-tokens", "16"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--corpus FILE is required"), "{}", stderr(&o));
+    let out = s.dir.join("web_rollouts.arrow");
+    let o = run(&[
+        "policy", "--checkpoint", s.ckpt.to_str().unwrap(), "-i", s.web.to_str().unwrap(), "--corpus", s.corpus.to_str().unwrap(),
+        "--n", "2", "--max-response-tokens", "16", "--model-name", "sft", "-o", out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = read_rollouts(&out);
+    assert_eq!(r.len(), 4);
+    assert!(r.iter().all(|r| r.model == "sft" && r.suite == "multihop"));
+}
+
+#[test]
+fn oversampling_stops_at_the_wanted_informative_groups() {
+    let s = setup();
+    let ck = s.ckpt.to_str().unwrap();
+    let math = s.math.to_str().unwrap();
+    let out = s.dir.join("over.parquet");
+    // Greedy samples of a group are identical, so are their rewards: no group is informative,
+    // every task is used and a warning says so.
+    let o = run(&[
+        "policy", "--checkpoint", ck, "-i", math, "--n", "2", "--temperature", "0",
+        "--max-response-tokens", "16", "--oversample", "--groups", "1", "-o", out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("only 0 informative group(s)"), "{}", stderr(&o));
+    assert_eq!(read_rollouts(&out).len(), s.n_math * 2);
+    // Sampled: the lengths (hence the overlong term) differ within a group; the run stops at the
+    // first informative group and writes every group up to it.
+    let o = run(&[
+        "policy", "--checkpoint", ck, "-i", math, "--n", "3", "--max-response-tokens", "16",
+        "--oversample", "--groups", "1", "--overlong-cache", "8", "-o", out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary: serde_json::Value = serde_json::from_str(stderr(&o).lines().last().unwrap()).unwrap();
+    assert_eq!(summary["informative_groups"], 1, "{summary}");
+    let groups = summary["groups"].as_u64().unwrap() as usize;
+    assert!(groups >= 1 && groups <= s.n_math);
+    let rows = read_rollouts(&out);
+    assert_eq!(rows.len(), groups * 3);
+    let last: Vec<usize> = rows[rows.len() - 3..].iter().map(|r| r.response_ids.len()).collect();
+    assert!(last.iter().any(|&l| l != last[0]) || groups == 1, "the last group is informative: {last:?}");
+    let o = run(&["policy", "--checkpoint", ck, "-i", math, "--oversample"]);
+    assert!(!o.status.success() && stderr(&o).contains("--groups"), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_input_is_named() {
+    let s = setup();
+    let ck = s.ckpt.to_str().unwrap();
+    let math = s.math.to_str().unwrap();
+    let o = run(&["policy", "--checkpoint", ck, "-i", math, "--device", "cuda"]);
+    assert!(!o.status.success() && stderr(&o).contains("not implemented yet on CUDA for policy decoding"), "{}", stderr(&o));
+    let o = run(&["policy", "--checkpoint", s.dir.join("nope").to_str().unwrap(), "-i", math]);
+    assert!(!o.status.success() && stderr(&o).contains("not a directory"), "{}", stderr(&o));
+    std::fs::remove_file(s.ckpt.join("tokenizer.json")).unwrap();
+    let o = run(&["policy", "--checkpoint", ck, "-i", math]);
+    assert!(!o.status.success() && stderr(&o).contains("tokenizer.json is missing"), "{}", stderr(&o));
+    let o = run(&["policy", "--checkpoint", ck, "-i", math, "--top-p", "0"]);
+    assert!(!o.status.success() && stderr(&o).contains("--top-p"), "{}", stderr(&o));
+    let out = s.dir.join("never.parquet");
+    let o = run(&["policy", "--checkpoint", ck, "-i", math, "-o", out.to_str().unwrap()]);
+    assert!(!o.status.success() && !out.exists(), "a failing run leaves no output");
+}

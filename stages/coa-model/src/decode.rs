@@ -1,0 +1,416 @@
+//! Incremental decoding with a KV cache, batched over sequences at different positions.
+//!
+//! A [`KvCache`] holds, per layer, the rotated keys and the values of up to `n_slots` sequences
+//! of up to `max_len` tokens each (`[n_slots, max_len, Hk, hd]`, allocated once; untouched pages
+//! are never committed). A *slot* is one sequence; its length grows as tokens are fed.
+//!
+//! [`Model::extend`] is the one forward: it appends any number of new tokens to any number of
+//! distinct slots in one call (a prompt prefill, a one-token decode step, an observation appended
+//! after a tool call: all the same), runs every linear layer once over all the new rows
+//! (`ops::gemm`), attention per (slot, query head, block of queries) in parallel against the
+//! slot's cached keys, and returns the logits of the last new position of each slot.
+//! [`Model::prefill`] and [`Model::decode_step`] are its two common shapes.
+//!
+//! The result equals [`Model::logits`] on the whole sequence (same ops, same softmax kernel; only
+//! the blocking of the attention sums differs): the tests hold it to 1e-5 relative. Every parallel
+//! task writes its own rows and heads, so results do not depend on the thread count.
+
+// `let p = p;` inside closures makes them capture the Send pointer wrappers whole.
+#![allow(clippy::redundant_locals)]
+
+use anyhow::{bail, Result};
+use rayon::prelude::*;
+
+use crate::config::ModelConfig;
+use crate::model::Model;
+use crate::ops;
+use crate::params::layout;
+
+/// Query rows per attention task (as in `ops::attention_forward`).
+const ATT_BLOCK: usize = 64;
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// Keys and values of up to `n_slots` sequences (see the module docs).
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    n_layers: usize,
+    n_slots: usize,
+    max_len: usize,
+    n_kv: usize,
+    hd: usize,
+    /// Per layer: rotated keys `[n_slots, max_len, Hk, hd]`.
+    k: Vec<Vec<f32>>,
+    /// Per layer: values `[n_slots, max_len, Hk, hd]`.
+    v: Vec<Vec<f32>>,
+    /// Tokens held by each slot.
+    len: Vec<usize>,
+}
+
+impl KvCache {
+    /// A cache for `n_slots` sequences of at most `max_len` tokens of a model with `config`.
+    pub fn new(config: &ModelConfig, n_slots: usize, max_len: usize) -> Result<KvCache> {
+        config.validate()?;
+        if n_slots == 0 || max_len == 0 {
+            bail!("a KV cache needs at least one slot and one position (got {n_slots} slots of {max_len} tokens)");
+        }
+        let (n_kv, hd) = (config.num_key_value_heads, config.head_dim());
+        let per_layer = n_slots
+            .checked_mul(max_len)
+            .and_then(|x| x.checked_mul(n_kv * hd))
+            .filter(|&x| x.checked_mul(2 * 4 * config.num_hidden_layers).is_some())
+            .ok_or_else(|| anyhow::anyhow!("KV cache of {n_slots} slots x {max_len} tokens is too large"))?;
+        let n_layers = config.num_hidden_layers;
+        Ok(KvCache {
+            n_layers,
+            n_slots,
+            max_len,
+            n_kv,
+            hd,
+            k: (0..n_layers).map(|_| vec![0f32; per_layer]).collect(),
+            v: (0..n_layers).map(|_| vec![0f32; per_layer]).collect(),
+            len: vec![0; n_slots],
+        })
+    }
+
+    pub fn n_slots(&self) -> usize {
+        self.n_slots
+    }
+
+    /// Most tokens a slot can hold.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Tokens held by `slot` (its next position).
+    pub fn len(&self, slot: usize) -> usize {
+        self.len[slot]
+    }
+
+    /// Whether `slot` holds no token.
+    pub fn is_empty(&self, slot: usize) -> bool {
+        self.len[slot] == 0
+    }
+
+    /// Empties `slot` (its memory is reused by the next sequence).
+    pub fn reset(&mut self, slot: usize) {
+        self.len[slot] = 0;
+    }
+
+    /// Bytes allocated (keys and values of every layer).
+    pub fn bytes(&self) -> usize {
+        2 * self.n_layers * self.n_slots * self.max_len * self.n_kv * self.hd * 4
+    }
+
+    fn check_model(&self, c: &ModelConfig) -> Result<()> {
+        if c.num_hidden_layers != self.n_layers || c.num_key_value_heads != self.n_kv || c.head_dim() != self.hd {
+            bail!(
+                "KV cache made for {} layers x {} kv heads x head_dim {}, the model has {} x {} x {}",
+                self.n_layers,
+                self.n_kv,
+                self.hd,
+                c.num_hidden_layers,
+                c.num_key_value_heads,
+                c.head_dim()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// One attention task: rows `[r0, r1)` of the new rows (absolute positions `p0..`), query head `h`,
+/// of the slot `slot`.
+struct AttTask {
+    slot: usize,
+    h: usize,
+    /// First new row of the block (index into the batch's rows).
+    r0: usize,
+    /// Rows in the block.
+    nb: usize,
+    /// Absolute position of row r0.
+    p0: usize,
+    /// A one-token item (row-wise dot products instead of sgemm).
+    single: bool,
+}
+
+/// `out[R,O] = x[R,I] @ w[O,I]ᵀ + b`: rows `..r_multi` through `ops::linear_forward` (sgemm),
+/// the rest as one dot product per output (each output element computed the same way whatever
+/// the number of rows or threads).
+#[allow(clippy::too_many_arguments)]
+fn linear_split(out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, r_multi: usize, r: usize, i: usize, o: usize) {
+    if r_multi > 0 {
+        ops::linear_forward(&mut out[..r_multi * o], &x[..r_multi * i], w, b, r_multi, i, o);
+    }
+    let rs = r - r_multi;
+    if rs == 0 {
+        return;
+    }
+    let (out, x) = (&mut out[r_multi * o..r * o], &x[r_multi * i..r * i]);
+    const CHUNK: usize = 32;
+    let outp = SendPtr(out.as_mut_ptr());
+    (0..o.div_ceil(CHUNK)).into_par_iter().for_each(|ch| {
+        let outp = outp;
+        for oo in ch * CHUNK..((ch + 1) * CHUNK).min(o) {
+            let wr = &w[oo * i..(oo + 1) * i];
+            let bias = b.map_or(0.0, |b| b[oo]);
+            for t in 0..rs {
+                let y = crate::simd::dot(&x[t * i..(t + 1) * i], wr) + bias;
+                // SAFETY: column oo of `out` is written by this task alone; t < rs, oo < o.
+                unsafe { *outp.0.add(t * o + oo) = y };
+            }
+        }
+    });
+}
+
+impl Model {
+    /// Appends `ids` to `slot` at its current position (a prompt, or more tokens such as an
+    /// observation) and returns the logits `[V]` of the last of them.
+    pub fn prefill(&self, cache: &mut KvCache, slot: usize, ids: &[u32]) -> Result<Vec<f32>> {
+        self.extend(cache, &[(slot, ids)])
+    }
+
+    /// One token for each of `slots` (distinct), each at its own position: logits `[B, V]`.
+    pub fn decode_step(&self, cache: &mut KvCache, slots: &[usize], tokens: &[u32]) -> Result<Vec<f32>> {
+        if slots.len() != tokens.len() {
+            bail!("decode_step: {} slots but {} tokens", slots.len(), tokens.len());
+        }
+        let items: Vec<(usize, &[u32])> = slots.iter().zip(tokens).map(|(&s, t)| (s, std::slice::from_ref(t))).collect();
+        self.extend(cache, &items)
+    }
+
+    /// Appends `ids` to each `slot` of `items` (slots distinct, every `ids` non-empty) and returns
+    /// the logits `[items, V]` of the last new position of each, in item order.
+    pub fn extend(&self, cache: &mut KvCache, items: &[(usize, &[u32])]) -> Result<Vec<f32>> {
+        self.extend_impl(cache, items, false)
+    }
+
+    /// As [`Model::extend`], but the logits `[Σ new tokens, V]` of every new position, in item
+    /// order (row r predicts the token after new token r).
+    pub fn extend_all_logits(&self, cache: &mut KvCache, items: &[(usize, &[u32])]) -> Result<Vec<f32>> {
+        self.extend_impl(cache, items, true)
+    }
+
+    fn extend_impl(&self, cache: &mut KvCache, items: &[(usize, &[u32])], all: bool) -> Result<Vec<f32>> {
+        let c = &self.config;
+        cache.check_model(c)?;
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut seen = vec![false; cache.n_slots];
+        for &(slot, ids) in items {
+            if slot >= cache.n_slots {
+                bail!("slot {slot} is out of range (the cache has {} slots)", cache.n_slots);
+            }
+            if std::mem::replace(&mut seen[slot], true) {
+                bail!("slot {slot} appears twice in one call");
+            }
+            if ids.is_empty() {
+                bail!("slot {slot}: no tokens to append");
+            }
+            if cache.len[slot] + ids.len() > cache.max_len {
+                bail!(
+                    "slot {slot}: {} + {} tokens exceed the cache's {} positions",
+                    cache.len[slot],
+                    ids.len(),
+                    cache.max_len
+                );
+            }
+            self.check_ids(ids)?;
+        }
+        let lay = layout(c);
+        let (d, hd, nh, nkv, inter, v) =
+            (c.hidden_size, c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let eps = c.rms_norm_eps as f32;
+        let p = |i: usize| self.params.tensors[i].data.as_slice();
+        let pb = |i: Option<usize>| i.map(|i| self.params.tensors[i].data.as_slice());
+
+        // Rows: the new tokens of the multi-token items (prompts, observations), then those of the
+        // one-token items (decode steps). The first go through `ops::gemm`, the others through
+        // row-wise dot products (no packing of the weights: ~5x faster at small batch). The path
+        // of a row depends only on its own item, so a sequence's logits do not depend on what
+        // else shares the batch.
+        let r: usize = items.iter().map(|(_, ids)| ids.len()).sum();
+        let order: Vec<usize> = (0..items.len())
+            .filter(|&i| items[i].1.len() > 1)
+            .chain((0..items.len()).filter(|&i| items[i].1.len() == 1))
+            .collect();
+        let r_multi: usize = items.iter().filter(|(_, ids)| ids.len() > 1).map(|(_, ids)| ids.len()).sum();
+        let mut ids_all = Vec::with_capacity(r);
+        let mut positions = Vec::with_capacity(r);
+        // Per item (in item order): (slot, first row, rows, first position)
+        let mut spans = vec![(0usize, 0usize, 0usize, 0usize); items.len()];
+        for &it in &order {
+            let (slot, ids) = items[it];
+            let p0 = cache.len[slot];
+            spans[it] = (slot, ids_all.len(), ids.len(), p0);
+            ids_all.extend_from_slice(ids);
+            positions.extend((p0..p0 + ids.len()).map(|x| x as u32));
+        }
+        let (cos, sin) = ops::rope_tables(&positions, hd, c.rope_theta);
+        let mut tasks = Vec::new();
+        for &(slot, r0, n, p0) in &spans {
+            for h in 0..nh {
+                for b0 in (0..n).step_by(ATT_BLOCK) {
+                    tasks.push(AttTask { slot, h, r0: r0 + b0, nb: ATT_BLOCK.min(n - b0), p0: p0 + b0, single: n == 1 });
+                }
+            }
+        }
+        let lin = |out: &mut [f32], x: &[f32], w: usize, b: Option<usize>, i: usize, o: usize| {
+            linear_split(out, x, p(w), pb(b), r_multi, r, i, o)
+        };
+
+        let mut x = vec![0f32; r * d];
+        ops::embedding_forward(&mut x, &ids_all, p(lay.embed), d);
+        let mut rstd = vec![0f32; r];
+        let mut h = vec![0f32; r * d];
+        let mut q = vec![0f32; r * qd];
+        let mut k = vec![0f32; r * kvd];
+        let mut vv = vec![0f32; r * kvd];
+        let mut att = vec![0f32; r * qd];
+        let mut y = vec![0f32; r * d];
+        let mut g = vec![0f32; r * inter];
+        let mut u = vec![0f32; r * inter];
+        let mut a = vec![0f32; r * inter];
+        let group = nh / nkv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let slot_stride = cache.max_len * kvd;
+        for (l, li) in lay.layers.iter().enumerate() {
+            ops::rmsnorm_forward(&mut h, &mut rstd, &x, p(li.ln1), eps, d);
+            lin(&mut q, &h, li.wq, li.bq, d, qd);
+            lin(&mut k, &h, li.wk, li.bk, d, kvd);
+            lin(&mut vv, &h, li.wv, li.bv, d, kvd);
+            ops::rope_forward(&mut q, &cos, &sin, nh, hd);
+            ops::rope_forward(&mut k, &cos, &sin, nkv, hd);
+            // Store the new keys and values in the cache.
+            let (kc, vc) = (&mut cache.k[l], &mut cache.v[l]);
+            for &(slot, r0, n, p0) in &spans {
+                let dst = slot * slot_stride + p0 * kvd;
+                kc[dst..dst + n * kvd].copy_from_slice(&k[r0 * kvd..(r0 + n) * kvd]);
+                vc[dst..dst + n * kvd].copy_from_slice(&vv[r0 * kvd..(r0 + n) * kvd]);
+            }
+            // Attention of the new rows against everything their slot holds.
+            let (kc, vc) = (&cache.k[l], &cache.v[l]);
+            let outp = SendPtr(att.as_mut_ptr());
+            let qref = &q;
+            tasks.par_iter().for_each_init(Vec::new, |s: &mut Vec<f32>, t| {
+                let outp = outp;
+                let gk = t.h / group;
+                // Keys 0..p0+nb of the slot; row i (position p0+i) sees keys 0..=p0+i.
+                let nk = t.p0 + t.nb;
+                s.resize(t.nb * nk, 0.0);
+                let kbase = t.slot * slot_stride + gk * hd;
+                if t.single {
+                    let qrow = &qref[t.r0 * qd + t.h * hd..t.r0 * qd + (t.h + 1) * hd];
+                    for (j, sj) in s.iter_mut().enumerate() {
+                        let kr = kbase + j * kvd;
+                        *sj = crate::simd::dot(qrow, &kc[kr..kr + hd]);
+                    }
+                    let mx = crate::simd::max(s) * scale;
+                    let sum = crate::simd::exp_affine_sum(s, scale, mx);
+                    crate::simd::scale(s, 1.0 / sum);
+                    // SAFETY: row r0, head h of `att` belongs to this task alone.
+                    let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(t.r0 * qd + t.h * hd), hd) };
+                    o.iter_mut().for_each(|x| *x = 0.0);
+                    for (j, &pj) in s.iter().enumerate() {
+                        let vr = kbase + j * kvd;
+                        o.iter_mut().zip(&vc[vr..vr + hd]).for_each(|(a, b)| *a += pj * b);
+                    }
+                    return;
+                }
+                // SAFETY: reads stay inside q (rows r0..r0+nb, head h) and the slot's first nk
+                // cache rows (kv head gk); the written block of `att` (rows r0..r0+nb, head h)
+                // belongs to this task alone.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        t.nb,
+                        hd,
+                        nk,
+                        1.0,
+                        qref.as_ptr().add(t.r0 * qd + t.h * hd),
+                        qd as isize,
+                        1,
+                        kc.as_ptr().add(kbase),
+                        1,
+                        kvd as isize,
+                        0.0,
+                        s.as_mut_ptr(),
+                        nk as isize,
+                        1,
+                    );
+                }
+                for i in 0..t.nb {
+                    let row = &mut s[i * nk..(i + 1) * nk];
+                    let hi = t.p0 + i + 1;
+                    row[hi..].iter_mut().for_each(|x| *x = 0.0);
+                    let valid = &mut row[..hi];
+                    let mx = crate::simd::max(valid) * scale;
+                    let sum = crate::simd::exp_affine_sum(valid, scale, mx);
+                    crate::simd::scale(valid, 1.0 / sum);
+                }
+                unsafe {
+                    matrixmultiply::sgemm(
+                        t.nb,
+                        nk,
+                        hd,
+                        1.0,
+                        s.as_ptr(),
+                        nk as isize,
+                        1,
+                        vc.as_ptr().add(kbase),
+                        kvd as isize,
+                        1,
+                        0.0,
+                        outp.0.add(t.r0 * qd + t.h * hd),
+                        qd as isize,
+                        1,
+                    );
+                }
+            });
+            lin(&mut y, &att, li.wo, li.bo, qd, d);
+            x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+            ops::rmsnorm_forward(&mut h, &mut rstd, &x, p(li.ln2), eps, d);
+            lin(&mut g, &h, li.wg, li.bg, d, inter);
+            lin(&mut u, &h, li.wu, li.bu, d, inter);
+            ops::swiglu_forward(&mut a, &g, &u);
+            lin(&mut y, &a, li.wd, li.bd, inter, d);
+            x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+        }
+        for &(slot, _, n, _) in &spans {
+            cache.len[slot] += n;
+        }
+        // Final norm and head on the rows asked for (same row order: multi-token items first).
+        let sel: Vec<usize> = if all {
+            (0..r).collect()
+        } else {
+            order.iter().map(|&it| spans[it].1 + spans[it].2 - 1).collect()
+        };
+        let sel_multi = sel.iter().filter(|&&row| row < r_multi).count();
+        let xs: Vec<f32> = sel.iter().flat_map(|&row| x[row * d..(row + 1) * d].iter().copied()).collect();
+        let rows = sel.len();
+        let mut rs = vec![0f32; rows];
+        let mut hf = vec![0f32; rows * d];
+        ops::rmsnorm_forward(&mut hf, &mut rs, &xs, p(lay.norm), eps, d);
+        let mut z = vec![0f32; rows * v];
+        linear_split(&mut z, &hf, p(lay.lm_head.unwrap_or(lay.embed)), None, sel_multi, rows, d, v);
+        // Back to item order.
+        let mut logits = vec![0f32; rows * v];
+        let mut at = 0;
+        let mut dst_of_item = vec![0usize; items.len()];
+        for (it, &(_, _, n, _)) in spans.iter().enumerate() {
+            dst_of_item[it] = at;
+            at += if all { n } else { 1 };
+        }
+        let mut src = 0;
+        for &it in &order {
+            let n = if all { spans[it].2 } else { 1 };
+            let dst = dst_of_item[it];
+            logits[dst * v..(dst + n) * v].copy_from_slice(&z[src * v..(src + n) * v]);
+            src += n;
+        }
+        Ok(logits)
+    }
+}

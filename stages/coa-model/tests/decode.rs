@@ -1,0 +1,211 @@
+//! KV-cache decoding against the full forward: prefill + decode steps give `Model::logits` at
+//! every position (1e-5 relative), batched decoding of sequences of different lengths equals
+//! decoding each alone, and bad calls are errors.
+
+use coa_model::{KvCache, Model, ModelConfig, Seq, TokenIds};
+
+fn config(model_type: &str, tied: bool, nh: usize, nkv: usize) -> ModelConfig {
+    let mut c = ModelConfig::preset("tiny", 61).unwrap();
+    c.model_type = model_type.to_string();
+    c.architectures = vec![];
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = nh;
+    c.num_key_value_heads = nkv;
+    c.tie_word_embeddings = tied;
+    c.bos_token_id = Some(1);
+    c.eos_token_id = Some(TokenIds::One(2));
+    c.validate().unwrap();
+    c
+}
+
+/// A random model whose biases and norm weights are not trivial (so their paths are exercised).
+fn model(c: ModelConfig, seed: u64) -> Model {
+    let mut m = Model::init(c, seed).unwrap();
+    let mut s = seed.wrapping_add(99);
+    for t in m.params.iter_mut() {
+        if t.name.ends_with(".bias") || t.name.ends_with("norm.weight") {
+            for x in &mut t.data {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                *x += ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2;
+            }
+        } else {
+            // larger weights: sharper attention, logits far from uniform
+            t.data.iter_mut().for_each(|x| *x *= 8.0);
+        }
+    }
+    m
+}
+
+fn ids(n: usize, v: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % v as u64) as u32
+        })
+        .collect()
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).abs()).fold(0f64, f64::max);
+    let den = b.iter().map(|x| (*x as f64).abs()).fold(0f64, f64::max);
+    num / den.max(1e-30)
+}
+
+fn row(x: &[f32], i: usize, v: usize) -> &[f32] {
+    &x[i * v..(i + 1) * v]
+}
+
+#[test]
+fn prefill_then_decode_matches_the_full_forward() {
+    // llama (GQA, untied), qwen2 (QKV bias, tied), plain MHA; prompts crossing the 64-row block.
+    for (mt, tied, nh, nkv, prompt, total) in
+        [("llama", false, 4, 2, 5, 40), ("qwen2", true, 4, 1, 70, 150), ("llama", true, 2, 2, 1, 12)]
+    {
+        let m = model(config(mt, tied, nh, nkv), 3);
+        let v = m.config.vocab_size;
+        let seq = ids(total, v, 11);
+        let full = m.logits(&Seq::new(&seq)).unwrap();
+        let mut cache = KvCache::new(&m.config, 3, total).unwrap();
+        let slot = 2;
+        let last = m.prefill(&mut cache, slot, &seq[..prompt]).unwrap();
+        assert_eq!(cache.len(slot), prompt);
+        let e = rel_err(&last, row(&full, prompt - 1, v));
+        assert!(e < 1e-5, "{mt}: prefill logits rel err {e}");
+        for (t, &tok) in seq.iter().enumerate().skip(prompt) {
+            let lg = m.decode_step(&mut cache, &[slot], &[tok]).unwrap();
+            let e = rel_err(&lg, row(&full, t, v));
+            assert!(e < 1e-5, "{mt}: decode position {t}: rel err {e}");
+        }
+        assert_eq!(cache.len(slot), total);
+        // the cache is full now
+        let err = m.decode_step(&mut cache, &[slot], &[0]).unwrap_err().to_string();
+        assert!(err.contains("exceed"), "{err}");
+
+        // every position of a prefill, in two chunks (an "observation" appended mid-sequence)
+        cache.reset(slot);
+        let mid = total / 2;
+        let a = m.extend_all_logits(&mut cache, &[(slot, &seq[..mid])]).unwrap();
+        let b = m.extend_all_logits(&mut cache, &[(slot, &seq[mid..])]).unwrap();
+        let both: Vec<f32> = a.into_iter().chain(b).collect();
+        let e = rel_err(&both, &full);
+        assert!(e < 1e-5, "{mt}: chunked prefill rel err {e}");
+    }
+}
+
+#[test]
+fn batched_decode_equals_single_decode() {
+    let m = model(config("qwen2", false, 4, 2), 5);
+    let v = m.config.vocab_size;
+    let lens = [3usize, 17, 9, 1];
+    let steps = 12;
+    let seqs: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| ids(n + steps, v, 100 + i as u64)).collect();
+
+    // alone
+    let mut single: Vec<Vec<Vec<f32>>> = Vec::new();
+    for s in &seqs {
+        let n = s.len() - steps;
+        let mut c = KvCache::new(&m.config, 1, s.len()).unwrap();
+        let mut out = vec![m.prefill(&mut c, 0, &s[..n]).unwrap()];
+        for &tok in &s[n..s.len() - 1] {
+            out.push(m.decode_step(&mut c, &[0], &[tok]).unwrap());
+        }
+        single.push(out);
+    }
+
+    // together, in slots given in a scrambled order, prompts prefilled in one mixed call
+    let slots = [3usize, 0, 2, 1];
+    let mut c = KvCache::new(&m.config, 4, 40).unwrap();
+    let items: Vec<(usize, &[u32])> = seqs.iter().zip(slots).map(|(s, slot)| (slot, &s[..s.len() - steps])).collect();
+    let first = m.extend(&mut c, &items).unwrap();
+    for (i, s) in single.iter().enumerate() {
+        let e = rel_err(row(&first, i, v), &s[0]);
+        assert!(e < 1e-5, "seq {i}: batched prefill rel err {e}");
+    }
+    for k in 0..steps - 1 {
+        let toks: Vec<u32> = seqs.iter().map(|s| s[s.len() - steps + k]).collect();
+        let lg = m.decode_step(&mut c, &slots, &toks).unwrap();
+        for (i, s) in single.iter().enumerate() {
+            let e = rel_err(row(&lg, i, v), &s[k + 1]);
+            assert!(e < 1e-5, "seq {i} step {k}: batched decode rel err {e}"); assert_eq!(row(&lg, i, v), &s[k + 1][..], "bit");
+        }
+    }
+    for (i, &slot) in slots.iter().enumerate() {
+        assert_eq!(c.len(slot), lens[i] + steps - 1);
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let m = model(config("llama", false, 4, 2), 9);
+    let seq = ids(90, m.config.vocab_size, 4);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            let mut c = KvCache::new(&m.config, 2, 100).unwrap();
+            let mut out = m.prefill(&mut c, 1, &seq[..80]).unwrap();
+            for &t in &seq[80..] {
+                out.extend(m.decode_step(&mut c, &[1], &[t]).unwrap());
+            }
+            out
+        })
+    };
+    assert_eq!(run(1), run(3));
+}
+
+#[test]
+fn bad_calls_are_errors() {
+    let m = model(config("llama", false, 4, 2), 1);
+    let mut c = KvCache::new(&m.config, 2, 8).unwrap();
+    let e = m.prefill(&mut c, 2, &[1]).unwrap_err().to_string();
+    assert!(e.contains("slot 2 is out of range"), "{e}");
+    let e = m.decode_step(&mut c, &[0, 0], &[1, 2]).unwrap_err().to_string();
+    assert!(e.contains("twice"), "{e}");
+    let e = m.prefill(&mut c, 0, &[]).unwrap_err().to_string();
+    assert!(e.contains("no tokens"), "{e}");
+    let e = m.prefill(&mut c, 0, &[1, 9999]).unwrap_err().to_string();
+    assert!(e.contains("9999"), "{e}");
+    let e = m.decode_step(&mut c, &[0], &[1, 2]).unwrap_err().to_string();
+    assert!(e.contains("1 slots but 2 tokens"), "{e}");
+    assert_eq!(c.len(0), 0, "a refused call leaves the cache as it was");
+    assert!(KvCache::new(&m.config, 0, 8).is_err());
+    let other = config("llama", false, 4, 1);
+    let mut c2 = KvCache::new(&other, 1, 8).unwrap();
+    let e = m.prefill(&mut c2, 0, &[1]).unwrap_err().to_string();
+    assert!(e.contains("kv heads"), "{e}");
+}
+
+/// Throughput of batched decoding on the tiny preset (run with `--ignored --nocapture`;
+/// `RAYON_NUM_THREADS` sets the threads): a 256-token prompt per slot, then 128 decode steps.
+#[test]
+#[ignore]
+fn decode_throughput_tiny_preset() {
+    let c = ModelConfig::preset("tiny", 4096).unwrap();
+    let m = Model::init(c, 0).unwrap();
+    for batch in [1usize, 8, 32] {
+        let mut cache = KvCache::new(&m.config, batch, 256 + 128).unwrap();
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|i| ids(256, 4096, i as u64)).collect();
+        let items: Vec<(usize, &[u32])> = prompts.iter().enumerate().map(|(i, p)| (i, p.as_slice())).collect();
+        let t0 = std::time::Instant::now();
+        m.extend(&mut cache, &items).unwrap();
+        let prefill = t0.elapsed().as_secs_f64();
+        let slots: Vec<usize> = (0..batch).collect();
+        let t0 = std::time::Instant::now();
+        let steps = 128;
+        for s in 0..steps {
+            let toks: Vec<u32> = (0..batch).map(|i| ((s * 31 + i * 7) % 4096) as u32).collect();
+            m.decode_step(&mut cache, &slots, &toks).unwrap();
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        println!(
+            "tiny preset, {} threads, batch {batch}: prefill {:.0} tok/s, decode {:.0} tok/s ({:.2} ms/step)",
+            rayon::current_num_threads(),
+            (batch * 256) as f64 / prefill,
+            (batch * steps) as f64 / dt,
+            dt * 1000.0 / steps as f64
+        );
+    }
+}
