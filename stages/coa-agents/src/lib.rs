@@ -101,7 +101,8 @@ pub struct RunStats {
     /// Rejected outputs (contract violations).
     pub rejected: u64,
     pub no_answer: u64,
-    pub per_suite: BTreeMap<String, (u64, u64)>,
+    /// Per suite: (runs, successes, tokens).
+    pub per_suite: BTreeMap<String, (u64, u64, i64)>,
 }
 
 impl RunStats {
@@ -130,14 +131,29 @@ impl RunStats {
         let s = self.per_suite.entry(run.suite.clone()).or_default();
         s.0 += 1;
         s.1 += run.success as u64;
+        s.2 += run.tokens_in + run.tokens_out;
     }
 
     /// The summary fields (rates rounded to 4 digits).
     pub fn to_json(&self) -> Value {
         let n = self.runs.max(1) as f64;
         let r = |x: f64| (x * 10_000.0).round() / 10_000.0;
-        let suites: serde_json::Map<String, Value> =
-            self.per_suite.iter().map(|(k, (runs, ok))| (k.clone(), json!({"runs": runs, "success_rate": r(*ok as f64 / (*runs).max(1) as f64)}))).collect();
+        // Tokens per solved task: everything the system spent (failed runs included) over what it solved.
+        let per_solved = |tokens: f64, ok: u64| if ok == 0 { Value::Null } else { json!(r(tokens / ok as f64)) };
+        let suites: serde_json::Map<String, Value> = self
+            .per_suite
+            .iter()
+            .map(|(k, (runs, ok, tokens))| {
+                let n = (*runs).max(1) as f64;
+                let v = json!({
+                    "runs": runs,
+                    "success_rate": r(*ok as f64 / n),
+                    "tokens_per_task": r(*tokens as f64 / n),
+                    "tokens_per_solved": per_solved(*tokens as f64, *ok),
+                });
+                (k.clone(), v)
+            })
+            .collect();
         json!({
             "success_rate": r(self.successes as f64 / n),
             "mean_events": r(self.events as f64 / n),
@@ -145,6 +161,7 @@ impl RunStats {
             "min_actions": self.min_actions.unwrap_or(0),
             "max_actions": self.max_actions,
             "tokens_per_task": r(self.tokens as f64 / n),
+            "tokens_per_solved": per_solved(self.tokens as f64, self.successes),
             "reflection_rate": r(self.runs_with_reflection as f64 / n),
             "poor_reflection_rate": r(self.runs_with_poor_reflection as f64 / n),
             "recovery_rate": r(self.recoveries as f64 / n),
