@@ -11,12 +11,13 @@ CARGO   ?= cargo
 PROFILE ?= release
 BIN     := target/$(PROFILE)
 RUNDIR  := runs/$(RUN)
-STAGES  := coa-generate coa-extract coa-filter coa-convert coa-tokenize coa-score
+STAGES  := coa-generate coa-extract coa-filter coa-convert coa-tokenize coa-score coa-train-step
 GENERATE := $(BIN)/coa-generate
 PYTHON  ?= python3
 VENV    := .venv
+TORCH_VENV := .venv-torch
 
-.PHONY: help build test pipeline tasks distill bench bench-io bench-distill bench-tokenize schemas-doc clean
+.PHONY: help build test pipeline tasks distill sft bench bench-io bench-distill bench-tokenize bench-train schemas-doc clean
 
 help:
 	@echo "make pipeline   run the offline default loop (today: tasks + distillation) into runs/$(RUN)/"
@@ -24,6 +25,7 @@ help:
 	@echo "make build      build the stage binaries ($(PROFILE) profile) into $(BIN)/"
 	@echo "make tasks      runs/$(RUN)/tasks.parquet + corpus.parquet, and the held-out test/ split"
 	@echo "make distill    teacher MAS -> extract -> filter -> convert per suite, and the summary table"
+	@echo "make sft        tokenize the distilled CoA text and train a tiny Llama on the CPU into runs/$(RUN)/sft/ (loss table + loss.png)"
 	@echo "make bench      benchmarks side by side with the Python tools (writes bench/results/)"
 	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
 
@@ -38,8 +40,9 @@ test: cuda-deps
 include pipelines/cuda.mk
 include pipelines/tasks.mk
 include pipelines/distill.mk
+include pipelines/sft.mk
 
-pipeline: tasks distill
+pipeline: tasks distill sft
 	@echo "pipeline: tasks and distilled CoA data in $(RUNDIR)/ (sft, rl and eval arrive with their stages)"
 
 # Python side of the benchmarks: pyarrow, pandas, polars in a local virtualenv.
@@ -48,7 +51,7 @@ $(VENV)/.ok: bench/requirements.txt
 	$(VENV)/bin/pip install -q -r bench/requirements.txt
 	touch $@
 
-bench: bench-io bench-distill bench-tokenize
+bench: bench-io bench-distill bench-tokenize bench-train
 
 bench-io: $(VENV)/.ok
 	$(CARGO) build --profile $(PROFILE) -p coa-schemas --example io_passthrough
@@ -59,6 +62,14 @@ bench-distill: $(VENV)/.ok build
 
 bench-tokenize: $(VENV)/.ok build
 	$(VENV)/bin/python bench/tokenize_bench.py --bin $(BIN) --rows 100000 --out bench/results/tokenize.md
+
+$(TORCH_VENV)/.ok: bench/requirements-torch.txt
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/pip install -q -r bench/requirements-torch.txt
+	touch $@
+
+bench-train: $(TORCH_VENV)/.ok build
+	$(TORCH_VENV)/bin/python bench/train_bench.py --bin $(BIN)/coa-train-step --threads 2 --out bench/results/train.md
 
 schemas-doc:
 	COA_BLESS=1 $(CARGO) test -p coa-schemas --test reference_doc

@@ -1,0 +1,241 @@
+//! Checkpoint directories: the HF model files plus what an exact resume needs.
+//!
+//! ```text
+//! DIR/config.json, model.safetensors, generation_config.json   the model (coa-model writes them)
+//! DIR/tokenizer.json                                            when the tokenizer is known
+//! DIR/optimizer.safetensors   exp_avg.<param>, exp_avg_sq.<param> (f32), and master.<param> (f32)
+//!                             when model.safetensors was saved in bf16 (--save-dtype bf16)
+//! DIR/trainer_state.json      step, data cursor + RNG state, schedule, optimizer and batch
+//!                             settings, data fingerprint, loss history
+//! ```
+//! With `--save-dtype f32` (the default) the f32 weights in model.safetensors are the exact master
+//! weights; with `bf16` the HF file is half the size and the exact f32 masters travel in
+//! optimizer.safetensors, so a resume is exact either way.
+//!
+//! A directory is written under a temporary name beside DIR and renamed into place; an existing
+//! DIR is replaced only if it looks like a checkpoint (never a directory of other files).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde::{Deserialize, Serialize};
+
+use crate::data::Cursor;
+use crate::optim::{AdamWConfig, Moments};
+use crate::schedule::Schedule;
+
+pub const STATE_FILE: &str = "trainer_state.json";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const FORMAT: &str = "coa-train-step/1";
+
+/// The data a run trains on, to refuse resuming on other data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataInfo {
+    pub rows: usize,
+    pub examples: usize,
+    pub tokens: u64,
+    pub targets: u64,
+    pub fingerprint: String,
+}
+
+/// One logged step (kept so the plot of a resumed run shows the whole curve).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogPoint {
+    pub step: u64,
+    pub loss: f32,
+    pub lr: f32,
+    pub grad_norm: f32,
+}
+
+/// Everything besides the tensors that a resume needs. Settings that define the run (schedule,
+/// optimizer, batch size, seed, objective, data) must match on resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub format: String,
+    pub objective: String,
+    /// Optimizer steps taken so far.
+    pub step: u64,
+    pub tokens_seen: u64,
+    pub seed: u64,
+    pub schedule: Schedule,
+    pub adamw: AdamWConfig,
+    pub grad_clip: f64,
+    pub batch_tokens: usize,
+    pub micro_batch_tokens: usize,
+    pub cursor: Cursor,
+    pub data: DataInfo,
+    pub history: Vec<LogPoint>,
+}
+
+impl TrainerState {
+    pub fn read(dir: &Path) -> Result<TrainerState> {
+        let path = dir.join(STATE_FILE);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("--resume {}: cannot read {}", dir.display(), path.display()))?;
+        let state: TrainerState = serde_json::from_str(&text).with_context(|| format!("{}: not a coa-train-step trainer state", path.display()))?;
+        if state.format != FORMAT {
+            bail!("{}: format {:?}, this coa-train-step reads {FORMAT:?}", path.display(), state.format);
+        }
+        Ok(state)
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * 4);
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+/// Serializes the optimizer state (and optionally the f32 master weights) as safetensors.
+pub fn optimizer_bytes(params: &[(String, Vec<usize>, &[f32])], moments: &[Moments], step: u64, with_master: bool) -> Result<Vec<u8>> {
+    if params.len() != moments.len() {
+        bail!("optimizer state has {} tensors, the model {}", moments.len(), params.len());
+    }
+    let mut buffers: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for ((name, shape, data), m) in params.iter().zip(moments) {
+        buffers.push((format!("exp_avg.{name}"), shape.clone(), f32_bytes(&m.exp_avg)));
+        buffers.push((format!("exp_avg_sq.{name}"), shape.clone(), f32_bytes(&m.exp_avg_sq)));
+        if with_master {
+            buffers.push((format!("master.{name}"), shape.clone(), f32_bytes(data)));
+        }
+    }
+    let views: Vec<(String, TensorView)> = buffers
+        .iter()
+        .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)).map_err(|e| anyhow!("{n}: {e}")))
+        .collect::<Result<_>>()?;
+    // One metadata entry: safetensors writes the metadata map in hash order, so several keys
+    // would make the bytes of identical states differ from run to run.
+    let meta: HashMap<String, String> = [("coa_train_step".to_string(), serde_json::json!({"format": FORMAT, "step": step}).to_string())].into_iter().collect();
+    safetensors::serialize(views, Some(meta)).map_err(|e| anyhow!("serializing the optimizer state: {e}"))
+}
+
+/// The optimizer state read back: moments in parameter order, and master weights when present.
+pub struct OptimizerState {
+    pub moments: Vec<Moments>,
+    pub master: Option<Vec<Vec<f32>>>,
+}
+
+fn read_f32(st: &SafeTensors, name: &str, shape: &[usize], file: &Path) -> Result<Option<Vec<f32>>> {
+    let t = match st.tensor(name) {
+        Ok(t) => t,
+        Err(_) => return Ok(None),
+    };
+    if t.dtype() != Dtype::F32 {
+        bail!("{}: tensor `{name}` is {:?}, expected F32", file.display(), t.dtype());
+    }
+    if t.shape() != shape {
+        bail!("{}: tensor `{name}` has shape {:?}, the model's parameter has {:?}", file.display(), t.shape(), shape);
+    }
+    Ok(Some(t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+}
+
+/// Reads `optimizer.safetensors` for parameters `(name, shape)`; every moment must be there.
+pub fn read_optimizer(dir: &Path, params: &[(String, Vec<usize>)]) -> Result<OptimizerState> {
+    let file = dir.join(OPTIMIZER_FILE);
+    let bytes = std::fs::read(&file).with_context(|| format!("--resume {}: cannot read {}", dir.display(), file.display()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| anyhow!("{}: not a safetensors file: {e}", file.display()))?;
+    let expected: std::collections::HashSet<String> =
+        params.iter().flat_map(|(n, _)| [format!("exp_avg.{n}"), format!("exp_avg_sq.{n}"), format!("master.{n}")]).collect();
+    if let Some(extra) = st.names().into_iter().find(|n| !expected.contains(*n)) {
+        bail!("{}: tensor `{extra}` belongs to no parameter of the model", file.display());
+    }
+    let mut moments = Vec::with_capacity(params.len());
+    let mut master = Vec::new();
+    let mut n_master = 0;
+    for (name, shape) in params {
+        let get = |key: String| -> Result<Vec<f32>> {
+            read_f32(&st, &key, shape, &file)?.ok_or_else(|| anyhow!("{}: tensor `{key}` is missing", file.display()))
+        };
+        let exp_avg = get(format!("exp_avg.{name}"))?;
+        let exp_avg_sq = get(format!("exp_avg_sq.{name}"))?;
+        moments.push(Moments { exp_avg, exp_avg_sq });
+        match read_f32(&st, &format!("master.{name}"), shape, &file)? {
+            Some(m) => {
+                n_master += 1;
+                master.push(m);
+            }
+            None => master.push(Vec::new()),
+        }
+    }
+    let master = match n_master {
+        0 => None,
+        n if n == params.len() => Some(master),
+        _ => bail!("{}: master weights are present for only {n_master} of {} parameters", file.display(), params.len()),
+    };
+    Ok(OptimizerState { moments, master })
+}
+
+/// Whether `dir` may be replaced by a new checkpoint: absent, empty, or a checkpoint already.
+fn replaceable(dir: &Path) -> Result<bool> {
+    if !dir.exists() {
+        return Ok(true);
+    }
+    if !dir.is_dir() {
+        bail!("--save {}: exists and is not a directory", dir.display());
+    }
+    let mut entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    if entries.next().is_none() {
+        return Ok(true);
+    }
+    Ok(dir.join("config.json").exists() || dir.join(STATE_FILE).exists())
+}
+
+/// Writes a checkpoint directory atomically: `fill` writes the files into a fresh temporary
+/// directory beside `dir`, which then replaces `dir`.
+pub fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if !replaceable(dir)? {
+        bail!("--save {}: the directory holds files that are not a checkpoint; refusing to replace it", dir.display());
+    }
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let result = fill(&tmp).and_then(|_| {
+        if dir.exists() {
+            std::fs::rename(dir, &old).with_context(|| format!("moving the old {} aside", dir.display()))?;
+        }
+        std::fs::rename(&tmp, dir).with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+        let _ = std::fs::remove_dir_all(&old);
+        Ok(())
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        if old.exists() && !dir.exists() {
+            let _ = std::fs::rename(&old, dir);
+        }
+    }
+    result.with_context(|| format!("writing checkpoint {}", dir.display()))
+}
+
+/// The vocabulary size of a HF `tokenizer.json`: one more than the largest id of the model's
+/// vocabulary and its added tokens.
+pub fn tokenizer_vocab_size(path: &Path) -> Result<usize> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--tokenizer {}: cannot read", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("--tokenizer {}: not JSON", path.display()))?;
+    let mut max: Option<u64> = None;
+    let mut bump = |id: Option<u64>| {
+        if let Some(id) = id {
+            max = Some(max.map_or(id, |m: u64| m.max(id)));
+        }
+    };
+    if let Some(vocab) = v.pointer("/model/vocab") {
+        match vocab {
+            serde_json::Value::Object(map) => map.values().for_each(|id| bump(id.as_u64())),
+            // Unigram: a list of [piece, score]; ids are positions.
+            serde_json::Value::Array(list) if !list.is_empty() => bump(Some(list.len() as u64 - 1)),
+            _ => {}
+        }
+    }
+    if let Some(serde_json::Value::Array(added)) = v.get("added_tokens") {
+        added.iter().for_each(|t| bump(t.get("id").and_then(|i| i.as_u64())));
+    }
+    max.map(|m| m as usize + 1).ok_or_else(|| anyhow!("--tokenizer {}: no `model.vocab` or `added_tokens` ids found (not a HF tokenizer.json?)", path.display()))
+}

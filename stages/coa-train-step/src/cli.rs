@@ -1,0 +1,425 @@
+//! The command line of `coa-train-step`: flags, their resolution against a checkpoint on
+//! `--resume`, the training loop with its log table, and the outputs (metrics, checkpoint, plot).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use arrow::array::{ArrayRef, Float32Array, Int64Array, StringArray};
+use arrow::record_batch::RecordBatch;
+use coa_model::{Model, ModelConfig, SaveDtype};
+use coa_schemas::stage::{IoArgs, Stage};
+use coa_schemas::tables::METRICS;
+
+use crate::checkpoint::{self, TrainerState};
+use crate::data;
+use crate::objective::Objective;
+use crate::optim::AdamWConfig;
+use crate::plot;
+use crate::schedule::Schedule;
+use crate::train::{Settings, StepReport, Trainer};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SaveDtypeArg {
+    F32,
+    Bf16,
+}
+
+/// Training flags. Run settings are options so that a resume can tell given from defaulted.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainArgs {
+    /// Objective: `sft` (masked mean cross-entropy). `dapo` is reserved for the RL stage.
+    #[arg(long, value_name = "NAME")]
+    pub objective: Option<String>,
+    /// Start from the weights of this HF checkpoint directory (fresh optimizer state).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["init_config", "resume"])]
+    pub init: Option<PathBuf>,
+    /// Start from a fresh model: preset `tiny` or `small`, or an HF config.json FILE.
+    #[arg(long, value_name = "tiny|small|FILE", conflicts_with = "resume")]
+    pub init_config: Option<String>,
+    /// Vocabulary size of a preset model (default: from --tokenizer).
+    #[arg(long, value_name = "N")]
+    pub vocab_size: Option<usize>,
+    /// The tokenizer.json the tokens were made with; copied into every saved checkpoint.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Continue the run saved in this checkpoint directory exactly.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Write the checkpoint here (at the end, and every --save-every steps). May equal --resume.
+    #[arg(long, value_name = "DIR")]
+    pub save: Option<PathBuf>,
+    /// Also save every N steps.
+    #[arg(long, value_name = "N")]
+    pub save_every: Option<u64>,
+    /// dtype of model.safetensors: f32 (default) or bf16 (exact f32 masters then go into optimizer.safetensors).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub save_dtype: SaveDtypeArg,
+    /// Optimizer steps of the whole run (the schedule's length). Default: one epoch.
+    #[arg(long, value_name = "N", conflicts_with = "epochs")]
+    pub steps: Option<u64>,
+    /// Length of the run in epochs over the input (fractions allowed), instead of --steps.
+    #[arg(long, value_name = "E")]
+    pub epochs: Option<f64>,
+    /// Stop this invocation once the run reaches step S (then --save; a --resume continues).
+    #[arg(long, value_name = "S")]
+    pub stop_at_step: Option<u64>,
+    /// Tokens per optimizer step (rows are added while they fit; at least one row). Default 4096.
+    #[arg(long, value_name = "N")]
+    pub batch_tokens: Option<usize>,
+    /// Tokens per micro-batch (rows computed concurrently); default: --batch-tokens. Does not change the update.
+    #[arg(long, value_name = "N")]
+    pub micro_batch_tokens: Option<usize>,
+    /// Peak learning rate. Default 3e-4.
+    #[arg(long, value_name = "LR")]
+    pub lr: Option<f64>,
+    /// Final learning rate of the cosine decay. Default: --lr / 10.
+    #[arg(long, value_name = "LR")]
+    pub min_lr: Option<f64>,
+    /// Linear warmup steps. Default 0.
+    #[arg(long, value_name = "N")]
+    pub warmup_steps: Option<u64>,
+    /// Decoupled weight decay (matrices only). Default 0.01.
+    #[arg(long, value_name = "W")]
+    pub weight_decay: Option<f64>,
+    /// AdamW beta1. Default 0.9.
+    #[arg(long, value_name = "B")]
+    pub beta1: Option<f64>,
+    /// AdamW beta2. Default 0.999.
+    #[arg(long, value_name = "B")]
+    pub beta2: Option<f64>,
+    /// AdamW epsilon. Default 1e-8.
+    #[arg(long, value_name = "E")]
+    pub eps: Option<f64>,
+    /// Clip gradients to this global L2 norm (0: no clipping). Default 1.0.
+    #[arg(long, value_name = "NORM")]
+    pub grad_clip: Option<f64>,
+    /// Seed of the model init and the data shuffle. Default 0.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// Worker threads (default: all cores). Does not change the result.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Print a log line every K steps (default: about 20 lines per run).
+    #[arg(long, value_name = "K")]
+    pub log_every: Option<u64>,
+    /// Write the loss curve (of the whole run, resumes included) as a PNG.
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
+    /// More `tokens` tables, trained on together with -i (in this order; default: stdin).
+    #[arg(value_name = "TOKENS")]
+    pub inputs: Vec<PathBuf>,
+    #[command(flatten)]
+    pub io: IoArgs,
+}
+
+/// Takes a flag's value, the checkpoint's, or the default; a given value must equal the saved one.
+fn pick<T: PartialEq + std::fmt::Debug + Copy>(flag: &str, given: Option<T>, saved: Option<T>, default: T, ckpt: &Option<PathBuf>) -> Result<T> {
+    match (given, saved) {
+        (Some(g), Some(s)) if g != s => bail!(
+            "{flag} {g:?} differs from the checkpoint's {s:?} ({}/{}); a resume continues the same run: drop {flag} or give the same value (or start a new run with --init)",
+            ckpt.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            checkpoint::STATE_FILE
+        ),
+        (Some(g), _) => Ok(g),
+        (None, Some(s)) => Ok(s),
+        (None, None) => Ok(default),
+    }
+}
+
+fn check_tokenizer_fits(tokenizer: Option<&Path>, vocab_size: usize) -> Result<()> {
+    if let Some(tok) = tokenizer {
+        let n = checkpoint::tokenizer_vocab_size(tok)?;
+        if n > vocab_size {
+            bail!("--tokenizer {} has {n} tokens but the model's vocab_size is {vocab_size}", tok.display());
+        }
+    }
+    Ok(())
+}
+
+/// Builds the model of a fresh run from --init or --init-config.
+fn fresh_model(args: &TrainArgs, seed: u64) -> Result<(Model, String)> {
+    if let Some(dir) = &args.init {
+        let model = Model::load(dir).with_context(|| format!("--init {}", dir.display()))?;
+        if let Some(v) = args.vocab_size {
+            if v != model.config.vocab_size {
+                bail!("--vocab-size {v} differs from --init {}'s vocab_size {}", dir.display(), model.config.vocab_size);
+            }
+        }
+        return Ok((model, format!("init {}", dir.display())));
+    }
+    let Some(spec) = &args.init_config else {
+        bail!("give --init DIR (HF checkpoint), --init-config tiny|small|FILE (fresh model) or --resume DIR");
+    };
+    let config = if spec == "tiny" || spec == "small" {
+        let vocab = match (args.vocab_size, &args.tokenizer) {
+            (Some(v), _) => v,
+            (None, Some(tok)) => checkpoint::tokenizer_vocab_size(tok)?,
+            (None, None) => bail!("--init-config {spec}: give --vocab-size N or --tokenizer tokenizer.json for the vocabulary size"),
+        };
+        ModelConfig::preset(spec, vocab).with_context(|| format!("--init-config {spec}"))?
+    } else {
+        let path = Path::new(spec);
+        if !path.exists() {
+            bail!("--init-config {spec}: not a preset (tiny, small) and no such file");
+        }
+        let c = ModelConfig::from_file(path).with_context(|| format!("--init-config {spec}"))?;
+        c.validate().with_context(|| format!("--init-config {spec}"))?;
+        if let Some(v) = args.vocab_size {
+            if v != c.vocab_size {
+                bail!("--vocab-size {v} differs from --init-config {spec}'s vocab_size {}", c.vocab_size);
+            }
+        }
+        c
+    };
+    let model = Model::init(config, seed).with_context(|| format!("--init-config {spec}"))?;
+    Ok((model, format!("init-config {spec}")))
+}
+
+fn metrics_batch(objective: &str, reports: &[StepReport]) -> Result<RecordBatch> {
+    let n = reports.len();
+    let f32s = |f: &dyn Fn(&StepReport) -> f32| Arc::new(Float32Array::from(reports.iter().map(f).collect::<Vec<_>>())) as ArrayRef;
+    let nulls = || Arc::new(Float32Array::from(vec![None::<f32>; n])) as ArrayRef;
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(reports.iter().map(|r| r.step as i64).collect::<Vec<_>>())),
+        Arc::new(StringArray::from(vec![objective; n])),
+        f32s(&|r| r.loss as f32),
+        f32s(&|r| r.lr as f32),
+        f32s(&|r| r.grad_norm as f32),
+        Arc::new(Int64Array::from(reports.iter().map(|r| r.targets as i64).collect::<Vec<_>>())),
+        f32s(&|r| (r.tokens as f64 / r.seconds.max(1e-9)) as f32),
+        nulls(),
+        nulls(),
+        nulls(),
+        nulls(),
+        nulls(),
+    ];
+    RecordBatch::try_new(METRICS.schema(), columns).map_err(|e| anyhow!("building the metrics table: {e}"))
+}
+
+/// `coa-train-step` (training).
+pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
+    if let Some(t) = args.threads {
+        if t == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new().num_threads(t).build_global().context("--threads: setting up the thread pool")?;
+    }
+    if args.save_every.is_some() && args.save.is_none() {
+        bail!("--save-every needs --save DIR");
+    }
+    if args.save_every == Some(0) {
+        bail!("--save-every must be at least 1");
+    }
+    if let Some(e) = args.epochs {
+        if !(e.is_finite() && e > 0.0) {
+            bail!("--epochs must be positive, got {e}");
+        }
+    }
+    if args.resume.is_some() && (args.vocab_size.is_some()) {
+        bail!("--vocab-size applies to a fresh model (--init-config), not to --resume");
+    }
+    let saved: Option<TrainerState> = match &args.resume {
+        Some(dir) => Some(TrainerState::read(dir)?),
+        None => None,
+    };
+    let s = saved.as_ref();
+    let objective_name = pick_str("--objective", args.objective.as_deref(), s.map(|s| s.objective.as_str()), "sft", &args.resume)?;
+    let objective = Objective::parse(&objective_name)?;
+
+    let mut inputs: Vec<&Path> = args.io.input.iter().map(|p| p.as_path()).collect();
+    inputs.extend(args.inputs.iter().map(|p| p.as_path()));
+    let data = data::read(stage, &inputs)?;
+
+    let seed = pick("--seed", args.seed, s.map(|s| s.seed), 0, &args.resume)?;
+    stage.set_seed(seed);
+    let batch_tokens = pick("--batch-tokens", args.batch_tokens, s.map(|s| s.batch_tokens), 4096, &args.resume)?;
+    if batch_tokens == 0 {
+        bail!("--batch-tokens must be at least 1");
+    }
+    let micro_batch_tokens = args.micro_batch_tokens.or(s.map(|s| s.micro_batch_tokens)).unwrap_or(batch_tokens);
+    if micro_batch_tokens == 0 {
+        bail!("--micro-batch-tokens must be at least 1");
+    }
+    let lr = pick("--lr", args.lr, s.map(|s| s.schedule.lr), 3e-4, &args.resume)?;
+    let min_lr = pick("--min-lr", args.min_lr, s.map(|s| s.schedule.min_lr), lr * 0.1, &args.resume)?;
+    let warmup = pick("--warmup-steps", args.warmup_steps, s.map(|s| s.schedule.warmup_steps), 0, &args.resume)?;
+    let adamw = AdamWConfig {
+        beta1: pick("--beta1", args.beta1, s.map(|s| s.adamw.beta1), 0.9, &args.resume)?,
+        beta2: pick("--beta2", args.beta2, s.map(|s| s.adamw.beta2), 0.999, &args.resume)?,
+        eps: pick("--eps", args.eps, s.map(|s| s.adamw.eps), 1e-8, &args.resume)?,
+        weight_decay: pick("--weight-decay", args.weight_decay, s.map(|s| s.adamw.weight_decay), 0.01, &args.resume)?,
+    };
+    adamw.validate()?;
+    let grad_clip = pick("--grad-clip", args.grad_clip, s.map(|s| s.grad_clip), 1.0, &args.resume)?;
+    if !(grad_clip.is_finite() && grad_clip >= 0.0) {
+        bail!("--grad-clip must be >= 0 (0 disables clipping), got {grad_clip}");
+    }
+    let steps_given = match (args.steps, args.epochs) {
+        (Some(n), _) => Some(n),
+        (None, Some(e)) => Some(data::steps_for_epochs(&data.examples, seed, batch_tokens, e)),
+        (None, None) => None,
+    };
+    let default_steps = data::steps_for_epochs(&data.examples, seed, batch_tokens, 1.0);
+    let total_steps = pick("--steps", steps_given, s.map(|s| s.schedule.total_steps), default_steps, &args.resume)?;
+    let schedule = Schedule::new(lr, min_lr, warmup, total_steps)?;
+    let settings = Settings { objective, seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens };
+
+    let mut tokenizer = args.tokenizer.clone();
+    let (mut trainer, origin) = match &args.resume {
+        Some(dir) => {
+            let mut t = Trainer::load(dir, &data)?;
+            t.state.micro_batch_tokens = micro_batch_tokens;
+            if tokenizer.is_none() && dir.join(checkpoint::TOKENIZER_FILE).exists() {
+                tokenizer = Some(dir.join(checkpoint::TOKENIZER_FILE));
+            }
+            (t, format!("resume {} at step {}", dir.display(), saved.as_ref().map(|s| s.step).unwrap_or(0)))
+        }
+        None => {
+            let (model, origin) = fresh_model(args, seed)?;
+            if tokenizer.is_none() {
+                if let Some(dir) = &args.init {
+                    if dir.join(checkpoint::TOKENIZER_FILE).exists() {
+                        tokenizer = Some(dir.join(checkpoint::TOKENIZER_FILE));
+                    }
+                }
+            }
+            (Trainer::new(model, &settings, &data)?, origin)
+        }
+    };
+    // When --save is the directory the tokenizer comes from (--resume DIR --save DIR), the file is
+    // copied into the new temporary directory before the old checkpoint is replaced.
+    check_tokenizer_fits(tokenizer.as_deref(), trainer.model.config.vocab_size)?;
+    data.check_model_fit(trainer.model.config.vocab_size, trainer.model.config.max_position_embeddings)?;
+
+    let save_dtype = match args.save_dtype {
+        SaveDtypeArg::F32 => SaveDtype::F32,
+        SaveDtypeArg::Bf16 => SaveDtype::Bf16,
+    };
+    let stop_at = args.stop_at_step.unwrap_or(total_steps).min(total_steps);
+    let start_step = trainer.state.step;
+    let todo = stop_at.saturating_sub(start_step);
+    let log_every = args.log_every.unwrap_or((todo / 20).max(1)).max(1);
+    eprintln!(
+        "coa-train-step: {origin}; {} params; {} rows ({} trained, {} without targets), {} tokens, {} targets; {} steps of <= {batch_tokens} tokens, steps {}..{stop_at} now",
+        trainer.model.params.n_elements(),
+        data.rows,
+        data.examples.len(),
+        data.skipped_no_targets,
+        data.tokens,
+        data.targets,
+        total_steps,
+        start_step + 1,
+    );
+    let threads = rayon::current_num_threads();
+    let started = Instant::now();
+    let mut reports: Vec<StepReport> = Vec::new();
+    let mut window: Vec<(i64, f32, f32, f32, f32)> = Vec::new();
+    let mut header = true;
+    let mut win_loss = 0.0f64;
+    let mut win_n = 0u64;
+    let mut win_tokens = 0usize;
+    let mut win_secs = 0.0f64;
+    while trainer.state.step < stop_at {
+        let r = trainer.step(&data)?;
+        win_loss += r.loss;
+        win_n += 1;
+        win_tokens += r.tokens;
+        win_secs += r.seconds;
+        if r.step % log_every == 0 || r.step == stop_at || r.step == start_step + 1 {
+            let row = (r.step as i64, (win_loss / win_n as f64) as f32, r.lr as f32, r.grad_norm as f32, (win_tokens as f64 / win_secs.max(1e-9)) as f32);
+            let table = plot::text_table(&[row]);
+            let mut lines = table.lines();
+            let head = lines.next().unwrap_or_default();
+            if header {
+                eprintln!("{head}   (loss: mean over the steps since the last line)");
+                header = false;
+            }
+            for l in lines {
+                eprintln!("{l}");
+            }
+            window.push(row);
+            win_loss = 0.0;
+            win_n = 0;
+            win_tokens = 0;
+            win_secs = 0.0;
+        }
+        if let (Some(every), Some(dir)) = (args.save_every, &args.save) {
+            if r.step % every == 0 && r.step != stop_at {
+                trainer.save(dir, tokenizer.as_deref(), save_dtype)?;
+            }
+        }
+        reports.push(r);
+    }
+    let wall = started.elapsed().as_secs_f64();
+    if let Some(dir) = &args.save {
+        trainer.save(dir, tokenizer.as_deref(), save_dtype)?;
+        stage.note("checkpoint", dir.display().to_string());
+    }
+    let batch = metrics_batch(objective.name(), &reports)?;
+    let mut writer = stage.create(args.io.output.as_deref(), args.io.format, &METRICS.schema())?;
+    writer.write(&batch)?;
+    let rows = writer.finish()?;
+    stage.add_rows_out(rows);
+    if let Some(png) = &args.plot {
+        let pts: Vec<(f64, f64)> = trainer.state.history.iter().map(|h| (h.step as f64, h.loss as f64)).collect();
+        if pts.is_empty() {
+            bail!("--plot {}: no steps were taken, nothing to plot", png.display());
+        }
+        plot::write_loss_png(png, &pts, &format!("{} loss", objective.name()))?;
+        stage.note("plot", png.display().to_string());
+    }
+    let tokens: usize = reports.iter().map(|r| r.tokens).sum();
+    let compute: f64 = reports.iter().map(|r| r.seconds).sum();
+    stage.note("objective", objective.name());
+    stage.note("steps", reports.len() as u64);
+    stage.note("step", trainer.state.step);
+    stage.note("total_steps", total_steps);
+    if let (Some(first), Some(last)) = (reports.first(), reports.last()) {
+        stage.note("first_loss", (first.loss * 1e4).round() / 1e4);
+        stage.note("final_loss", (last.loss * 1e4).round() / 1e4);
+    }
+    stage.note("tokens", tokens as u64);
+    stage.note("tokens_per_s", ((tokens as f64 / compute.max(1e-9)) * 10.0).round() / 10.0);
+    stage.note("train_seconds", (wall * 1000.0).round() / 1000.0);
+    stage.note("threads", threads as u64);
+    stage.note("params", trainer.model.params.n_elements() as u64);
+    Ok(())
+}
+
+fn pick_str(flag: &str, given: Option<&str>, saved: Option<&str>, default: &str, ckpt: &Option<PathBuf>) -> Result<String> {
+    match (given, saved) {
+        (Some(g), Some(s)) if g != s => bail!(
+            "{flag} {g} differs from the checkpoint's {s} ({}/{}); a resume continues the same run",
+            ckpt.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            checkpoint::STATE_FILE
+        ),
+        (Some(g), _) => Ok(g.to_string()),
+        (None, Some(s)) => Ok(s.to_string()),
+        (None, None) => Ok(default.to_string()),
+    }
+}
+
+/// `coa-train-step plot`: a `metrics` table's loss curve as PNG.
+pub fn run_plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: &str) -> Result<()> {
+    let reader = stage.open(input, &METRICS)?;
+    let source = reader.source().to_string();
+    let mut pts = Vec::new();
+    for batch in reader {
+        let batch = batch?;
+        stage.add_rows_in(batch.num_rows() as u64);
+        let step = batch.column_by_name("step").and_then(|c| c.as_any().downcast_ref::<Int64Array>()).ok_or_else(|| anyhow!("{source}: column `step` is not int64"))?;
+        let loss = batch.column_by_name("loss").and_then(|c| c.as_any().downcast_ref::<Float32Array>()).ok_or_else(|| anyhow!("{source}: column `loss` is not float32"))?;
+        for i in 0..batch.num_rows() {
+            pts.push((step.value(i) as f64, loss.value(i) as f64));
+        }
+    }
+    if pts.is_empty() {
+        bail!("{source}: the metrics table has no rows, nothing to plot");
+    }
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    plot::write_loss_png(output, &pts, title)?;
+    stage.note("plot", output.display().to_string());
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! The trainer: model, optimizer state and trainer state, one optimizer step at a time.
+//!
+//! A step takes the next rows of the data stream (see [`crate::data`]), computes every row's
+//! gradient with the model's forward/backward, sums them, clips by the global norm and applies
+//! AdamW at the scheduled learning rate.
+//!
+//! Micro-batches: the rows of a micro-batch run concurrently (rayon), each into its own gradient
+//! buffer; the buffers are then added to the step's gradient in row order, and micro-batches run
+//! one after another. So `--micro-batch-tokens` bounds what is in flight (activations and one
+//! gradient buffer per row) and the update does not depend on it, nor on the thread count: the
+//! per-token loss weights use N, the target count of the whole step, fixed before the first
+//! micro-batch runs.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use coa_model::{Model, Params, SaveDtype, Seq};
+use rayon::prelude::*;
+
+use crate::checkpoint::{self, DataInfo, LogPoint, TrainerState};
+use crate::data::{micro_batches, Cursor, Dataset};
+use crate::objective::Objective;
+use crate::optim::{self, AdamWConfig, Moments};
+use crate::schedule::Schedule;
+
+/// The settings that define a run (all saved; all but `micro_batch_tokens` must match on resume).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub objective: Objective,
+    pub seed: u64,
+    pub schedule: Schedule,
+    pub adamw: AdamWConfig,
+    /// Max global gradient norm; 0 disables clipping.
+    pub grad_clip: f64,
+    pub batch_tokens: usize,
+    pub micro_batch_tokens: usize,
+}
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// 1-based step number.
+    pub step: u64,
+    /// Token-mean loss over the whole step.
+    pub loss: f64,
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Target tokens (the N of the mean).
+    pub targets: usize,
+    /// Input tokens processed.
+    pub tokens: usize,
+    pub rows: usize,
+    pub seconds: f64,
+}
+
+pub struct Trainer {
+    pub model: Model,
+    pub moments: Vec<Moments>,
+    pub state: TrainerState,
+    pub objective: Objective,
+}
+
+pub fn data_info(d: &Dataset) -> DataInfo {
+    DataInfo { rows: d.rows, examples: d.examples.len(), tokens: d.tokens, targets: d.targets, fingerprint: d.fingerprint_hex() }
+}
+
+impl Trainer {
+    /// A fresh run: zero optimizer state, the data stream at its start.
+    pub fn new(model: Model, settings: &Settings, data: &Dataset) -> Result<Trainer> {
+        settings.adamw.validate()?;
+        if settings.batch_tokens == 0 || settings.micro_batch_tokens == 0 {
+            bail!("--batch-tokens and --micro-batch-tokens must be positive");
+        }
+        let moments = model.params.tensors.iter().map(|t| Moments::zeros(t.data.len())).collect();
+        let state = TrainerState {
+            format: checkpoint::FORMAT.to_string(),
+            objective: settings.objective.name().to_string(),
+            step: 0,
+            tokens_seen: 0,
+            seed: settings.seed,
+            schedule: settings.schedule,
+            adamw: settings.adamw,
+            grad_clip: settings.grad_clip,
+            batch_tokens: settings.batch_tokens,
+            micro_batch_tokens: settings.micro_batch_tokens,
+            cursor: Cursor::start(settings.seed, data.examples.len()),
+            data: data_info(data),
+            history: Vec::new(),
+        };
+        Ok(Trainer { model, moments, state, objective: settings.objective })
+    }
+
+    /// Loads a checkpoint written by [`Trainer::save`]: model (f32 masters), moments, state.
+    /// The caller checks the run's settings against `state` (see `main.rs`).
+    pub fn load(dir: &Path, data: &Dataset) -> Result<Trainer> {
+        let state = TrainerState::read(dir)?;
+        let objective = Objective::parse(&state.objective).with_context(|| format!("{}/{}", dir.display(), checkpoint::STATE_FILE))?;
+        let mut model = Model::load(dir).with_context(|| format!("--resume {}", dir.display()))?;
+        let specs: Vec<(String, Vec<usize>)> = model.params.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+        let opt = checkpoint::read_optimizer(dir, &specs)?;
+        if let Some(master) = opt.master {
+            for (t, m) in model.params.tensors.iter_mut().zip(master) {
+                t.data = m;
+            }
+        }
+        let info = data_info(data);
+        if info != state.data {
+            bail!(
+                "--resume {}: the input is not the data this run was trained on (checkpoint: {} rows, {} tokens, fingerprint {}; input: {} rows, {} tokens, fingerprint {}); \
+                 to train these weights on other data start a new run with --init {}",
+                dir.display(),
+                state.data.rows,
+                state.data.tokens,
+                state.data.fingerprint,
+                info.rows,
+                info.tokens,
+                info.fingerprint,
+                dir.display()
+            );
+        }
+        let mut state = state;
+        state.cursor = state.cursor.clone().restore(data.examples.len()).with_context(|| format!("--resume {}", dir.display()))?;
+        Ok(Trainer { model, moments: opt.moments, state, objective })
+    }
+
+    /// Writes the checkpoint directory atomically. The weights for resuming are always exact
+    /// f32 (in model.safetensors, or in optimizer.safetensors as `master.*` when the HF file is
+    /// bf16).
+    pub fn save(&self, dir: &Path, tokenizer: Option<&Path>, dtype: SaveDtype) -> Result<()> {
+        let with_master = !matches!(dtype, SaveDtype::F32);
+        let params: Vec<(String, Vec<usize>, &[f32])> = self.model.params.tensors.iter().map(|t| (t.name.clone(), t.shape.clone(), t.data.as_slice())).collect();
+        let opt = checkpoint::optimizer_bytes(&params, &self.moments, self.state.step, with_master)?;
+        let state = serde_json::to_string_pretty(&self.state)?;
+        checkpoint::write_dir_atomically(dir, |tmp| {
+            self.model.save(tmp, dtype)?;
+            if let Some(tok) = tokenizer {
+                std::fs::copy(tok, tmp.join(checkpoint::TOKENIZER_FILE)).with_context(|| format!("copying {}", tok.display()))?;
+            }
+            std::fs::write(tmp.join(checkpoint::OPTIMIZER_FILE), &opt)?;
+            std::fs::write(tmp.join(checkpoint::STATE_FILE), format!("{state}\n"))?;
+            Ok(())
+        })
+    }
+
+    /// One optimizer step over the next rows of `data`.
+    pub fn step(&mut self, data: &Dataset) -> Result<StepReport> {
+        let started = Instant::now();
+        let rows = self.state.cursor.next_step(&data.examples, self.state.batch_tokens);
+        let n_targets: usize = rows.iter().map(|&r| data.examples[r].n_targets).sum();
+        let n_tokens: usize = rows.iter().map(|&r| data.examples[r].input_ids.len()).sum();
+        let step = self.state.step + 1;
+        let mut grads: Params = self.model.params.zeros_like();
+        let mut loss = 0.0f64;
+        let objective = self.objective;
+        let model = &self.model;
+        for mb in micro_batches(&data.examples, &rows, self.state.micro_batch_tokens) {
+            let results: Vec<Result<(f64, Params)>> = mb
+                .par_iter()
+                .map(|&r| {
+                    let ex = &data.examples[r];
+                    let mask = ex.target_mask();
+                    let mut g = model.params.zeros_like();
+                    let mut seq_loss = 0.0f64;
+                    let seq = Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref() };
+                    let mut dloss = |stats: &coa_model::TokenStats| {
+                        let (l, d) = objective.token_grads(ex, &mask, stats, n_targets);
+                        seq_loss = l;
+                        d
+                    };
+                    model
+                        .forward_backward(&seq, &mut g, &mut dloss)
+                        .with_context(|| format!("step {step}: row {} (task_id {:?})", ex.row, ex.task_id))?;
+                    Ok((seq_loss, g))
+                })
+                .collect();
+            for r in results {
+                let (l, g) = r?;
+                loss += l;
+                for (a, b) in grads.tensors.iter_mut().zip(&g.tensors) {
+                    a.data.par_chunks_mut(1 << 14).zip(b.data.par_chunks(1 << 14)).for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(x, y)| *x += *y));
+                }
+            }
+        }
+        let grad_norm = optim::global_norm(grads.tensors.iter().map(|t| t.data.as_slice()));
+        if !loss.is_finite() || !grad_norm.is_finite() {
+            bail!("step {step}: the loss ({loss}) or the gradient norm ({grad_norm}) is not finite; lower --lr or check the data (rows {:?})", rows.iter().map(|&r| data.examples[r].row).collect::<Vec<_>>());
+        }
+        let clip = optim::clip_factor(grad_norm, self.state.grad_clip);
+        let lr = self.state.schedule.lr_at(step);
+        let adamw = self.state.adamw;
+        for ((p, g), m) in self.model.params.tensors.iter_mut().zip(grads.tensors.iter_mut()).zip(self.moments.iter_mut()) {
+            if clip < 1.0 {
+                g.data.par_iter_mut().for_each(|x| *x *= clip);
+            }
+            optim::adamw_update(&adamw, lr, step, optim::decays(&p.shape), &mut p.data, &g.data, m);
+        }
+        self.state.step = step;
+        self.state.tokens_seen += n_tokens as u64;
+        self.state.history.push(LogPoint { step, loss: loss as f32, lr: lr as f32, grad_norm: grad_norm as f32 });
+        Ok(StepReport { step, loss, lr, grad_norm, targets: n_targets, tokens: n_tokens, rows: rows.len(), seconds: started.elapsed().as_secs_f64() })
+    }
+}

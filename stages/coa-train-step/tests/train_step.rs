@@ -1,0 +1,476 @@
+//! End-to-end checks of the `coa-train-step` binary on small token tables: exact resume, a
+//! falling loss, accumulation equivalence against a hand-computed reference, checkpoints, plots
+//! and bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, Float32Array, Int32Array, Int64Array, ListArray, StringArray, UInt8Array};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use coa_model::{Model, ModelConfig, Params, Seq};
+use coa_schemas::io::{self, Provenance};
+use coa_schemas::tables::{METRICS, TOKENS};
+
+const VOCAB: usize = 64;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_coa-train-step"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("running coa-train-step")
+}
+
+fn ok(args: &[&str]) -> Output {
+    let out = run(args);
+    assert!(out.status.success(), "coa-train-step {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn fails(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(!out.status.success(), "coa-train-step {args:?} should have failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A row: ids, mask, optional segments.
+type Row = (Vec<i32>, Vec<u8>, Option<Vec<i32>>);
+
+fn list_i32(rows: impl Iterator<Item = Option<Vec<i32>>>) -> ArrayRef {
+    let rows: Vec<Option<Vec<i32>>> = rows.collect();
+    let lens: Vec<usize> = rows.iter().map(|r| r.as_ref().map_or(0, |v| v.len())).collect();
+    let values: Vec<i32> = rows.iter().flat_map(|r| r.clone().unwrap_or_default()).collect();
+    let nulls = if rows.iter().any(|r| r.is_none()) { Some(rows.iter().map(|r| r.is_some()).collect::<Vec<_>>().into()) } else { None };
+    Arc::new(ListArray::new(Arc::new(Field::new("item", DataType::Int32, true)), OffsetBuffer::from_lengths(lens), Arc::new(Int32Array::from(values)), nulls))
+}
+
+fn list_u8(rows: &[Vec<u8>]) -> ArrayRef {
+    let lens: Vec<usize> = rows.iter().map(|v| v.len()).collect();
+    let values: Vec<u8> = rows.iter().flatten().copied().collect();
+    Arc::new(ListArray::new(Arc::new(Field::new("item", DataType::UInt8, true)), OffsetBuffer::from_lengths(lens), Arc::new(UInt8Array::from(values)), None))
+}
+
+fn tokens_batch(rows: &[Row]) -> RecordBatch {
+    let task: ArrayRef = Arc::new(StringArray::from((0..rows.len()).map(|i| format!("task{i}")).collect::<Vec<_>>()));
+    let ids = list_i32(rows.iter().map(|r| Some(r.0.clone())));
+    let masks: Vec<Vec<u8>> = rows.iter().map(|r| r.1.clone()).collect();
+    let seg = list_i32(rows.iter().map(|r| r.2.clone()));
+    let n_tok: ArrayRef = Arc::new(Int32Array::from(rows.iter().map(|r| r.0.len() as i32).collect::<Vec<_>>()));
+    let n_tgt: ArrayRef = Arc::new(Int32Array::from(rows.iter().map(|r| r.1.iter().filter(|&&m| m == 1).count() as i32).collect::<Vec<_>>()));
+    RecordBatch::try_new(TOKENS.schema(), vec![task, ids, list_u8(&masks), seg, n_tok, n_tgt]).unwrap()
+}
+
+fn provenance() -> Provenance {
+    Provenance { stage: "test".into(), version: "0".into(), args: vec![], seed: None, inputs: vec![] }
+}
+
+fn write_tokens(path: &Path, rows: &[Row]) {
+    let batch = tokens_batch(rows);
+    io::write_all(Some(path), None, &batch.schema(), &[batch], &provenance()).unwrap();
+}
+
+/// A deterministic pseudo-random data set: prompt tokens (mask 0) then an answer (mask 1) that
+/// is a fixed function of the prompt, so there is something to learn.
+fn dataset(n: usize, seed: u64) -> Vec<Row> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    (0..n)
+        .map(|_| {
+            let p = 4 + (next() % 12) as usize;
+            let a = 3 + (next() % 10) as usize;
+            let mut ids: Vec<i32> = (0..p).map(|_| 2 + (next() % (VOCAB as u64 - 2)) as i32).collect();
+            let start = ids[p - 1];
+            ids.extend((0..a).map(|k| 2 + ((start as usize + 3 * k) % (VOCAB - 2)) as i32));
+            let mut mask = vec![0u8; p];
+            mask.extend(vec![1u8; a]);
+            (ids, mask, None)
+        })
+        .collect()
+}
+
+/// A small llama config (fast on a CPU) written as an HF config.json.
+fn write_config(dir: &Path) -> PathBuf {
+    let mut v = ModelConfig::preset("tiny", VOCAB).unwrap().to_json();
+    let o = v.as_object_mut().unwrap();
+    o.insert("hidden_size".into(), 32.into());
+    o.insert("intermediate_size".into(), 64.into());
+    o.insert("num_hidden_layers".into(), 2.into());
+    o.insert("num_attention_heads".into(), 4.into());
+    o.insert("num_key_value_heads".into(), 2.into());
+    o.insert("max_position_embeddings".into(), 128.into());
+    let p = dir.join("config.json");
+    std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    p
+}
+
+fn read_metrics(path: &Path) -> Vec<(i64, f32, f32, f32, i64)> {
+    let (_, batches) = io::read_all(Some(path), &METRICS).unwrap();
+    let mut out = Vec::new();
+    for b in batches {
+        let step = b.column_by_name("step").unwrap().as_any().downcast_ref::<Int64Array>().unwrap().clone();
+        let f = |n: &str| b.column_by_name(n).unwrap().as_any().downcast_ref::<Float32Array>().unwrap().clone();
+        let (loss, lr, gn) = (f("loss"), f("lr"), f("grad_norm"));
+        let tokens = b.column_by_name("tokens").unwrap().as_any().downcast_ref::<Int64Array>().unwrap().clone();
+        assert_eq!(b.column_by_name("reward_mean").unwrap().null_count(), b.num_rows(), "RL columns are null for sft");
+        for i in 0..b.num_rows() {
+            out.push((step.value(i), loss.value(i), lr.value(i), gn.value(i), tokens.value(i)));
+        }
+    }
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    tokens: PathBuf,
+    config: PathBuf,
+}
+
+fn env(n_rows: usize) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.parquet");
+    write_tokens(&tokens, &dataset(n_rows, 7));
+    let config = write_config(dir.path());
+    Env { dir, tokens, config }
+}
+
+impl Env {
+    fn p(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+fn base<'a>(e: &'a Env, extra: &[&'a str]) -> Vec<String> {
+    let mut v: Vec<String> = ["-i", s(&e.tokens), "--init-config", s(&e.config), "--seed", "5", "--batch-tokens", "60", "--lr", "3e-3", "--warmup-steps", "2", "--threads", "2"]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+    v.extend(extra.iter().map(|x| x.to_string()));
+    v
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(|x| x.as_str()).collect()
+}
+
+fn load_params(dir: &Path) -> Params {
+    Model::load(dir).unwrap().params
+}
+
+#[test]
+fn resume_is_bit_identical_to_an_uninterrupted_run() {
+    let e = env(14);
+    // 2N = 8 steps of <= 60 tokens cross an epoch boundary (14 rows of 7..24 tokens).
+    let full = e.p("full");
+    ok(&args(&base(&e, &["--steps", "8", "--save", s(&full), "-o", s(&e.p("full.parquet"))])));
+    let part = e.p("part");
+    // First half saved in bf16 (exact f32 masters go to optimizer.safetensors), then resumed
+    // into the same directory.
+    ok(&args(&base(&e, &["--steps", "8", "--stop-at-step", "4", "--save", s(&part), "--save-dtype", "bf16", "-o", s(&e.p("a.parquet"))])));
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(part.join("trainer_state.json")).unwrap()).unwrap();
+    assert_eq!(state["step"], 4);
+    ok(&["-i", s(&e.tokens), "--resume", s(&part), "--save", s(&part), "--threads", "1", "-o", s(&e.p("b.parquet"))]);
+
+    let a = load_params(&full);
+    let b = load_params(&part);
+    for (x, y) in a.tensors.iter().zip(&b.tensors) {
+        assert_eq!(x.name, y.name);
+        assert!(x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits()), "{} differs after resume", x.name);
+    }
+    assert!(std::fs::read(full.join("optimizer.safetensors")).unwrap() == std::fs::read(part.join("optimizer.safetensors")).unwrap(), "optimizer state differs");
+    let sa: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(full.join("trainer_state.json")).unwrap()).unwrap();
+    let sb: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(part.join("trainer_state.json")).unwrap()).unwrap();
+    assert_eq!(sa["cursor"], sb["cursor"], "data cursor and RNG state");
+    assert!(sa["cursor"]["epoch"].as_u64().unwrap() >= 1, "the run crossed an epoch boundary");
+    assert_eq!(sa["history"], sb["history"]);
+    let m_full = read_metrics(&e.p("full.parquet"));
+    let mut m_split = read_metrics(&e.p("a.parquet"));
+    m_split.extend(read_metrics(&e.p("b.parquet")));
+    assert_eq!(m_full.len(), 8);
+    let strip = |m: &[(i64, f32, f32, f32, i64)]| m.iter().map(|r| (r.0, r.1.to_bits(), r.2.to_bits(), r.3.to_bits(), r.4)).collect::<Vec<_>>();
+    assert_eq!(strip(&m_full), strip(&m_split));
+    // A resumed run that is already complete does nothing more.
+    ok(&["-i", s(&e.tokens), "--resume", s(&part), "-o", s(&e.p("c.parquet"))]);
+    assert!(read_metrics(&e.p("c.parquet")).is_empty());
+}
+
+#[test]
+fn loss_falls_on_a_tiny_overfit_set() {
+    let e = env(6);
+    let out = e.p("m.parquet");
+    let png = e.p("loss.png");
+    let o = ok(&args(&base(&e, &["--steps", "40", "--lr", "1e-2", "--min-lr", "1e-3", "--batch-tokens", "1000", "-o", s(&out), "--plot", s(&png), "--log-every", "10"])));
+    let m = read_metrics(&out);
+    assert_eq!(m.len(), 40);
+    assert_eq!(m.iter().map(|r| r.0).collect::<Vec<_>>(), (1..=40).collect::<Vec<_>>());
+    let first = m[0].1;
+    let last = m[39].1;
+    assert!(first > 3.0, "an untrained model is near ln(64) = 4.16, got {first}");
+    assert!(last < 0.5 * first, "loss did not fall: {first} -> {last}");
+    assert!(m.iter().all(|r| r.4 > 0 && r.3.is_finite()));
+    // lr follows the schedule: warmup to 1e-2 at step 2, cosine to 1e-3 at step 40.
+    assert!((m[0].2 - 5e-3).abs() < 1e-9 && (m[1].2 - 1e-2).abs() < 1e-9 && (m[39].2 - 1e-3).abs() < 1e-9);
+    let png_bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&png_bytes[..4], b"\x89PNG");
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(log.contains("grad_norm") && log.lines().filter(|l| l.trim_start().starts_with("40 ")).count() == 1, "log table:\n{log}");
+    // The plot subcommand draws the same curve from the metrics table.
+    let png2 = e.p("again.png");
+    ok(&["plot", "-i", s(&out), "-o", s(&png2)]);
+    assert_eq!(&std::fs::read(&png2).unwrap()[..4], b"\x89PNG");
+}
+
+/// The reference: loss and gradient of the step computed by hand from the model library, with the
+/// token mean over the whole batch.
+fn reference_step(config: &Path, rows: &[Row], seed: u64) -> (f64, f64) {
+    let model = Model::init(ModelConfig::from_file(config).unwrap(), seed).unwrap();
+    let n: usize = rows.iter().map(|r| r.1.iter().skip(1).filter(|&&m| m == 1).count()).sum();
+    let mut grads = model.params.zeros_like();
+    let mut loss = 0.0f64;
+    for (ids, mask, _) in rows {
+        let ids: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
+        let mut l = 0.0;
+        let mut f = |st: &coa_model::TokenStats| {
+            (0..ids.len())
+                .map(|t| {
+                    if t > 0 && mask[t] == 1 {
+                        l -= st.logp[t] as f64;
+                        -1.0 / n as f32
+                    } else {
+                        0.0
+                    }
+                })
+                .collect::<Vec<f32>>()
+        };
+        model.forward_backward(&Seq { input_ids: &ids, segment_ids: None }, &mut grads, &mut f).unwrap();
+        loss += l;
+    }
+    (loss / n as f64, grads.sum_squares().sqrt())
+}
+
+#[test]
+fn accumulation_matches_one_big_batch_and_the_hand_computed_step() {
+    let e = env(5);
+    let rows = dataset(5, 7);
+    let big = e.p("big.parquet");
+    let micro = e.p("micro.parquet");
+    // One step over all rows (batch 1000 tokens): one micro-batch, vs. one row per micro-batch.
+    ok(&args(&base(&e, &["--steps", "2", "--batch-tokens", "1000", "--grad-clip", "0", "--save", s(&e.p("big")), "-o", s(&big)])));
+    ok(&args(&base(&e, &["--steps", "2", "--batch-tokens", "1000", "--micro-batch-tokens", "1", "--grad-clip", "0", "--save", s(&e.p("micro")), "-o", s(&micro)])));
+    let a = read_metrics(&big);
+    let b = read_metrics(&micro);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x.1 - y.1).abs() <= 1e-6 * x.1.abs(), "loss {} vs {}", x.1, y.1);
+        assert!((x.3 - y.3).abs() <= 1e-5 * x.3.abs(), "grad_norm {} vs {}", x.3, y.3);
+    }
+    let (pa, pb) = (load_params(&e.p("big")), load_params(&e.p("micro")));
+    for (x, y) in pa.tensors.iter().zip(&pb.tensors) {
+        for (p, q) in x.data.iter().zip(&y.data) {
+            assert!((p - q).abs() <= 1e-6 * (1.0 + p.abs()), "{}: {p} vs {q}", x.name);
+        }
+    }
+    // The first step's loss and pre-clip gradient norm are the token mean over the whole batch.
+    let (ref_loss, ref_norm) = reference_step(&e.config, &rows, 5);
+    assert!((a[0].1 as f64 - ref_loss).abs() < 1e-5 * ref_loss, "loss {} vs reference {ref_loss}", a[0].1);
+    assert!((a[0].3 as f64 - ref_norm).abs() < 1e-4 * ref_norm, "grad_norm {} vs reference {ref_norm}", a[0].3);
+    // ... and not the mean of per-row means (which the data makes different).
+    let model = Model::init(ModelConfig::from_file(&e.config).unwrap(), 5).unwrap();
+    let mut per_row = 0.0;
+    for (ids, mask, _) in &rows {
+        let ids: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
+        let st = model.token_stats(&Seq { input_ids: &ids, segment_ids: None }).unwrap();
+        let k = mask.iter().skip(1).filter(|&&m| m == 1).count() as f64;
+        per_row += (1..ids.len()).filter(|&t| mask[t] == 1).map(|t| -(st.logp[t] as f64)).sum::<f64>() / k;
+    }
+    per_row /= rows.len() as f64;
+    assert!((per_row - ref_loss).abs() > 1e-4, "test data must tell the two means apart");
+    assert_eq!(a[0].4, rows.iter().map(|r| r.1.iter().skip(1).filter(|&&m| m == 1).count() as i64).sum::<i64>());
+}
+
+#[test]
+fn checkpoint_holds_hf_files_tokenizer_and_state() {
+    let e = env(6);
+    let tok = e.p("tokenizer.json");
+    // A minimal tokenizer.json: ids 0..63.
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..VOCAB).map(|i| (format!("t{i}"), serde_json::Value::from(i))).collect();
+    std::fs::write(&tok, serde_json::json!({"model": {"type": "BPE", "vocab": vocab, "merges": []}, "added_tokens": []}).to_string()).unwrap();
+    let ck = e.p("ck");
+    ok(&args(&base(&e, &["--steps", "3", "--tokenizer", s(&tok), "--save", s(&ck), "--save-every", "1", "-o", s(&e.p("m.parquet"))])));
+    for f in ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "optimizer.safetensors", "trainer_state.json"] {
+        assert!(ck.join(f).exists(), "{f} missing");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(e.dir.path()).unwrap().filter_map(|d| d.ok()).map(|d| d.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with('.')).collect();
+    assert!(leftovers.is_empty(), "temporary directories left: {leftovers:?}");
+    // --init from the checkpoint: fresh optimizer, step 1 again, tokenizer carried along.
+    let ck2 = e.p("ck2");
+    ok(&["-i", s(&e.tokens), "--init", s(&ck), "--steps", "1", "--save", s(&ck2), "-o", s(&e.p("m2.parquet"))]);
+    assert_eq!(std::fs::read(ck2.join("tokenizer.json")).unwrap(), std::fs::read(&tok).unwrap());
+    assert_eq!(read_metrics(&e.p("m2.parquet"))[0].0, 1);
+    // A tokenizer larger than the model's vocabulary is refused.
+    let big: serde_json::Map<String, serde_json::Value> = (0..VOCAB + 5).map(|i| (format!("t{i}"), serde_json::Value::from(i))).collect();
+    std::fs::write(&tok, serde_json::json!({"model": {"vocab": big}}).to_string()).unwrap();
+    let err = fails(&args(&base(&e, &["--steps", "1", "--tokenizer", s(&tok)])));
+    assert!(err.contains("69 tokens") && err.contains("vocab_size is 64"), "{err}");
+    // A preset takes its vocabulary size from the tokenizer.
+    let err = fails(&["-i", s(&e.tokens), "--init-config", "tiny", "--steps", "1"]);
+    assert!(err.contains("--vocab-size"), "{err}");
+}
+
+#[test]
+fn corrupt_optimizer_state_names_the_tensor() {
+    let e = env(6);
+    let ck = e.p("ck");
+    ok(&args(&base(&e, &["--steps", "4", "--stop-at-step", "1", "--save", s(&ck), "-o", s(&e.p("m.parquet"))])));
+    // Rewrite optimizer.safetensors without one tensor.
+    let bytes = std::fs::read(ck.join("optimizer.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(|s| s.to_string()).collect();
+    names.sort();
+    let dropped = names.iter().find(|n| n.starts_with("exp_avg_sq.")).unwrap().clone();
+    let kept: Vec<(String, safetensors::tensor::TensorView)> = names.iter().filter(|n| **n != dropped).map(|n| (n.clone(), st.tensor(n).unwrap())).collect();
+    std::fs::write(ck.join("optimizer.safetensors"), safetensors::serialize(kept, None).unwrap()).unwrap();
+    let err = fails(&["-i", s(&e.tokens), "--resume", s(&ck), "-o", s(&e.p("x.parquet"))]);
+    assert!(err.contains(&dropped) && err.contains("missing"), "{err}");
+    assert!(!e.p("x.parquet").exists());
+}
+
+#[test]
+fn bad_input_is_refused_with_the_row_and_column() {
+    let e = env(4);
+    let out = e.p("out.parquet");
+    let save = e.p("never");
+    let run_on = |rows: &[Row]| -> String {
+        let p = e.p("bad.parquet");
+        write_tokens(&p, rows);
+        let mut a = base(&e, &["--steps", "1", "-o", s(&out), "--save", s(&save)]);
+        a[1] = s(&p).to_string();
+        let err = fails(&args(&a));
+        assert!(!out.exists() && !save.exists(), "no partial output");
+        err
+    };
+    let mut rows = dataset(3, 1);
+    rows[1].1.pop();
+    let err = run_on(&rows);
+    assert!(err.contains("row 1") && err.contains("loss_mask") && err.contains("input_ids"), "{err}");
+
+    let mut rows = dataset(3, 1);
+    rows[2].0[3] = VOCAB as i32 + 6;
+    let err = run_on(&rows);
+    assert!(err.contains("row 2") && err.contains("position 3") && err.contains("70") && err.contains("vocab"), "{err}");
+
+    let mut rows = dataset(3, 1);
+    rows[0].0[1] = -4;
+    let err = run_on(&rows);
+    assert!(err.contains("row 0") && err.contains("-4"), "{err}");
+
+    let mut rows = dataset(3, 1);
+    rows[1].1[2] = 7;
+    let err = run_on(&rows);
+    assert!(err.contains("row 1") && err.contains("loss_mask") && err.contains('7'), "{err}");
+
+    let mut rows = dataset(3, 1);
+    let n = rows[0].0.len();
+    rows[0].2 = Some(vec![0; n - 1]);
+    let err = run_on(&rows);
+    assert!(err.contains("row 0") && err.contains("segment_ids"), "{err}");
+
+    let rows: Vec<Row> = dataset(3, 1).into_iter().map(|(i, m, s)| (i, vec![0; m.len()], s)).collect();
+    let err = run_on(&rows);
+    assert!(err.contains("no row has a target"), "{err}");
+
+    // Several inputs: an error names the input and its own row numbering.
+    let good = e.p("good.parquet");
+    write_tokens(&good, &dataset(3, 2));
+    let mut rows = dataset(3, 1);
+    rows[2].1.push(1);
+    let bad = e.p("bad2.parquet");
+    write_tokens(&bad, &rows);
+    let mut a = base(&e, &["--steps", "1", "-o", s(&out)]);
+    a[1] = s(&good).to_string();
+    a.push(s(&bad).to_string());
+    let err = fails(&args(&a));
+    assert!(err.contains("bad2.parquet: row 2"), "{err}");
+
+    // A table without `loss_mask`.
+    let full = tokens_batch(&dataset(2, 1));
+    let keep: Vec<usize> = (0..full.num_columns()).filter(|&i| full.schema().field(i).name() != "loss_mask").collect();
+    let fields: Vec<Field> = keep.iter().map(|&i| full.schema().field(i).clone()).collect();
+    let cols: Vec<ArrayRef> = keep.iter().map(|&i| full.column(i).clone()).collect();
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
+    let p = e.p("nomask.parquet");
+    io::write_all(Some(&p), None, &batch.schema(), &[batch], &provenance()).unwrap();
+    let mut a = base(&e, &["--steps", "1", "-o", s(&out)]);
+    a[1] = s(&p).to_string();
+    let err = fails(&args(&a));
+    assert!(err.contains("loss_mask"), "{err}");
+
+    // Flags.
+    let err = fails(&args(&base(&e, &["--objective", "ppo"])));
+    assert!(err.contains("--objective") && err.contains("ppo"), "{err}");
+    let err = fails(&args(&base(&e, &["--objective", "dapo"])));
+    assert!(err.contains("dapo") && err.contains("not implemented"), "{err}");
+    let err = fails(&args(&base(&e, &["--min-lr", "1"])));
+    assert!(err.contains("--min-lr"), "{err}");
+    let err = fails(&["-i", s(&e.tokens), "--steps", "1"]);
+    assert!(err.contains("--init-config"), "{err}");
+    let bad_cfg = e.p("bad_config.json");
+    std::fs::write(&bad_cfg, r#"{"model_type": "llama", "vocab_size": 64, "hidden_size": 30, "num_attention_heads": 4, "num_hidden_layers": 1, "intermediate_size": 8}"#).unwrap();
+    let err = fails(&["-i", s(&e.tokens), "--init-config", s(&bad_cfg), "--steps", "1"]);
+    assert!(err.contains("--init-config"), "{err}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn resume_refuses_other_settings_and_other_data() {
+    let e = env(6);
+    let ck = e.p("ck");
+    ok(&args(&base(&e, &["--steps", "4", "--stop-at-step", "2", "--save", s(&ck), "-o", s(&e.p("m.parquet"))])));
+    let resume = |extra: &[&str]| -> String {
+        let x = e.p("x.parquet");
+        let mut a = vec!["-i", s(&e.tokens), "--resume", s(&ck), "-o", s(&x)];
+        a.extend_from_slice(extra);
+        let err = fails(&a);
+        assert!(!e.p("x.parquet").exists());
+        err
+    };
+    let err = resume(&["--lr", "1e-3"]);
+    assert!(err.contains("--lr") && err.contains("trainer_state.json"), "{err}");
+    let err = resume(&["--batch-tokens", "100"]);
+    assert!(err.contains("--batch-tokens"), "{err}");
+    let err = resume(&["--steps", "9"]);
+    assert!(err.contains("--steps"), "{err}");
+    let err = resume(&["--seed", "6"]);
+    assert!(err.contains("--seed"), "{err}");
+    let err = resume(&["--init-config", "tiny"]);
+    assert!(err.contains("--resume") || err.contains("--init-config"), "{err}");
+    // Other data.
+    let other = e.p("other.parquet");
+    write_tokens(&other, &dataset(6, 99));
+    let err = fails(&["-i", s(&other), "--resume", s(&ck), "-o", s(&e.p("x.parquet"))]);
+    assert!(err.contains("not the data"), "{err}");
+    // Other data: the same rows split over two inputs in another order.
+    let (r1, r2) = (e.p("r1.parquet"), e.p("r2.parquet"));
+    let all = dataset(6, 7);
+    write_tokens(&r1, &all[3..]);
+    write_tokens(&r2, &all[..3]);
+    let err = fails(&["--resume", s(&ck), s(&r1), s(&r2), "-o", s(&e.p("x.parquet"))]);
+    assert!(err.contains("not the data"), "{err}");
+    // The same rows split over two inputs in the same order are the same data.
+    write_tokens(&r1, &all[..3]);
+    write_tokens(&r2, &all[3..]);
+    ok(&["--resume", s(&ck), "--stop-at-step", "3", s(&r1), s(&r2), "-o", s(&e.p("z.parquet"))]);
+    // Same values (and a different micro-batch) are fine.
+    ok(&["-i", s(&e.tokens), "--resume", s(&ck), "--lr", "3e-3", "--micro-batch-tokens", "20", "-o", s(&e.p("y.parquet"))]);
+    assert_eq!(read_metrics(&e.p("y.parquet")).iter().map(|r| r.0).collect::<Vec<_>>(), vec![3, 4]);
+}
