@@ -13,12 +13,13 @@ use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::METRICS;
 
 use crate::checkpoint::{self, TrainerState};
+use crate::dapo::DapoConfig;
 use crate::data;
 use crate::objective::Objective;
 use crate::optim::AdamWConfig;
 use crate::plot;
 use crate::schedule::Schedule;
-use crate::train::{Settings, StepReport, Trainer};
+use crate::train::{RlStep, Settings, StepReport, Trainer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SaveDtypeArg {
@@ -29,9 +30,22 @@ pub enum SaveDtypeArg {
 /// Training flags. Run settings are options so that a resume can tell given from defaulted.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TrainArgs {
-    /// Objective: `sft` (masked mean cross-entropy). `dapo` is reserved for the RL stage.
+    /// Objective: `sft` (masked mean cross-entropy on the `tokens` table) or `dapo` (the clipped
+    /// token-level policy loss on the `scores` table of coa-score).
     #[arg(long, value_name = "NAME")]
     pub objective: Option<String>,
+    /// DAPO: lower clip of the ratio (1 - clip_low).
+    #[arg(long, value_name = "EPS", default_value_t = 0.2)]
+    pub clip_low: f32,
+    /// DAPO: upper clip of the ratio (1 + clip_high; "clip-higher").
+    #[arg(long, value_name = "EPS", default_value_t = 0.28)]
+    pub clip_high: f32,
+    /// DAPO: weight of a KL(policy || reference) term (k3 estimator); needs --ref. 0: none.
+    #[arg(long, value_name = "BETA", default_value_t = 0.0)]
+    pub kl_coef: f32,
+    /// DAPO: the reference checkpoint of the KL term.
+    #[arg(long = "ref", value_name = "DIR")]
+    pub reference: Option<PathBuf>,
     /// Start from the weights of this HF checkpoint directory (fresh optimizer state).
     #[arg(long, value_name = "DIR", conflicts_with_all = ["init_config", "resume"])]
     pub init: Option<PathBuf>,
@@ -180,7 +194,7 @@ fn fresh_model(args: &TrainArgs, seed: u64) -> Result<(Model, String)> {
 fn metrics_batch(objective: &str, reports: &[StepReport]) -> Result<RecordBatch> {
     let n = reports.len();
     let f32s = |f: &dyn Fn(&StepReport) -> f32| Arc::new(Float32Array::from(reports.iter().map(f).collect::<Vec<_>>())) as ArrayRef;
-    let nulls = || Arc::new(Float32Array::from(vec![None::<f32>; n])) as ArrayRef;
+    let rl = |f: &dyn Fn(&RlStep) -> f64| Arc::new(Float32Array::from(reports.iter().map(|r| r.rl.as_ref().map(|x| f(x) as f32)).collect::<Vec<_>>())) as ArrayRef;
     let columns: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from(reports.iter().map(|r| r.step as i64).collect::<Vec<_>>())),
         Arc::new(StringArray::from(vec![objective; n])),
@@ -189,11 +203,11 @@ fn metrics_batch(objective: &str, reports: &[StepReport]) -> Result<RecordBatch>
         f32s(&|r| r.grad_norm as f32),
         Arc::new(Int64Array::from(reports.iter().map(|r| r.targets as i64).collect::<Vec<_>>())),
         f32s(&|r| (r.tokens as f64 / r.seconds.max(1e-9)) as f32),
-        nulls(),
-        nulls(),
-        nulls(),
-        nulls(),
-        nulls(),
+        rl(&|x| x.reward_mean),
+        rl(&|x| x.clip_frac),
+        rl(&|x| x.entropy),
+        rl(&|x| x.response_len),
+        rl(&|x| x.logprob_mismatch),
     ];
     RecordBatch::try_new(METRICS.schema(), columns).map_err(|e| anyhow!("building the metrics table: {e}"))
 }
@@ -226,11 +240,27 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     };
     let s = saved.as_ref();
     let objective_name = pick_str("--objective", args.objective.as_deref(), s.map(|s| s.objective.as_str()), "sft", &args.resume)?;
-    let objective = Objective::parse(&objective_name)?;
+    let mut objective = Objective::parse(&objective_name)?;
+    let dapo = matches!(objective, Objective::Dapo(_));
+    if dapo {
+        let config = DapoConfig { clip_low: args.clip_low, clip_high: args.clip_high, kl_coef: args.kl_coef };
+        if !(config.clip_low > 0.0 && config.clip_low < 1.0 && config.clip_high > 0.0 && config.clip_high.is_finite()) {
+            bail!("--clip-low must be in (0, 1) and --clip-high positive (got {} and {})", config.clip_low, config.clip_high);
+        }
+        if !(config.kl_coef >= 0.0 && config.kl_coef.is_finite()) {
+            bail!("--kl-coef must be >= 0, got {}", config.kl_coef);
+        }
+        if (config.kl_coef > 0.0) != args.reference.is_some() {
+            bail!("--kl-coef > 0 and --ref DIR go together (the KL term is measured against the reference checkpoint)");
+        }
+        objective = Objective::Dapo(config);
+    } else if args.reference.is_some() || args.kl_coef != 0.0 {
+        bail!("--ref and --kl-coef apply to --objective dapo");
+    }
 
     let mut inputs: Vec<&Path> = args.io.input.iter().map(|p| p.as_path()).collect();
     inputs.extend(args.inputs.iter().map(|p| p.as_path()));
-    let data = data::read(stage, &inputs)?;
+    let mut data = if dapo { data::read_scores(stage, &inputs)? } else { data::read(stage, &inputs)? };
 
     let seed = pick("--seed", args.seed, s.map(|s| s.seed), 0, &args.resume)?;
     stage.set_seed(seed);
@@ -243,7 +273,8 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         bail!("--micro-batch-tokens must be at least 1");
     }
     let lr = pick("--lr", args.lr, s.map(|s| s.schedule.lr), 3e-4, &args.resume)?;
-    let min_lr = pick("--min-lr", args.min_lr, s.map(|s| s.schedule.min_lr), lr * 0.1, &args.resume)?;
+    // DAPO's reference setting is a constant learning rate after warm-up.
+    let min_lr = pick("--min-lr", args.min_lr, s.map(|s| s.schedule.min_lr), if dapo { lr } else { lr * 0.1 }, &args.resume)?;
     let warmup = pick("--warmup-steps", args.warmup_steps, s.map(|s| s.schedule.warmup_steps), 0, &args.resume)?;
     let adamw = AdamWConfig {
         beta1: pick("--beta1", args.beta1, s.map(|s| s.adamw.beta1), 0.9, &args.resume)?,
@@ -271,6 +302,7 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         Some(dir) => {
             let mut t = Trainer::load(dir, &data)?;
             t.state.micro_batch_tokens = micro_batch_tokens;
+            t.objective = objective;
             if tokenizer.is_none() && dir.join(checkpoint::TOKENIZER_FILE).exists() {
                 tokenizer = Some(dir.join(checkpoint::TOKENIZER_FILE));
             }
@@ -292,6 +324,20 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     // copied into the new temporary directory before the old checkpoint is replaced.
     check_tokenizer_fits(tokenizer.as_deref(), trainer.model.config.vocab_size)?;
     data.check_model_fit(trainer.model.config.vocab_size, trainer.model.config.max_position_embeddings)?;
+    if dapo {
+        let reference = match &args.reference {
+            Some(dir) => {
+                let m = Model::load(dir).with_context(|| format!("--ref {}", dir.display()))?;
+                m.params.check_same_layout(&trainer.model.params, "the reference model").with_context(|| format!("--ref {}", dir.display()))?;
+                Some(m)
+            }
+            None => None,
+        };
+        let t0 = Instant::now();
+        trainer.prepare_rl(&mut data, reference.as_ref())?;
+        eprintln!("coa-train-step: old log-probs of {} rollouts recomputed in {:.1} s", data.examples.len(), t0.elapsed().as_secs_f64());
+    }
+    let data = data;
 
     let save_dtype = match args.save_dtype {
         SaveDtypeArg::F32 => SaveDtype::F32,

@@ -36,6 +36,24 @@ pub struct Example {
     pub segment_ids: Option<Vec<i32>>,
     /// Targets that can be predicted (mask 1 and not at a sequence/segment start).
     pub n_targets: usize,
+    /// DAPO: the rollout's reward, advantage and log-probs (None for the `tokens` table).
+    pub rl: Option<RlRow>,
+}
+
+/// The RL fields of a scored rollout. Per-position vectors cover `input_ids` (prompt + response);
+/// the prompt's entries are 0.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RlRow {
+    pub reward: f32,
+    pub advantage: f32,
+    /// Log-probs the sampler recorded (0 on prompt and observation tokens).
+    pub sample_logp: Vec<f32>,
+    /// Response tokens (all turns).
+    pub response_len: usize,
+    /// π_old: filled by `Trainer::prepare_rl` before the first step.
+    pub old_logp: Option<Vec<f32>>,
+    /// The reference model's, with a KL term.
+    pub ref_logp: Option<Vec<f32>>,
 }
 
 impl Example {
@@ -176,7 +194,7 @@ impl Dataset {
                 }
             }
             self.fingerprint = (self.fingerprint ^ h.0).rotate_left(5).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            let mut ex = Example { source: source_idx, row, task_id, input_ids, loss_mask, segment_ids, n_targets: 0 };
+            let mut ex = Example { source: source_idx, row, task_id, input_ids, loss_mask, segment_ids, n_targets: 0, rl: None };
             ex.n_targets = ex.target_mask().iter().filter(|&&m| m == 1).count();
             self.tokens += ex.input_ids.len() as u64;
             if ex.n_targets == 0 {
@@ -352,6 +370,94 @@ pub fn steps_for_epochs(examples: &[Example], seed: u64, batch_tokens: usize, ep
         steps += 1;
     }
     steps
+}
+
+impl Dataset {
+    /// Appends the rows of one batch of the `scores` table (DAPO): input = prompt_ids ++
+    /// response_ids, targets = the response's loss_mask (tokens the policy wrote; prompt and
+    /// observations are not targets).
+    pub fn add_scores_batch(&mut self, batch: &RecordBatch, source: &str) -> Result<()> {
+        use arrow::datatypes::Float32Type;
+        if self.sources.last().map(|s| s.as_str()) != Some(source) {
+            self.sources.push(source.to_string());
+            self.source_rows = 0;
+        }
+        let source_idx = self.sources.len() - 1;
+        let rollouts = coa_schemas::rows::from_batch::<coa_schemas::rows::Rollout>(batch).map_err(|e| anyhow!("{source}: {e:#}"))?;
+        let col = |name: &str| batch.column_by_name(name).ok_or_else(|| anyhow!("{source}: the `scores` table has no column `{name}`"));
+        let reward = col("reward")?.as_primitive::<Float32Type>().clone();
+        let advantage = col("advantage")?.as_primitive::<Float32Type>().clone();
+        for (i, r) in rollouts.into_iter().enumerate() {
+            let row = self.source_rows;
+            self.rows += 1;
+            self.source_rows += 1;
+            let at = || format!("{source}: row {row} (task_id {:?})", r.task_id);
+            let n = r.response_ids.len();
+            if r.loss_mask.len() != n || r.logprobs.len() != n {
+                bail!("{}: `response_ids` has {n} entries but `loss_mask` {} and `logprobs` {}", at(), r.loss_mask.len(), r.logprobs.len());
+            }
+            if let Some(p) = r.loss_mask.iter().position(|&m| m > 1) {
+                bail!("{}, response position {p}: `loss_mask` holds {} (only 0 and 1 are allowed)", at(), r.loss_mask[p]);
+            }
+            if !advantage.value(i).is_finite() || !reward.value(i).is_finite() {
+                bail!("{}: `reward` or `advantage` is not finite", at());
+            }
+            let mut input_ids = Vec::with_capacity(r.prompt_ids.len() + n);
+            for (p, &v) in r.prompt_ids.iter().chain(&r.response_ids).enumerate() {
+                if v < 0 {
+                    bail!("{}, position {p}: token id {v} is negative", at());
+                }
+                input_ids.push(v as u32);
+            }
+            let mut loss_mask = vec![0u8; r.prompt_ids.len()];
+            loss_mask.extend_from_slice(&r.loss_mask);
+            let mut sample_logp = vec![0f32; r.prompt_ids.len()];
+            sample_logp.extend_from_slice(&r.logprobs);
+            let mut h = Fnv::new();
+            for &v in &input_ids {
+                h.bytes(&v.to_le_bytes());
+            }
+            h.bytes(&loss_mask);
+            h.bytes(&advantage.value(i).to_le_bytes());
+            self.fingerprint = (self.fingerprint ^ h.0).rotate_left(5).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let rl = RlRow { reward: reward.value(i), advantage: advantage.value(i), sample_logp, response_len: n, old_logp: None, ref_logp: None };
+            let mut ex = Example { source: source_idx, row, task_id: r.task_id, input_ids, loss_mask, segment_ids: None, n_targets: 0, rl: Some(rl) };
+            ex.n_targets = ex.target_mask().iter().filter(|&&m| m == 1).count();
+            self.tokens += ex.input_ids.len() as u64;
+            if ex.n_targets == 0 {
+                self.skipped_no_targets += 1;
+                continue;
+            }
+            self.targets += ex.n_targets as u64;
+            self.max_len = self.max_len.max(ex.input_ids.len());
+            self.examples.push(ex);
+        }
+        Ok(())
+    }
+}
+
+/// Reads whole `scores` tables (DAPO), concatenated in order (stdin when `paths` is empty).
+pub fn read_scores(stage: &mut coa_schemas::stage::Stage, paths: &[&Path]) -> Result<Dataset> {
+    let mut d = Dataset::default();
+    let stdin: [Option<&Path>; 1] = [None];
+    let inputs: Vec<Option<&Path>> = if paths.is_empty() { stdin.to_vec() } else { paths.iter().map(|p| Some(*p)).collect() };
+    for path in inputs {
+        let reader = stage.open(path, &coa_schemas::tables::SCORES)?;
+        let source = reader.source().to_string();
+        for batch in reader {
+            let batch = batch?;
+            stage.add_rows_in(batch.num_rows() as u64);
+            d.add_scores_batch(&batch, &source)?;
+        }
+    }
+    if d.examples.is_empty() {
+        bail!(
+            "{}: no rollout to train on ({} rows; every response is empty or fully masked, or dynamic sampling dropped every group)",
+            d.sources.join(", "),
+            d.rows
+        );
+    }
+    Ok(d)
 }
 
 /// Reads whole `tokens` tables, concatenated in order (stdin when `paths` is empty). The order

@@ -1,7 +1,8 @@
 //! `coa-train-step`: optimizer steps of a Llama/Qwen2 model on the CPU (DESIGN.md §8, §9).
 //!
 //! - [`data`]: the `tokens` table, validated; deterministic shuffling, steps and micro-batches.
-//! - [`objective`]: per-token loss gradients (SFT; DAPO extends it).
+//! - [`objective`]: per-token loss gradients (SFT, DAPO).
+//! - [`dapo`]: the DAPO clipped token-level policy loss, by itself.
 //! - [`schedule`]: warmup then cosine learning rate.
 //! - [`optim`]: AdamW with decoupled weight decay, global-norm clipping.
 //! - [`train`]: the trainer (one optimizer step; save and load for exact resume).
@@ -11,6 +12,7 @@
 
 pub mod checkpoint;
 pub mod cli;
+pub mod dapo;
 pub mod data;
 pub mod objective;
 pub mod optim;

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use crate::checkpoint::{self, DataInfo, LogPoint, TrainerState};
 use crate::data::{micro_batches, Cursor, Dataset};
-use crate::objective::Objective;
+use crate::objective::{Objective, RlSums};
 use crate::optim::{self, AdamWConfig, Moments};
 use crate::schedule::Schedule;
 
@@ -53,6 +53,19 @@ pub struct StepReport {
     pub tokens: usize,
     pub rows: usize,
     pub seconds: f64,
+    /// DAPO: the step's token statistics and its rows' mean reward and response length.
+    pub rl: Option<RlStep>,
+}
+
+/// What a DAPO step reports beyond the loss.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RlStep {
+    pub reward_mean: f64,
+    pub clip_frac: f64,
+    pub entropy: f64,
+    pub response_len: f64,
+    pub logprob_mismatch: f64,
+    pub kl: f64,
 }
 
 pub struct Trainer {
@@ -144,6 +157,24 @@ impl Trainer {
         })
     }
 
+    /// DAPO: the old log-probs of every rollout under the weights as they are now, before the
+    /// first step (π_old of the ratio), and the reference model's when a KL term is used.
+    pub fn prepare_rl(&self, data: &mut Dataset, reference: Option<&Model>) -> Result<()> {
+        let model = &self.model;
+        data.examples.par_iter_mut().try_for_each(|ex| -> Result<()> {
+            let seq = Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref() };
+            let old = model.token_stats(&seq).with_context(|| format!("row {} (task_id {:?}): old log-probs", ex.row, ex.task_id))?.logp;
+            let refl = match reference {
+                Some(m) => Some(m.token_stats(&seq).with_context(|| format!("row {} (task_id {:?}): reference log-probs", ex.row, ex.task_id))?.logp),
+                None => None,
+            };
+            let Some(rl) = ex.rl.as_mut() else { bail!("row {} (task_id {:?}): --objective dapo needs scored rollouts", ex.row, ex.task_id) };
+            rl.old_logp = Some(old);
+            rl.ref_logp = refl;
+            Ok(())
+        })
+    }
+
     /// One optimizer step over the next rows of `data`.
     pub fn step(&mut self, data: &Dataset) -> Result<StepReport> {
         let started = Instant::now();
@@ -153,31 +184,44 @@ impl Trainer {
         let step = self.state.step + 1;
         let mut grads: Params = self.model.params.zeros_like();
         let mut loss = 0.0f64;
+        let mut sums = RlSums::default();
         let objective = self.objective;
         let model = &self.model;
         for mb in micro_batches(&data.examples, &rows, self.state.micro_batch_tokens) {
-            let results: Vec<Result<(f64, Params)>> = mb
+            let results: Vec<Result<(f64, Params, RlSums)>> = mb
                 .par_iter()
                 .map(|&r| {
                     let ex = &data.examples[r];
                     let mask = ex.target_mask();
                     let mut g = model.params.zeros_like();
                     let mut seq_loss = 0.0f64;
+                    let mut seq_sums = RlSums::default();
+                    let mut failed: Option<anyhow::Error> = None;
                     let seq = Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref() };
-                    let mut dloss = |stats: &coa_model::TokenStats| {
-                        let (l, d) = objective.token_grads(ex, &mask, stats, n_targets);
-                        seq_loss = l;
-                        d
+                    let mut dloss = |stats: &coa_model::TokenStats| match objective.token_grads(ex, &mask, stats, n_targets) {
+                        Ok((l, d, s)) => {
+                            seq_loss = l;
+                            seq_sums = s;
+                            d
+                        }
+                        Err(e) => {
+                            failed = Some(e);
+                            vec![0.0; mask.len()]
+                        }
                     };
                     model
                         .forward_backward(&seq, &mut g, &mut dloss)
                         .with_context(|| format!("step {step}: row {} (task_id {:?})", ex.row, ex.task_id))?;
-                    Ok((seq_loss, g))
+                    if let Some(e) = failed {
+                        return Err(e);
+                    }
+                    Ok((seq_loss, g, seq_sums))
                 })
                 .collect();
             for r in results {
-                let (l, g) = r?;
+                let (l, g, s) = r?;
                 loss += l;
+                sums.add(&s);
                 for (a, b) in grads.tensors.iter_mut().zip(&g.tensors) {
                     a.data.par_chunks_mut(1 << 14).zip(b.data.par_chunks(1 << 14)).for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(x, y)| *x += *y));
                 }
@@ -199,6 +243,23 @@ impl Trainer {
         self.state.step = step;
         self.state.tokens_seen += n_tokens as u64;
         self.state.history.push(LogPoint { step, loss: loss as f32, lr: lr as f32, grad_norm: grad_norm as f32 });
-        Ok(StepReport { step, loss, lr, grad_norm, targets: n_targets, tokens: n_tokens, rows: rows.len(), seconds: started.elapsed().as_secs_f64() })
+        let rl = match objective {
+            Objective::Sft => None,
+            Objective::Dapo(_) => {
+                let n = rows.len().max(1) as f64;
+                let t = sums.targets.max(1) as f64;
+                let rl_rows = rows.iter().filter_map(|&r| data.examples[r].rl.as_ref());
+                let (reward, len) = rl_rows.fold((0.0, 0.0), |(a, b), x| (a + x.reward as f64, b + x.response_len as f64));
+                Some(RlStep {
+                    reward_mean: reward / n,
+                    clip_frac: sums.clipped as f64 / t,
+                    entropy: sums.entropy / t,
+                    response_len: len / n,
+                    logprob_mismatch: sums.mismatch / t,
+                    kl: sums.kl / t,
+                })
+            }
+        };
+        Ok(StepReport { step, loss, lr, grad_norm, targets: n_targets, tokens: n_tokens, rows: rows.len(), seconds: started.elapsed().as_secs_f64(), rl })
     }
 }

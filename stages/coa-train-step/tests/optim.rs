@@ -82,7 +82,7 @@ fn clipping_follows_torch() {
 }
 
 fn ex(row: usize, len: usize) -> Example {
-    let mut e = Example { source: 0, row, task_id: format!("t{row}"), input_ids: vec![1; len], loss_mask: vec![1; len], segment_ids: None, n_targets: 0 };
+    let mut e = Example { source: 0, row, task_id: format!("t{row}"), input_ids: vec![1; len], loss_mask: vec![1; len], segment_ids: None, n_targets: 0, rl: None };
     e.n_targets = e.target_mask().iter().filter(|&&m| m == 1).count();
     e
 }
@@ -129,7 +129,7 @@ fn micro_batches_cover_the_step_in_order() {
 
 #[test]
 fn segment_starts_are_never_targets() {
-    let e = Example { source: 0, row: 0, task_id: "t".into(), input_ids: vec![5; 6], loss_mask: vec![1; 6], segment_ids: Some(vec![0, 0, 0, 1, 1, 1]), n_targets: 0 };
+    let e = Example { source: 0, row: 0, task_id: "t".into(), input_ids: vec![5; 6], loss_mask: vec![1; 6], segment_ids: Some(vec![0, 0, 0, 1, 1, 1]), n_targets: 0, rl: None };
     assert_eq!(e.target_mask(), vec![0, 1, 1, 0, 1, 1]);
 }
 

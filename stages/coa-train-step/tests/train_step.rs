@@ -418,8 +418,11 @@ fn bad_input_is_refused_with_the_row_and_column() {
     // Flags.
     let err = fails(&args(&base(&e, &["--objective", "ppo"])));
     assert!(err.contains("--objective") && err.contains("ppo"), "{err}");
+    // DAPO trains on scored rollouts, not on the tokens table.
     let err = fails(&args(&base(&e, &["--objective", "dapo"])));
-    assert!(err.contains("dapo") && err.contains("not implemented"), "{err}");
+    assert!(err.contains("`scores` table"), "{err}");
+    let err = fails(&args(&base(&e, &["--objective", "dapo", "--kl-coef", "0.1"])));
+    assert!(err.contains("--ref"), "{err}");
     let err = fails(&args(&base(&e, &["--min-lr", "1"])));
     assert!(err.contains("--min-lr"), "{err}");
     let err = fails(&["-i", s(&e.tokens), "--steps", "1"]);
