@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
-use arrow::array::{ArrayRef, Float32Array, Int64Array, StringArray};
+use arrow::array::{Array, ArrayRef, Float32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
 use coa_model::{Model, ModelConfig, SaveDtype};
 use coa_schemas::stage::{IoArgs, Stage};
@@ -447,8 +447,25 @@ fn pick_str(flag: &str, given: Option<&str>, saved: Option<&str>, default: &str,
     }
 }
 
-/// `coa-train-step plot`: a `metrics` table's loss curve as PNG.
-pub fn run_plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: &str) -> Result<()> {
+/// `coa-train-step plot --bars FILE.json`: bar panels as PNG (the pipeline's comparison plot).
+pub fn run_bars(stage: &mut Stage, json: &Path, output: &Path) -> Result<()> {
+    #[derive(serde::Deserialize)]
+    struct Bars {
+        title: String,
+        panels: Vec<plot::BarPanel>,
+    }
+    let text = std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+    let bars: Bars = serde_json::from_str(&text).with_context(|| {
+        format!("{}: expected {{\"title\": ..., \"panels\": [{{\"title\": ..., \"bars\": [[label, value], ...]}}]}}", json.display())
+    })?;
+    plot::write_bars_png(output, &bars.title, &bars.panels)?;
+    stage.add_input_file(json);
+    stage.note("plot", output.display().to_string());
+    Ok(())
+}
+
+/// `coa-train-step plot`: a `metrics` table's curve of `column` (e.g. loss, reward_mean) as PNG.
+pub fn run_plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: &str, column: &str) -> Result<()> {
     let reader = stage.open(input, &METRICS)?;
     let source = reader.source().to_string();
     let mut pts = Vec::new();
@@ -456,16 +473,21 @@ pub fn run_plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: &
         let batch = batch?;
         stage.add_rows_in(batch.num_rows() as u64);
         let step = batch.column_by_name("step").and_then(|c| c.as_any().downcast_ref::<Int64Array>()).ok_or_else(|| anyhow!("{source}: column `step` is not int64"))?;
-        let loss = batch.column_by_name("loss").and_then(|c| c.as_any().downcast_ref::<Float32Array>()).ok_or_else(|| anyhow!("{source}: column `loss` is not float32"))?;
+        let values = batch
+            .column_by_name(column)
+            .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
+            .ok_or_else(|| anyhow!("{source}: --column {column}: not a float32 column of the metrics table"))?;
         for i in 0..batch.num_rows() {
-            pts.push((step.value(i) as f64, loss.value(i) as f64));
+            if values.is_valid(i) {
+                pts.push((step.value(i) as f64, values.value(i) as f64));
+            }
         }
     }
     if pts.is_empty() {
-        bail!("{source}: the metrics table has no rows, nothing to plot");
+        bail!("{source}: the metrics table has no `{column}` values, nothing to plot");
     }
     pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-    plot::write_loss_png(output, &pts, title)?;
+    plot::write_curve_png(output, &pts, title, column)?;
     stage.note("plot", output.display().to_string());
     Ok(())
 }

@@ -45,7 +45,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Draw the loss curve of a `metrics` table as a PNG.
+    /// Draw a curve of a `metrics` table (loss by default) as a PNG, or bar panels from JSON.
     Plot(PlotArgs),
 }
 
@@ -54,6 +54,14 @@ struct PlotArgs {
     /// The `metrics` table (default: stdin).
     #[arg(short = 'i', long, value_name = "FILE")]
     input: Option<PathBuf>,
+    /// The metrics column to draw against the step: loss, lr, grad_norm, tokens_per_s,
+    /// reward_mean, clip_frac, entropy, response_len, logprob_mismatch.
+    #[arg(long, default_value = "loss")]
+    column: String,
+    /// Instead of a curve, draw bar panels from this JSON file:
+    /// {"title": "...", "panels": [{"title": "...", "bars": [["label", value], ...]}, ...]}.
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["input", "column"])]
+    bars: Option<PathBuf>,
     /// The PNG to write.
     #[arg(short = 'o', long, value_name = "FILE.png")]
     output: PathBuf,
@@ -70,7 +78,10 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Plot(p)) => {
             let mut stage = Stage::new("coa-train-step plot", env!("CARGO_PKG_VERSION"));
-            stage::run(&mut stage, |s| plot(s, p.input.as_deref(), &p.output, &p.title))
+            stage::run(&mut stage, |s| match &p.bars {
+                Some(json) => coa_train_step::cli::run_bars(s, json, &p.output),
+                None => plot(s, p.input.as_deref(), &p.output, &p.title, &p.column),
+            })
         }
         None => {
             let mut stage = Stage::new("coa-train-step", env!("CARGO_PKG_VERSION"));
@@ -80,9 +91,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: &str) -> Result<()> {
+fn plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: &str, column: &str) -> Result<()> {
     if output.as_os_str().is_empty() {
         bail!("plot: -o FILE.png is required");
     }
-    run_plot(stage, input, output, title).context("plot")
+    run_plot(stage, input, output, title, column).context("plot")
 }

@@ -74,9 +74,15 @@ fn fmt_tick(v: f64) -> String {
 
 /// Writes the loss curve (`points` = (step, loss)) to `path` as a PNG, atomically.
 pub fn write_loss_png(path: &Path, points: &[(f64, f64)], title: &str) -> Result<()> {
+    write_curve_png(path, points, title, "loss")
+}
+
+/// Writes a curve (`points` = (step, value)) to `path` as a PNG, atomically; `ylabel` names
+/// the value.
+pub fn write_curve_png(path: &Path, points: &[(f64, f64)], title: &str, ylabel: &str) -> Result<()> {
     let finite: Vec<(f64, f64)> = points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
     if finite.is_empty() {
-        bail!("--plot {}: no finite loss values to plot", path.display());
+        bail!("--plot {}: no finite {ylabel} values to plot", path.display());
     }
     if path.extension().and_then(|e| e.to_str()).map(|e| e.eq_ignore_ascii_case("png")) != Some(true) {
         bail!("--plot {}: the plot is written as PNG, give a path ending in .png", path.display());
@@ -136,7 +142,7 @@ pub fn write_loss_png(path: &Path, points: &[(f64, f64)], title: &str) -> Result
         }
         draw_text(&root, title, (WIDTH as i32 - text_width(title, 2)) / 2, 14, 2, &black)?;
         draw_text(&root, "step", (WIDTH as i32 - text_width("step", 2)) / 2, HEIGHT as i32 - 22, 2, &black)?;
-        draw_text(&root, "loss", 8, 14, 2, &black)?;
+        draw_text(&root, ylabel, 8, 14, 2, &black)?;
         root.present().map_err(err)?;
         Ok(())
     })();
@@ -145,6 +151,59 @@ pub fn write_loss_png(path: &Path, points: &[(f64, f64)], title: &str) -> Result
         return Err(e.context(format!("writing --plot {}", path.display())));
     }
     std::fs::rename(&tmp, path).with_context(|| format!("writing --plot {}", path.display()))
+}
+
+/// One panel of a bar chart: its title and (label, value) bars.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct BarPanel {
+    pub title: String,
+    pub bars: Vec<(String, f64)>,
+}
+
+/// Side-by-side bar panels (e.g. success and tokens per solved task of several systems) as a PNG,
+/// written atomically. Each panel has its own scale from 0; values are printed above the bars.
+pub fn write_bars_png(path: &Path, title: &str, panels: &[BarPanel]) -> Result<()> {
+    if panels.is_empty() || panels.iter().any(|p| p.bars.is_empty()) {
+        bail!("{}: nothing to plot (a panel without bars)", path.display());
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp.png", std::process::id()));
+    let colors = [RGBColor(127, 127, 127), RGBColor(31, 119, 180), RGBColor(214, 39, 40), RGBColor(44, 160, 44)];
+    let black = RGBColor(0, 0, 0);
+    let drawn = (|| -> Result<()> {
+        let root = BitMapBackend::new(&tmp, (WIDTH, HEIGHT)).into_drawing_area();
+        let err = |e: DrawingAreaErrorKind<_>| anyhow::anyhow!("drawing the plot: {e}");
+        root.fill(&WHITE).map_err(err)?;
+        draw_text(&root, title, (WIDTH as i32 - text_width(title, 2)) / 2, 14, 2, &black)?;
+        let panel_w = (WIDTH as i32 - 40) / panels.len() as i32;
+        let (top, bottom) = (TOP + 40, HEIGHT as i32 - BOTTOM);
+        for (k, panel) in panels.iter().enumerate() {
+            let x0 = 20 + k as i32 * panel_w;
+            draw_text(&root, &panel.title, x0 + (panel_w - text_width(&panel.title, 2)) / 2, TOP, 2, &black)?;
+            let max = panel.bars.iter().map(|b| b.1).filter(|v| v.is_finite()).fold(0.0f64, f64::max).max(1e-12);
+            let slot = (panel_w - 40) / panel.bars.len() as i32;
+            for (i, (label, v)) in panel.bars.iter().enumerate() {
+                let bx = x0 + 20 + i as i32 * slot + slot / 6;
+                let bw = slot * 2 / 3;
+                let h = if v.is_finite() { ((v / max) * (bottom - top - 30) as f64) as i32 } else { 0 };
+                root.draw(&Rectangle::new([(bx, bottom - h), (bx + bw, bottom)], colors[i % colors.len()].filled())).map_err(err)?;
+                let text = if v.is_finite() { fmt_tick((v * 10.0).round() / 10.0) } else { "-".into() };
+                draw_text(&root, &text, bx + (bw - text_width(&text, 2)) / 2, bottom - h - 20, 2, &black)?;
+                draw_text(&root, label, bx + (bw - text_width(label, 2)) / 2, bottom + 10, 2, &black)?;
+            }
+            root.draw(&PathElement::new(vec![(x0 + 10, bottom), (x0 + panel_w - 10, bottom)], black)).map_err(err)?;
+        }
+        root.present().map_err(err)?;
+        Ok(())
+    })();
+    if let Err(e) = drawn {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.context(format!("writing {}", path.display())));
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 /// A small fixed-width table of (step, loss, lr, grad_norm, tokens/s) rows, for stderr.
@@ -177,5 +236,20 @@ mod tests {
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temp file left");
         assert!(write_loss_png(&dir.path().join("x.svg"), &pts, "t").is_err());
+    }
+
+    #[test]
+    fn bar_panels_are_drawn_and_empty_panels_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let png = dir.path().join("bars.png");
+        let panels = vec![
+            BarPanel { title: "success %".into(), bars: vec![("teacher".into(), 60.0), ("SFT".into(), 5.0)] },
+            BarPanel { title: "tokens".into(), bars: vec![("teacher".into(), 9000.0), ("SFT".into(), f64::NAN)] },
+        ];
+        write_bars_png(&png, "t", &panels).unwrap();
+        assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
+        let empty = vec![BarPanel { title: "x".into(), bars: vec![] }];
+        assert!(write_bars_png(&dir.path().join("e.png"), "t", &empty).is_err());
+        assert!(!dir.path().join("e.png").exists());
     }
 }
