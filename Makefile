@@ -17,14 +17,16 @@ PYTHON  ?= python3
 VENV    := .venv
 TORCH_VENV := .venv-torch
 
-.PHONY: help build test pipeline tasks distill sft bench bench-io bench-distill bench-tokenize bench-train schemas-doc clean
+.PHONY: help build test pipeline tasks distill sft rl eval bench bench-io bench-distill bench-tokenize bench-train schemas-doc clean
 
 help:
-	@echo "make pipeline   run the offline default loop (today: tasks + distillation) into runs/$(RUN)/"
+	@echo "make pipeline   the whole offline loop into runs/$(RUN)/: tasks, distill, sft, rl, eval"
 	@echo "make test       build and run every test (unit, real-file, end-to-end)"
 	@echo "make build      build the stage binaries ($(PROFILE) profile) into $(BIN)/"
 	@echo "make tasks      runs/$(RUN)/tasks.parquet + corpus.parquet, and the held-out test/ split"
 	@echo "make distill    teacher MAS -> extract -> filter -> convert per suite, and the summary table"
+	@echo "make rl         RL_ITERS iterations of policy -> score -> dynamic sampling -> DAPO from the SFT checkpoint"
+	@echo "make eval       teacher MAS vs SFT vs SFT+RL on the held-out test tasks: the table and its plot"
 	@echo "make sft        tokenize the distilled CoA text and train a tiny Llama on the CPU into runs/$(RUN)/sft/ (loss table + loss.png)"
 	@echo "make bench      benchmarks side by side with the Python tools (writes bench/results/)"
 	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
@@ -41,9 +43,11 @@ include pipelines/cuda.mk
 include pipelines/tasks.mk
 include pipelines/distill.mk
 include pipelines/sft.mk
+include pipelines/rl.mk
+include pipelines/eval.mk
 
-pipeline: tasks distill sft
-	@echo "pipeline: tasks and distilled CoA data in $(RUNDIR)/ (sft, rl and eval arrive with their stages)"
+pipeline: tasks distill sft rl eval
+	@echo "pipeline: done; every intermediate table is in $(RUNDIR)/ (the comparison: $(RUNDIR)/eval/report.md and pipeline.png)"
 
 # Python side of the benchmarks: pyarrow, pandas, polars in a local virtualenv.
 $(VENV)/.ok: bench/requirements.txt

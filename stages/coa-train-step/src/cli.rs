@@ -426,6 +426,16 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         stage.note("first_loss", (first.loss * 1e4).round() / 1e4);
         stage.note("final_loss", (last.loss * 1e4).round() / 1e4);
     }
+    let rl: Vec<&RlStep> = reports.iter().filter_map(|r| r.rl.as_ref()).collect();
+    if !rl.is_empty() {
+        let mean = |f: &dyn Fn(&RlStep) -> f64| (rl.iter().map(|x| f(x)).sum::<f64>() / rl.len() as f64 * 1e4).round() / 1e4;
+        stage.note("reward_mean", mean(&|x| x.reward_mean));
+        stage.note("response_len", mean(&|x| x.response_len));
+        stage.note("clip_frac", mean(&|x| x.clip_frac));
+        stage.note("entropy", mean(&|x| x.entropy));
+        stage.note("logprob_mismatch", mean(&|x| x.logprob_mismatch));
+        stage.note("mean_loss", (reports.iter().map(|r| r.loss).sum::<f64>() / reports.len() as f64 * 1e4).round() / 1e4);
+    }
     stage.note("tokens", tokens as u64);
     stage.note("tokens_per_s", ((tokens as f64 / compute.max(1e-9)) * 10.0).round() / 10.0);
     stage.note("train_seconds", (wall * 1000.0).round() / 1000.0);

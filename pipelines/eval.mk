@@ -1,0 +1,33 @@
+# Evaluation on the held-out test split (DESIGN §10), the paper's comparison: the teacher
+# multi-agent system vs the distilled model (SFT) vs SFT+RL, in success and tokens per solved
+# task. The students answer greedily (one sample per task) with the same real tools.
+#   runs/<RUN>/eval/teacher/mas_runs.parquet + mas.json   the teacher on the test tasks
+#   runs/<RUN>/eval/<sft|rl>/scores.parquet + report.json  the students, scored
+#   runs/<RUN>/eval/report.md, pipeline.png                the table and its plot
+
+EVAL_MAX_RESPONSE ?= 768
+EVAL_MAX_TURNS    ?= 12
+EVAL := $(RUNDIR)/eval
+
+$(EVAL)/teacher/mas_runs.parquet: $(RUNDIR)/test/tasks.parquet $(RUNDIR)/test/corpus.parquet | build
+	$(GENERATE) mas -i $(RUNDIR)/test/tasks.parquet --corpus $(RUNDIR)/test/corpus.parquet --seed $(SEED) $(MAS_FLAGS) \
+	    --stats $(EVAL)/teacher/mas.json -o $@
+
+# $(1): sft | rl, $(2): the file that marks its training done, $(3): its checkpoint directory
+define eval_student
+$(EVAL)/$(1)/scores.parquet: $(2) $(RUNDIR)/test/tasks.parquet $(RUNDIR)/test/corpus.parquet
+	@mkdir -p $(EVAL)/$(1)
+	$(GENERATE) policy --checkpoint $(3) -i $(RUNDIR)/test/tasks.parquet --corpus $(RUNDIR)/test/corpus.parquet \
+	    --n 1 --temperature 0 --max-response-tokens $(EVAL_MAX_RESPONSE) --max-turns $(EVAL_MAX_TURNS) --model-name $(1) \
+	    --stats $(EVAL)/$(1)/policy.json \
+	| $(BIN)/coa-score --tasks $(RUNDIR)/test/tasks.parquet --max-response-len $(EVAL_MAX_RESPONSE) \
+	    --report $(EVAL)/$(1)/report.json --stats $(EVAL)/$(1)/score.json -o $$@
+endef
+$(eval $(call eval_student,sft,$(SFT)/metrics.parquet,$(SFT)/checkpoint))
+$(eval $(call eval_student,rl,$(RL)/checkpoint/config.json,$(RL)/checkpoint))
+
+.PHONY: eval
+eval: $(EVAL)/teacher/mas_runs.parquet $(EVAL)/sft/scores.parquet $(EVAL)/rl/scores.parquet
+	@$(PYTHON) pipelines/pipeline_report.py $(EVAL) | tee $(EVAL)/report.md
+	@$(BIN)/coa-train-step plot --bars $(EVAL)/pipeline.json -o $(EVAL)/pipeline.png 2>/dev/null
+	@echo "plot: $(EVAL)/pipeline.png"

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""The paper-style table of `make pipeline` (stdlib only): per suite, the teacher multi-agent
+system vs the distilled model (SFT) vs SFT+RL on the held-out test tasks, in success and tokens
+per solved task; also writes EVAL_DIR/pipeline.json for `coa-train-step plot --bars`.
+
+Tokens: the teacher's are every agent's tokens in + out (each agent re-reads its context; an
+estimate, see coa-agents), the students' are prompt + response tokens of their own BPE vocabulary
+(with a KV cache nothing is read twice). Both are "what the system processed to get an answer".
+
+usage: pipeline_report.py EVAL_DIR
+"""
+import json, os, sys
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def fmt(v, pct=False):
+    if v is None:
+        return "-"
+    return f"{100 * v:.1f}%" if pct else f"{v:,.0f}"
+
+
+def main():
+    root = sys.argv[1]
+    teacher = load(os.path.join(root, "teacher", "mas.json"))["suites"]
+    students = {name: {l["suite"]: l for l in load(os.path.join(root, name, "report.json"))} for name in ("sft", "rl")}
+    head = ("suite", "system", "tasks", "success", "tokens / task", "tokens / solved", "tokens / solved vs teacher", "format errors")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    bars_success, bars_tokens = [], []
+    for suite in sorted(teacher):
+        t = teacher[suite]
+        t_solved = t.get("tokens_per_solved")
+        rows = [(suite, "teacher MAS", t["runs"], fmt(t["success_rate"], True), fmt(t["tokens_per_task"]), fmt(t_solved), "100%", "-")]
+        if suite == "multihop":
+            bars_success.append(["teacher", 100 * t["success_rate"]])
+            bars_tokens.append(["teacher", t_solved if t_solved is not None else float("nan")])
+        for name, label in (("sft", "SFT"), ("rl", "SFT+RL")):
+            l = students[name].get(suite)
+            if l is None:
+                continue
+            solved = l["tokens_per_solved"]
+            ratio = f"{100 * solved / t_solved:.1f}%" if solved is not None and t_solved else "-"
+            rows.append((suite, label, l["tasks"], fmt(l["pass_at_1"], True), fmt(l["tokens_per_task"]), fmt(solved), ratio,
+                         fmt(l["format_error_rate"], True)))
+            if suite == "multihop":
+                bars_success.append([label, 100 * l["pass_at_1"]])
+                bars_tokens.append([label, solved if solved is not None else float("nan")])
+        for r in rows:
+            print("| " + " | ".join(str(x) for x in r) + " |")
+    print()
+    print("success = pass@1 (students: greedy, one sample per task; the teacher: one run per task).")
+    print(f"Students' per-suite reports: {root}/<sft|rl>/report.json; scored answers: {root}/<sft|rl>/scores.parquet")
+    panels = [{"title": "multihop success %", "bars": bars_success}, {"title": "multihop tokens / solved", "bars": bars_tokens}]
+    with open(os.path.join(root, "pipeline.json"), "w") as f:
+        json.dump({"title": "teacher MAS vs SFT vs SFT+RL (held-out test tasks)", "panels": panels}, f, allow_nan=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+# Agentic RL (DESIGN §9): RL_ITERS iterations of DAPO from the SFT checkpoint. Each iteration is
+# one pipe of four stages, with the scored rollouts also kept (tee) for inspection:
+#   coa-generate policy | coa-score | tee scores.arrow | coa-filter --dynamic-sampling | coa-train-step --objective dapo
+#   runs/<RUN>/rl/iter<k>/scores.arrow     rollouts with rewards and group advantages (an Arrow IPC stream)
+#   runs/<RUN>/rl/iter<k>/checkpoint/      the policy after iteration k (HF layout)
+#   runs/<RUN>/rl/iter<k>/metrics.parquet  DAPO steps: loss, reward, clip fraction, entropy, response length, mismatch
+#   runs/<RUN>/rl/checkpoint               -> the last iteration's checkpoint
+# Iteration k draws its tasks from the training split (task ids ending in k), so iterations see
+# different tasks; --oversample keeps generating until RL_GROUPS groups have unequal rewards.
+# Sized for the tiny CPU model; DEVICE=cuda with a larger config is for real runs.
+
+RL_ITERS        ?= 2
+RL_SUITE        ?= multihop
+RL_N            ?= 4
+RL_GROUPS       ?= 8
+RL_TEMPERATURE  ?= 1.0
+RL_MAX_RESPONSE ?= 768
+RL_OVERLONG     ?= 96
+RL_MAX_TURNS    ?= 12
+RL_LR           ?= 5e-5
+RL_BATCH_TOKENS ?= 16384
+RL_FLAGS        ?=
+
+RL := $(RUNDIR)/rl
+
+$(RL)/checkpoint/config.json: $(SFT)/metrics.parquet $(RUNDIR)/tasks.parquet $(RUNDIR)/corpus.parquet
+	@prev=$(SFT)/checkpoint; \
+	for k in $$(seq 1 $(RL_ITERS)); do \
+	  d=$(RL)/iter$$k; mkdir -p $$d; echo "rl: iteration $$k of $(RL_ITERS) -> $$d"; \
+	  $(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$(RL_SUITE)' AND task_id LIKE '%$$k'" 2>/dev/null \
+	  | $(BIN)/coa-generate policy --checkpoint $$prev --corpus $(RUNDIR)/corpus.parquet --n $(RL_N) --seed $$k \
+	      --temperature $(RL_TEMPERATURE) --max-response-tokens $(RL_MAX_RESPONSE) --overlong-cache $(RL_OVERLONG) \
+	      --max-turns $(RL_MAX_TURNS) --oversample --groups $(RL_GROUPS) --model-name rl-iter$$k --stats $$d/policy.json \
+	  | $(BIN)/coa-score --tasks $(RUNDIR)/tasks.parquet --max-response-len $(RL_MAX_RESPONSE) --overlong-cache $(RL_OVERLONG) \
+	      --report $$d/rollouts.md --stats $$d/score.json \
+	  | tee $$d/scores.arrow \
+	  | $(BIN)/coa-filter --rules none --dynamic-sampling --group-by task_id --value reward --stats $$d/filter.json \
+	  | $(BIN)/coa-train-step --objective dapo --init $$prev --seed $$k --lr $(RL_LR) --batch-tokens $(RL_BATCH_TOKENS) \
+	      $(RL_FLAGS) --save $$d/checkpoint --stats $$d/train.json -o $$d/metrics.parquet; \
+	  prev=$$d/checkpoint; \
+	done; \
+	rm -rf $(RL)/checkpoint.tmp && cp -r $$prev $(RL)/checkpoint.tmp && rm -rf $(RL)/checkpoint && mv $(RL)/checkpoint.tmp $(RL)/checkpoint
+	$(PYTHON) pipelines/rl_report.py $(RL) $(RL_ITERS) | tee $(RL)/report.md
+	$(BIN)/coa-train-step plot --bars $(RL)/curves.json -o $(RL)/curves.png
+
+.PHONY: rl
+rl: $(RL)/checkpoint/config.json
