@@ -194,18 +194,22 @@ impl Dataset {
                 }
             }
             self.fingerprint = (self.fingerprint ^ h.0).rotate_left(5).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            let mut ex = Example { source: source_idx, row, task_id, input_ids, loss_mask, segment_ids, n_targets: 0, rl: None };
-            ex.n_targets = ex.target_mask().iter().filter(|&&m| m == 1).count();
-            self.tokens += ex.input_ids.len() as u64;
-            if ex.n_targets == 0 {
-                self.skipped_no_targets += 1;
-                continue;
-            }
-            self.targets += ex.n_targets as u64;
-            self.max_len = self.max_len.max(ex.input_ids.len());
-            self.examples.push(ex);
+            self.push(Example { source: source_idx, row, task_id, input_ids, loss_mask, segment_ids, n_targets: 0, rl: None });
         }
         Ok(())
+    }
+
+    /// Counts a validated row and keeps it when it has a target.
+    fn push(&mut self, mut ex: Example) {
+        ex.n_targets = ex.target_mask().iter().filter(|&&m| m == 1).count();
+        self.tokens += ex.input_ids.len() as u64;
+        if ex.n_targets == 0 {
+            self.skipped_no_targets += 1;
+            return;
+        }
+        self.targets += ex.n_targets as u64;
+        self.max_len = self.max_len.max(ex.input_ids.len());
+        self.examples.push(ex);
     }
 
     /// Checks every id against the vocabulary and every length against the context window.
@@ -421,16 +425,7 @@ impl Dataset {
             h.bytes(&advantage.value(i).to_le_bytes());
             self.fingerprint = (self.fingerprint ^ h.0).rotate_left(5).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let rl = RlRow { reward: reward.value(i), advantage: advantage.value(i), sample_logp, response_len: n, old_logp: None, ref_logp: None };
-            let mut ex = Example { source: source_idx, row, task_id: r.task_id, input_ids, loss_mask, segment_ids: None, n_targets: 0, rl: Some(rl) };
-            ex.n_targets = ex.target_mask().iter().filter(|&&m| m == 1).count();
-            self.tokens += ex.input_ids.len() as u64;
-            if ex.n_targets == 0 {
-                self.skipped_no_targets += 1;
-                continue;
-            }
-            self.targets += ex.n_targets as u64;
-            self.max_len = self.max_len.max(ex.input_ids.len());
-            self.examples.push(ex);
+            self.push(Example { source: source_idx, row, task_id: r.task_id, input_ids, loss_mask, segment_ids: None, n_targets: 0, rl: Some(rl) });
         }
         Ok(())
     }
