@@ -477,3 +477,105 @@ fn resume_refuses_other_settings_and_other_data() {
     ok(&["-i", s(&e.tokens), "--resume", s(&ck), "--lr", "3e-3", "--micro-batch-tokens", "20", "-o", s(&e.p("y.parquet"))]);
     assert_eq!(read_metrics(&e.p("y.parquet")).iter().map(|r| r.0).collect::<Vec<_>>(), vec![3, 4]);
 }
+
+/// Scored rollouts (the `scores` table) for DAPO: `groups` tasks of 4 samples each, random ids,
+/// a 6-token prompt, observations (mask 0, log-prob 0) in the middle of each response.
+fn write_scores(path: &Path, groups: usize, ragged_row: Option<usize>) {
+    use coa_schemas::rows::{self, Rollout};
+    let mut rng = 7u64;
+    let mut next = || {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (rng >> 33) as i32
+    };
+    let mut rollouts = Vec::new();
+    let mut rewards = Vec::new();
+    for g in 0..groups {
+        for k in 0..4 {
+            let len = 20 + (next() % 10) as usize;
+            let response_ids: Vec<i32> = (0..len).map(|_| next() % VOCAB as i32).collect();
+            let loss_mask: Vec<u8> = (0..len).map(|t| if (8..12).contains(&t) { 0 } else { 1 }).collect();
+            let logprobs: Vec<f32> = loss_mask.iter().map(|&m| if m == 1 { -4.2 } else { 0.0 }).collect();
+            rollouts.push(Rollout {
+                task_id: format!("t{g}"),
+                suite: "math".into(),
+                sample_idx: k,
+                model: "m".into(),
+                prompt_ids: (0..6).map(|_| next() % VOCAB as i32).collect(),
+                response_ids,
+                loss_mask,
+                logprobs,
+                response_text: String::new(),
+                turns: 1,
+                tool_calls: 1,
+                finish_reason: "answer".into(),
+            });
+            rewards.push(if k == 0 { 1.0f32 } else { 0.0 });
+        }
+    }
+    if let Some(r) = ragged_row {
+        rollouts[r].logprobs.pop();
+    }
+    let base = rows::to_batch(&rollouts).unwrap();
+    let n = base.num_rows();
+    let mut cols = base.columns().to_vec();
+    let adv: Vec<f32> = rewards.chunks(4).flat_map(|g| coa_rewards_like_advantages(g)).collect();
+    cols.push(Arc::new(Float32Array::from(rewards.clone())));
+    cols.push(Arc::new(arrow::array::BooleanArray::from(rewards.iter().map(|&r| r > 0.0).collect::<Vec<_>>())));
+    cols.push(Arc::new(Float32Array::from(vec![None::<f32>; n])));
+    cols.push(Arc::new(arrow::array::BooleanArray::from(vec![true; n])));
+    cols.push(Arc::new(Float32Array::from(vec![0.0f32; n])));
+    cols.push(Arc::new(Float32Array::from(adv)));
+    let batch = RecordBatch::try_new(coa_schemas::tables::SCORES.schema(), cols).unwrap();
+    io::write_all(Some(path), None, &batch.schema(), &[batch], &provenance()).unwrap();
+}
+
+/// (R - mean) / (std + 1e-6), sample std: the values coa-score writes.
+fn coa_rewards_like_advantages(r: &[f32]) -> Vec<f32> {
+    let n = r.len() as f32;
+    let mean = r.iter().sum::<f32>() / n;
+    let std = (r.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / (n - 1.0)).sqrt();
+    r.iter().map(|x| (x - mean) / (std + 1e-6)).collect()
+}
+
+#[test]
+fn dapo_trains_on_scored_rollouts_and_reports_rl_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let scores = dir.path().join("scores.parquet");
+    write_scores(&scores, 3, None);
+    let config = write_config(dir.path());
+    let init = dir.path().join("init");
+    let metrics = dir.path().join("m0.parquet");
+    // A starting checkpoint (one SFT-free step is enough to have the HF files).
+    let tokens = dir.path().join("tokens.parquet");
+    write_tokens(&tokens, &dataset(4, 1));
+    ok(&["-i", s(&tokens), "--init-config", s(&config), "--steps", "1", "--lr", "1e-30", "--save", s(&init), "-o", s(&metrics)]);
+
+    let out_dir = dir.path().join("rl");
+    let m = dir.path().join("rl.parquet");
+    let out = ok(&["-i", s(&scores), "--objective", "dapo", "--init", s(&init), "--lr", "1e-2", "--batch-tokens", "60", "--save", s(&out_dir), "-o", s(&m)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("old log-probs of 12 rollouts"), "{stderr}");
+    let reader = io::open(Some(&m), &METRICS).unwrap();
+    let batches: Vec<RecordBatch> = reader.collect::<anyhow::Result<_>>().unwrap();
+    let b = &batches[0];
+    assert!(b.num_rows() > 1, "several mini-batch steps");
+    let col = |n: &str| b.column_by_name(n).unwrap().as_any().downcast_ref::<Float32Array>().unwrap().clone();
+    for name in ["reward_mean", "clip_frac", "entropy", "response_len", "logprob_mismatch"] {
+        let c = col(name);
+        assert_eq!(c.null_count(), 0, "{name} is filled for DAPO steps");
+    }
+    // The first step runs at ratio 1: nothing clipped. The sampler's log-probs (-4.2) are not
+    // the model's, so the mismatch is visible.
+    assert_eq!(col("clip_frac").value(0), 0.0);
+    assert!(col("logprob_mismatch").value(0) > 0.1);
+    // Weights moved.
+    let before = load_params(&init);
+    let after = load_params(&out_dir);
+    let moved = before.tensors.iter().zip(&after.tensors).any(|(a, b)| a.data != b.data);
+    assert!(moved, "DAPO updated the weights");
+
+    // Bad input: a rollout whose log-probs do not cover its response is named.
+    write_scores(&scores, 3, Some(5));
+    let err = fails(&["-i", s(&scores), "--objective", "dapo", "--init", s(&init), "-o", s(&m)]);
+    assert!(err.contains("row 5") && err.contains("logprobs"), "{err}");
+}
