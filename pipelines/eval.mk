@@ -5,7 +5,7 @@
 #   runs/<RUN>/eval/<sft|rl>/scores.parquet + report.json  the students, scored
 #   runs/<RUN>/eval/report.md, pipeline.png                the table and its plot
 
-EVAL_MAX_RESPONSE ?= 768
+EVAL_MAX_RESPONSE ?= 512
 EVAL_MAX_TURNS    ?= 12
 EVAL := $(RUNDIR)/eval
 
@@ -29,5 +29,5 @@ $(eval $(call eval_student,rl,$(RL)/checkpoint/config.json,$(RL)/checkpoint))
 .PHONY: eval
 eval: $(EVAL)/teacher/mas_runs.parquet $(EVAL)/sft/scores.parquet $(EVAL)/rl/scores.parquet
 	@$(PYTHON) pipelines/pipeline_report.py $(EVAL) | tee $(EVAL)/report.md
-	@$(BIN)/coa-train-step plot --bars $(EVAL)/pipeline.json -o $(EVAL)/pipeline.png 2>/dev/null
+	$(BIN)/coa-train-step plot --bars $(EVAL)/pipeline.json -o $(EVAL)/pipeline.png
 	@echo "plot: $(EVAL)/pipeline.png"

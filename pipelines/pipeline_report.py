@@ -37,7 +37,7 @@ def main():
         rows = [(suite, "teacher MAS", t["runs"], fmt(t["success_rate"], True), fmt(t["tokens_per_task"]), fmt(t_solved), "100%", "-")]
         if suite == "multihop":
             bars_success.append(["teacher", 100 * t["success_rate"]])
-            bars_tokens.append(["teacher", t_solved if t_solved is not None else float("nan")])
+            bars_tokens.append(["teacher", t_solved])
         for name, label in (("sft", "SFT"), ("rl", "SFT+RL")):
             l = students[name].get(suite)
             if l is None:
@@ -48,7 +48,7 @@ def main():
                          fmt(l["format_error_rate"], True)))
             if suite == "multihop":
                 bars_success.append([label, 100 * l["pass_at_1"]])
-                bars_tokens.append([label, solved if solved is not None else float("nan")])
+                bars_tokens.append([label, solved])
         for r in rows:
             print("| " + " | ".join(str(x) for x in r) + " |")
     print()
@@ -56,7 +56,7 @@ def main():
     print(f"Students' per-suite reports: {root}/<sft|rl>/report.json; scored answers: {root}/<sft|rl>/scores.parquet")
     panels = [{"title": "multihop success %", "bars": bars_success}, {"title": "multihop tokens / solved", "bars": bars_tokens}]
     with open(os.path.join(root, "pipeline.json"), "w") as f:
-        json.dump({"title": "teacher MAS vs SFT vs SFT+RL (held-out test tasks)", "panels": panels}, f, allow_nan=True)
+        json.dump({"title": "teacher MAS vs SFT vs SFT+RL (held-out test tasks)", "panels": panels}, f, allow_nan=False)
 
 
 if __name__ == "__main__":

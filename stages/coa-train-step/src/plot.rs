@@ -157,7 +157,8 @@ pub fn write_curve_png(path: &Path, points: &[(f64, f64)], title: &str, ylabel: 
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct BarPanel {
     pub title: String,
-    pub bars: Vec<(String, f64)>,
+    /// `None` (JSON null): no value (e.g. tokens per solved task when nothing was solved), drawn as "-".
+    pub bars: Vec<(String, Option<f64>)>,
 }
 
 /// Side-by-side bar panels (e.g. success and tokens per solved task of several systems) as a PNG,
@@ -183,9 +184,10 @@ pub fn write_bars_png(path: &Path, title: &str, panels: &[BarPanel]) -> Result<(
         for (k, panel) in panels.iter().enumerate() {
             let x0 = 20 + k as i32 * panel_w;
             draw_text(&root, &panel.title, x0 + (panel_w - text_width(&panel.title, 2)) / 2, TOP, 2, &black)?;
-            let max = panel.bars.iter().map(|b| b.1).filter(|v| v.is_finite()).fold(0.0f64, f64::max).max(1e-12);
+            let max = panel.bars.iter().filter_map(|b| b.1).filter(|v| v.is_finite()).fold(0.0f64, f64::max).max(1e-12);
             let slot = (panel_w - 40) / panel.bars.len() as i32;
             for (i, (label, v)) in panel.bars.iter().enumerate() {
+                let v = v.unwrap_or(f64::NAN);
                 let bx = x0 + 20 + i as i32 * slot + slot / 6;
                 let bw = slot * 2 / 3;
                 let h = if v.is_finite() { ((v / max) * (bottom - top - 30) as f64) as i32 } else { 0 };
@@ -243,8 +245,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let png = dir.path().join("bars.png");
         let panels = vec![
-            BarPanel { title: "success %".into(), bars: vec![("teacher".into(), 60.0), ("SFT".into(), 5.0)] },
-            BarPanel { title: "tokens".into(), bars: vec![("teacher".into(), 9000.0), ("SFT".into(), f64::NAN)] },
+            BarPanel { title: "success %".into(), bars: vec![("teacher".into(), Some(60.0)), ("SFT".into(), Some(5.0))] },
+            BarPanel { title: "tokens".into(), bars: vec![("teacher".into(), Some(9000.0)), ("SFT".into(), None)] },
         ];
         write_bars_png(&png, "t", &panels).unwrap();
         assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
