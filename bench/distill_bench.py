@@ -5,7 +5,7 @@
 The input is real teacher output: `coa-generate mas` on --base multihop tasks, tiled to --rows
 runs with distinct task ids. Reports trajectories/s for both and the ratio; writes markdown.
 """
-import argparse, os, platform, subprocess, sys, tempfile, time
+import argparse, atexit, shutil, os, platform, subprocess, sys, tempfile, time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,6 +25,7 @@ def main():
     a = ap.parse_args()
     b = lambda name: os.path.join(a.bin, name)
     tmp = tempfile.mkdtemp(prefix="coa-distill-bench-")
+    atexit.register(shutil.rmtree, tmp, True)
     p = lambda name: os.path.join(tmp, name)
 
     run([b("coa-generate"), "tasks", "--suite", "multihop", "--n", str(a.base), "--seed", "1",

@@ -14,7 +14,7 @@ distinct task ids. Both sides read Parquet and write Parquet with the same `toke
 
 After timing, the two outputs are compared row by row (ids and masks) and the result is reported.
 """
-import argparse, json, os, platform, subprocess, sys, tempfile, time
+import argparse, atexit, shutil, json, os, platform, subprocess, sys, tempfile, time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -101,6 +101,7 @@ def main():
     if missing:
         sys.exit(f"missing {', '.join(missing)}: run `make distill` first")
     tmp = tempfile.mkdtemp(prefix="coa-tokenize-bench-")
+    atexit.register(shutil.rmtree, tmp, True)
     p = lambda name: os.path.join(tmp, name)
     cols = ["task_id", "suite", "prompt", "text", "observation_spans"]
     base = pa.concat_tables([pq.read_table(f, columns=cols) for f in a.inputs])
