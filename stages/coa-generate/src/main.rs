@@ -10,6 +10,17 @@
 mod mas;
 mod policy;
 
+/// Reads the `corpus` table of `--corpus FILE` into a searchable corpus (mas and policy share it).
+fn read_corpus(stage: &mut Stage, path: &std::path::Path) -> Result<coa_tools::Corpus> {
+    use anyhow::Context;
+    let reader = stage.open(Some(path), &CORPUS)?;
+    let mut pages: Vec<rows::CorpusPage> = Vec::new();
+    for batch in reader {
+        pages.extend(rows::from_batch::<rows::CorpusPage>(&batch?).with_context(|| format!("{}: reading corpus pages", path.display()))?);
+    }
+    coa_tools::Corpus::new(pages).with_context(|| format!("--corpus {}", path.display()))
+}
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use coa_agents::{Backend, Noise, OpenAiBackend, OpenAiClient, OpenAiConfig, RunConfig, RunStats, Runner, ScriptedBackend, ToolConfig, Tools};
-use coa_schemas::rows::{self, CorpusPage, Task};
+use coa_schemas::rows::{self, Task};
 use coa_schemas::stage::{IoArgs, Stage};
-use coa_schemas::tables::{CORPUS, MAS_RUNS, TASKS};
-use coa_tools::{Corpus, SandboxLimits};
+use coa_schemas::tables::{MAS_RUNS, TASKS};
+use coa_tools::SandboxLimits;
 use serde_json::json;
 
 /// Tasks run in parallel per written batch: bounds memory (every event keeps the messages its
@@ -237,14 +237,7 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
     // The corpus, when web tasks need it.
     let web_tasks: Vec<&Task> = runnable.iter().filter(|t| !matches!(t.suite.as_str(), "math" | "code")).collect();
     let corpus = match &args.corpus {
-        Some(path) => {
-            let reader = stage.open(Some(path), &CORPUS)?;
-            let mut pages: Vec<CorpusPage> = Vec::new();
-            for batch in reader {
-                pages.extend(rows::from_batch::<CorpusPage>(&batch?).with_context(|| format!("{}: reading corpus pages", path.display()))?);
-            }
-            Some(Corpus::new(pages).with_context(|| format!("--corpus {}", path.display()))?)
-        }
+        Some(path) => Some(crate::read_corpus(stage, path)?),
         None if !web_tasks.is_empty() => bail!(
             "--corpus FILE is required: {} task(s) search the web (suite {}, first: task {}); pass the corpus written by `coa-generate tasks --corpus-out`",
             web_tasks.len(),

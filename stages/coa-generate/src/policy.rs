@@ -52,11 +52,11 @@ use coa_agents::{Action, ToolConfig, Tools};
 use coa_format::{build_prompt, code_source, render, Step, Tag};
 use coa_model::{KvCache, Model};
 use coa_rewards::RewardConfig;
-use coa_schemas::rows::{self, CorpusPage, Rollout, Task};
+use coa_schemas::rows::{self, Rollout, Task};
 use coa_schemas::stage::{IoArgs, Stage};
-use coa_schemas::tables::{CORPUS, ROLLOUTS, TASKS};
+use coa_schemas::tables::{ROLLOUTS, TASKS};
 use coa_tokenize::{encode_row, SpecialChoice, Vocab};
-use coa_tools::{Corpus, SandboxLimits};
+use coa_tools::SandboxLimits;
 
 /// What joins a tool call and its observation block in the rendered CoA text (`coa_format::render`
 /// separates blocks with one newline; a test holds the two together).
@@ -612,15 +612,6 @@ pub fn load_checkpoint(dir: &Path, bos: &SpecialChoice, eos: &SpecialChoice) -> 
     Ok((model, vocab))
 }
 
-fn read_corpus(stage: &mut Stage, path: &Path) -> Result<Corpus> {
-    let reader = stage.open(Some(path), &CORPUS)?;
-    let mut pages: Vec<CorpusPage> = Vec::new();
-    for batch in reader {
-        pages.extend(rows::from_batch::<CorpusPage>(&batch?).with_context(|| format!("{}: reading corpus pages", path.display()))?);
-    }
-    Corpus::new(pages).with_context(|| format!("--corpus {}", path.display()))
-}
-
 pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     match args.device {
         Device::Cuda => bail!("--device cuda: not implemented yet on CUDA for policy decoding; use --device cpu"),
@@ -662,7 +653,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
 
     let web: Vec<&Task> = tasks.iter().filter(|t| !matches!(t.suite.as_str(), "math" | "code")).collect();
     let corpus = match &args.corpus {
-        Some(path) => Some(read_corpus(stage, path)?),
+        Some(path) => Some(crate::read_corpus(stage, path)?),
         None if !web.is_empty() => bail!(
             "--corpus FILE is required: {} task(s) search the web (suite {}, first: task {}); pass the corpus written by `coa-generate tasks --corpus-out`",
             web.len(),
