@@ -177,35 +177,3 @@ fn bad_calls_are_errors() {
     let e = m.prefill(&mut c2, 0, &[1]).unwrap_err().to_string();
     assert!(e.contains("kv heads"), "{e}");
 }
-
-/// Throughput of batched decoding on the tiny preset (run with `--ignored --nocapture`;
-/// `RAYON_NUM_THREADS` sets the threads): a 256-token prompt per slot, then 128 decode steps.
-#[test]
-#[ignore]
-fn decode_throughput_tiny_preset() {
-    let c = ModelConfig::preset("tiny", 4096).unwrap();
-    let m = Model::init(c, 0).unwrap();
-    for batch in [1usize, 8, 32] {
-        let mut cache = KvCache::new(&m.config, batch, 256 + 128).unwrap();
-        let prompts: Vec<Vec<u32>> = (0..batch).map(|i| ids(256, 4096, i as u64)).collect();
-        let items: Vec<(usize, &[u32])> = prompts.iter().enumerate().map(|(i, p)| (i, p.as_slice())).collect();
-        let t0 = std::time::Instant::now();
-        m.extend(&mut cache, &items).unwrap();
-        let prefill = t0.elapsed().as_secs_f64();
-        let slots: Vec<usize> = (0..batch).collect();
-        let t0 = std::time::Instant::now();
-        let steps = 128;
-        for s in 0..steps {
-            let toks: Vec<u32> = (0..batch).map(|i| ((s * 31 + i * 7) % 4096) as u32).collect();
-            m.decode_step(&mut cache, &slots, &toks).unwrap();
-        }
-        let dt = t0.elapsed().as_secs_f64();
-        println!(
-            "tiny preset, {} threads, batch {batch}: prefill {:.0} tok/s, decode {:.0} tok/s ({:.2} ms/step)",
-            rayon::current_num_threads(),
-            (batch * 256) as f64 / prefill,
-            (batch * steps) as f64 / dt,
-            dt * 1000.0 / steps as f64
-        );
-    }
-}
