@@ -173,7 +173,7 @@ impl TableReader {
     }
 
     fn conform(&self, batch: RecordBatch) -> Result<RecordBatch> {
-        let batch = if self.prune.is_empty() { batch } else { prune_batch(&batch, &self.prune)? };
+        let batch = if self.prune.is_empty() { batch } else { prune_batch(&batch, &self.prune, &self.found)? };
         if !self.needs_cast {
             // Same columns and types: only the schema (metadata, nullability) is swapped, which
             // still checks that required columns hold no nulls.
@@ -472,15 +472,15 @@ fn prune_array(array: &ArrayRef, path: &[&str]) -> Result<ArrayRef> {
     })
 }
 
-fn prune_batch(batch: &RecordBatch, omit: &[Vec<&'static str>]) -> Result<RecordBatch> {
+/// `batch` without the omitted fields; `pruned` is the input schema without them (computed once).
+fn prune_batch(batch: &RecordBatch, omit: &[Vec<&'static str>], pruned: &SchemaRef) -> Result<RecordBatch> {
     let mut columns = batch.columns().to_vec();
     for path in omit {
         if let Ok(idx) = batch.schema().index_of(path[0]) {
             columns[idx] = prune_array(&columns[idx], &path[1..])?;
         }
     }
-    let schema = prune_schema(&batch.schema(), omit);
-    Ok(RecordBatch::try_new(schema, columns)?)
+    Ok(RecordBatch::try_new(pruned.clone(), columns)?)
 }
 
 /// Decodes batches on a background thread, a few ahead of the consumer, so decompression overlaps

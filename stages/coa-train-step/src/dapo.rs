@@ -26,11 +26,13 @@ impl Default for DapoConfig {
     }
 }
 
-/// One sequence's share of the step: its loss terms (already divided by N) and statistics summed
-/// over its target tokens.
+/// One sequence's share of the step: its loss (divided by N) and statistics summed over its
+/// target tokens.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DapoTerms {
+    /// The sequence's share of the step loss (already divided by N).
     pub loss: f64,
+    /// Σ KL_t over its target tokens (not divided).
     pub kl: f64,
     /// Target tokens whose clipped branch was active (the gradient is cut).
     pub clipped: usize,
@@ -72,7 +74,7 @@ pub fn dapo_terms(
         if let (Some(rl), true) = (ref_logp, config.kl_coef != 0.0) {
             let d = rl[t] as f64 - logp[t] as f64;
             let kl = d.exp() - d - 1.0;
-            out.kl += kl * inv_n;
+            out.kl += kl;
             out.loss += config.kl_coef as f64 * kl * inv_n;
             g += config.kl_coef as f64 * (1.0 - d.exp());
         }

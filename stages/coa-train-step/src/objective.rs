@@ -65,7 +65,7 @@ impl Objective {
         let Some(rl) = &example.rl else { bail!("row {} (task_id {:?}): not a scored rollout", example.row, example.task_id) };
         let Some(old) = &rl.old_logp else { bail!("internal: old log-probs of row {} were not computed", example.row) };
         let t = dapo_terms(&stats.logp, old, rl.ref_logp.as_deref(), target_mask, rl.advantage, n_targets, config);
-        let mut sums = RlSums { targets: t.targets, clipped: t.clipped, kl: t.kl * n_targets as f64, ..Default::default() };
+        let mut sums = RlSums { targets: t.targets, clipped: t.clipped, kl: t.kl, ..Default::default() };
         for (i, &m) in target_mask.iter().enumerate() {
             if m != 0 {
                 sums.entropy += stats.entropy[i] as f64;
