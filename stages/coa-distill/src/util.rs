@@ -17,9 +17,14 @@ use coa_schemas::io::{TableReader, BATCH_ROWS};
 /// derived from the thread count) so that output is byte-identical on any machine.
 pub const UNIT_ROWS: usize = 1024;
 
-/// Rows gathered from the input before one parallel pass (bounded: teacher runs carry every
-/// agent's whole context, so a row can weigh tens of kilobytes).
+/// Rows gathered from the input before one parallel pass.
 pub const GROUP_ROWS: usize = BATCH_ROWS;
+
+/// Decoded input bytes gathered before one parallel pass. Teacher runs weigh kilobytes each: by
+/// rows alone a group of 100k-row input held ~60 MB in and as much out, and every pass faulted
+/// fresh zeroed pages for it (a fifth of coa-extract's time in the kernel). A few MB per group
+/// stays in memory the allocator reuses, and still gives every core many batches.
+pub const GROUP_BYTES: usize = 8 << 20;
 
 /// The column added to rejected rows.
 pub const REJECT_REASON: &str = "reject_reason";
@@ -52,15 +57,17 @@ pub fn units(batches: &[RecordBatch], first_row: u64) -> Vec<Unit> {
     out
 }
 
-/// Reads batches until at least [`GROUP_ROWS`] rows are gathered (or the input ends).
+/// Reads batches until [`GROUP_ROWS`] rows or [`GROUP_BYTES`] bytes are gathered (or the input
+/// ends).
 pub fn next_group(reader: &mut TableReader) -> Result<Vec<RecordBatch>> {
     let mut group = Vec::new();
-    let mut rows = 0;
-    while rows < GROUP_ROWS {
+    let (mut rows, mut bytes) = (0, 0);
+    while rows < GROUP_ROWS && bytes < GROUP_BYTES {
         match reader.next() {
             Some(b) => {
                 let b = b?;
                 rows += b.num_rows();
+                bytes += b.get_array_memory_size();
                 if b.num_rows() > 0 {
                     group.push(b);
                 }
