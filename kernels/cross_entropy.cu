@@ -192,3 +192,30 @@ extern "C" __global__ void xent_loss_sum(const float* __restrict__ logp, const f
     acc = block_sum(acc, scratch);
     if (threadIdx.x == 0) out[0] = acc;
 }
+
+// Entropy of each row's predictive distribution, an RL statistic (the CPU reference's
+// `logsoftmax_forward` entropy): with p_j = exp(z_j - lse) over logits [N, V] (unchanged) and
+// lse [N] from xent_fwd_bwd (write_grad = 0),
+//   entropy[i] = sum_j p_j * (lse - z_j)   (nats; 0 for rows with target < 0, like logp)
+// One block per row (grid-stride), f32 accumulation, deterministic.
+extern "C" __global__ void xent_entropy(const bf16* __restrict__ logits, const int* __restrict__ targets,
+                                        const float* __restrict__ lse, float* __restrict__ entropy,
+                                        int N, int V) {
+    __shared__ float scratch[32];
+    for (int row = blockIdx.x; row < N; row += gridDim.x) {
+        // Uniform across the block: every thread reads the same target.
+        if (targets[row] < 0 || targets[row] >= V) {
+            if (threadIdx.x == 0) entropy[row] = 0.f;
+            continue;
+        }
+        const bf16* x = logits + (i64)row * V;
+        const float l = lse[row];
+        float acc = 0.f;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            const float nlp = l - bf2f(x[j]);  // -log p_j >= 0
+            acc += expf(-nlp) * nlp;
+        }
+        acc = block_sum(acc, scratch);
+        if (threadIdx.x == 0) entropy[row] = acc;
+    }
+}

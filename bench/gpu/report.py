@@ -52,12 +52,24 @@ for r in (x for x in ours if x["kind"] == "xent"):
     print(f"| {r['N']} | {r['V']} | {r['ms']:.3f} | {r['gbps']:.0f} | {pct} | "
           + (f"{t['ms']:.3f} | {t['gbps']:.0f} | {t['ms'] / r['ms']:.2f}x |" if t else "- | - | - |"))
 
-print("\n### Train step (~125M Llama, bf16)\n")
+print("\n### Train step (~125M Llama, bf16, batch 8 x 1024, AdamW)\n")
 ts = next((x for x in torch_ if x["kind"] == "trainstep"), None)
+us = next((x for x in ours if x["kind"] == "trainstep"), None)
+peak = us.get("peak_tflops") if us else None
+print("| implementation | ms / step | tokens/s | model TFLOP/s | MFU |")
+print("|---|---:|---:|---:|---:|")
+if us:
+    mfu = f"{100 * us['mfu']:.1f}%" if us.get("mfu") is not None else "-"
+    print(f"| coa-train-step --device cuda | {us['ms']:.1f} | {us['tokens_per_s']:.0f} | {us['tflops']:.0f} | {mfu} |")
+else:
+    print("| coa-train-step --device cuda | not measured (see trainstep.err) | | | |")
 if ts and "error" not in ts:
-    print(f"PyTorch eager: {ts['tokens_per_s']:.0f} tokens/s ({ts['tflops']:.0f} TFLOP/s model FLOPs), "
-          f"{ts['params'] / 1e6:.0f}M params, batch {ts['B']}x{ts['T']}.")
+    mfu = f"{100 * ts['tflops'] / peak:.1f}%" if peak else "-"
+    print(f"| PyTorch eager (HF transformers, SDPA, fused AdamW) | {ts['ms']:.1f} | {ts['tokens_per_s']:.0f} | {ts['tflops']:.0f} | {mfu} |")
 elif ts:
-    print(f"PyTorch eager: not measured ({ts['error']}).")
-print("\n**coa-train-step --device cuda: NOT MEASURED YET** -- the GPU train step is not wired into "
-      "coa-train-step; this row awaits it (bench/gpu/run.sh has the marked section).")
+    print(f"| PyTorch eager | not measured ({ts['error']}) | | | |")
+if us:
+    print(f"\n{us['params'] / 1e6:.0f}M parameters; model FLOPs = 6 N + 6 L T d per token (torch_ref.py's formula)"
+          + (f", MFU against {peak:.0f} TFLOP/s dense bf16" if peak else "")
+          + f". Ours: SFT loss {us['loss_first']:.3f} -> {us['loss_last']:.3f} over the timed steps"
+          + (f"; ours / PyTorch: {us['tokens_per_s'] / ts['tokens_per_s']:.2f}x tokens/s." if ts and "error" not in ts else "."))

@@ -5,9 +5,11 @@
 #   bash bench/gpu/run.sh device    # ON THE GPU MACHINE, one device-tool call, carrying .gpubin:
 #       run(command="bash bench/gpu/run.sh device", carry=[".gpubin"], timeout_s=600)
 #
-# The device half runs the kernel correctness tests (every kernel against the CPU reference, on
-# the real GPU), then times our kernels and PyTorch's on the same machine, and writes
-# $OUT/gpu_bench.md (tables for BENCHMARKS.md) plus the raw logs under $OUT.
+# The device half runs the correctness tests on the real GPU (every kernel against the CPU
+# reference; the GPU model against the CPU model; `coa-train-step --device cuda` against the CPU
+# trainer, checkpoints moving between them), then times our kernels and PyTorch's, and our train
+# step and PyTorch eager's on the same ~125M Llama and batch, and writes $OUT/gpu_bench.md (tables
+# for BENCHMARKS.md) plus the raw logs under $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=.gpubin
@@ -15,17 +17,24 @@ BIN=.gpubin
 build() {
     grep -qxF "/$BIN/" .git/info/exclude 2>/dev/null || echo "/$BIN/" >> .git/info/exclude
     rm -rf "$BIN" && mkdir -p "$BIN"
-    cargo build --release -p coa-kernels --examples --tests --message-format=json-render-diagnostics \
+    cargo build --release -p coa-kernels -p coa-train-step --bins --examples --tests \
+        --message-format=json-render-diagnostics \
         | python3 -c '
 import json, shutil, sys
-want = {"gpu_bench", "gpu_kernels", "device_select", "nvrtc_compile", "ptxas_report"}
+want = {"gpu_bench", "gpu_kernels", "gpu_model", "device_select", "nvrtc_compile", "ptxas_report",
+        "coa-train-step", "gpu_train", "gpu_trainstep_bench"}
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
-        shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
-        print("  " + m["target"]["name"], file=sys.stderr)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or m["target"]["name"] not in want:
+        continue
+    if "bin" in m["target"]["kind"] and m["profile"]["test"]:
+        continue  # a binary built as its own unit-test harness has the same name: keep the binary
+    shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
+    print("  " + m["target"]["name"], file=sys.stderr)
 ' "$BIN"
-    for b in gpu_bench gpu_kernels device_select nvrtc_compile; do test -x "$BIN/$b"; done
+    for b in gpu_bench gpu_kernels gpu_model device_select nvrtc_compile coa-train-step gpu_train gpu_trainstep_bench; do
+        test -x "$BIN/$b"
+    done
     du -sh "$BIN"
     echo "now: run(command=\"bash bench/gpu/run.sh device\", carry=[\"$BIN\"], timeout_s=600)"
 }
@@ -42,7 +51,9 @@ device() {
     export COA_CACHE_DIR=/tmp/coa-ptx PYTHONUNBUFFERED=1
     local status=0
     : > "$OUT/tests.log"
-    for t in device_select nvrtc_compile gpu_kernels; do
+    # gpu_train runs the stage binary too: the one carried here, not the build machine's path.
+    export COA_TRAIN_STEP_BIN=$PWD/$BIN/coa-train-step
+    for t in device_select nvrtc_compile gpu_kernels gpu_model gpu_train; do
         echo "== $t" | tee -a "$OUT/tests.log"
         "$BIN/$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1 || status=1
         grep -E "^test result|FAILED|panicked|skipped" "$OUT/tests.log" | tail -3
@@ -53,12 +64,12 @@ device() {
     echo "== PyTorch"
     python3 bench/gpu/torch_ref.py attention xent copy > "$OUT/torch.jsonl" 2> "$OUT/torch.err" || { status=1; tail -20 "$OUT/torch.err"; }
 
-    # ---- TRAIN STEP: our side awaits `coa-train-step --device cuda` (not wired yet). ----------
-    # When it exists: build it in `build()` (cargo build --release -p coa-train-step), copy it into
-    # .gpubin, and time it here on the ~125M Llama config with the same batch (8 x 1024) as
-    # torch_ref.py's trainstep, emitting {"kind":"trainstep","impl":"ours",...} into ours.jsonl.
+    # Train step: `Trainer::step` on the GPU (what `coa-train-step --device cuda` runs) and PyTorch
+    # eager, both on the ~125M Llama with a batch of 8 x 1024 tokens.
+    echo "== train step"
+    "$BIN/gpu_trainstep_bench" >> "$OUT/ours.jsonl" 2> "$OUT/trainstep.err" || { status=1; tail -20 "$OUT/trainstep.err"; }
+    tail -2 "$OUT/trainstep.err"
     python3 bench/gpu/torch_ref.py trainstep >> "$OUT/torch.jsonl" 2>> "$OUT/torch.err" || { status=1; tail -20 "$OUT/torch.err"; }
-    # -------------------------------------------------------------------------------------------
 
     python3 bench/gpu/report.py "$OUT/ours.jsonl" "$OUT/torch.jsonl" "$OUT/tests.log" > "$OUT/gpu_bench.md"
     cat "$OUT/gpu_bench.md"

@@ -184,14 +184,14 @@ impl GemmOut for f32 {
     const DTYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_32F;
 }
 
-fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
+pub(crate) fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
     if have < need {
         return Err(Error(format!("{what}: buffer has {have} elements, the shape needs {need}")));
     }
     Ok(())
 }
 
-fn i32_of(what: &str, n: usize) -> Result<i32> {
+pub(crate) fn i32_of(what: &str, n: usize) -> Result<i32> {
     i32::try_from(n).map_err(|_| Error(format!("{what} = {n} does not fit the kernel's int")))
 }
 
@@ -270,7 +270,7 @@ impl Gpu {
         blocks.min(self.info.multiprocessors as usize * 32) as u32
     }
 
-    fn cfg1(grid: u32, block: u32, smem: u32) -> LaunchConfig {
+    pub(crate) fn cfg1(grid: u32, block: u32, smem: u32) -> LaunchConfig {
         LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem }
     }
 
@@ -504,12 +504,6 @@ impl Gpu {
         check_len("attention dq", dq.len(), l.q.extent(s.batch, s.seq, s.q_heads, s.head_dim))?;
         check_len("attention dk", dk.len(), l.k.extent(s.batch, s.seq, s.kv_heads, s.head_dim))?;
         check_len("attention dv", dv.len(), l.v.extent(s.batch, s.seq, s.kv_heads, s.head_dim))?;
-        let rows = s.batch * s.seq * s.q_heads;
-        if rows == 0 {
-            return Ok(());
-        }
-        let mut dq_acc: CudaSlice<f32> = self.zeros(rows * s.head_dim)?;
-        let mut delta: CudaSlice<f32> = unsafe { self.stream.alloc(rows) }?;
         let (qp, _g1) = q.device_ptr(&self.stream);
         let (kp, _g2) = k.device_ptr(&self.stream);
         let (vp, _g3) = v.device_ptr(&self.stream);
@@ -520,8 +514,6 @@ impl Gpu {
         let (dqp, _g7) = dq.device_ptr_mut(&self.stream);
         let (dkp, _g8) = dk.device_ptr_mut(&self.stream);
         let (dvp, _g9) = dv.device_ptr_mut(&self.stream);
-        let (accp, _g10) = dq_acc.device_ptr_mut(&self.stream);
-        let (delp, _g11) = delta.device_ptr_mut(&self.stream);
         p.q = qp;
         p.k = kp;
         p.v = vp;
@@ -532,6 +524,73 @@ impl Gpu {
         p.dq = dqp;
         p.dk = dkp;
         p.dv = dvp;
+        self.launch_attn_bwd(s, p)
+    }
+
+    /// [`Gpu::attention_bwd`] for q, k, v packed in one buffer, as a fused QKV projection writes
+    /// them: `qkv [B, T, (Hq + 2 Hkv) * hd]` holds q | k | v per token, and `dqkv` (same layout)
+    /// receives dq | dk | dv (WRITTEN). `l` gives the q/k/v strides within `qkv` (k starts at
+    /// element Hq*hd, v at (Hq + Hkv)*hd) and o's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_bwd_qkv(
+        &self,
+        s: &AttnShape,
+        l: &AttnLayout,
+        qkv: &impl DevicePtr<bf16>,
+        o: &impl DevicePtr<bf16>,
+        lse: &impl DevicePtr<f32>,
+        seg_start: Option<&CudaSlice<i32>>,
+        dout: &impl DevicePtr<bf16>,
+        dqkv: &mut impl DevicePtrMut<bf16>,
+    ) -> Result<()> {
+        let mut p = self.attn_params(s, l)?;
+        let (k_off, v_off) = (s.q_heads * s.head_dim, (s.q_heads + s.kv_heads) * s.head_dim);
+        let extent = |len: usize| -> Result<()> {
+            check_len("attention qkv (q)", len, l.q.extent(s.batch, s.seq, s.q_heads, s.head_dim))?;
+            check_len("attention qkv (k)", len, k_off + l.k.extent(s.batch, s.seq, s.kv_heads, s.head_dim))?;
+            check_len("attention qkv (v)", len, v_off + l.v.extent(s.batch, s.seq, s.kv_heads, s.head_dim))
+        };
+        extent(qkv.len())?;
+        extent(dqkv.len())?;
+        if let Some(x) = seg_start {
+            check_len("attention seg_start", x.len(), s.batch * s.seq)?;
+        }
+        let oe = l.o.extent(s.batch, s.seq, s.q_heads, s.head_dim);
+        check_len("attention o", o.len(), oe)?;
+        check_len("attention dout", dout.len(), oe)?;
+        check_len("attention lse", lse.len(), s.batch * s.seq * s.q_heads)?;
+        let bytes = |elems: usize| (elems * std::mem::size_of::<bf16>()) as u64;
+        let (qp, _g1) = qkv.device_ptr(&self.stream);
+        let (op, _g4) = o.device_ptr(&self.stream);
+        let (lp, _g5) = lse.device_ptr(&self.stream);
+        let seg = seg_start.map(|x| x.device_ptr(&self.stream));
+        let (dop, _g6) = dout.device_ptr(&self.stream);
+        let (dqp, _g7) = dqkv.device_ptr_mut(&self.stream);
+        p.q = qp;
+        p.k = qp + bytes(k_off);
+        p.v = qp + bytes(v_off);
+        p.o = op;
+        p.lse = lp;
+        p.seg = seg.as_ref().map(|x| x.0).unwrap_or(0);
+        p.dout = dop;
+        p.dq = dqp;
+        p.dk = dqp + bytes(k_off);
+        p.dv = dqp + bytes(v_off);
+        self.launch_attn_bwd(s, p)
+    }
+
+    /// The three backward kernels on pointers the callers checked: delta, dK/dV (and dQ in f32),
+    /// dQ conversion. Allocates the f32 dQ accumulator and delta for the call.
+    fn launch_attn_bwd(&self, s: &AttnShape, mut p: AttnParams) -> Result<()> {
+        let rows = s.batch * s.seq * s.q_heads;
+        if rows == 0 {
+            return Ok(());
+        }
+        let mut dq_acc: CudaSlice<f32> = self.zeros(rows * s.head_dim)?;
+        // SAFETY: delta is fully written by flash_attn_bwd_pre before it is read.
+        let mut delta: CudaSlice<f32> = unsafe { self.stream.alloc(rows) }?;
+        let (accp, _g10) = dq_acc.device_ptr_mut(&self.stream);
+        let (delp, _g11) = delta.device_ptr_mut(&self.stream);
         p.dq_acc = accp;
         p.delta = delp;
         let d = s.head_dim as i32;
@@ -539,7 +598,7 @@ impl Gpu {
         let f = self.func(&sources::ATTENTION, "flash_attn_bwd_pre")?;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&p).arg(&d);
-        // SAFETY: o/dout extents checked; delta has `rows` elements.
+        // SAFETY: o/dout extents checked by the callers; delta has `rows` elements.
         unsafe { b.launch(Self::cfg1(rows.div_ceil(4) as u32, 128, 0)) }?;
 
         let name = if s.head_dim == 64 { "flash_attn_bwd_d64" } else { "flash_attn_bwd_d128" };
@@ -551,7 +610,7 @@ impl Gpu {
         };
         let mut b = self.stream.launch_builder(&f);
         b.arg(&p);
-        // SAFETY: all extents checked above.
+        // SAFETY: all extents checked by the callers.
         unsafe { b.launch(cfg) }?;
 
         let f = self.func(&sources::ATTENTION, "flash_attn_dq_convert")?;
@@ -643,6 +702,38 @@ impl Gpu {
         b.arg(&lp).arg(&gp).arg(&op).arg(&ni);
         // SAFETY: lengths checked; one block.
         unsafe { b.launch(Self::cfg1(1, 1024, 0)) }?;
+        Ok(())
+    }
+
+    /// `entropy [N]` of each row's softmax over `logits [N, V]` (read only), from the `lse [N]` of a
+    /// forward-only [`Gpu::xent_fwd_bwd`]; 0 for rows whose target is < 0 (see cross_entropy.cu).
+    pub fn xent_entropy(
+        &self,
+        logits: &impl DevicePtr<bf16>,
+        targets: &impl DevicePtr<i32>,
+        lse: &impl DevicePtr<f32>,
+        entropy: &mut impl DevicePtrMut<f32>,
+        n: usize,
+        v: usize,
+    ) -> Result<()> {
+        check_len("entropy logits", logits.len(), n * v)?;
+        check_len("entropy targets", targets.len(), n)?;
+        check_len("entropy lse", lse.len(), n)?;
+        check_len("entropy out", entropy.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (xp, _g1) = logits.device_ptr(&self.stream);
+        let (tp, _g2) = targets.device_ptr(&self.stream);
+        let (lp, _g3) = lse.device_ptr(&self.stream);
+        let (ep, _g4) = entropy.device_ptr_mut(&self.stream);
+        let (ni, vi) = (i32_of("rows", n)?, i32_of("vocab", v)?);
+        let f = self.func(&sources::CROSS_ENTROPY, "xent_entropy")?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&xp).arg(&tp).arg(&lp).arg(&ep).arg(&ni).arg(&vi);
+        let grid = n.min(self.info.multiprocessors as usize * 32) as u32;
+        // SAFETY: lengths checked; rows are grid-strided.
+        unsafe { b.launch(Self::cfg1(grid, 256, 0)) }?;
         Ok(())
     }
 

@@ -8,16 +8,21 @@
 //! - [`sources`]: the embedded `.cu` sources and their entry points.
 //! - [`gpu`]: [`Gpu`], the context that owns the stream, the cuBLAS handle and the module cache,
 //!   with one launcher per kernel.
+//! - [`model`]: [`GpuModel`], the `coa_model` decoder with its optimizer state and activations on
+//!   the GPU (forward, backward, AdamW, checkpoint upload/download).
+//! - [`decode`]: the KV-cache append and attention launchers of decoding (`decode_attention.cu`).
 //! - [`rng`]: a small seeded generator for tests and benchmarks.
 //!
 //! Semantics of every kernel equal the f32 CPU reference in `coa_model::ops` (see each `.cu`
 //! header); the tests in `tests/gpu_kernels.rs` check every output element against it.
 
 pub mod compile;
+pub mod decode;
 pub mod device;
 pub mod error;
 pub mod gpu;
 pub mod locate;
+pub mod model;
 pub mod rng;
 pub mod sources;
 
@@ -25,4 +30,5 @@ pub use cudarc;
 pub use device::{probe, select_device, Device, DeviceChoice, GpuInfo, NoGpu};
 pub use error::{Error, Result};
 pub use gpu::Gpu;
+pub use model::GpuModel;
 pub use half::bf16;

@@ -38,12 +38,13 @@ pub const ATTENTION: KernelSource = src!(
     ]
 );
 pub const CROSS_ENTROPY: KernelSource =
-    src!("cross_entropy", ["xent_fwd_bwd", "xent_weights_from_mask", "xent_loss_sum"]);
+    src!("cross_entropy", ["xent_fwd_bwd", "xent_weights_from_mask", "xent_loss_sum", "xent_entropy"]);
 pub const RMSNORM: KernelSource = src!("rmsnorm", ["rmsnorm_fwd", "rmsnorm_bwd", "sum_rows_f32_add"]);
 pub const ROPE: KernelSource = src!("rope", ["rope_apply"]);
 pub const SWIGLU: KernelSource = src!("swiglu", ["swiglu_fwd", "swiglu_bwd"]);
 pub const EMBEDDING: KernelSource = src!("embedding", ["embedding_fwd", "embedding_bwd_sorted"]);
 pub const ADAMW: KernelSource = src!("adamw", ["adamw_step"]);
+pub const DECODE_ATTENTION: KernelSource = src!("decode_attention", ["kv_append", "attn_extend"]);
 pub const ELEMENTWISE: KernelSource = src!(
     "elementwise",
     ["cast_f32_bf16", "cast_bf16_f32", "add_bf16", "accum_bf16_f32", "sumsq_f32"]
@@ -52,7 +53,7 @@ pub const ELEMENTWISE: KernelSource = src!(
 /// Every kernel source of `kernels/`. The NVRTC test checks this list against the directory, so a
 /// new `.cu` file cannot be forgotten here.
 pub const ALL: &[KernelSource] =
-    &[ATTENTION, CROSS_ENTROPY, RMSNORM, ROPE, SWIGLU, EMBEDDING, ADAMW, ELEMENTWISE];
+    &[ATTENTION, CROSS_ENTROPY, RMSNORM, ROPE, SWIGLU, EMBEDDING, ADAMW, ELEMENTWISE, DECODE_ATTENTION];
 
 impl KernelSource {
     /// The program NVRTC compiles: the source with `#include "coa_common.cuh"` replaced by the

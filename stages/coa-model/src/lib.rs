@@ -20,4 +20,4 @@ pub use config::{ModelConfig, TokenIds};
 pub use decode::KvCache;
 pub use io::SaveDtype;
 pub use model::{Model, Seq, TokenStats};
-pub use params::{param_specs, ParamSpec, Params, Tensor};
+pub use params::{layout, param_specs, LayerIdx, Layout, ParamSpec, Params, Tensor};

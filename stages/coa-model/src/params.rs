@@ -106,7 +106,7 @@ pub struct ParamSpec {
 
 /// Index of every tensor of a layer within `Params::tensors`.
 #[derive(Clone, Debug)]
-pub(crate) struct LayerIdx {
+pub struct LayerIdx {
     pub wq: usize,
     pub bq: Option<usize>,
     pub wk: usize,
@@ -127,7 +127,7 @@ pub(crate) struct LayerIdx {
 
 /// Index of every tensor within `Params::tensors` (canonical order).
 #[derive(Clone, Debug)]
-pub(crate) struct Layout {
+pub struct Layout {
     pub embed: usize,
     pub layers: Vec<LayerIdx>,
     pub norm: usize,
@@ -142,7 +142,9 @@ pub fn param_specs(c: &ModelConfig) -> Vec<ParamSpec> {
     build(c).0
 }
 
-pub(crate) fn layout(c: &ModelConfig) -> Layout {
+/// Where each tensor of [`param_specs`] sits (for code that lays the parameters out anew, e.g.
+/// the GPU model).
+pub fn layout(c: &ModelConfig) -> Layout {
     build(c).1
 }
 

@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{Array, ArrayRef, Float32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
+use coa_kernels::{select_device, Device, DeviceChoice, Gpu, GpuInfo};
 use coa_model::{Model, ModelConfig, SaveDtype};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::METRICS;
@@ -82,7 +83,8 @@ pub struct TrainArgs {
     /// Tokens per optimizer step (rows are added while they fit; at least one row). Default 4096.
     #[arg(long, value_name = "N")]
     pub batch_tokens: Option<usize>,
-    /// Tokens per micro-batch (rows computed concurrently); default: --batch-tokens. Does not change the update.
+    /// Tokens per micro-batch (rows computed concurrently); default: --batch-tokens. Does not change the update
+    /// (on the GPU: one packed pass, and the size of its activation buffers; the update then changes only by rounding).
     #[arg(long, value_name = "N")]
     pub micro_batch_tokens: Option<usize>,
     /// Peak learning rate. Default 3e-4.
@@ -112,6 +114,13 @@ pub struct TrainArgs {
     /// Seed of the model init and the data shuffle. Default 0.
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+    /// Where to train: `cpu`; `cuda` or `cuda:N` (the GPU; an error when none is usable or the
+    /// GPU path cannot train this model); `auto` (the GPU when it can, else the CPU with a note on
+    /// stderr). GPU runs use bf16 weights and activations with fp32 masters, gradients and
+    /// optimizer state: close to the CPU's f32 run, not bit-identical. The checkpoint format is
+    /// the same, so a run can resume on either device.
+    #[arg(long, value_name = "auto|cpu|cuda[:N]", default_value = "cpu")]
+    pub device: DeviceChoice,
     /// Worker threads (default: all cores). Does not change the result.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -234,6 +243,8 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     if args.resume.is_some() && (args.vocab_size.is_some()) {
         bail!("--vocab-size applies to a fresh model (--init-config), not to --resume");
     }
+    // The device first: `--device cuda` without a GPU fails before any data is read.
+    let device = select_device(args.device).map_err(|e| anyhow!("{e}"))?;
     let saved: Option<TrainerState> = match &args.resume {
         Some(dir) => Some(TrainerState::read(dir)?),
         None => None,
@@ -324,6 +335,19 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     // copied into the new temporary directory before the old checkpoint is replaced.
     check_tokenizer_fits(tokenizer.as_deref(), trainer.model.config.vocab_size)?;
     data.check_model_fit(trainer.model.config.vocab_size, trainer.model.config.max_position_embeddings)?;
+    let device = match gpu_for(device, args.device, &trainer.model.config)? {
+        Some(info) => {
+            let gpu = Gpu::new(info.ordinal).map_err(|e| anyhow!("--device {}: {e}", args.device))?;
+            // Compile (or load from the PTX cache) every kernel now, not inside the first step.
+            gpu.warm_up().map_err(|e| anyhow!("--device {}: {e}", args.device))?;
+            trainer.to_cuda(Arc::new(gpu), &data)?;
+            let gm = trainer.cuda.as_deref().map(|g| (g.capacity(), g.device_bytes())).unwrap_or_default();
+            eprintln!("coa-train-step: training on {info}: {} tokens per pass, {:.2} GiB of buffers", gm.0, gm.1 as f64 / (1u64 << 30) as f64);
+            info.to_string()
+        }
+        None => "cpu".to_string(),
+    };
+    stage.note("device", device);
     if dapo {
         let reference = match &args.reference {
             Some(dir) => {
@@ -442,6 +466,20 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     stage.note("threads", threads as u64);
     stage.note("params", trainer.model.params.n_elements() as u64);
     Ok(())
+}
+
+/// The GPU to train on, if any, once the model is known: `cuda` needs a model the GPU path
+/// supports; `auto` falls back to the CPU with one line on stderr saying why.
+fn gpu_for(device: Device, choice: DeviceChoice, config: &ModelConfig) -> Result<Option<GpuInfo>> {
+    let Device::Cuda(info) = device else { return Ok(None) };
+    match coa_kernels::model::check_supported(config) {
+        Ok(()) => Ok(Some(info)),
+        Err(e) if choice == DeviceChoice::Auto => {
+            eprintln!("note: --device auto: {e}; running on the CPU");
+            Ok(None)
+        }
+        Err(e) => bail!("--device {choice}: {e} (--device cpu trains this model)"),
+    }
 }
 
 fn pick_str(flag: &str, given: Option<&str>, saved: Option<&str>, default: &str, ckpt: &Option<PathBuf>) -> Result<String> {

@@ -199,8 +199,9 @@ impl Dataset {
         Ok(())
     }
 
-    /// Counts a validated row and keeps it when it has a target.
-    fn push(&mut self, mut ex: Example) {
+    /// Counts a validated row and keeps it when it has a target (`n_targets` is computed here).
+    /// Public for data built in memory (benchmarks, tests), which the readers' checks skip.
+    pub fn push(&mut self, mut ex: Example) {
         ex.n_targets = ex.target_mask().iter().filter(|&&m| m == 1).count();
         self.tokens += ex.input_ids.len() as u64;
         if ex.n_targets == 0 {

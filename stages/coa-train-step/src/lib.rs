@@ -1,4 +1,5 @@
-//! `coa-train-step`: optimizer steps of a Llama/Qwen2 model on the CPU (DESIGN.md §8, §9).
+//! `coa-train-step`: optimizer steps of a Llama/Qwen2 model on the CPU or a CUDA GPU (DESIGN.md
+//! §8, §9).
 //!
 //! - [`data`]: the `tokens` table, validated; deterministic shuffling, steps and micro-batches.
 //! - [`objective`]: per-token loss gradients (SFT, DAPO).
@@ -6,12 +7,14 @@
 //! - [`schedule`]: warmup then cosine learning rate.
 //! - [`optim`]: AdamW with decoupled weight decay, global-norm clipping.
 //! - [`train`]: the trainer (one optimizer step; save and load for exact resume).
+//! - [`cuda`]: the trainer's GPU path (`--device cuda`), on `coa_kernels::GpuModel`.
 //! - [`checkpoint`]: the checkpoint directory (optimizer and trainer state, atomic writes).
 //! - [`plot`]: the loss curve as PNG and as a text table.
 //! - [`cli`]: the command line.
 
 pub mod checkpoint;
 pub mod cli;
+pub mod cuda;
 pub mod dapo;
 pub mod data;
 pub mod objective;

@@ -1,4 +1,4 @@
-//! `coa-train-step`: optimizer steps on the `tokens` table (SFT), CPU, with HF checkpoints and
+//! `coa-train-step`: optimizer steps on the `tokens` table (SFT), CPU or GPU, with HF checkpoints and
 //! exact resume. The logic lives in the library (`coa_train_step::{data, train, optim, ...}`);
 //! this binary parses flags, resolves them against a checkpoint on `--resume`, and writes the
 //! `metrics` table, the checkpoint and the plot.
@@ -18,8 +18,8 @@ use coa_train_step::cli::{run_plot, run_train};
     version,
     args_conflicts_with_subcommands = true,
     args_override_self = true,
-    about = "Train a Llama/Qwen2 model on the `tokens` table (SFT) on the CPU; writes `metrics` rows and HF checkpoints",
-    long_about = "Train a Llama/Qwen2 model on the `tokens` table (--objective sft) on the CPU, writing one `metrics` row per \
+    about = "Train a Llama/Qwen2 model on the `tokens` table (SFT) on the CPU or a CUDA GPU; writes `metrics` rows and HF checkpoints",
+    long_about = "Train a Llama/Qwen2 model on the `tokens` table (--objective sft) on the CPU (or a CUDA GPU: --device), writing one `metrics` row per \
 optimizer step (step, loss, lr, grad_norm, tokens, tokens_per_s) to stdout or -o, and a checkpoint directory with --save.\n\n\
 Loss: masked mean cross-entropy, the token mean over the whole step (all micro-batches); `loss_mask[t] = 1` marks token t \
 as a target, and a token at a sequence or packed-segment start is never a target. Optimizer: AdamW with decoupled weight \
@@ -29,9 +29,10 @@ Steps: a step takes shuffled rows while they fit in --batch-tokens; steps never 
 is the length of the whole run and of its schedule; --stop-at-step S ends this invocation early (a resume continues).\n\n\
 Checkpoints (--save DIR, every --save-every steps and at the end): config.json, model.safetensors, generation_config.json \
 (loadable by HF transformers), tokenizer.json when known, optimizer.safetensors (AdamW moments, f32) and trainer_state.json \
-(step, data cursor, RNG state, schedule, settings). --resume DIR continues exactly: same data order, bit-identical weights \
-to an uninterrupted run. Settings not given on resume come from the checkpoint; given ones must match it (except \
---micro-batch-tokens and --threads, which do not change the result).",
+(step, data cursor, RNG state, schedule, settings). --resume DIR continues exactly: same data order and state; on the CPU \
+the weights are bit-identical to an uninterrupted run's (on the GPU equal up to rounding: its attention backward adds with \
+float atomics), and a run may resume on the other device (one checkpoint format). Settings not given on resume come from the checkpoint; given ones must match it (except \
+--micro-batch-tokens, --threads and --device).",
     after_help = "Examples:\n  coa-tokenize -i coa_text.parquet --tokenizer tok.json | coa-train-step --init-config tiny --tokenizer tok.json \\\n      --steps 200 --batch-tokens 8192 --lr 1e-3 --save ckpt --plot loss.png -o metrics.parquet\n  \
 coa-train-step -i tokens.parquet --resume ckpt --save ckpt -o more_metrics.parquet\n  \
 coa-train-step plot -i metrics.parquet -o loss.png"

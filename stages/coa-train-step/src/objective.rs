@@ -84,15 +84,28 @@ impl Objective {
             Objective::Sft => {
                 let inv = 1.0 / n_targets as f64;
                 let mut loss = 0.0f64;
-                let mut g = vec![0.0f32; target_mask.len()];
                 for (t, &m) in target_mask.iter().enumerate() {
                     if m != 0 {
                         loss -= stats.logp[t] as f64;
-                        g[t] = -(inv as f32);
                     }
                 }
-                Ok((loss * inv, g, RlSums::default()))
+                Ok((loss * inv, sft_dlogp(target_mask, n_targets), RlSums::default()))
             }
         }
     }
+
+    /// `dloss/dlogp[t]` when it does not depend on the log-probs (SFT), so that a fused GPU
+    /// kernel can compute the log-probs and the gradient in one pass; None when it does (DAPO).
+    pub fn fixed_token_grads(&self, target_mask: &[u8], n_targets: usize) -> Option<Vec<f32>> {
+        match self {
+            Objective::Sft => Some(sft_dlogp(target_mask, n_targets)),
+            Objective::Dapo(_) => None,
+        }
+    }
+}
+
+/// SFT's `dloss/dlogp`: −1/N on every target, 0 elsewhere.
+fn sft_dlogp(target_mask: &[u8], n_targets: usize) -> Vec<f32> {
+    let inv = 1.0 / n_targets as f64;
+    target_mask.iter().map(|&m| if m != 0 { -(inv as f32) } else { 0.0 }).collect()
 }

@@ -10,11 +10,15 @@
 //! gradient buffer per row) and the update does not depend on it, nor on the thread count: the
 //! per-token loss weights use N, the target count of the whole step, fixed before the first
 //! micro-batch runs.
+//!
+//! On a GPU (`Trainer::to_cuda`, `--device cuda`) the same step runs in [`crate::cuda`]; what it
+//! records and reports is shared (`finish_step`).
 
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use coa_kernels::GpuModel;
 use coa_model::{Model, Params, SaveDtype, Seq};
 use rayon::prelude::*;
 
@@ -69,10 +73,14 @@ pub struct RlStep {
 }
 
 pub struct Trainer {
+    /// The model; on CUDA its parameters are the ones of the last upload or sync (the GPU
+    /// holds the current ones, see [`Trainer::sync_from_cuda`]).
     pub model: Model,
     pub moments: Vec<Moments>,
     pub state: TrainerState,
     pub objective: Objective,
+    /// Training on the GPU: the model and optimizer state there (`Trainer::to_cuda`).
+    pub cuda: Option<Box<GpuModel>>,
 }
 
 pub fn data_info(d: &Dataset) -> DataInfo {
@@ -102,7 +110,7 @@ impl Trainer {
             data: data_info(data),
             history: Vec::new(),
         };
-        Ok(Trainer { model, moments, state, objective: settings.objective })
+        Ok(Trainer { model, moments, state, objective: settings.objective, cuda: None })
     }
 
     /// Loads a checkpoint written by [`Trainer::save`]: model (f32 masters), moments, state.
@@ -135,13 +143,14 @@ impl Trainer {
         }
         let mut state = state;
         state.cursor = state.cursor.clone().restore(data.examples.len()).with_context(|| format!("--resume {}", dir.display()))?;
-        Ok(Trainer { model, moments: opt.moments, state, objective })
+        Ok(Trainer { model, moments: opt.moments, state, objective, cuda: None })
     }
 
     /// Writes the checkpoint directory atomically. The weights for resuming are always exact
     /// f32 (in model.safetensors, or in optimizer.safetensors as `master.*` when the HF file is
-    /// bf16).
-    pub fn save(&self, dir: &Path, tokenizer: Option<&Path>, dtype: SaveDtype) -> Result<()> {
+    /// bf16). On CUDA the masters and moments are downloaded first: the format is the CPU's.
+    pub fn save(&mut self, dir: &Path, tokenizer: Option<&Path>, dtype: SaveDtype) -> Result<()> {
+        self.sync_from_cuda()?;
         let with_master = !matches!(dtype, SaveDtype::F32);
         let params: Vec<(String, Vec<usize>, &[f32])> = self.model.params.tensors.iter().map(|t| (t.name.clone(), t.shape.clone(), t.data.as_slice())).collect();
         let opt = checkpoint::optimizer_bytes(&params, &self.moments, self.state.step, with_master)?;
@@ -159,7 +168,10 @@ impl Trainer {
 
     /// DAPO: the old log-probs of every rollout under the weights as they are now, before the
     /// first step (π_old of the ratio), and the reference model's when a KL term is used.
-    pub fn prepare_rl(&self, data: &mut Dataset, reference: Option<&Model>) -> Result<()> {
+    pub fn prepare_rl(&mut self, data: &mut Dataset, reference: Option<&Model>) -> Result<()> {
+        if self.cuda.is_some() {
+            return self.prepare_rl_cuda(data, reference);
+        }
         let model = &self.model;
         data.examples.par_iter_mut().try_for_each(|ex| -> Result<()> {
             let seq = Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref() };
@@ -177,6 +189,9 @@ impl Trainer {
 
     /// One optimizer step over the next rows of `data`.
     pub fn step(&mut self, data: &Dataset) -> Result<StepReport> {
+        if self.cuda.is_some() {
+            return self.step_cuda(data);
+        }
         let started = Instant::now();
         let rows = self.state.cursor.next_step(&data.examples, self.state.batch_tokens);
         let n_targets: usize = rows.iter().map(|&r| data.examples[r].n_targets).sum();
@@ -228,9 +243,7 @@ impl Trainer {
             }
         }
         let grad_norm = optim::global_norm(grads.tensors.iter().map(|t| t.data.as_slice()));
-        if !loss.is_finite() || !grad_norm.is_finite() {
-            bail!("step {step}: the loss ({loss}) or the gradient norm ({grad_norm}) is not finite; lower --lr or check the data (rows {:?})", rows.iter().map(|&r| data.examples[r].row).collect::<Vec<_>>());
-        }
+        check_finite(step, loss, grad_norm, data, &rows)?;
         let clip = optim::clip_factor(grad_norm, self.state.grad_clip);
         let lr = self.state.schedule.lr_at(step);
         let adamw = self.state.adamw;
@@ -240,6 +253,14 @@ impl Trainer {
             }
             optim::adamw_update(&adamw, lr, step, optim::decays(&p.shape), &mut p.data, &g.data, m);
         }
+        let totals = StepTotals { step, rows, n_targets, n_tokens, loss, lr, grad_norm, sums };
+        Ok(self.finish_step(data, totals, started))
+    }
+
+    /// Records a step taken (state, history) and reports it.
+    pub(crate) fn finish_step(&mut self, data: &Dataset, t: StepTotals, started: Instant) -> StepReport {
+        let StepTotals { step, rows, n_targets, n_tokens, loss, lr, grad_norm, sums } = t;
+        let objective = self.objective;
         self.state.step = step;
         self.state.tokens_seen += n_tokens as u64;
         self.state.history.push(LogPoint { step, loss: loss as f32, lr: lr as f32, grad_norm: grad_norm as f32 });
@@ -260,6 +281,26 @@ impl Trainer {
                 })
             }
         };
-        Ok(StepReport { step, loss, lr, grad_norm, targets: n_targets, tokens: n_tokens, rows: rows.len(), seconds: started.elapsed().as_secs_f64(), rl })
+        StepReport { step, loss, lr, grad_norm, targets: n_targets, tokens: n_tokens, rows: rows.len(), seconds: started.elapsed().as_secs_f64(), rl }
     }
+}
+
+/// What a step computed, before it is recorded.
+pub(crate) struct StepTotals {
+    pub step: u64,
+    pub rows: Vec<usize>,
+    pub n_targets: usize,
+    pub n_tokens: usize,
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    pub sums: RlSums,
+}
+
+/// A step whose loss or gradient norm is not finite stops the run, naming its rows.
+pub(crate) fn check_finite(step: u64, loss: f64, grad_norm: f64, data: &Dataset, rows: &[usize]) -> Result<()> {
+    if !loss.is_finite() || !grad_norm.is_finite() {
+        bail!("step {step}: the loss ({loss}) or the gradient norm ({grad_norm}) is not finite; lower --lr or check the data (rows {:?})", rows.iter().map(|&r| data.examples[r].row).collect::<Vec<_>>());
+    }
+    Ok(())
 }

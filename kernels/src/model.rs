@@ -1,0 +1,857 @@
+//! [`GpuModel`]: the Llama / Qwen2 decoder of `coa_model`, trained on the GPU, llm.c style.
+//!
+//! Everything lives on the device and is allocated once, for at most `capacity` tokens per pass:
+//!
+//! ```text
+//! parameters, optimizer state   flat buffers of `total` elements, one layout (see `Slot`):
+//!   master   f32   the exact weights (AdamW updates these; checkpoints are these)
+//!   w        bf16  the working copy every matmul reads (cast from master after each step)
+//!   grad     f32   accumulated over the passes of a step (matmul dW with beta = 1)
+//!   m, v     f32   AdamW moments
+//! per layer, kept for the backward (T = capacity, W = (Hq + 2 Hkv) hd, I = intermediate):
+//!   resid[l] [T, D] layer input (resid[L] = the last layer's output)   rstd1, rstd2 f32 [T]
+//!   h1, h2   [T, D] the two RMSNorm outputs        qkv [T, W] q | k | v, q and k rotated
+//!   att      [T, Hq hd] attention output          lse f32 [T, Hq]
+//!   x2       [T, D] residual after attention      gu [T, 2I] gate | up    a [T, I] silu(gate) up
+//! head: rstdf [T], hf [T, D], logits [T, V] (overwritten in place by d loss / d logits)
+//! backward scratch, shared by the layers: dres, dh [T, D], datt [T, Hq hd], dqkv [T, W],
+//!   dgu [T, 2I], da [T, I]
+//! inputs: tokens, pos, seg_start, targets i32 [T]; g f32 [T] (-d loss/d logp per row);
+//!   ones bf16 [T] (bias broadcast and bias gradients through cuBLAS); RoPE cos/sin [T, hd/2]
+//! ```
+//!
+//! Several sequences (the rows of a micro-batch) run as ONE packed sequence: each row and each of
+//! its segments is a segment of the pack (attention stays inside it, RoPE positions restart), so a
+//! pass costs what its segments cost and matmuls see all its tokens at once.
+//!
+//! The weights are laid out for fused matmuls: per layer q|k|v stacked into one [W, D] matrix and
+//! gate|up into one [2I, D] matrix (their biases likewise), so the attention and MLP inputs are one
+//! cuBLAS call each; canonical tensors (`coa_model::param_specs`) map to ranges of the flat buffers
+//! for upload, download, and AdamW's per-tensor weight decay.
+//!
+//! Precision: bf16 weights and activations, fp32 accumulation in every kernel and matmul, fp32
+//! weight gradients, master weights and moments. The residual-stream gradient is bf16.
+//!
+//! What runs where: everything per token on the GPU; the host packs the token ids (and builds the
+//! RoPE tables and the embedding-gradient plan), and reads back the per-token log-probs (and
+//! entropies) for the objective, which decides d loss / d logp (see [`DLogp`]).
+
+use std::sync::Arc;
+
+use coa_model::{layout, ops, param_specs, ModelConfig, Params, Seq, TokenStats};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+use crate::gpu::{AdamWArgs, AttnLayout, AttnShape, EmbeddingGradPlan, Strides};
+use crate::{bf16, Error, Gpu, Result};
+
+/// Groups of the flat buffers start at multiples of this many elements (256 bytes of f32):
+/// aligned pointers for cuBLAS and vector loads.
+const ALIGN: usize = 64;
+
+/// Whether the GPU path can train this model: an error naming the unsupported feature otherwise.
+pub fn check_supported(c: &ModelConfig) -> Result<()> {
+    let hd = c.head_dim();
+    if hd != 64 && hd != 128 {
+        return Err(Error(format!(
+            "the GPU path's flash attention supports head_dim 64 and 128, and this model has head_dim {hd} \
+             (hidden_size {} / num_attention_heads {}, or config `head_dim`)",
+            c.hidden_size, c.num_attention_heads
+        )));
+    }
+    if c.hidden_size % 2 != 0 {
+        return Err(Error(format!("the GPU path's RMSNorm needs an even hidden_size, this model has {}", c.hidden_size)));
+    }
+    if c.vocab_size > i32::MAX as usize {
+        return Err(Error(format!("vocab_size {} does not fit the GPU kernels' int32 token ids", c.vocab_size)));
+    }
+    Ok(())
+}
+
+/// Model dimensions, as the kernels see them.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    vocab: usize,
+    d: usize,
+    layers: usize,
+    hq: usize,
+    hkv: usize,
+    hd: usize,
+    /// Hq * hd
+    qd: usize,
+    /// Hkv * hd
+    kvd: usize,
+    /// (Hq + 2 Hkv) * hd: the fused q|k|v width
+    wqkv: usize,
+    inter: usize,
+    eps: f32,
+}
+
+impl Dims {
+    fn of(c: &ModelConfig) -> Dims {
+        let hd = c.head_dim();
+        let (hq, hkv) = (c.num_attention_heads, c.num_key_value_heads);
+        Dims {
+            vocab: c.vocab_size,
+            d: c.hidden_size,
+            layers: c.num_hidden_layers,
+            hq,
+            hkv,
+            hd,
+            qd: hq * hd,
+            kvd: hkv * hd,
+            wqkv: (hq + 2 * hkv) * hd,
+            inter: c.intermediate_size,
+            eps: c.rms_norm_eps as f32,
+        }
+    }
+
+    /// One packed sequence of `n` tokens: q, k, v read from the fused qkv rows, o contiguous.
+    fn attention(&self, n: usize) -> (AttnShape, AttnLayout) {
+        let s = AttnShape { batch: 1, seq: n, q_heads: self.hq, kv_heads: self.hkv, head_dim: self.hd };
+        let qkv = Strides { b: (n * self.wqkv) as i64, t: self.wqkv as i64, h: self.hd as i64 };
+        (s, AttnLayout { q: qkv, k: qkv, v: qkv, o: Strides::contiguous(n, self.hq, self.hd) })
+    }
+}
+
+/// Where one canonical parameter tensor lives in the flat buffers.
+#[derive(Debug, Clone)]
+struct Slot {
+    name: String,
+    shape: Vec<usize>,
+    offset: usize,
+    numel: usize,
+}
+
+/// Flat-buffer offsets of one layer's (fused) weights; gradients use the same offsets.
+#[derive(Debug, Clone)]
+struct LayerW {
+    qkv: usize,              // [W, D]
+    qkv_bias: Option<usize>, // [W]
+    o: usize,                // [D, Hq hd]
+    o_bias: Option<usize>,   // [D]
+    gu: usize,               // [2I, D]
+    gu_bias: Option<usize>,  // [2I]
+    down: usize,             // [D, I]
+    down_bias: Option<usize>, // [D]
+    ln1: usize,              // [D]
+    ln2: usize,              // [D]
+}
+
+/// The flat layout: groups of canonical tensors placed contiguously (fused matmul operands), each
+/// group starting at a multiple of [`ALIGN`].
+struct FlatLayout {
+    slots: Vec<Slot>,
+    layers: Vec<LayerW>,
+    embed: usize,
+    norm: usize,
+    /// The head's weight (`embed` when tied).
+    head: usize,
+    total: usize,
+}
+
+/// Places groups of canonical tensors one after another in the flat buffers.
+struct Placer {
+    sizes: Vec<usize>,
+    offset: Vec<usize>,
+    total: usize,
+}
+
+impl Placer {
+    /// Places the tensors of `group` contiguously from the next aligned offset; returns that
+    /// offset, or None for an empty group (a model without these biases).
+    fn group(&mut self, group: &[Option<usize>]) -> Option<usize> {
+        let mut members = group.iter().flatten().peekable();
+        members.peek()?;
+        self.total = self.total.next_multiple_of(ALIGN);
+        let start = self.total;
+        for &i in members {
+            self.offset[i] = self.total;
+            self.total += self.sizes[i];
+        }
+        Some(start)
+    }
+    fn one(&mut self, i: usize) -> usize {
+        self.group(&[Some(i)]).unwrap_or(0)
+    }
+}
+
+impl FlatLayout {
+    fn of(c: &ModelConfig) -> FlatLayout {
+        let specs = param_specs(c);
+        let lay = layout(c);
+        let sizes: Vec<usize> = specs.iter().map(|s| s.shape.iter().product()).collect();
+        let mut p = Placer { offset: vec![0; sizes.len()], sizes, total: 0 };
+        let embed = p.one(lay.embed);
+        let mut layers = Vec::with_capacity(lay.layers.len());
+        for li in &lay.layers {
+            let qkv = p.group(&[Some(li.wq), Some(li.wk), Some(li.wv)]).unwrap_or(0);
+            let o = p.one(li.wo);
+            let gu = p.group(&[Some(li.wg), Some(li.wu)]).unwrap_or(0);
+            let down = p.one(li.wd);
+            let qkv_bias = p.group(&[li.bq, li.bk, li.bv]);
+            let o_bias = p.group(&[li.bo]);
+            let gu_bias = p.group(&[li.bg, li.bu]);
+            let down_bias = p.group(&[li.bd]);
+            let (ln1, ln2) = (p.one(li.ln1), p.one(li.ln2));
+            layers.push(LayerW { qkv, qkv_bias, o, o_bias, gu, gu_bias, down, down_bias, ln1, ln2 });
+        }
+        let norm = p.one(lay.norm);
+        let head = p.group(&[lay.lm_head]).unwrap_or(embed);
+        let total = p.total.next_multiple_of(ALIGN);
+        let slots = specs
+            .into_iter()
+            .zip(p.offset.iter().zip(&p.sizes))
+            .map(|(s, (&offset, &numel))| Slot { name: s.name, shape: s.shape, offset, numel })
+            .collect();
+        FlatLayout { slots, layers, embed, norm, head, total }
+    }
+}
+
+/// Activations of one layer kept for the backward. T = capacity, D = hidden, W = (Hq + 2 Hkv) hd,
+/// I = intermediate.
+struct LayerActs {
+    rstd1: CudaSlice<f32>, // [T]
+    h1: CudaSlice<bf16>,   // [T, D] input_layernorm(x)
+    qkv: CudaSlice<bf16>,  // [T, W] q | k | v, q and k rotated
+    att: CudaSlice<bf16>,  // [T, Hq hd] attention output
+    lse: CudaSlice<f32>,   // [T, Hq]
+    x2: CudaSlice<bf16>,   // [T, D] residual after attention
+    rstd2: CudaSlice<f32>, // [T]
+    h2: CudaSlice<bf16>,   // [T, D] post_attention_layernorm(x2)
+    gu: CudaSlice<bf16>,   // [T, 2I] gate | up
+    a: CudaSlice<bf16>,    // [T, I] silu(gate) * up
+}
+
+struct Acts {
+    resid: Vec<CudaSlice<bf16>>, // L + 1 x [T, D]: layer l reads resid[l], writes resid[l + 1]
+    layers: Vec<LayerActs>,
+    rstdf: CudaSlice<f32>,    // [T]
+    hf: CudaSlice<bf16>,      // [T, D] model.norm(resid[L])
+    logits: CudaSlice<bf16>,  // [T, V], then d loss / d logits in place
+    logp: CudaSlice<f32>,     // [T] row r: log p(target of row r) (row r predicts token r + 1)
+    lse: CudaSlice<f32>,      // [T]
+    entropy: CudaSlice<f32>,  // [T]
+}
+
+/// Backward scratch shared by every layer.
+struct BackBufs {
+    dres: CudaSlice<bf16>, // [T, D] d loss / d residual stream
+    dh: CudaSlice<bf16>,   // [T, D] d loss / d (a norm's output)
+    datt: CudaSlice<bf16>, // [T, Hq hd]
+    dqkv: CudaSlice<bf16>, // [T, W] dq | dk | dv
+    dgu: CudaSlice<bf16>,  // [T, 2I] dgate | dup
+    da: CudaSlice<bf16>,   // [T, I]
+}
+
+/// Per-pass inputs, uploaded into fixed buffers.
+struct Inputs {
+    tokens: CudaSlice<i32>,  // [T]
+    pos: CudaSlice<i32>,     // [T] RoPE position (restarts per segment)
+    seg: CudaSlice<i32>,     // [T] first token of each token's segment in the pack
+    targets: CudaSlice<i32>, // [T] row r's target id, or -1
+    g: CudaSlice<f32>,       // [T] row weights -d loss / d logp
+    ones: CudaSlice<bf16>,   // [T] all 1: bias broadcast and bias gradients through cuBLAS
+    cos: CudaSlice<f32>,     // [T, hd/2] RoPE table by position
+    sin: CudaSlice<f32>,     // [T, hd/2]
+}
+
+/// One vector per canonical parameter tensor (`coa_model::param_specs` order).
+pub type PerTensor = Vec<Vec<f32>>;
+
+/// How a pass gets d loss / d logp of every token (one `Vec` per sequence, like
+/// `coa_model::Model::forward_backward`'s callback; entries at segment starts are ignored).
+pub enum DLogp<'a> {
+    /// Known before the forward, independent of the log-probs (SFT: −1/N on every target): the
+    /// fused cross-entropy produces the log-probs and the gradient in one pass over the logits.
+    /// The returned log-probs are then computed only where the gradient is non-zero (0 elsewhere),
+    /// and entropies are 0.
+    Fixed(&'a [Vec<f32>]),
+    /// A function of the token statistics (RL): the logits are read twice, once for the
+    /// log-probs and entropies (all tokens), once for the gradient.
+    FromStats(&'a mut dyn FnMut(&[TokenStats]) -> Vec<Vec<f32>>),
+}
+
+/// One packed pass, as uploaded.
+struct Packed {
+    n: usize,
+    /// Start and length of each sequence within the pack.
+    spans: Vec<(usize, usize)>,
+    ids: Vec<u32>,
+    /// Row r's target (token r + 1 of its segment), or −1.
+    targets: Vec<i32>,
+}
+
+/// The model, its optimizer state and its activations on one GPU (see the module doc).
+pub struct GpuModel {
+    pub gpu: Arc<Gpu>,
+    pub config: ModelConfig,
+    dims: Dims,
+    capacity: usize,
+    device_bytes: usize,
+    flat: FlatLayout,
+    master: CudaSlice<f32>,
+    w: CudaSlice<bf16>,
+    grad: CudaSlice<f32>,
+    m: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    acts: Acts,
+    back: BackBufs,
+    io: Inputs,
+}
+
+/// `y[T, O] = x[T, I] @ w[O, I]ᵀ (+ b[O])`, plus the old `y` when `residual` (the residual stream
+/// copied there first): one rounding to bf16 for matmul + residual. Weights at `w_off` / `b_off` of
+/// the flat bf16 buffer.
+#[allow(clippy::too_many_arguments)]
+fn linear_fwd(
+    gpu: &Gpu,
+    x: &impl DevicePtr<bf16>,
+    w: &CudaSlice<bf16>,
+    w_off: usize,
+    b_off: Option<usize>,
+    y: &mut impl DevicePtrMut<bf16>,
+    ones: &CudaSlice<bf16>,
+    (t, i, o): (usize, usize, usize),
+    residual: bool,
+) -> Result<()> {
+    let mut beta = if residual { 1.0 } else { 0.0 };
+    if let Some(b) = b_off {
+        // y (+)= ones[T, 1] @ b[1, O]: the bias broadcast through cuBLAS (k = 1).
+        gpu.gemm(t, o, 1, &ones.slice(..t), false, &w.slice(b..b + o), false, y, 1.0, beta)?;
+        beta = 1.0;
+    }
+    gpu.gemm(t, o, i, x, false, &w.slice(w_off..w_off + o * i), true, y, 1.0, beta)
+}
+
+/// Backward of [`linear_fwd`]: `dx[T, I] = dy[T, O] @ w[O, I]` (written), `dw[O, I] += dyᵀ @ x`
+/// and `db[O] += ones[1, T] @ dy` into the f32 gradient buffer at the weights' offsets.
+#[allow(clippy::too_many_arguments)]
+fn linear_bwd(
+    gpu: &Gpu,
+    dy: &impl DevicePtr<bf16>,
+    x: &impl DevicePtr<bf16>,
+    w: &CudaSlice<bf16>,
+    w_off: usize,
+    b_off: Option<usize>,
+    dx: &mut impl DevicePtrMut<bf16>,
+    grad: &mut CudaSlice<f32>,
+    ones: &CudaSlice<bf16>,
+    (t, i, o): (usize, usize, usize),
+) -> Result<()> {
+    let wr = w_off..w_off + o * i;
+    gpu.gemm(t, i, o, dy, false, &w.slice(wr.clone()), false, dx, 1.0, 0.0)?;
+    gpu.gemm(o, i, t, dy, true, x, false, &mut grad.slice_mut(wr), 1.0, 1.0)?;
+    if let Some(b) = b_off {
+        gpu.gemm(1, o, t, &ones.slice(..t), false, dy, false, &mut grad.slice_mut(b..b + o), 1.0, 1.0)?;
+    }
+    Ok(())
+}
+
+fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(gpu: &Gpu, n: usize) -> Result<CudaSlice<T>> {
+    gpu.zeros(n.max(1))
+}
+
+impl GpuModel {
+    /// Uploads `params` (the f32 master weights, in `param_specs(config)` order) with zero AdamW
+    /// moments, and allocates every buffer for passes of up to `capacity` tokens.
+    ///
+    /// All work runs on `gpu.stream`, so cudarc's cross-stream event tracking is switched off for
+    /// this context (it would record events around every launch).
+    pub fn new(gpu: Arc<Gpu>, config: &ModelConfig, params: &Params, capacity: usize) -> Result<GpuModel> {
+        check_supported(config)?;
+        if capacity == 0 {
+            return Err(Error::new("GpuModel: capacity must be at least one token"));
+        }
+        let flat = FlatLayout::of(config);
+        if params.tensors.len() != flat.slots.len() {
+            return Err(Error(format!("the parameters have {} tensors, the config calls for {}", params.tensors.len(), flat.slots.len())));
+        }
+        for (t, s) in params.tensors.iter().zip(&flat.slots) {
+            if t.name != s.name || t.shape != s.shape || t.data.len() != s.numel {
+                return Err(Error(format!("parameter tensor {} {:?} found where {} {:?} was expected", t.name, t.shape, s.name, s.shape)));
+            }
+        }
+        // SAFETY: every buffer of this model, and every launcher of `Gpu`, uses the one stream
+        // `gpu.stream`; downloads synchronise it. Nothing needs cross-stream events.
+        unsafe { gpu.ctx.disable_event_tracking() };
+        let c = Dims::of(config);
+        let t = capacity;
+        let bytes = std::cell::Cell::new(0usize);
+        let oom = |e: Error| Error(format!("allocating GPU buffers for {t} tokens per pass: {e} (fewer tokens per pass: lower --micro-batch-tokens)"));
+        let bf = |n: usize| {
+            bytes.set(bytes.get() + 2 * n);
+            alloc::<bf16>(&gpu, n).map_err(oom)
+        };
+        let f = |n: usize| {
+            bytes.set(bytes.get() + 4 * n);
+            alloc::<f32>(&gpu, n).map_err(oom)
+        };
+        let i = |n: usize| {
+            bytes.set(bytes.get() + 4 * n);
+            alloc::<i32>(&gpu, n).map_err(oom)
+        };
+        let total = flat.total;
+        let (master, w, grad, m, v) = (f(total)?, bf(total)?, f(total)?, f(total)?, f(total)?);
+        let mut layers = Vec::with_capacity(c.layers);
+        for _ in 0..c.layers {
+            layers.push(LayerActs {
+                rstd1: f(t)?,
+                h1: bf(t * c.d)?,
+                qkv: bf(t * c.wqkv)?,
+                att: bf(t * c.qd)?,
+                lse: f(t * c.hq)?,
+                x2: bf(t * c.d)?,
+                rstd2: f(t)?,
+                h2: bf(t * c.d)?,
+                gu: bf(t * 2 * c.inter)?,
+                a: bf(t * c.inter)?,
+            });
+        }
+        let acts = Acts {
+            resid: (0..=c.layers).map(|_| bf(t * c.d)).collect::<Result<_>>()?,
+            layers,
+            rstdf: f(t)?,
+            hf: bf(t * c.d)?,
+            logits: bf(t * c.vocab)?,
+            logp: f(t)?,
+            lse: f(t)?,
+            entropy: f(t)?,
+        };
+        let back = BackBufs {
+            dres: bf(t * c.d)?,
+            dh: bf(t * c.d)?,
+            datt: bf(t * c.qd)?,
+            dqkv: bf(t * c.wqkv)?,
+            dgu: bf(t * 2 * c.inter)?,
+            da: bf(t * c.inter)?,
+        };
+        let mut io = Inputs {
+            tokens: i(t)?,
+            pos: i(t)?,
+            seg: i(t)?,
+            targets: i(t)?,
+            g: f(t)?,
+            ones: bf(t)?,
+            cos: f(t * c.hd / 2)?,
+            sin: f(t * c.hd / 2)?,
+        };
+        gpu.stream.memcpy_htod(&vec![bf16::ONE; t], &mut io.ones)?;
+        // RoPE tables by position: row p for position p (positions restart per segment, < T).
+        let positions: Vec<u32> = (0..t as u32).collect();
+        let (cos, sin) = ops::rope_tables(&positions, c.hd, config.rope_theta);
+        gpu.stream.memcpy_htod(&cos, &mut io.cos)?;
+        gpu.stream.memcpy_htod(&sin, &mut io.sin)?;
+        let device_bytes = bytes.get();
+        let mut model = GpuModel { gpu, config: config.clone(), dims: c, capacity, device_bytes, flat, master, w, grad, m, v, acts, back, io };
+        let host = model.flatten(|i| &params.tensors[i].data);
+        model.gpu.stream.memcpy_htod(&host, &mut model.master)?;
+        model.restore_working_weights()?;
+        Ok(model)
+    }
+
+    /// Tokens one pass can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes of device memory this model's buffers hold (the launchers' per-call scratch and
+    /// cuBLAS's workspace aside).
+    pub fn device_bytes(&self) -> usize {
+        self.device_bytes
+    }
+
+    /// A host vector in the flat layout (padding 0) from canonical tensors.
+    fn flatten<'a>(&self, tensor: impl Fn(usize) -> &'a [f32]) -> Vec<f32> {
+        let mut out = vec![0f32; self.flat.total];
+        for (i, s) in self.flat.slots.iter().enumerate() {
+            out[s.offset..s.offset + s.numel].copy_from_slice(tensor(i));
+        }
+        out
+    }
+
+    /// Canonical tensors out of a flat device buffer (synchronises).
+    fn unflatten(&self, buf: &CudaSlice<f32>) -> Result<Vec<Vec<f32>>> {
+        let host = self.gpu.download(buf)?;
+        Ok(self.flat.slots.iter().map(|s| host[s.offset..s.offset + s.numel].to_vec()).collect())
+    }
+
+    fn check_params(&self, p: &Params, what: &str) -> Result<()> {
+        if p.tensors.len() != self.flat.slots.len()
+            || p.tensors.iter().zip(&self.flat.slots).any(|(t, s)| t.name != s.name || t.data.len() != s.numel)
+        {
+            return Err(Error(format!("{what}: the tensors do not match the model's parameters")));
+        }
+        Ok(())
+    }
+
+    /// Copies the master weights into `params` (same layout as the model's).
+    pub fn download_params(&self, params: &mut Params) -> Result<()> {
+        self.check_params(params, "download_params")?;
+        for (t, d) in params.tensors.iter_mut().zip(self.unflatten(&self.master)?) {
+            t.data = d;
+        }
+        Ok(())
+    }
+
+    /// Copies the accumulated gradients into `grads` (same layout as the model's).
+    pub fn download_grads(&self, grads: &mut Params) -> Result<()> {
+        self.check_params(grads, "download_grads")?;
+        for (t, d) in grads.tensors.iter_mut().zip(self.unflatten(&self.grad)?) {
+            t.data = d;
+        }
+        Ok(())
+    }
+
+    /// The AdamW moments (exp_avg, exp_avg_sq).
+    pub fn download_moments(&self) -> Result<(PerTensor, PerTensor)> {
+        Ok((self.unflatten(&self.m)?, self.unflatten(&self.v)?))
+    }
+
+    /// Sets the AdamW moments, one slice per canonical tensor.
+    pub fn upload_moments(&mut self, exp_avg: &[&[f32]], exp_avg_sq: &[&[f32]]) -> Result<()> {
+        let n = self.flat.slots.len();
+        for (what, x) in [("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)] {
+            if x.len() != n || x.iter().zip(&self.flat.slots).any(|(a, s)| a.len() != s.numel) {
+                return Err(Error(format!("upload_moments: {what} does not match the model's parameters")));
+            }
+        }
+        let m = self.flatten(|i| exp_avg[i]);
+        let v = self.flatten(|i| exp_avg_sq[i]);
+        self.gpu.stream.memcpy_htod(&m, &mut self.m)?;
+        self.gpu.stream.memcpy_htod(&v, &mut self.v)?;
+        Ok(())
+    }
+
+    /// Runs the forward on other weights (e.g. an RL reference model) until
+    /// [`GpuModel::restore_working_weights`]: only the bf16 copy changes.
+    pub fn set_working_weights(&mut self, params: &Params) -> Result<()> {
+        self.check_params(params, "set_working_weights")?;
+        let host: Vec<bf16> = self.flatten(|i| &params.tensors[i].data).iter().map(|&x| bf16::from_f32(x)).collect();
+        self.gpu.stream.memcpy_htod(&host, &mut self.w)?;
+        Ok(())
+    }
+
+    /// The bf16 working weights from the f32 masters.
+    pub fn restore_working_weights(&mut self) -> Result<()> {
+        self.gpu.cast_f32_bf16(&self.master, &mut self.w, self.flat.total)
+    }
+
+    pub fn zero_grads(&mut self) -> Result<()> {
+        self.gpu.stream.memset_zeros(&mut self.grad)?;
+        Ok(())
+    }
+
+    /// The global L2 norm of the accumulated gradients (synchronises).
+    pub fn grad_norm(&self) -> Result<f64> {
+        Ok(self.gpu.sumsq(&self.grad, self.flat.total)?.sqrt())
+    }
+
+    /// One AdamW step of every tensor, with the scalars `args(shape)` gives each (decay rule,
+    /// clipping factor), then the bf16 working copy from the updated masters. Neighbouring
+    /// tensors with equal scalars run as one launch (the padding between them is all zeros, which
+    /// AdamW keeps at zero).
+    pub fn adamw_step(&mut self, args: impl Fn(&[usize]) -> AdamWArgs) -> Result<()> {
+        let mut slots: Vec<&Slot> = self.flat.slots.iter().collect();
+        slots.sort_by_key(|s| s.offset);
+        let mut runs: Vec<(usize, usize, AdamWArgs)> = Vec::new();
+        for s in slots {
+            let a = args(&s.shape);
+            match runs.last_mut() {
+                Some(r) if r.2 == a => r.1 = s.offset + s.numel,
+                _ => runs.push((s.offset, s.offset + s.numel, a)),
+            }
+        }
+        let GpuModel { gpu, master, grad, m, v, .. } = self;
+        for (lo, hi, a) in runs {
+            let n = hi - lo;
+            gpu.adamw(&mut master.slice_mut(lo..hi), &grad.slice(lo..hi), &mut m.slice_mut(lo..hi), &mut v.slice_mut(lo..hi), None, n, &a)?;
+        }
+        self.restore_working_weights()
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu.synchronize()
+    }
+
+    /// Packs `seqs` into one pass and uploads ids, positions, segment starts and targets.
+    fn pack(&mut self, seqs: &[Seq]) -> Result<Packed> {
+        if seqs.is_empty() {
+            return Err(Error::new("a GPU pass needs at least one sequence"));
+        }
+        let n: usize = seqs.iter().map(|s| s.input_ids.len()).sum();
+        if n > self.capacity {
+            return Err(Error(format!(
+                "{} sequences of {n} tokens in one pass, but the GPU buffers hold {} tokens",
+                seqs.len(),
+                self.capacity
+            )));
+        }
+        let vocab = self.dims.vocab;
+        let (mut tokens, mut pos, mut seg, mut targets) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut ids = Vec::with_capacity(n);
+        let mut spans = Vec::with_capacity(seqs.len());
+        for (k, s) in seqs.iter().enumerate() {
+            let t = s.input_ids.len();
+            if t == 0 {
+                return Err(Error(format!("sequence {k}: input_ids is empty")));
+            }
+            if let Some((p, id)) = s.input_ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+                return Err(Error(format!("sequence {k}: token id {id} at position {p} is outside the vocabulary (vocab_size = {vocab})")));
+            }
+            if let Some(sid) = s.segment_ids {
+                if sid.len() != t {
+                    return Err(Error(format!("sequence {k}: segment_ids has length {}, input_ids has length {t}", sid.len())));
+                }
+            }
+            let off = tokens.len();
+            let (p, st) = ops::segment_layout(t, s.segment_ids);
+            for i in 0..t {
+                tokens.push(s.input_ids[i] as i32);
+                pos.push(p[i] as i32);
+                seg.push((off + st[i]) as i32);
+                // Row i predicts token i + 1 unless that starts a segment (or the sequence ends).
+                targets.push(if i + 1 < t && p[i + 1] != 0 { s.input_ids[i + 1] as i32 } else { -1 });
+            }
+            ids.extend_from_slice(s.input_ids);
+            spans.push((off, t));
+        }
+        let (st, io) = (&self.gpu.stream, &mut self.io);
+        st.memcpy_htod(&tokens, &mut io.tokens)?;
+        st.memcpy_htod(&pos, &mut io.pos)?;
+        st.memcpy_htod(&seg, &mut io.seg)?;
+        st.memcpy_htod(&targets, &mut io.targets)?;
+        Ok(Packed { n, spans, ids, targets })
+    }
+
+    /// Embedding, every layer, final norm and the head's logits for the `n` packed tokens.
+    fn forward(&mut self, n: usize) -> Result<()> {
+        let GpuModel { gpu, dims: c, flat, w, acts, io, .. } = self;
+        let (d, eps) = (c.d, c.eps);
+        gpu.embedding_fwd(&io.tokens, &w.slice(flat.embed..flat.embed + c.vocab * d), &mut acts.resid[0], n, d, c.vocab)?;
+        let (s, l) = c.attention(n);
+        for (li, (lw, a)) in flat.layers.iter().zip(acts.layers.iter_mut()).enumerate() {
+            let (lo, hi) = acts.resid.split_at_mut(li + 1);
+            let (x, out) = (&lo[li], &mut hi[0]);
+            // attention block: x2 = x + o_proj(attn(rope(qkv(rmsnorm(x)))))
+            gpu.rmsnorm_fwd(x, &w.slice(lw.ln1..lw.ln1 + d), &mut a.h1, &mut a.rstd1, n, d, eps)?;
+            linear_fwd(gpu, &a.h1, w, lw.qkv, lw.qkv_bias, &mut a.qkv, &io.ones, (n, d, c.wqkv), false)?;
+            gpu.rope(&mut a.qkv, Some(&io.pos), &io.cos, &io.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, false)?;
+            let (q, k, v) = (a.qkv.slice(..), a.qkv.slice(c.qd..), a.qkv.slice(c.qd + c.kvd..));
+            gpu.attention_fwd(&s, &l, &q, &k, &v, Some(&io.seg), &mut a.att, &mut a.lse)?;
+            gpu.stream.memcpy_dtod(&x.slice(..n * d), &mut a.x2.slice_mut(..n * d))?;
+            linear_fwd(gpu, &a.att, w, lw.o, lw.o_bias, &mut a.x2, &io.ones, (n, c.qd, d), true)?;
+            // MLP block: out = x2 + down(silu(gate(h2)) * up(h2)), h2 = rmsnorm(x2)
+            gpu.rmsnorm_fwd(&a.x2, &w.slice(lw.ln2..lw.ln2 + d), &mut a.h2, &mut a.rstd2, n, d, eps)?;
+            linear_fwd(gpu, &a.h2, w, lw.gu, lw.gu_bias, &mut a.gu, &io.ones, (n, d, 2 * c.inter), false)?;
+            let f = c.inter;
+            gpu.swiglu_fwd(&a.gu.slice(..), &a.gu.slice(f..), &mut a.a, n, f, 2 * f, 2 * f, f)?;
+            gpu.stream.memcpy_dtod(&a.x2.slice(..n * d), &mut out.slice_mut(..n * d))?;
+            linear_fwd(gpu, &a.a, w, lw.down, lw.down_bias, out, &io.ones, (n, f, d), true)?;
+        }
+        let xl = &acts.resid[c.layers];
+        gpu.rmsnorm_fwd(xl, &w.slice(flat.norm..flat.norm + d), &mut acts.hf, &mut acts.rstdf, n, d, eps)?;
+        linear_fwd(gpu, &acts.hf, w, flat.head, None, &mut acts.logits, &io.ones, (n, d, c.vocab), false)
+    }
+
+    /// Backward from d loss / d logits (in `acts.logits`), accumulating every parameter gradient.
+    fn backward(&mut self, n: usize, plan: &EmbeddingGradPlan) -> Result<()> {
+        let GpuModel { gpu, dims: c, flat, w, grad, acts, back: b, io, .. } = self;
+        let d = c.d;
+        linear_bwd(gpu, &acts.logits, &acts.hf, w, flat.head, None, &mut b.dh, grad, &io.ones, (n, d, c.vocab))?;
+        let xl = &acts.resid[c.layers];
+        let nw = flat.norm..flat.norm + d;
+        gpu.rmsnorm_bwd(&b.dh, xl, &w.slice(nw.clone()), &acts.rstdf, &mut b.dres, &mut grad.slice_mut(nw), n, d, false)?;
+        let (s, l) = c.attention(n);
+        // b.dres holds d loss / d (layer output) on entry to each layer, d loss / d (input) on exit.
+        for (li, (lw, a)) in flat.layers.iter().zip(&acts.layers).enumerate().rev() {
+            let f = c.inter;
+            linear_bwd(gpu, &b.dres, &a.a, w, lw.down, lw.down_bias, &mut b.da, grad, &io.ones, (n, f, d))?;
+            gpu.swiglu_bwd_fused(&b.da, &a.gu, &mut b.dgu, n, f)?;
+            linear_bwd(gpu, &b.dgu, &a.h2, w, lw.gu, lw.gu_bias, &mut b.dh, grad, &io.ones, (n, d, 2 * f))?;
+            let r2 = lw.ln2..lw.ln2 + d;
+            gpu.rmsnorm_bwd(&b.dh, &a.x2, &w.slice(r2.clone()), &a.rstd2, &mut b.dres, &mut grad.slice_mut(r2), n, d, true)?;
+            linear_bwd(gpu, &b.dres, &a.att, w, lw.o, lw.o_bias, &mut b.datt, grad, &io.ones, (n, c.qd, d))?;
+            gpu.attention_bwd_qkv(&s, &l, &a.qkv, &a.att, &a.lse, Some(&io.seg), &b.datt, &mut b.dqkv)?;
+            gpu.rope(&mut b.dqkv, Some(&io.pos), &io.cos, &io.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, true)?;
+            linear_bwd(gpu, &b.dqkv, &a.h1, w, lw.qkv, lw.qkv_bias, &mut b.dh, grad, &io.ones, (n, d, c.wqkv))?;
+            let r1 = lw.ln1..lw.ln1 + d;
+            gpu.rmsnorm_bwd(&b.dh, &acts.resid[li], &w.slice(r1.clone()), &a.rstd1, &mut b.dres, &mut grad.slice_mut(r1), n, d, true)?;
+        }
+        gpu.embedding_bwd(plan, &b.dres, &mut grad.slice_mut(flat.embed..flat.embed + c.vocab * d), d)
+    }
+
+    /// Row weights `g[r] = −d loss / d logp[token r + 1]` of the pack (0 where row r has no
+    /// target), uploaded into `io.g`.
+    fn upload_row_weights(&mut self, p: &Packed, dlogp: &[Vec<f32>]) -> Result<()> {
+        if dlogp.len() != p.spans.len() {
+            return Err(Error(format!("d loss / d logp given for {} sequences, the pass has {}", dlogp.len(), p.spans.len())));
+        }
+        let mut g = vec![0f32; p.n];
+        for (k, (&(off, t), dl)) in p.spans.iter().zip(dlogp).enumerate() {
+            if dl.len() != t {
+                return Err(Error(format!("sequence {k}: d loss / d logp has length {}, the sequence has {t} tokens", dl.len())));
+            }
+            if let Some((pos, x)) = dl.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(Error(format!("sequence {k}: d loss / d logp at position {pos} is not finite ({x})")));
+            }
+            for i in 1..t {
+                if p.targets[off + i - 1] >= 0 {
+                    g[off + i - 1] = -dl[i];
+                }
+            }
+        }
+        self.gpu.stream.memcpy_htod(&g, &mut self.io.g)?;
+        Ok(())
+    }
+
+    /// Token statistics per sequence from the per-row log-probs (and entropies) of the pack:
+    /// token t of a sequence gets row t − 1's values; 0 at sequence and segment starts.
+    fn token_stats_of(&self, p: &Packed, with_entropy: bool) -> Result<Vec<TokenStats>> {
+        let n = p.n;
+        let logp = self.gpu.download(&self.acts.logp.slice(..n))?;
+        let ent = if with_entropy { Some(self.gpu.download(&self.acts.entropy.slice(..n))?) } else { None };
+        Ok(p.spans
+            .iter()
+            .map(|&(off, t)| {
+                let mut s = TokenStats { logp: vec![0f32; t], entropy: vec![0f32; t] };
+                s.logp[1..].copy_from_slice(&logp[off..off + t - 1]);
+                if let Some(e) = &ent {
+                    s.entropy[1..].copy_from_slice(&e[off..off + t - 1]);
+                }
+                s
+            })
+            .collect())
+    }
+
+    /// Log-probs and entropies of every row, logits left intact.
+    fn head_stats(&mut self, n: usize) -> Result<()> {
+        let GpuModel { gpu, dims: c, acts, io, .. } = self;
+        gpu.xent_fwd_bwd(&mut acts.logits, &io.targets, None, &mut acts.logp, Some(&mut acts.lse), n, c.vocab, false)?;
+        gpu.xent_entropy(&acts.logits, &io.targets, &acts.lse, &mut acts.entropy, n, c.vocab)
+    }
+
+    /// d loss / d logits in place over the logits, from the row weights in `io.g`.
+    fn head_grad(&mut self, n: usize) -> Result<()> {
+        let GpuModel { gpu, dims: c, acts, io, .. } = self;
+        gpu.xent_fwd_bwd(&mut acts.logits, &io.targets, Some(&io.g), &mut acts.logp, None, n, c.vocab, true)
+    }
+
+    /// Token statistics of `seqs` (packed into one pass; no backward): `coa_model::Model::token_stats`.
+    pub fn token_stats(&mut self, seqs: &[Seq]) -> Result<Vec<TokenStats>> {
+        let p = self.pack(seqs)?;
+        self.forward(p.n)?;
+        self.head_stats(p.n)?;
+        self.token_stats_of(&p, true)
+    }
+
+    /// Forward and backward of `seqs` packed into one pass, ADDING the parameter gradients into
+    /// the gradient buffer (see [`GpuModel::zero_grads`]); `dlogp` gives d loss / d logp. Returns
+    /// each sequence's token statistics (`coa_model::Model::forward_backward`'s contract; see
+    /// [`DLogp::Fixed`] for what a fixed gradient computes).
+    pub fn forward_backward(&mut self, seqs: &[Seq], dlogp: DLogp) -> Result<Vec<TokenStats>> {
+        let p = self.pack(seqs)?;
+        let plan = self.gpu.embedding_grad_plan(&p.ids, self.dims.vocab)?;
+        if let DLogp::Fixed(dl) = &dlogp {
+            self.upload_row_weights(&p, dl)?; // before the forward: a bad gradient fails early
+        }
+        self.forward(p.n)?;
+        let stats = match dlogp {
+            DLogp::Fixed(_) => None,
+            DLogp::FromStats(f) => {
+                self.head_stats(p.n)?;
+                let stats = self.token_stats_of(&p, true)?;
+                let dl = f(&stats);
+                self.upload_row_weights(&p, &dl)?;
+                Some(stats)
+            }
+        };
+        self.head_grad(p.n)?;
+        self.backward(p.n, &plan)?;
+        match stats {
+            Some(s) => Ok(s),
+            None => self.token_stats_of(&p, false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configs() -> Vec<ModelConfig> {
+        let mut llama = ModelConfig::preset("small", 1000).unwrap();
+        llama.num_hidden_layers = 3;
+        let mut qwen = llama.clone();
+        qwen.model_type = "qwen2".into();
+        qwen.tie_word_embeddings = false;
+        let mut biased = llama.clone();
+        biased.attention_bias = true;
+        biased.mlp_bias = true;
+        biased.intermediate_size = 1001; // odd sizes: groups still start aligned
+        vec![llama, qwen, biased]
+    }
+
+    /// Every tensor has its own range, fused groups are contiguous in the order the fused matmuls
+    /// read them, and every group starts aligned.
+    #[test]
+    fn flat_layout_places_fused_groups_contiguously() {
+        for c in configs() {
+            let f = FlatLayout::of(&c);
+            let specs = param_specs(&c);
+            assert_eq!(f.slots.len(), specs.len());
+            let mut ranges: Vec<(usize, usize)> = f.slots.iter().map(|s| (s.offset, s.offset + s.numel)).collect();
+            ranges.sort();
+            assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "overlapping tensors");
+            assert!(ranges.last().unwrap().1 <= f.total && f.total % ALIGN == 0);
+            let at = |name: &str| f.slots.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("{name}"));
+            let follows = |a: &str, b: &str| {
+                let (x, y) = (at(a), at(b));
+                assert_eq!(x.offset + x.numel, y.offset, "{b} must follow {a}");
+            };
+            let lay = layout(&c);
+            for (l, lw) in f.layers.iter().enumerate() {
+                let p = |s: &str| format!("model.layers.{l}.{s}");
+                assert_eq!(lw.qkv, at(&p("self_attn.q_proj.weight")).offset);
+                follows(&p("self_attn.q_proj.weight"), &p("self_attn.k_proj.weight"));
+                follows(&p("self_attn.k_proj.weight"), &p("self_attn.v_proj.weight"));
+                assert_eq!(lw.gu, at(&p("mlp.gate_proj.weight")).offset);
+                follows(&p("mlp.gate_proj.weight"), &p("mlp.up_proj.weight"));
+                assert_eq!(lw.qkv_bias.is_some(), c.qkv_bias());
+                if let Some(b) = lw.qkv_bias {
+                    assert_eq!(b, at(&p("self_attn.q_proj.bias")).offset);
+                    follows(&p("self_attn.q_proj.bias"), &p("self_attn.k_proj.bias"));
+                    follows(&p("self_attn.k_proj.bias"), &p("self_attn.v_proj.bias"));
+                }
+                assert_eq!(lw.o_bias.is_some(), c.o_bias());
+                assert_eq!(lw.gu_bias.is_some() && lw.down_bias.is_some(), c.mlp_bias());
+                if let Some(b) = lw.gu_bias {
+                    assert_eq!(b, at(&p("mlp.gate_proj.bias")).offset);
+                    follows(&p("mlp.gate_proj.bias"), &p("mlp.up_proj.bias"));
+                }
+                assert_eq!(lw.o, at(&p("self_attn.o_proj.weight")).offset);
+                assert_eq!(lw.down, at(&p("mlp.down_proj.weight")).offset);
+                assert_eq!(lw.ln1, at(&p("input_layernorm.weight")).offset);
+                assert_eq!(lw.ln2, at(&p("post_attention_layernorm.weight")).offset);
+                for off in [lw.qkv, lw.o, lw.gu, lw.down, lw.ln1, lw.ln2].into_iter().chain(lw.qkv_bias).chain(lw.o_bias).chain(lw.gu_bias).chain(lw.down_bias) {
+                    assert_eq!(off % ALIGN, 0);
+                }
+            }
+            assert_eq!(f.embed, f.slots[lay.embed].offset);
+            assert_eq!(f.norm, f.slots[lay.norm].offset);
+            match lay.lm_head {
+                Some(h) => assert_eq!(f.head, f.slots[h].offset),
+                None => assert_eq!(f.head, f.embed),
+            }
+        }
+    }
+
+    #[test]
+    fn attention_geometry_reads_q_k_v_from_the_fused_rows() {
+        let c = Dims::of(&configs()[0]);
+        let (s, l) = c.attention(100);
+        assert_eq!((s.batch, s.seq, s.q_heads, s.kv_heads, s.head_dim), (1, 100, c.hq, c.hkv, c.hd));
+        assert_eq!(l.q.t as usize, c.qd + 2 * c.kvd);
+        assert_eq!((l.k, l.v), (l.q, l.q));
+        assert_eq!(l.o, Strides::contiguous(100, c.hq, c.hd));
+    }
+}

@@ -1,0 +1,264 @@
+//! [`GpuModel`] against the f32 CPU model (`coa_model::Model`) on the same batch of tiny random
+//! models: token log-probs and entropies, the loss, and every parameter gradient; plus exact
+//! upload/download of weights and moments (checkpoints round-trip bit for bit).
+//!
+//! Both sides run the SAME weights: the random parameters are rounded to bf16 first, so what is
+//! measured is the GPU's own error: bf16 activations (each rounding is a relative error of at most
+//! 2^-9), bf16 P and dS inside attention, the bf16 residual-stream gradient, and fp32 accumulation
+//! in another order. Through two layers that is a few tenths of a percent per activation; a
+//! gradient sums many such terms, so its relative L2 error stays around 1%. Tolerances (values in
+//! `check_grad`): loss within 2e-2 relative, each gradient tensor relative L2 error <= 5e-2 and
+//! cosine >= 0.99 — a wrong index, missing term or transposed matmul gives O(1) errors. The model
+//! is initialised with a larger spread (initializer_range 0.08) than usual so that its predictions
+//! are far from uniform and the loss depends on getting the targets right.
+//!
+//! Without a CUDA device the GPU tests print `skipped: no CUDA device (...)` and return.
+
+use std::sync::Arc;
+
+use coa_kernels::model::{check_supported, DLogp};
+use coa_kernels::rng::Rng;
+use coa_kernels::{bf16, Gpu, GpuModel};
+use coa_model::{Model, ModelConfig, Params, Seq, TokenStats};
+
+fn gpu_or_skip(test: &str) -> Option<Arc<Gpu>> {
+    match coa_kernels::probe() {
+        Err(e) => {
+            let line = format!("{test}: skipped: no CUDA device ({e})");
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{line}");
+            println!("{line}");
+            None
+        }
+        Ok(_) => Some(Arc::new(Gpu::new(0).unwrap_or_else(|e| panic!("{test}: GPU found but unusable: {e}")))),
+    }
+}
+
+fn seeded(test: &str) -> Rng {
+    let seed = std::env::var("COA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(Rng::fresh_seed);
+    eprintln!("{test}: seed {seed} (replay with COA_TEST_SEED={seed})");
+    Rng::new(seed)
+}
+
+/// (label, config): GQA + tied head (llama); q/k/v biases + untied head + head_dim 128 (qwen2);
+/// o and MLP biases (llama attention_bias / mlp_bias).
+fn configs() -> Vec<(&'static str, ModelConfig)> {
+    let base = |vocab: usize, hidden: usize, heads: usize, kv: usize, inter: usize| {
+        let mut c = ModelConfig::preset("tiny", vocab).unwrap();
+        c.hidden_size = hidden;
+        c.num_attention_heads = heads;
+        c.num_key_value_heads = kv;
+        c.intermediate_size = inter;
+        c.num_hidden_layers = 2;
+        c.max_position_embeddings = 512;
+        c.initializer_range = 0.08;
+        c
+    };
+    let llama = base(211, 256, 4, 2, 512);
+    let mut qwen = base(160, 256, 2, 1, 384);
+    qwen.model_type = "qwen2".into();
+    qwen.architectures = vec!["Qwen2ForCausalLM".into()];
+    qwen.tie_word_embeddings = false;
+    qwen.rope_theta = 1_000_000.0;
+    let mut biased = base(96, 128, 2, 2, 256);
+    biased.attention_bias = true;
+    biased.mlp_bias = true;
+    vec![("llama GQA tied", llama), ("qwen2 qkv-bias untied hd128", qwen), ("llama o/mlp bias", biased)]
+}
+
+/// A random model whose weights are exactly representable in bf16 (norm weights and biases
+/// random too, so every term of the forward is exercised).
+fn model(c: &ModelConfig, rng: &mut Rng) -> Model {
+    let mut m = Model::init(c.clone(), rng.next_u64()).unwrap();
+    for t in &mut m.params.tensors {
+        if t.shape.len() == 1 {
+            let norm = t.name.ends_with("norm.weight");
+            t.data.iter_mut().for_each(|x| *x = if norm { 1.0 + 0.2 * rng.normal() } else { 0.1 * rng.normal() });
+        }
+        t.data.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32());
+    }
+    m
+}
+
+/// Three sequences, one of them packed from segments.
+fn batch(rng: &mut Rng, vocab: usize) -> Vec<(Vec<u32>, Option<Vec<i32>>)> {
+    let ids = |rng: &mut Rng, n: usize| (0..n).map(|_| rng.below(vocab) as u32).collect::<Vec<u32>>();
+    let packed_len = 130;
+    let seg: Vec<i32> = (0..packed_len).map(|i| if i < 40 { 0 } else if i < 41 { 1 } else if i < 100 { 2 } else { 3 }).collect();
+    vec![(ids(rng, 77), None), (ids(rng, packed_len), Some(seg)), (ids(rng, 45), None)]
+}
+
+fn seqs(b: &[(Vec<u32>, Option<Vec<i32>>)]) -> Vec<Seq<'_>> {
+    b.iter().map(|(ids, seg)| Seq { input_ids: ids, segment_ids: seg.as_deref() }).collect()
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> (f64, f64) {
+    let (mut num, mut den, mut dot, mut gg) = (0f64, 0f64, 0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        num += ((g - w) as f64).powi(2);
+        den += (w as f64).powi(2);
+        dot += g as f64 * w as f64;
+        gg += (g as f64).powi(2);
+    }
+    let rel = if den > 0.0 { (num / den).sqrt() } else { num.sqrt() };
+    let cos = if den > 0.0 && gg > 0.0 { dot / (den.sqrt() * gg.sqrt()) } else { 1.0 };
+    (rel, cos)
+}
+
+/// Every gradient tensor: relative L2 error <= 5e-2 and cosine >= 0.99. The k_proj bias is the
+/// exception: its exact gradient is 0 (adding a constant to every key shifts all scores of a query
+/// equally, which softmax ignores), so both sides hold rounding noise; it must stay small next to
+/// the q_proj bias gradient.
+#[track_caller]
+fn check_grads(label: &str, gpu: &Params, cpu: &Params) {
+    for (g, c) in gpu.tensors.iter().zip(&cpu.tensors) {
+        assert_eq!(g.name, c.name);
+        let (rel, cos) = rel_l2(&g.data, &c.data);
+        let norm = c.data.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+        eprintln!("  {label}: {}: |g| {norm:.3e}, rel L2 err {rel:.2e}, cos {cos:.5}", g.name);
+        if g.name.ends_with("k_proj.bias") {
+            let q = gpu.get(&g.name.replace("k_proj", "q_proj")).unwrap();
+            let qn = q.data.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+            let kn = g.data.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+            assert!(kn <= 5e-2 * qn, "{label}: {}: |grad| {kn:e} is not noise next to q_proj.bias's {qn:e}", g.name);
+            continue;
+        }
+        assert!(rel <= 5e-2 && cos >= 0.99, "{label}: gradient of {}: relative L2 error {rel:e} (max 5e-2), cosine {cos} (min 0.99)", g.name);
+    }
+}
+
+/// Log-probs (and entropies) at the positions that have a target.
+#[track_caller]
+fn check_stats(label: &str, b: &[(Vec<u32>, Option<Vec<i32>>)], gpu: &[TokenStats], cpu: &[TokenStats], entropy: bool) {
+    let (mut gl, mut cl, mut ge, mut ce) = (vec![], vec![], vec![], vec![]);
+    for ((seq, g), c) in b.iter().zip(gpu).zip(cpu) {
+        let (pos, _) = coa_model::ops::segment_layout(seq.0.len(), seq.1.as_deref());
+        for t in (0..seq.0.len()).filter(|&t| pos[t] != 0) {
+            gl.push(g.logp[t]);
+            cl.push(c.logp[t]);
+            ge.push(g.entropy[t]);
+            ce.push(c.entropy[t]);
+        }
+        for t in (0..seq.0.len()).filter(|&t| pos[t] == 0) {
+            assert_eq!((g.logp[t], g.entropy[t]), (0.0, 0.0), "{label}: token {t} starts a segment: no statistics");
+        }
+    }
+    let (rel, _) = rel_l2(&gl, &cl);
+    eprintln!("  {label}: logp rel L2 err {rel:.2e} over {} tokens", gl.len());
+    assert!(rel <= 2e-2, "{label}: log-probs: relative L2 error {rel:e} (max 2e-2)");
+    if entropy {
+        let (rel, _) = rel_l2(&ge, &ce);
+        eprintln!("  {label}: entropy rel L2 err {rel:.2e}");
+        assert!(rel <= 2e-2, "{label}: entropies: relative L2 error {rel:e} (max 2e-2)");
+    }
+}
+
+#[test]
+fn gpu_model_matches_cpu_on_one_batch() {
+    let test = "gpu_model_matches_cpu_on_one_batch";
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    let mut rng = seeded(test);
+    for (label, c) in configs() {
+        let cpu = model(&c, &mut rng);
+        let b = batch(&mut rng, c.vocab_size);
+        let s = seqs(&b);
+        let mut gm = GpuModel::new(gpu.clone(), &c, &cpu.params, 512).unwrap();
+
+        // SFT: fixed d loss / d logp = -mask / N (one fused pass).
+        let masks: Vec<Vec<f32>> = b.iter().map(|(ids, _)| ids.iter().map(|_| if rng.uniform() < 0.7 { 1.0 } else { 0.0 }).collect()).collect();
+        let n: f32 = masks.iter().flatten().sum();
+        let dlogp: Vec<Vec<f32>> = masks.iter().map(|m| m.iter().map(|&x| -x / n).collect()).collect();
+        let mut g_cpu = cpu.params.zeros_like();
+        let st_cpu: Vec<TokenStats> = s.iter().zip(&dlogp).map(|(q, d)| cpu.forward_backward(q, &mut g_cpu, &mut |_| d.clone()).unwrap()).collect();
+        gm.zero_grads().unwrap();
+        let st_gpu = gm.forward_backward(&s, DLogp::Fixed(&dlogp)).unwrap();
+        let mut g_gpu = cpu.params.zeros_like();
+        gm.download_grads(&mut g_gpu).unwrap();
+        // Loss over the targets that count (a segment start is never a target).
+        let loss = |st: &[TokenStats]| -> f64 {
+            let mut l = 0.0;
+            for ((seq, m), x) in b.iter().zip(&masks).zip(st) {
+                let (pos, _) = coa_model::ops::segment_layout(seq.0.len(), seq.1.as_deref());
+                l -= (0..seq.0.len()).filter(|&t| pos[t] != 0).map(|t| (m[t] * x.logp[t]) as f64).sum::<f64>();
+            }
+            l / n as f64
+        };
+        let (lg, lc) = (loss(&st_gpu), loss(&st_cpu));
+        eprintln!("{label}: SFT loss gpu {lg:.5} cpu {lc:.5}");
+        assert!((lg - lc).abs() <= 2e-2 * lc.abs(), "{label}: loss {lg} vs cpu {lc}");
+        check_grads(&format!("{label} SFT"), &g_gpu, &g_cpu);
+
+        // RL form: d loss / d logp from the statistics (two passes over the logits, entropies):
+        // c_t * p_t, a function of the log-probs like DAPO's ratio term.
+        let coef: Vec<Vec<f32>> = b.iter().map(|(ids, _)| ids.iter().map(|_| rng.normal() / n).collect()).collect();
+        let rl_one = |st: &TokenStats, c: &[f32]| -> Vec<f32> { st.logp.iter().zip(c).map(|(&lp, &k)| k * lp.exp()).collect() };
+        let mut g_cpu = cpu.params.zeros_like();
+        let st_cpu: Vec<TokenStats> =
+            s.iter().zip(&coef).map(|(q, c)| cpu.forward_backward(q, &mut g_cpu, &mut |st| rl_one(st, c)).unwrap()).collect();
+        let mut rl = |st: &[TokenStats]| -> Vec<Vec<f32>> { st.iter().zip(&coef).map(|(x, c)| rl_one(x, c)).collect() };
+        gm.zero_grads().unwrap();
+        let st_gpu = gm.forward_backward(&s, DLogp::FromStats(&mut rl)).unwrap();
+        gm.download_grads(&mut g_gpu).unwrap();
+        check_stats(&format!("{label} RL"), &b, &st_gpu, &st_cpu, true);
+        check_grads(&format!("{label} RL"), &g_gpu, &g_cpu);
+
+        // Forward only.
+        let st_gpu = gm.token_stats(&s).unwrap();
+        let st_cpu: Vec<TokenStats> = s.iter().map(|q| cpu.token_stats(q).unwrap()).collect();
+        check_stats(&format!("{label} token_stats"), &b, &st_gpu, &st_cpu, true);
+    }
+}
+
+#[test]
+fn weights_and_moments_round_trip_exactly() {
+    let test = "weights_and_moments_round_trip_exactly";
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    let mut rng = seeded(test);
+    for (label, c) in configs() {
+        // Full f32 values (not bf16-rounded): the masters must come back bit for bit.
+        let mut params = Model::init(c.clone(), rng.next_u64()).unwrap().params;
+        params.tensors.iter_mut().for_each(|t| t.data.iter_mut().for_each(|x| *x += 1e-3 * rng.normal()));
+        let mut gm = GpuModel::new(gpu.clone(), &c, &params, 64).unwrap();
+        let mut back = params.zeros_like();
+        gm.download_params(&mut back).unwrap();
+        for (a, b) in params.tensors.iter().zip(&back.tensors) {
+            assert!(a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits()), "{label}: {} changed on the way", a.name);
+        }
+        let m: Vec<Vec<f32>> = params.tensors.iter().map(|t| rng.normals(t.data.len(), 1e-3)).collect();
+        let v: Vec<Vec<f32>> = params.tensors.iter().map(|t| rng.normals(t.data.len(), 1e-6).iter().map(|x| x.abs()).collect()).collect();
+        let (mr, vr): (Vec<&[f32]>, Vec<&[f32]>) = (m.iter().map(|x| x.as_slice()).collect(), v.iter().map(|x| x.as_slice()).collect());
+        gm.upload_moments(&mr, &vr).unwrap();
+        let (m2, v2) = gm.download_moments().unwrap();
+        assert!(m == m2 && v == v2, "{label}: AdamW moments changed on the way");
+    }
+}
+
+#[test]
+fn bad_passes_are_errors() {
+    let test = "bad_passes_are_errors";
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    let mut rng = seeded(test);
+    let (_, c) = configs().remove(0);
+    let cpu = model(&c, &mut rng);
+    let mut gm = GpuModel::new(gpu, &c, &cpu.params, 32).unwrap();
+    let long: Vec<u32> = vec![1; 33];
+    let e = gm.token_stats(&[Seq::new(&long)]).expect_err("a pass over capacity");
+    assert!(e.0.contains("hold 32 tokens"), "{e}");
+    let bad = [3u32, c.vocab_size as u32];
+    let e = gm.token_stats(&[Seq::new(&bad)]).expect_err("an id outside the vocabulary");
+    assert!(e.0.contains("outside the vocabulary"), "{e}");
+    let ok = [1u32, 2, 3];
+    let e = gm.forward_backward(&[Seq::new(&ok)], DLogp::Fixed(&[vec![f32::NAN, 0.0, 0.0]])).expect_err("a NaN gradient");
+    assert!(e.0.contains("not finite"), "{e}");
+}
+
+/// Runs everywhere: the GPU path names what it cannot do.
+#[test]
+fn unsupported_models_are_named() {
+    let tiny = ModelConfig::preset("tiny", 64).unwrap(); // head_dim 32
+    let e = check_supported(&tiny).unwrap_err();
+    assert!(e.0.contains("head_dim 32"), "{e}");
+    for (label, c) in configs() {
+        check_supported(&c).unwrap_or_else(|e| panic!("{label}: {e}"));
+    }
+}

@@ -1,0 +1,158 @@
+//! The trainer on the GPU (`--device cuda`): the same steps as the CPU trainer, with the model,
+//! its gradients and the AdamW state in a [`GpuModel`].
+//!
+//! What differs from the CPU path, and why:
+//! - A micro-batch's rows run as one packed pass (attention and RoPE stay inside each row and
+//!   segment), cut from the step's rows by [`micro_batches`] at the GPU buffers' capacity.
+//! - The objective still decides `dloss/dlogp` per token on the host. SFT's does not depend on
+//!   the log-probs, so the fused cross-entropy computes log-probs and gradient in one pass; DAPO's
+//!   does, so its log-probs and entropies come back to the host first (two passes over the logits).
+//! - Precision: bf16 weights and activations, fp32 gradients, master weights and moments; so a
+//!   GPU run tracks a CPU run closely but not bit for bit. The clipping rule, the learning-rate
+//!   schedule, the AdamW arithmetic and its decay rule (`optim::decays`) are the CPU's.
+//! - Checkpoints are the CPU's format: the f32 masters and moments are downloaded into
+//!   `Trainer::model` / `Trainer::moments` before a save, and a resume uploads them (either device
+//!   can continue the other's run).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use coa_kernels::gpu::AdamWArgs;
+use coa_kernels::model::DLogp;
+use coa_kernels::{Gpu, GpuModel};
+use coa_model::{Model, Seq, TokenStats};
+
+use crate::data::{micro_batches, Dataset, Example};
+use crate::objective::RlSums;
+use crate::optim::{self, Moments};
+use crate::train::{check_finite, StepReport, StepTotals, Trainer};
+
+fn seq_of(ex: &Example) -> Seq<'_> {
+    Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref() }
+}
+
+impl Trainer {
+    /// Moves training to the GPU: uploads the f32 masters and the AdamW moments, and allocates
+    /// the buffers for passes of `max(--micro-batch-tokens, longest row)` tokens.
+    pub fn to_cuda(&mut self, gpu: Arc<Gpu>, data: &Dataset) -> Result<()> {
+        let capacity = self.state.micro_batch_tokens.max(data.max_len).max(1);
+        let mut gm = GpuModel::new(gpu, &self.model.config, &self.model.params, capacity).map_err(|e| anyhow!("--device cuda: {e}"))?;
+        let m: Vec<&[f32]> = self.moments.iter().map(|m| m.exp_avg.as_slice()).collect();
+        let v: Vec<&[f32]> = self.moments.iter().map(|m| m.exp_avg_sq.as_slice()).collect();
+        gm.upload_moments(&m, &v).map_err(|e| anyhow!("--device cuda: {e}"))?;
+        self.cuda = Some(Box::new(gm));
+        Ok(())
+    }
+
+    /// Brings the GPU's master weights and moments back into `model` and `moments` (no-op on
+    /// the CPU).
+    pub fn sync_from_cuda(&mut self) -> Result<()> {
+        let Some(gm) = &self.cuda else { return Ok(()) };
+        gm.download_params(&mut self.model.params).map_err(|e| anyhow!("downloading the weights from the GPU: {e}"))?;
+        let (m, v) = gm.download_moments().map_err(|e| anyhow!("downloading the optimizer state from the GPU: {e}"))?;
+        self.moments = m.into_iter().zip(v).map(|(exp_avg, exp_avg_sq)| Moments { exp_avg, exp_avg_sq }).collect();
+        Ok(())
+    }
+
+    /// [`Trainer::step`] on the GPU.
+    pub(crate) fn step_cuda(&mut self, data: &Dataset) -> Result<StepReport> {
+        let started = Instant::now();
+        let rows = self.state.cursor.next_step(&data.examples, self.state.batch_tokens);
+        let n_targets: usize = rows.iter().map(|&r| data.examples[r].n_targets).sum();
+        let n_tokens: usize = rows.iter().map(|&r| data.examples[r].input_ids.len()).sum();
+        let step = self.state.step + 1;
+        let objective = self.objective;
+        let Some(gm) = self.cuda.as_deref_mut() else { bail!("internal: step_cuda without a GPU model") };
+        let gpu_err = |e: coa_kernels::Error| anyhow!("step {step}: {e}");
+        gm.zero_grads().map_err(gpu_err)?;
+        let mut loss = 0.0f64;
+        let mut sums = RlSums::default();
+        for mb in micro_batches(&data.examples, &rows, gm.capacity()) {
+            let exs: Vec<&Example> = mb.iter().map(|&r| &data.examples[r]).collect();
+            let seqs: Vec<Seq> = exs.iter().map(|ex| seq_of(ex)).collect();
+            let masks: Vec<Vec<u8>> = exs.iter().map(|ex| ex.target_mask()).collect();
+            let at = || format!("step {step}: rows {:?}", exs.iter().map(|ex| ex.row).collect::<Vec<_>>());
+            let fixed: Option<Vec<Vec<f32>>> = masks.iter().map(|m| objective.fixed_token_grads(m, n_targets)).collect();
+            let stats = match &fixed {
+                Some(d) => gm.forward_backward(&seqs, DLogp::Fixed(d)).map_err(|e| anyhow!("{}: {e}", at()))?,
+                None => {
+                    let mut failed: Option<anyhow::Error> = None;
+                    let mut dloss = |stats: &[TokenStats]| -> Vec<Vec<f32>> {
+                        exs.iter()
+                            .zip(&masks)
+                            .zip(stats)
+                            .map(|((ex, mask), st)| match objective.token_grads(ex, mask, st, n_targets) {
+                                Ok((_, d, _)) => d,
+                                Err(e) => {
+                                    failed.get_or_insert(e);
+                                    vec![0.0; mask.len()]
+                                }
+                            })
+                            .collect()
+                    };
+                    let stats = gm.forward_backward(&seqs, DLogp::FromStats(&mut dloss)).map_err(|e| anyhow!("{}: {e}", at()))?;
+                    if let Some(e) = failed {
+                        return Err(e);
+                    }
+                    stats
+                }
+            };
+            // Loss and statistics from the log-probs the pass computed (for SFT these are the
+            // targets' log-probs, all the loss needs).
+            for ((ex, mask), st) in exs.iter().zip(&masks).zip(&stats) {
+                let (l, _, s) = objective.token_grads(ex, mask, st, n_targets).with_context(at)?;
+                loss += l;
+                sums.add(&s);
+            }
+        }
+        let grad_norm = gm.grad_norm().map_err(gpu_err)?;
+        check_finite(step, loss, grad_norm, data, &rows)?;
+        let clip = optim::clip_factor(grad_norm, self.state.grad_clip);
+        let lr = self.state.schedule.lr_at(step);
+        let a = self.state.adamw;
+        gm.adamw_step(|shape| AdamWArgs::new(lr, a.beta1, a.beta2, a.eps, a.weight_decay, step, optim::decays(shape), clip)).map_err(gpu_err)?;
+        // The step's time includes its device work.
+        gm.synchronize().map_err(gpu_err)?;
+        let totals = StepTotals { step, rows, n_targets, n_tokens, loss, lr, grad_norm, sums };
+        Ok(self.finish_step(data, totals, started))
+    }
+
+    /// [`Trainer::prepare_rl`] on the GPU: π_old from the current weights, and the reference
+    /// model's log-probs from its weights swapped into the bf16 working copy for the occasion.
+    pub(crate) fn prepare_rl_cuda(&mut self, data: &mut Dataset, reference: Option<&Model>) -> Result<()> {
+        let Some(gm) = self.cuda.as_deref_mut() else { bail!("internal: prepare_rl_cuda without a GPU model") };
+        let all: Vec<usize> = (0..data.examples.len()).collect();
+        let passes = micro_batches(&data.examples, &all, gm.capacity());
+        let logps = |gm: &mut GpuModel, what: &str| -> Result<Vec<Vec<f32>>> {
+            let mut out = Vec::with_capacity(all.len());
+            for pass in &passes {
+                let seqs: Vec<Seq> = pass.iter().map(|&r| seq_of(&data.examples[r])).collect();
+                let stats = gm.token_stats(&seqs).map_err(|e| {
+                    let rows: Vec<usize> = pass.iter().map(|&r| data.examples[r].row).collect();
+                    anyhow!("rows {rows:?}: {what} log-probs: {e}")
+                })?;
+                out.extend(stats.into_iter().map(|s| s.logp));
+            }
+            Ok(out)
+        };
+        let old = logps(gm, "old")?;
+        let refl = match reference {
+            Some(m) => {
+                gm.set_working_weights(&m.params).map_err(|e| anyhow!("--ref: {e}"))?;
+                let r = logps(gm, "reference");
+                gm.restore_working_weights().map_err(|e| anyhow!("restoring the policy weights: {e}"))?;
+                Some(r?)
+            }
+            None => None,
+        };
+        // `passes` cover every example once, in order.
+        let mut refl = refl.map(|r| r.into_iter());
+        for (ex, old) in data.examples.iter_mut().zip(old) {
+            let Some(rl) = ex.rl.as_mut() else { bail!("row {} (task_id {:?}): --objective dapo needs scored rollouts", ex.row, ex.task_id) };
+            rl.old_logp = Some(old);
+            rl.ref_logp = refl.as_mut().and_then(|r| r.next());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,418 @@
+//! `--device`: the trainer on the GPU against the trainer on the CPU, checkpoints moving between
+//! them, and the device choice itself.
+//!
+//! Runs everywhere: `--device cuda` without a usable GPU is a clear error (never a panic),
+//! `--device cuda` on a model the GPU path cannot train names the feature, and `--device auto`
+//! falls back to the CPU with one note, giving the CPU's exact results.
+//!
+//! Needs a GPU (each prints `skipped: no CUDA device (...)` without one):
+//! - 200 steps of a tiny model on the GPU track the same run on the CPU. The GPU computes in bf16
+//!   (weights and activations; fp32 masters, gradients, moments), so the two runs drift apart the
+//!   way two f32 runs with different summation orders do, only more: a few tenths of a percent
+//!   per step at first. Tolerance: every 25-step window's mean loss within 5% (+0.02 absolute) of
+//!   the CPU's, the last 10 steps' mean likewise (the CPU's falls from ~3.8 to ~0.6), and the GPU
+//!   curve falling like the CPU's (last window below 0.7 x the first, no window 10% above the one
+//!   before).
+//! - The first step's loss and gradient norm agree within 2% (one bf16 forward/backward).
+//! - A CPU checkpoint uploaded to the GPU and saved again is byte-identical (masters and moments
+//!   go up and come back exactly); a run continues CPU -> GPU -> CPU with losses close to the
+//!   uninterrupted CPU run's.
+//! - DAPO: old log-probs, the first step's loss and entropy agree with the CPU's.
+//!
+//! On a GPU machine without Cargo, `COA_TRAIN_STEP_BIN` names the binary (bench/gpu/run.sh).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Float32Array, Int32Array, ListArray, StringArray, UInt8Array};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field};
+use arrow::record_batch::RecordBatch;
+use coa_kernels::Gpu;
+use coa_model::{Model, ModelConfig};
+use coa_schemas::io::{self, Provenance};
+use coa_schemas::tables::{METRICS, TOKENS};
+use coa_train_step::checkpoint::{self, TrainerState};
+use coa_train_step::dapo::DapoConfig;
+use coa_train_step::data::{Dataset, Example, RlRow};
+use coa_train_step::objective::Objective;
+use coa_train_step::optim::AdamWConfig;
+use coa_train_step::schedule::Schedule;
+use coa_train_step::train::{Settings, StepReport, Trainer};
+
+const VOCAB: usize = 64;
+
+fn gpu_or_skip(test: &str) -> Option<Arc<Gpu>> {
+    match coa_kernels::probe() {
+        Err(e) => {
+            let line = format!("{test}: skipped: no CUDA device ({e})");
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{line}");
+            println!("{line}");
+            None
+        }
+        Ok(_) => {
+            let gpu = Gpu::new(0).unwrap_or_else(|e| panic!("{test}: GPU found but unusable: {e}"));
+            gpu.warm_up().unwrap_or_else(|e| panic!("{test}: compiling the kernels: {e}"));
+            Some(Arc::new(gpu))
+        }
+    }
+}
+
+// ---- data --------------------------------------------------------------------------------------
+
+/// A row of the `tokens` table: ids, loss mask, segment ids.
+type Row = (Vec<u32>, Vec<u8>, Option<Vec<i32>>);
+
+/// Rows: a prompt (mask 0) then an answer (mask 1) that is a
+/// fixed function of the prompt's last token, so there is something to learn; every third row
+/// packs two such examples as segments.
+fn rows(n: usize, seed: u64) -> Vec<Row> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut example = || {
+        let p = 4 + (next() % 12) as usize;
+        let a = 3 + (next() % 10) as usize;
+        let mut ids: Vec<u32> = (0..p).map(|_| 2 + (next() % (VOCAB as u64 - 2)) as u32).collect();
+        let start = ids[p - 1] as usize;
+        ids.extend((0..a).map(|k| 2 + ((start + 3 * k) % (VOCAB - 2)) as u32));
+        let mut mask = vec![0u8; p];
+        mask.extend(vec![1u8; a]);
+        (ids, mask)
+    };
+    (0..n)
+        .map(|i| {
+            let (mut ids, mut mask) = example();
+            if i % 3 != 2 {
+                return (ids, mask, None);
+            }
+            let mut seg = vec![0i32; ids.len()];
+            let (ids2, mask2) = example();
+            seg.extend(vec![1i32; ids2.len()]);
+            ids.extend(ids2);
+            mask.extend(mask2);
+            (ids, mask, Some(seg))
+        })
+        .collect()
+}
+
+/// The `tokens` table of `rows`.
+fn tokens_batch(rows: &[Row]) -> RecordBatch {
+    let list_i32 = |v: Vec<Option<Vec<i32>>>| -> ArrayRef {
+        let lens: Vec<usize> = v.iter().map(|r| r.as_ref().map_or(0, |x| x.len())).collect();
+        let nulls = v.iter().any(|r| r.is_none()).then(|| v.iter().map(|r| r.is_some()).collect::<Vec<_>>().into());
+        let values: Vec<i32> = v.into_iter().flat_map(|r| r.unwrap_or_default()).collect();
+        Arc::new(ListArray::new(Arc::new(Field::new("item", DataType::Int32, true)), OffsetBuffer::from_lengths(lens), Arc::new(Int32Array::from(values)), nulls))
+    };
+    let masks: Vec<&Vec<u8>> = rows.iter().map(|r| &r.1).collect();
+    let mask: ArrayRef = Arc::new(ListArray::new(
+        Arc::new(Field::new("item", DataType::UInt8, true)),
+        OffsetBuffer::from_lengths(masks.iter().map(|m| m.len())),
+        Arc::new(UInt8Array::from(masks.iter().flat_map(|m| m.iter().copied()).collect::<Vec<_>>())),
+        None,
+    ));
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from((0..rows.len()).map(|i| format!("task{i}")).collect::<Vec<_>>())),
+        list_i32(rows.iter().map(|r| Some(r.0.iter().map(|&x| x as i32).collect())).collect()),
+        mask,
+        list_i32(rows.iter().map(|r| r.2.clone()).collect()),
+        Arc::new(Int32Array::from(rows.iter().map(|r| r.0.len() as i32).collect::<Vec<_>>())),
+        Arc::new(Int32Array::from(rows.iter().map(|r| r.1.iter().filter(|&&m| m == 1).count() as i32).collect::<Vec<_>>())),
+    ];
+    RecordBatch::try_new(TOKENS.schema(), columns).unwrap()
+}
+
+fn dataset(n: usize, seed: u64) -> Dataset {
+    let mut d = Dataset::default();
+    d.add_batch(&tokens_batch(&rows(n, seed)), "test").unwrap();
+    d
+}
+
+/// A llama config of `head_dim` 64 (the GPU's smallest), GQA, tied head, small enough for the CPU.
+fn config() -> ModelConfig {
+    let mut c = ModelConfig::preset("tiny", VOCAB).unwrap();
+    c.hidden_size = 128;
+    c.num_attention_heads = 2;
+    c.num_key_value_heads = 1;
+    c.intermediate_size = 256;
+    c.num_hidden_layers = 2;
+    c.max_position_embeddings = 128;
+    c
+}
+
+fn settings(objective: Objective, steps: u64, lr: f64) -> Settings {
+    Settings {
+        objective,
+        seed: 3,
+        schedule: Schedule::new(lr, lr / 10.0, 10, steps).unwrap(),
+        adamw: AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 },
+        grad_clip: 1.0,
+        batch_tokens: 200,
+        micro_batch_tokens: 200,
+    }
+}
+
+fn run(t: &mut Trainer, data: &Dataset, steps: usize) -> Vec<StepReport> {
+    (0..steps).map(|_| t.step(data).unwrap()).collect()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+// ---- GPU vs CPU ----------------------------------------------------------------------------------
+
+#[test]
+fn gpu_tracks_the_cpu_loss_curve_for_200_steps() {
+    let test = "gpu_tracks_the_cpu_loss_curve_for_200_steps";
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    // lr 3e-4: the CPU loss falls from ~3.8 to ~0.6 over the 200 steps, all in the range where
+    // a relative tolerance means something.
+    let data = dataset(60, 11);
+    let st = settings(Objective::Sft, 200, 3e-4);
+    let model = Model::init(config(), 1).unwrap();
+    let mut cpu = Trainer::new(model.clone(), &st, &data).unwrap();
+    let mut gpu_t = Trainer::new(model, &st, &data).unwrap();
+    gpu_t.to_cuda(gpu, &data).unwrap();
+    let c: Vec<StepReport> = run(&mut cpu, &data, 200);
+    let g: Vec<StepReport> = run(&mut gpu_t, &data, 200);
+
+    // Same data stream and schedule on both.
+    for (a, b) in c.iter().zip(&g) {
+        assert_eq!((a.step, a.rows, a.tokens, a.targets), (b.step, b.rows, b.tokens, b.targets));
+        assert_eq!(a.lr, b.lr);
+    }
+    let (l0c, l0g) = (c[0].loss, g[0].loss);
+    assert!((l0g - l0c).abs() <= 2e-2 * l0c, "first loss: gpu {l0g} cpu {l0c}");
+    assert!((g[0].grad_norm - c[0].grad_norm).abs() <= 2e-2 * c[0].grad_norm, "first grad norm: gpu {} cpu {}", g[0].grad_norm, c[0].grad_norm);
+    let lc: Vec<f64> = c.iter().map(|r| r.loss).collect();
+    let lg: Vec<f64> = g.iter().map(|r| r.loss).collect();
+    let close = |a: f64, b: f64| (a - b).abs() <= 0.05 * b.abs() + 0.02;
+    let (wc, wg): (Vec<f64>, Vec<f64>) = (lc.chunks(25).map(mean).collect(), lg.chunks(25).map(mean).collect());
+    for (i, (a, b)) in wg.iter().zip(&wc).enumerate() {
+        eprintln!("  steps {:3}..{:3}: gpu {a:.4}  cpu {b:.4}", 25 * i + 1, 25 * (i + 1));
+        assert!(close(*a, *b), "steps {}..{}: mean loss gpu {a} vs cpu {b}", 25 * i + 1, 25 * (i + 1));
+    }
+    let (fg, fc) = (mean(&lg[190..]), mean(&lc[190..]));
+    assert!(close(fg, fc), "final loss (mean of the last 10 steps): gpu {fg} vs cpu {fc}");
+    assert!(wc[wc.len() - 1] < 0.7 * wc[0], "the CPU run must learn (test data): {wc:?}");
+    assert!(wg[wg.len() - 1] < 0.7 * wg[0], "the GPU run did not learn: {wg:?}");
+    for w in wg.windows(2) {
+        assert!(w[1] <= 1.1 * w[0] + 0.02, "the GPU loss went up between windows: {wg:?}");
+    }
+}
+
+/// Every file of a checkpoint directory, by name.
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn checkpoints_move_between_cpu_and_gpu() {
+    let test = "checkpoints_move_between_cpu_and_gpu";
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |n: &str| tmp.path().join(n);
+    let data = dataset(20, 5);
+    let st = settings(Objective::Sft, 12, 3e-3);
+    let model = Model::init(config(), 2).unwrap();
+    // The reference: 12 CPU steps in one go.
+    let mut full = Trainer::new(model.clone(), &st, &data).unwrap();
+    let lf: Vec<f64> = run(&mut full, &data, 12).iter().map(|r| r.loss).collect();
+
+    // 4 steps on the CPU, saved.
+    let mut t = Trainer::new(model, &st, &data).unwrap();
+    run(&mut t, &data, 4);
+    t.save(&dir("cpu4"), None, coa_model::SaveDtype::Bf16).unwrap();
+    // Up to the GPU and straight back: the same bytes (exact masters and moments).
+    let mut t = Trainer::load(&dir("cpu4"), &data).unwrap();
+    t.to_cuda(gpu.clone(), &data).unwrap();
+    t.save(&dir("roundtrip"), None, coa_model::SaveDtype::Bf16).unwrap();
+    assert!(files(&dir("cpu4")) == files(&dir("roundtrip")), "a checkpoint must survive the trip to the GPU unchanged");
+    // 4 steps on the GPU from the CPU checkpoint, saved; then 4 on the CPU from the GPU's.
+    let mut lg: Vec<f64> = run(&mut t, &data, 4).iter().map(|r| r.loss).collect();
+    t.save(&dir("gpu8"), None, coa_model::SaveDtype::F32).unwrap();
+    let state = TrainerState::read(&dir("gpu8")).unwrap();
+    assert_eq!(state.step, 8);
+    assert_eq!(state.history.len(), 8);
+    let mut t = Trainer::load(&dir("gpu8"), &data).unwrap();
+    assert!(t.cuda.is_none());
+    lg.extend(run(&mut t, &data, 4).iter().map(|r| r.loss));
+    for (i, (a, b)) in lg.iter().zip(&lf[4..]).enumerate() {
+        eprintln!("  step {}: cpu->gpu->cpu {a:.4}  cpu {b:.4}", i + 5);
+        assert!((a - b).abs() <= 0.05 * b + 0.02, "step {}: loss {a} after moving between devices vs {b} on the CPU", i + 5);
+    }
+    assert!(dir("gpu8").join(checkpoint::OPTIMIZER_FILE).exists());
+}
+
+/// DAPO rows: prompt + response ids with the response as targets, a reward and an advantage.
+fn dapo_dataset(n: usize) -> Dataset {
+    let mut d = Dataset::default();
+    for (i, (ids, mask, seg)) in rows(n, 9).into_iter().enumerate() {
+        if seg.is_some() {
+            continue; // rollouts are single sequences
+        }
+        let reward = if i % 2 == 0 { 1.0 } else { 0.0 };
+        let response_len = mask.iter().filter(|&&m| m == 1).count();
+        let sample_logp: Vec<f32> = mask.iter().map(|&m| if m == 1 { -1.5 } else { 0.0 }).collect();
+        let rl = RlRow { reward, advantage: 2.0 * reward - 1.0, sample_logp, response_len, old_logp: None, ref_logp: None };
+        d.rows += 1;
+        d.push(Example { source: 0, row: i, task_id: format!("task{}", i / 2), input_ids: ids, loss_mask: mask, segment_ids: None, n_targets: 0, rl: Some(rl) });
+    }
+    d
+}
+
+#[test]
+fn dapo_on_the_gpu_matches_the_cpu() {
+    let test = "dapo_on_the_gpu_matches_the_cpu";
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    let st = settings(Objective::Dapo(DapoConfig::default()), 6, 1e-3);
+    let model = Model::init(config(), 4).unwrap();
+    let (mut dc, mut dg) = (dapo_dataset(24), dapo_dataset(24));
+    let mut cpu = Trainer::new(model.clone(), &st, &dc).unwrap();
+    let mut gpu_t = Trainer::new(model, &st, &dg).unwrap();
+    gpu_t.to_cuda(gpu, &dg).unwrap();
+    cpu.prepare_rl(&mut dc, None).unwrap();
+    gpu_t.prepare_rl(&mut dg, None).unwrap();
+    // π_old: the same log-probs up to bf16 (relative L2 over all targets).
+    let (mut num, mut den) = (0f64, 0f64);
+    for (a, b) in dc.examples.iter().zip(&dg.examples) {
+        let (oa, ob) = (a.rl.as_ref().unwrap().old_logp.as_ref().unwrap(), b.rl.as_ref().unwrap().old_logp.as_ref().unwrap());
+        for (t, &m) in a.target_mask().iter().enumerate() {
+            if m == 1 {
+                num += ((oa[t] - ob[t]) as f64).powi(2);
+                den += (oa[t] as f64).powi(2);
+            }
+        }
+    }
+    assert!((num / den).sqrt() <= 2e-2, "old log-probs: relative L2 error {}", (num / den).sqrt());
+    let c = run(&mut cpu, &dc, 6);
+    let g = run(&mut gpu_t, &dg, 6);
+    // Step 1: the ratio is 1 on the CPU (π_old recomputed by the same code) and 1 up to bf16
+    // noise on the GPU (π_old from passes packed differently), so the loss is −mean advantage.
+    assert!((g[0].loss - c[0].loss).abs() <= 1e-2 * (1.0 + c[0].loss.abs()), "first DAPO loss: gpu {} cpu {}", g[0].loss, c[0].loss);
+    let (rc, rg) = (c[0].rl.unwrap(), g[0].rl.unwrap());
+    assert!((rg.entropy - rc.entropy).abs() <= 2e-2 * rc.entropy, "entropy: gpu {} cpu {}", rg.entropy, rc.entropy);
+    assert_eq!(rg.clip_frac, 0.0);
+    assert!((g[0].grad_norm - c[0].grad_norm).abs() <= 5e-2 * c[0].grad_norm, "first grad norm: gpu {} cpu {}", g[0].grad_norm, c[0].grad_norm);
+    assert!(g.iter().all(|r| r.loss.is_finite() && r.rl.unwrap().entropy > 0.0));
+}
+
+// ---- the device flag (runs everywhere) ---------------------------------------------------------
+
+fn bin() -> Command {
+    Command::new(std::env::var_os("COA_TRAIN_STEP_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_coa-train-step"))))
+}
+
+fn exec(args: &[&str]) -> Output {
+    bin().args(args).output().expect("running coa-train-step")
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    tokens: PathBuf,
+}
+
+fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.parquet");
+    let batch = tokens_batch(&rows(12, 7));
+    let prov = Provenance { stage: "test".into(), version: "0".into(), args: vec![], seed: None, inputs: vec![] };
+    io::write_all(Some(&tokens), None, &batch.schema(), &[batch], &prov).unwrap();
+    Env { dir, tokens }
+}
+
+impl Env {
+    fn p(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    /// A config.json; `head_dim` 64 (the GPU can train it) or 8 (it cannot).
+    fn config(&self, gpu_ok: bool) -> PathBuf {
+        let mut c = config();
+        if !gpu_ok {
+            c.hidden_size = 32;
+            c.num_attention_heads = 4;
+            c.num_key_value_heads = 2;
+            c.intermediate_size = 64;
+        }
+        let p = self.p(if gpu_ok { "config64.json" } else { "config8.json" });
+        std::fs::write(&p, serde_json::to_string_pretty(&c.to_json()).unwrap()).unwrap();
+        p
+    }
+    fn args<'a>(&'a self, config: &'a Path, out: &'a Path, device: &'a str) -> Vec<&'a str> {
+        let s = |p: &'a Path| p.to_str().unwrap();
+        vec!["-i", s(&self.tokens), "--init-config", s(config), "--steps", "3", "--batch-tokens", "100", "--threads", "2", "--device", device, "-o", s(out)]
+    }
+}
+
+fn losses(path: &Path) -> Vec<u32> {
+    let (_, batches) = io::read_all(Some(path), &METRICS).unwrap();
+    batches.iter().flat_map(|b| b.column_by_name("loss").unwrap().as_any().downcast_ref::<Float32Array>().unwrap().values().iter().map(|x| x.to_bits()).collect::<Vec<_>>()).collect()
+}
+
+#[test]
+fn device_cuda_without_a_gpu_is_a_clear_error() {
+    let e = env();
+    let cfg = e.config(true);
+    let out = e.p("m.parquet");
+    let o = exec(&e.args(&cfg, &out, "cuda"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "a panic instead of an error:\n{err}");
+    match coa_kernels::probe() {
+        Err(reason) => {
+            assert!(!o.status.success(), "--device cuda without a GPU must fail");
+            assert!(err.contains("--device cuda: ") && err.contains(&reason.0), "the error must say why:\n{err}");
+            assert!(!out.exists(), "no partial output");
+            println!("device_cuda_without_a_gpu_is_a_clear_error: no GPU here: {reason}");
+        }
+        Ok(info) => {
+            assert!(o.status.success(), "--device cuda on {info}:\n{err}");
+            assert!(err.contains("training on cuda:0"), "{err}");
+            assert_eq!(losses(&out).len(), 3);
+        }
+    }
+}
+
+#[test]
+fn device_cuda_names_what_the_gpu_path_cannot_train() {
+    let e = env();
+    let cfg = e.config(false);
+    let o = exec(&e.args(&cfg, &e.p("m.parquet"), "cuda"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && !err.contains("panicked"), "{err}");
+    assert!(err.contains("--device cuda: "), "{err}");
+    // Without a GPU the missing GPU is reported first (before any data is read); the message for
+    // the model is then checked by coa-kernels' `unsupported_models_are_named`.
+    if coa_kernels::probe().is_ok() {
+        assert!(err.contains("head_dim 8"), "the error must name the unsupported feature:\n{err}");
+    }
+}
+
+#[test]
+fn device_auto_falls_back_to_the_cpu_with_the_cpu_results() {
+    let e = env();
+    // head_dim 8: auto runs on the CPU with or without a GPU here.
+    let cfg = e.config(false);
+    let (a, c) = (e.p("auto.parquet"), e.p("cpu.parquet"));
+    let oa = exec(&e.args(&cfg, &a, "auto"));
+    let oc = exec(&e.args(&cfg, &c, "cpu"));
+    let (ea, ec) = (String::from_utf8_lossy(&oa.stderr), String::from_utf8_lossy(&oc.stderr));
+    assert!(oa.status.success() && oc.status.success(), "{ea}\n{ec}");
+    let notes: Vec<&str> = ea.lines().filter(|l| l.starts_with("note: --device auto:")).collect();
+    assert!(notes.len() == 1 && notes[0].ends_with("running on the CPU"), "one note saying why:\n{ea}");
+    assert!(!ec.contains("--device auto"), "{ec}");
+    assert_eq!(losses(&a), losses(&c), "auto on the CPU must give the CPU's results exactly");
+    assert_eq!(losses(&a).len(), 3);
+}
