@@ -30,6 +30,8 @@ help:
 	@echo "make sft        tokenize the distilled CoA text and train a tiny Llama on the CPU into runs/$(RUN)/sft/ (loss table + loss.png)"
 	@echo "make bench      benchmarks side by side with the Python tools (writes bench/results/)"
 	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
+	@echo "variables: RUN=name (runs/<name>/), DEVICE=cpu|cuda|auto (training and policy decoding; cuda with"
+	@echo "           SFT_MODEL=small or larger), and the sizes in pipelines/default.mk"
 
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))

@@ -2,6 +2,11 @@
 # Override any of these on the command line, e.g. `make tasks RUN=big N_MULTIHOP=5000`.
 
 RUN        ?= default
+# Where the model trains and decodes (coa-train-step and coa-generate policy --device): cpu (the
+# tiny default model, f32, deterministic), cuda (an NVIDIA GPU: bf16 kernels; the tiny preset's
+# head_dim 32 is decodable there but not trainable, so pair it with SFT_MODEL=small or a larger
+# config), or auto (the GPU when usable, else the CPU).
+DEVICE     ?= cpu
 SEED       ?= 1
 TEST_SEED  ?= 2
 

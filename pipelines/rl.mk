@@ -30,13 +30,14 @@ $(RL)/checkpoint/config.json: $(SFT)/metrics.parquet $(RUNDIR)/tasks.parquet $(R
 	  $(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$(RL_SUITE)' AND task_id LIKE '%$$k'" 2>/dev/null \
 	  | $(BIN)/coa-generate policy --checkpoint $$prev --corpus $(RUNDIR)/corpus.parquet --n $(RL_N) --seed $$k \
 	      --temperature $(RL_TEMPERATURE) --max-response-tokens $(RL_MAX_RESPONSE) --overlong-cache $(RL_OVERLONG) \
-	      --max-turns $(RL_MAX_TURNS) --oversample --groups $(RL_GROUPS) --model-name rl-iter$$k --stats $$d/policy.json \
+	      --max-turns $(RL_MAX_TURNS) --oversample --groups $(RL_GROUPS) --model-name rl-iter$$k --device $(DEVICE) \
+	      --stats $$d/policy.json \
 	  | $(BIN)/coa-score --tasks $(RUNDIR)/tasks.parquet --max-response-len $(RL_MAX_RESPONSE) --overlong-cache $(RL_OVERLONG) \
 	      --report $$d/rollouts.md --stats $$d/score.json \
 	  | tee $$d/scores.arrow \
 	  | $(BIN)/coa-filter --rules none --dynamic-sampling --group-by task_id --value reward --stats $$d/filter.json \
 	  | $(BIN)/coa-train-step --objective dapo --init $$prev --seed $$k --lr $(RL_LR) --batch-tokens $(RL_BATCH_TOKENS) \
-	      $(RL_FLAGS) --save $$d/checkpoint --stats $$d/train.json -o $$d/metrics.parquet; \
+	      --device $(DEVICE) $(RL_FLAGS) --save $$d/checkpoint --stats $$d/train.json -o $$d/metrics.parquet; \
 	  prev=$$d/checkpoint; \
 	done; \
 	rm -rf $(RL)/checkpoint.tmp && cp -r $$prev $(RL)/checkpoint.tmp && rm -rf $(RL)/checkpoint && mv $(RL)/checkpoint.tmp $(RL)/checkpoint

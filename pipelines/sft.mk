@@ -42,7 +42,7 @@ $(SFT)/metrics.parquet $(SFT)/loss.png &: $(SFT_TOKENS) $(SFT)/tokenizer.json
 	$(BIN)/coa-train-step $(SFT_TOKENS) --objective sft --init-config $(SFT_MODEL) --tokenizer $(SFT)/tokenizer.json \
 	    --seed $(SEED) --steps $(SFT_STEPS) --batch-tokens $(SFT_BATCH_TOKENS) --lr $(SFT_LR) --min-lr $(SFT_MIN_LR) \
 	    --warmup-steps $(SFT_WARMUP) --save $(SFT)/checkpoint --save-every $(SFT_SAVE_EVERY) \
-	    --plot $(SFT)/loss.png --stats $(SFT)/train.json $(SFT_FLAGS) -o $(SFT)/metrics.parquet
+	    --plot $(SFT)/loss.png --stats $(SFT)/train.json --device $(DEVICE) $(SFT_FLAGS) -o $(SFT)/metrics.parquet
 
 .PHONY: sft
 sft: $(SFT)/metrics.parquet

@@ -13,6 +13,30 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=.gpubin
+PIPELINE_BINS="coa-generate coa-extract coa-filter coa-convert coa-tokenize coa-score"
+
+# The loop of `make pipeline`, shrunk, with --device cuda: distil 300 multihop tasks, SFT the
+# `small` preset (head_dim 64) on the GPU, then decode the policy on the GPU and on the CPU from
+# the same checkpoint (sampled tokens/s of each in policy_{cuda,cpu}.json) and score the GPU's.
+pipeline_smoke() {
+    local d=$1 b=$PWD/$BIN
+    mkdir -p "$d"
+    "$b/coa-generate" tasks --suite multihop --n 300 --split train --seed 1 --corpus-out "$d/corpus.parquet" -o "$d/tasks.parquet"
+    "$b/coa-generate" mas -i "$d/tasks.parquet" --corpus "$d/corpus.parquet" \
+        | "$b/coa-extract" | "$b/coa-filter" --where "hops <= 20" | "$b/coa-convert" -o "$d/coa_text.parquet"
+    "$b/coa-tokenize" -i "$d/coa_text.parquet" --train-bpe --vocab-size 4096 --save-tokenizer "$d/tokenizer.json" \
+        --max-len 2048 --overlong truncate -o "$d/tokens.parquet"
+    "$b/coa-train-step" "$d/tokens.parquet" --objective sft --init-config small --tokenizer "$d/tokenizer.json" \
+        --steps 150 --batch-tokens 32768 --lr 1e-3 --min-lr 1e-4 --warmup-steps 10 --device cuda \
+        --save "$d/ckpt" --stats "$d/train.json" -o "$d/metrics.parquet"
+    "$b/coa-filter" -i "$d/tasks.parquet" --rules none --where "task_id LIKE '%1'" -o "$d/rl_tasks.parquet" 2>/dev/null
+    for dev in cuda cpu; do
+        "$b/coa-generate" policy --checkpoint "$d/ckpt" -i "$d/rl_tasks.parquet" --corpus "$d/corpus.parquet" --n 4 \
+            --batch 32 --max-response-tokens 512 --device $dev --stats "$d/policy_$dev.json" -o "$d/rollouts_$dev.parquet"
+    done
+    "$b/coa-score" -i "$d/rollouts_cuda.parquet" --tasks "$d/tasks.parquet" --max-response-len 512 \
+        --report "$d/report.md" -o "$d/scores.parquet"
+}
 
 build() {
     grep -qxF "/$BIN/" .git/info/exclude 2>/dev/null || echo "/$BIN/" >> .git/info/exclude
@@ -32,7 +56,10 @@ for line in sys.stdin:
     shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
     print("  " + m["target"]["name"], file=sys.stderr)
 ' "$BIN"
-    for b in gpu_bench gpu_kernels gpu_model device_select nvrtc_compile coa-train-step gpu_train gpu_trainstep_bench; do
+    # The other stages, for the end-to-end run on the GPU (pipeline_smoke below).
+    cargo build --release -p coa-generate -p coa-extract -p coa-filter -p coa-convert -p coa-tokenize -p coa-score --bins
+    for b in $PIPELINE_BINS; do cp "target/release/$b" "$BIN/"; done
+    for b in gpu_bench gpu_kernels gpu_model device_select nvrtc_compile coa-train-step gpu_train gpu_trainstep_bench $PIPELINE_BINS; do
         test -x "$BIN/$b"
     done
     du -sh "$BIN"
@@ -70,6 +97,14 @@ device() {
     "$BIN/gpu_trainstep_bench" >> "$OUT/ours.jsonl" 2> "$OUT/trainstep.err" || { status=1; tail -20 "$OUT/trainstep.err"; }
     tail -2 "$OUT/trainstep.err"
     python3 bench/gpu/torch_ref.py trainstep >> "$OUT/torch.jsonl" 2>> "$OUT/torch.err" || { status=1; tail -20 "$OUT/torch.err"; }
+
+    echo "== pipeline on the GPU (distill -> SFT small -> policy decoding, cuda and cpu)"
+    if timeout 300 bash -c "set -euo pipefail; $(declare -f pipeline_smoke); BIN=$BIN; pipeline_smoke $OUT/pipeline" > "$OUT/pipeline.log" 2>&1; then
+        grep -h sampled_tokens_per_s "$OUT"/pipeline/policy_*.json || true
+    else
+        status=1
+        tail -20 "$OUT/pipeline.log"
+    fi
 
     python3 bench/gpu/report.py "$OUT/ours.jsonl" "$OUT/torch.jsonl" "$OUT/tests.log" > "$OUT/gpu_bench.md"
     cat "$OUT/gpu_bench.md"

@@ -69,25 +69,25 @@ pub fn check_supported(c: &ModelConfig) -> Result<()> {
 
 /// Model dimensions, as the kernels see them.
 #[derive(Debug, Clone, Copy)]
-struct Dims {
-    vocab: usize,
-    d: usize,
-    layers: usize,
-    hq: usize,
-    hkv: usize,
-    hd: usize,
+pub(crate) struct Dims {
+    pub(crate) vocab: usize,
+    pub(crate) d: usize,
+    pub(crate) layers: usize,
+    pub(crate) hq: usize,
+    pub(crate) hkv: usize,
+    pub(crate) hd: usize,
     /// Hq * hd
-    qd: usize,
+    pub(crate) qd: usize,
     /// Hkv * hd
-    kvd: usize,
+    pub(crate) kvd: usize,
     /// (Hq + 2 Hkv) * hd: the fused q|k|v width
-    wqkv: usize,
-    inter: usize,
-    eps: f32,
+    pub(crate) wqkv: usize,
+    pub(crate) inter: usize,
+    pub(crate) eps: f32,
 }
 
 impl Dims {
-    fn of(c: &ModelConfig) -> Dims {
+    pub(crate) fn of(c: &ModelConfig) -> Dims {
         let hd = c.head_dim();
         let (hq, hkv) = (c.num_attention_heads, c.num_key_value_heads);
         Dims {
@@ -115,38 +115,38 @@ impl Dims {
 
 /// Where one canonical parameter tensor lives in the flat buffers.
 #[derive(Debug, Clone)]
-struct Slot {
-    name: String,
-    shape: Vec<usize>,
-    offset: usize,
-    numel: usize,
+pub(crate) struct Slot {
+    pub(crate) name: String,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) offset: usize,
+    pub(crate) numel: usize,
 }
 
 /// Flat-buffer offsets of one layer's (fused) weights; gradients use the same offsets.
 #[derive(Debug, Clone)]
-struct LayerW {
-    qkv: usize,              // [W, D]
-    qkv_bias: Option<usize>, // [W]
-    o: usize,                // [D, Hq hd]
-    o_bias: Option<usize>,   // [D]
-    gu: usize,               // [2I, D]
-    gu_bias: Option<usize>,  // [2I]
-    down: usize,             // [D, I]
-    down_bias: Option<usize>, // [D]
-    ln1: usize,              // [D]
-    ln2: usize,              // [D]
+pub(crate) struct LayerW {
+    pub(crate) qkv: usize,              // [W, D]
+    pub(crate) qkv_bias: Option<usize>, // [W]
+    pub(crate) o: usize,                // [D, Hq hd]
+    pub(crate) o_bias: Option<usize>,   // [D]
+    pub(crate) gu: usize,               // [2I, D]
+    pub(crate) gu_bias: Option<usize>,  // [2I]
+    pub(crate) down: usize,             // [D, I]
+    pub(crate) down_bias: Option<usize>, // [D]
+    pub(crate) ln1: usize,              // [D]
+    pub(crate) ln2: usize,              // [D]
 }
 
 /// The flat layout: groups of canonical tensors placed contiguously (fused matmul operands), each
 /// group starting at a multiple of [`ALIGN`].
-struct FlatLayout {
-    slots: Vec<Slot>,
-    layers: Vec<LayerW>,
-    embed: usize,
-    norm: usize,
+pub(crate) struct FlatLayout {
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) layers: Vec<LayerW>,
+    pub(crate) embed: usize,
+    pub(crate) norm: usize,
     /// The head's weight (`embed` when tied).
-    head: usize,
-    total: usize,
+    pub(crate) head: usize,
+    pub(crate) total: usize,
 }
 
 /// Places groups of canonical tensors one after another in the flat buffers.
@@ -176,7 +176,7 @@ impl Placer {
 }
 
 impl FlatLayout {
-    fn of(c: &ModelConfig) -> FlatLayout {
+    pub(crate) fn of(c: &ModelConfig) -> FlatLayout {
         let specs = param_specs(c);
         let lay = layout(c);
         let sizes: Vec<usize> = specs.iter().map(|s| s.shape.iter().product()).collect();
@@ -204,6 +204,28 @@ impl FlatLayout {
             .map(|(s, (&offset, &numel))| Slot { name: s.name, shape: s.shape, offset, numel })
             .collect();
         FlatLayout { slots, layers, embed, norm, head, total }
+    }
+
+    /// Errors unless `params` are the canonical tensors of this layout's config, in order.
+    pub(crate) fn check_tensors(&self, params: &Params) -> Result<()> {
+        if params.tensors.len() != self.slots.len() {
+            return Err(Error(format!("the parameters have {} tensors, the config calls for {}", params.tensors.len(), self.slots.len())));
+        }
+        for (t, s) in params.tensors.iter().zip(&self.slots) {
+            if t.name != s.name || t.shape != s.shape || t.data.len() != s.numel {
+                return Err(Error(format!("parameter tensor {} {:?} found where {} {:?} was expected", t.name, t.shape, s.name, s.shape)));
+            }
+        }
+        Ok(())
+    }
+
+    /// One host buffer of `total` elements with canonical tensor `i` (`tensor(i)`) at its slot.
+    pub(crate) fn flatten<'a>(&self, tensor: impl Fn(usize) -> &'a [f32]) -> Vec<f32> {
+        let mut out = vec![0f32; self.total];
+        for (i, s) in self.slots.iter().enumerate() {
+            out[s.offset..s.offset + s.numel].copy_from_slice(tensor(i));
+        }
+        out
     }
 }
 
@@ -303,7 +325,7 @@ pub struct GpuModel {
 /// copied there first): one rounding to bf16 for matmul + residual. Weights at `w_off` / `b_off` of
 /// the flat bf16 buffer.
 #[allow(clippy::too_many_arguments)]
-fn linear_fwd(
+pub(crate) fn linear_fwd(
     gpu: &Gpu,
     x: &impl DevicePtr<bf16>,
     w: &CudaSlice<bf16>,
@@ -347,7 +369,7 @@ fn linear_bwd(
     Ok(())
 }
 
-fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(gpu: &Gpu, n: usize) -> Result<CudaSlice<T>> {
+pub(crate) fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(gpu: &Gpu, n: usize) -> Result<CudaSlice<T>> {
     gpu.zeros(n.max(1))
 }
 
@@ -363,14 +385,7 @@ impl GpuModel {
             return Err(Error::new("GpuModel: capacity must be at least one token"));
         }
         let flat = FlatLayout::of(config);
-        if params.tensors.len() != flat.slots.len() {
-            return Err(Error(format!("the parameters have {} tensors, the config calls for {}", params.tensors.len(), flat.slots.len())));
-        }
-        for (t, s) in params.tensors.iter().zip(&flat.slots) {
-            if t.name != s.name || t.shape != s.shape || t.data.len() != s.numel {
-                return Err(Error(format!("parameter tensor {} {:?} found where {} {:?} was expected", t.name, t.shape, s.name, s.shape)));
-            }
-        }
+        flat.check_tensors(params)?;
         // SAFETY: every buffer of this model, and every launcher of `Gpu`, uses the one stream
         // `gpu.stream`; downloads synchronise it. Nothing needs cross-stream events.
         unsafe { gpu.ctx.disable_event_tracking() };
@@ -462,11 +477,7 @@ impl GpuModel {
 
     /// A host vector in the flat layout (padding 0) from canonical tensors.
     fn flatten<'a>(&self, tensor: impl Fn(usize) -> &'a [f32]) -> Vec<f32> {
-        let mut out = vec![0f32; self.flat.total];
-        for (i, s) in self.flat.slots.iter().enumerate() {
-            out[s.offset..s.offset + s.numel].copy_from_slice(tensor(i));
-        }
-        out
+        self.flat.flatten(tensor)
     }
 
     /// Canonical tensors out of a flat device buffer (synchronises).

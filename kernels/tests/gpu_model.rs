@@ -262,3 +262,72 @@ fn unsupported_models_are_named() {
         check_supported(&c).unwrap_or_else(|e| panic!("{label}: {e}"));
     }
 }
+
+/// [`coa_kernels::decode::GpuDecoder`] against the CPU decoder (`Model::extend` with a `KvCache`)
+/// on the same bf16-exact weights: prompts of three sequences, then decode steps and a multi-token
+/// append (an observation), with a row budget small enough that long calls split into several
+/// passes. Every returned logit row is compared: relative L2 error <= 2e-2 (bf16 activations
+/// through two layers, as above) and the same argmax wherever the CPU's top two logits are apart.
+#[test]
+fn decoder_matches_cpu_extend() {
+    use coa_kernels::decode::GpuDecoder;
+    use coa_model::KvCache;
+    let test = "decoder_matches_cpu_extend";
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    let mut rng = seeded(test);
+    let mut all = configs();
+    let mut tiny = ModelConfig::preset("tiny", 300).unwrap(); // head_dim 32: decodable, not trainable on the GPU
+    tiny.initializer_range = 0.08;
+    all.push(("tiny preset hd32", tiny));
+    for (label, c) in all {
+        let m = model(&c, &mut rng);
+        let (slots, max_len) = (3usize, 200usize);
+        let mut cpu = KvCache::new(&c, slots, max_len).unwrap();
+        let mut dec = GpuDecoder::new(gpu.clone(), &c, &m.params, slots, max_len, 24).unwrap();
+        let ids = |rng: &mut Rng, n: usize| -> Vec<u32> { (0..n).map(|_| rng.below(c.vocab_size) as u32).collect() };
+        let mut calls: Vec<Vec<(usize, Vec<u32>)>> = vec![(0..slots).map(|s| (s, ids(&mut rng, 5 + 17 * s))).collect()];
+        for _ in 0..6 {
+            calls.push((0..slots).map(|s| (s, ids(&mut rng, 1))).collect());
+        }
+        calls.push(vec![(1, ids(&mut rng, 30)), (2, ids(&mut rng, 1))]);
+        calls.push(vec![(0, ids(&mut rng, 1)), (1, ids(&mut rng, 1))]);
+        for (ci, call) in calls.iter().enumerate() {
+            let items: Vec<(usize, &[u32])> = call.iter().map(|(s, v)| (*s, v.as_slice())).collect();
+            let want = m.extend(&mut cpu, &items).unwrap();
+            let got = dec.extend(&items).unwrap();
+            let v = c.vocab_size;
+            for (k, &(slot, _)) in items.iter().enumerate() {
+                let (g, w) = (&got[k * v..(k + 1) * v], &want[k * v..(k + 1) * v]);
+                let num: f64 = g.iter().zip(w).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+                let den: f64 = w.iter().map(|b| (*b as f64).powi(2)).sum();
+                let rel = (num / den.max(1e-30)).sqrt();
+                assert!(rel <= 2e-2, "{label}: call {ci}, slot {slot}: logits relative L2 error {rel:.3e} > 2e-2");
+                let mut order: Vec<usize> = (0..v).collect();
+                order.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
+                let gap = w[order[0]] - w[order[1]];
+                let top_g = (0..v).max_by(|&a, &b| g[a].total_cmp(&g[b])).unwrap();
+                if gap > 0.05 * w[order[0]].abs().max(1.0) {
+                    assert_eq!(top_g, order[0], "{label}: call {ci}, slot {slot}: argmax differs (CPU top-2 gap {gap})");
+                }
+            }
+            for s in 0..slots {
+                assert_eq!(dec.len(s), cpu.len(s), "{label}: slot {s} length after call {ci}");
+            }
+        }
+        // A reset slot starts over: its first logits equal a fresh prefill's.
+        dec.reset(0);
+        cpu.reset(0);
+        let p = ids(&mut rng, 9);
+        let want = m.extend(&mut cpu, &[(0, &p)]).unwrap();
+        let got = dec.extend(&[(0, &p)]).unwrap();
+        let num: f64 = got.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+        assert!((num / den).sqrt() <= 2e-2, "{label}: after reset");
+        // Bad calls are errors, not panics.
+        assert!(dec.extend(&[(3, &p)]).is_err(), "slot out of range");
+        assert!(dec.extend(&[(0, &p), (0, &p)]).is_err(), "slot twice");
+        assert!(dec.extend(&[(1, &[])]).is_err(), "no tokens");
+        assert!(dec.extend(&[(2, &[c.vocab_size as u32])]).is_err(), "token outside the vocabulary");
+        eprintln!(" {label}: ok ({} device bytes)", dec.device_bytes());
+    }
+}

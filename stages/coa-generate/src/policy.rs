@@ -50,6 +50,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use coa_agents::{Action, ToolConfig, Tools};
 use coa_format::{build_prompt, code_source, render, Step, Tag};
+use coa_kernels::decode::{check_decodable, GpuDecoder};
+use coa_kernels::{select_device, Device, DeviceChoice, Gpu};
 use coa_model::{KvCache, Model};
 use coa_rewards::RewardConfig;
 use coa_schemas::rows::{self, Rollout, Task};
@@ -61,14 +63,6 @@ use coa_tools::SandboxLimits;
 /// What joins a tool call and its observation block in the rendered CoA text (`coa_format::render`
 /// separates blocks with one newline; a test holds the two together).
 pub const OBSERVATION_PREFIX: &str = "\n";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Device {
-    /// CPU (the only device implemented for decoding so far).
-    Auto,
-    Cpu,
-    Cuda,
-}
 
 fn positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
@@ -133,9 +127,12 @@ pub struct PolicyArgs {
     /// Sequences decoded together (KV-cache slots).
     #[arg(long, value_parser = positive, default_value = "16", value_name = "N")]
     batch: usize,
-    /// Decoding device: auto (= cpu for now), cpu, cuda.
-    #[arg(long, value_enum, default_value = "auto")]
-    device: Device,
+    /// Where to decode: `cpu` (f32, deterministic for any --batch and thread count); `cuda` or
+    /// `cuda:N` (bf16 weights and KV cache with fp32 accumulation: an error when no GPU is
+    /// usable); `auto` (the GPU when one is usable, else the CPU with a note on stderr). Sampling
+    /// and tools run on the CPU either way.
+    #[arg(long, value_name = "auto|cpu|cuda[:N]", default_value = "cpu")]
+    device: DeviceChoice,
     /// Keep taking tasks until --groups informative groups (rewards not all equal) exist.
     #[arg(long, requires = "groups")]
     oversample: bool,
@@ -197,6 +194,30 @@ impl<'a> ModelPolicy<'a> {
         Ok(ModelPolicy { model, cache: KvCache::new(&model.config, slots, max_len)? })
     }
 }
+
+/// The model on a GPU with a bf16 KV cache (`--device cuda`).
+pub struct GpuPolicy {
+    pub decoder: GpuDecoder,
+}
+
+impl Policy for GpuPolicy {
+    fn vocab_size(&self) -> usize {
+        self.decoder.config.vocab_size
+    }
+    fn n_slots(&self) -> usize {
+        self.decoder.n_slots()
+    }
+    fn reset(&mut self, slot: usize) {
+        self.decoder.reset(slot);
+    }
+    fn extend(&mut self, items: &[(usize, &[u32])]) -> Result<Vec<f32>> {
+        self.decoder.extend(items).map_err(|e| anyhow!("GPU decoding: {e}"))
+    }
+}
+
+/// New tokens one GPU pass holds (longer appends run in several passes): activations of a few
+/// hundred MB even for 7B-sized layers.
+const GPU_PASS_ROWS: usize = 2048;
 
 impl Policy for ModelPolicy<'_> {
     fn vocab_size(&self) -> usize {
@@ -590,6 +611,20 @@ pub fn generate(
 // the stage
 
 /// The checkpoint's model and vocabulary, checked against each other.
+/// The GPU to decode on, if any, once the model is known: `cuda` needs a model the decoder
+/// supports; `auto` falls back to the CPU with one line on stderr saying why.
+fn gpu_for(device: Device, choice: DeviceChoice, config: &coa_model::ModelConfig) -> Result<Option<coa_kernels::GpuInfo>> {
+    let Device::Cuda(info) = device else { return Ok(None) };
+    match check_decodable(config) {
+        Ok(()) => Ok(Some(info)),
+        Err(e) if choice == DeviceChoice::Auto => {
+            eprintln!("note: --device auto: {e}; decoding on the CPU");
+            Ok(None)
+        }
+        Err(e) => bail!("--device {choice}: {e} (--device cpu decodes this model)"),
+    }
+}
+
 pub fn load_checkpoint(dir: &Path, bos: &SpecialChoice, eos: &SpecialChoice) -> Result<(Model, Vocab)> {
     if !dir.is_dir() {
         bail!("--checkpoint {}: not a directory (expected config.json, model.safetensors and tokenizer.json as coa-train-step saves them)", dir.display());
@@ -613,10 +648,8 @@ pub fn load_checkpoint(dir: &Path, bos: &SpecialChoice, eos: &SpecialChoice) -> 
 }
 
 pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
-    match args.device {
-        Device::Cuda => bail!("--device cuda: not implemented yet on CUDA for policy decoding; use --device cpu"),
-        Device::Auto | Device::Cpu => {}
-    }
+    // The device first: `--device cuda` without a GPU fails before anything is read.
+    let device = select_device(args.device).map_err(|e| anyhow!("{e}"))?;
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow!("--threads: {e}"))?;
     }
@@ -676,7 +709,26 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         .collect::<Result<_>>()?;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let slots = args.batch.min(tasks.len() * args.n).max(1);
-    let mut policy = ModelPolicy::new(&model, slots, longest + args.max_response_tokens)?;
+    let max_len = longest + args.max_response_tokens;
+    let (mut cpu_policy, mut gpu_policy);
+    let (policy, device_name): (&mut dyn Policy, String) = match gpu_for(device, args.device, &model.config)? {
+        Some(info) => {
+            let at = |e: coa_kernels::Error| anyhow!("--device {}: {e}", args.device);
+            let gpu = Gpu::new(info.ordinal).map_err(at)?;
+            gpu.warm_up().map_err(at)?;
+            let decoder = GpuDecoder::new(std::sync::Arc::new(gpu), &model.config, &model.params, slots, max_len, GPU_PASS_ROWS).map_err(at)?;
+            eprintln!(
+                "coa-generate policy: decoding on {info}: {slots} sequences of up to {max_len} tokens, {:.2} GiB of weights, cache and buffers",
+                decoder.device_bytes() as f64 / (1u64 << 30) as f64
+            );
+            gpu_policy = GpuPolicy { decoder };
+            (&mut gpu_policy, info.to_string())
+        }
+        None => {
+            cpu_policy = ModelPolicy::new(&model, slots, max_len)?;
+            (&mut cpu_policy, "cpu".to_string())
+        }
+    };
     let cfg = SampleConfig {
         temperature: args.temperature,
         top_p: args.top_p,
@@ -751,14 +803,14 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         }
         Ok(true)
     };
-    let gen = generate(&mut policy, &env, &codec, &cfg, jobs, &mut done)?;
+    let gen = generate(policy, &env, &codec, &cfg, jobs, &mut done)?;
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
     let n = writer.finish()?;
     debug_assert_eq!(n, written);
     stage.add_rows_out(n);
     stage.note("model", model_name.as_str());
-    stage.note("device", "cpu");
+    stage.note("device", device_name);
     stage.note("groups", groups_written);
     if let Some(want) = want {
         stage.note("informative_groups", informative);
