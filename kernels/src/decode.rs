@@ -13,7 +13,7 @@ use half::bf16;
 
 use crate::error::{Error, Result};
 use crate::gpu::{check_len, i32_of, Gpu};
-use crate::model::{alloc, linear_fwd, Dims, FlatLayout};
+use crate::model::{linear_fwd, Alloc, Dims, FlatLayout};
 use crate::sources;
 
 /// Shape of one decode-attention call.
@@ -228,44 +228,32 @@ impl GpuDecoder {
         // downloads synchronise it: nothing needs cudarc's cross-stream events.
         unsafe { gpu.ctx.disable_event_tracking() };
         let c = Dims::of(config);
-        let bytes = std::cell::Cell::new(0usize);
-        let oom = |e: Error| Error(format!("allocating the GPU decoder ({slots} sequences of {max_len} positions): {e}"));
-        let bf = |n: usize| {
-            bytes.set(bytes.get() + 2 * n);
-            alloc::<bf16>(&gpu, n).map_err(oom)
-        };
-        let f = |n: usize| {
-            bytes.set(bytes.get() + 4 * n);
-            alloc::<f32>(&gpu, n).map_err(oom)
-        };
-        let i = |n: usize| {
-            bytes.set(bytes.get() + 4 * n);
-            alloc::<i32>(&gpu, n).map_err(oom)
-        };
+        let gpu_for_alloc = Arc::clone(&gpu); // `gpu` itself moves into the decoder below
+        let mut al = Alloc::new(&gpu_for_alloc, format!("allocating the GPU decoder ({slots} sequences of {max_len} positions)"), "fewer sequences: lower --batch");
         let cache = slots * max_len * c.kvd;
         let host = flat.flatten(|t| &params.tensors[t].data);
-        bytes.set(bytes.get() + 2 * host.len());
-        let w = gpu.upload_bf16(&host).map_err(oom)?;
+        al.count(2 * host.len());
+        let w = gpu.upload_bf16(&host).map_err(|e| Error(format!("uploading the weights: {e}")))?;
         drop(host);
-        let k = (0..c.layers).map(|_| bf(cache)).collect::<Result<Vec<_>>>()?;
-        let v = (0..c.layers).map(|_| bf(cache)).collect::<Result<Vec<_>>>()?;
+        let k = (0..c.layers).map(|_| al.bf16(cache)).collect::<Result<Vec<_>>>()?;
+        let v = (0..c.layers).map(|_| al.bf16(cache)).collect::<Result<Vec<_>>>()?;
         let r = rows;
         let mut dec = GpuDecoder {
-            x: bf(r * c.d)?,
-            h: bf(r * c.d)?,
-            rstd: f(r)?,
-            qkv: bf(r * c.wqkv)?,
-            att: bf(r * c.qd)?,
-            gu: bf(r * 2 * c.inter)?,
-            a: bf(r * c.inter)?,
-            last: bf(slots * c.d)?,
-            logits: f(slots * c.vocab)?,
-            tokens: i(r)?,
-            slot_of: i(r)?,
-            pos_of: i(r)?,
-            cos: f(r * c.hd / 2)?,
-            sin: f(r * c.hd / 2)?,
-            ones: bf(r.max(slots))?,
+            x: al.bf16(r * c.d)?,
+            h: al.bf16(r * c.d)?,
+            rstd: al.f32(r)?,
+            qkv: al.bf16(r * c.wqkv)?,
+            att: al.bf16(r * c.qd)?,
+            gu: al.bf16(r * 2 * c.inter)?,
+            a: al.bf16(r * c.inter)?,
+            last: al.bf16(slots * c.d)?,
+            logits: al.f32(slots * c.vocab)?,
+            tokens: al.i32(r)?,
+            slot_of: al.i32(r)?,
+            pos_of: al.i32(r)?,
+            cos: al.f32(r * c.hd / 2)?,
+            sin: al.f32(r * c.hd / 2)?,
+            ones: al.bf16(r.max(slots))?,
             device_bytes: 0,
             gpu,
             config: config.clone(),
@@ -279,7 +267,7 @@ impl GpuDecoder {
             k,
             v,
         };
-        dec.device_bytes = bytes.get();
+        dec.device_bytes = al.bytes;
         let ones = vec![bf16::ONE; r.max(slots)];
         dec.gpu.stream.memcpy_htod(&ones, &mut dec.ones)?;
         Ok(dec)

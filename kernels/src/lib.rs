@@ -11,7 +11,8 @@
 //! - [`model`]: [`GpuModel`], the `coa_model` decoder with its optimizer state and activations on
 //!   the GPU (forward, backward, AdamW, checkpoint upload/download).
 //! - [`decode`]: the KV-cache append and attention launchers of decoding (`decode_attention.cu`).
-//! - [`rng`]: a small seeded generator for tests and benchmarks.
+//! - [`rng`]: a small seeded generator for tests and benchmarks; [`testing`]: the GPU tests' visible
+//!   skip and replayable seeds.
 //!
 //! Semantics of every kernel equal the f32 CPU reference in `coa_model::ops` (see each `.cu`
 //! header); the tests in `tests/gpu_kernels.rs` check every output element against it.
@@ -25,6 +26,7 @@ pub mod locate;
 pub mod model;
 pub mod rng;
 pub mod sources;
+pub mod testing;
 
 pub use cudarc;
 pub use device::{probe, select_device, Device, DeviceChoice, GpuInfo, NoGpu};

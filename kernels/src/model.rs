@@ -369,8 +369,42 @@ fn linear_bwd(
     Ok(())
 }
 
-pub(crate) fn alloc<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(gpu: &Gpu, n: usize) -> Result<CudaSlice<T>> {
-    gpu.zeros(n.max(1))
+/// Zeroed device buffers, allocated once by the constructors of [`GpuModel`] and
+/// [`crate::decode::GpuDecoder`], with their bytes counted; a failure names what was being
+/// allocated and what to lower.
+pub(crate) struct Alloc<'a> {
+    gpu: &'a Gpu,
+    what: String,
+    hint: &'static str,
+    pub(crate) bytes: usize,
+}
+
+impl<'a> Alloc<'a> {
+    pub(crate) fn new(gpu: &'a Gpu, what: String, hint: &'static str) -> Self {
+        Alloc { gpu, what, hint, bytes: 0 }
+    }
+
+    fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(&mut self, n: usize) -> Result<CudaSlice<T>> {
+        self.bytes += std::mem::size_of::<T>() * n;
+        self.gpu.zeros(n.max(1)).map_err(|e| Error(format!("{}: {e} ({})", self.what, self.hint)))
+    }
+
+    pub(crate) fn bf16(&mut self, n: usize) -> Result<CudaSlice<bf16>> {
+        self.zeros(n)
+    }
+
+    pub(crate) fn f32(&mut self, n: usize) -> Result<CudaSlice<f32>> {
+        self.zeros(n)
+    }
+
+    pub(crate) fn i32(&mut self, n: usize) -> Result<CudaSlice<i32>> {
+        self.zeros(n)
+    }
+
+    /// Counts memory allocated elsewhere (an upload).
+    pub(crate) fn count(&mut self, bytes: usize) {
+        self.bytes += bytes;
+    }
 }
 
 impl GpuModel {
@@ -391,64 +425,51 @@ impl GpuModel {
         unsafe { gpu.ctx.disable_event_tracking() };
         let c = Dims::of(config);
         let t = capacity;
-        let bytes = std::cell::Cell::new(0usize);
-        let oom = |e: Error| Error(format!("allocating GPU buffers for {t} tokens per pass: {e} (fewer tokens per pass: lower --micro-batch-tokens)"));
-        let bf = |n: usize| {
-            bytes.set(bytes.get() + 2 * n);
-            alloc::<bf16>(&gpu, n).map_err(oom)
-        };
-        let f = |n: usize| {
-            bytes.set(bytes.get() + 4 * n);
-            alloc::<f32>(&gpu, n).map_err(oom)
-        };
-        let i = |n: usize| {
-            bytes.set(bytes.get() + 4 * n);
-            alloc::<i32>(&gpu, n).map_err(oom)
-        };
+        let mut al = Alloc::new(&gpu, format!("allocating GPU buffers for {t} tokens per pass"), "fewer tokens per pass: lower --micro-batch-tokens");
         let total = flat.total;
-        let (master, w, grad, m, v) = (f(total)?, bf(total)?, f(total)?, f(total)?, f(total)?);
+        let (master, w, grad, m, v) = (al.f32(total)?, al.bf16(total)?, al.f32(total)?, al.f32(total)?, al.f32(total)?);
         let mut layers = Vec::with_capacity(c.layers);
         for _ in 0..c.layers {
             layers.push(LayerActs {
-                rstd1: f(t)?,
-                h1: bf(t * c.d)?,
-                qkv: bf(t * c.wqkv)?,
-                att: bf(t * c.qd)?,
-                lse: f(t * c.hq)?,
-                x2: bf(t * c.d)?,
-                rstd2: f(t)?,
-                h2: bf(t * c.d)?,
-                gu: bf(t * 2 * c.inter)?,
-                a: bf(t * c.inter)?,
+                rstd1: al.f32(t)?,
+                h1: al.bf16(t * c.d)?,
+                qkv: al.bf16(t * c.wqkv)?,
+                att: al.bf16(t * c.qd)?,
+                lse: al.f32(t * c.hq)?,
+                x2: al.bf16(t * c.d)?,
+                rstd2: al.f32(t)?,
+                h2: al.bf16(t * c.d)?,
+                gu: al.bf16(t * 2 * c.inter)?,
+                a: al.bf16(t * c.inter)?,
             });
         }
         let acts = Acts {
-            resid: (0..=c.layers).map(|_| bf(t * c.d)).collect::<Result<_>>()?,
+            resid: (0..=c.layers).map(|_| al.bf16(t * c.d)).collect::<Result<_>>()?,
             layers,
-            rstdf: f(t)?,
-            hf: bf(t * c.d)?,
-            logits: bf(t * c.vocab)?,
-            logp: f(t)?,
-            lse: f(t)?,
-            entropy: f(t)?,
+            rstdf: al.f32(t)?,
+            hf: al.bf16(t * c.d)?,
+            logits: al.bf16(t * c.vocab)?,
+            logp: al.f32(t)?,
+            lse: al.f32(t)?,
+            entropy: al.f32(t)?,
         };
         let back = BackBufs {
-            dres: bf(t * c.d)?,
-            dh: bf(t * c.d)?,
-            datt: bf(t * c.qd)?,
-            dqkv: bf(t * c.wqkv)?,
-            dgu: bf(t * 2 * c.inter)?,
-            da: bf(t * c.inter)?,
+            dres: al.bf16(t * c.d)?,
+            dh: al.bf16(t * c.d)?,
+            datt: al.bf16(t * c.qd)?,
+            dqkv: al.bf16(t * c.wqkv)?,
+            dgu: al.bf16(t * 2 * c.inter)?,
+            da: al.bf16(t * c.inter)?,
         };
         let mut io = Inputs {
-            tokens: i(t)?,
-            pos: i(t)?,
-            seg: i(t)?,
-            targets: i(t)?,
-            g: f(t)?,
-            ones: bf(t)?,
-            cos: f(t * c.hd / 2)?,
-            sin: f(t * c.hd / 2)?,
+            tokens: al.i32(t)?,
+            pos: al.i32(t)?,
+            seg: al.i32(t)?,
+            targets: al.i32(t)?,
+            g: al.f32(t)?,
+            ones: al.bf16(t)?,
+            cos: al.f32(t * c.hd / 2)?,
+            sin: al.f32(t * c.hd / 2)?,
         };
         gpu.stream.memcpy_htod(&vec![bf16::ONE; t], &mut io.ones)?;
         // RoPE tables by position: row p for position p (positions restart per segment, < T).
@@ -456,7 +477,7 @@ impl GpuModel {
         let (cos, sin) = ops::rope_tables(&positions, c.hd, config.rope_theta);
         gpu.stream.memcpy_htod(&cos, &mut io.cos)?;
         gpu.stream.memcpy_htod(&sin, &mut io.sin)?;
-        let device_bytes = bytes.get();
+        let device_bytes = al.bytes;
         let mut model = GpuModel { gpu, config: config.clone(), dims: c, capacity, device_bytes, flat, master, w, grad, m, v, acts, back, io };
         let host = model.flatten(|i| &params.tensors[i].data);
         model.gpu.stream.memcpy_htod(&host, &mut model.master)?;

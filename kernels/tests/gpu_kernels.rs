@@ -14,32 +14,13 @@
 
 use coa_kernels::gpu::{AdamWArgs, AttnLayout, AttnShape};
 use coa_kernels::rng::Rng;
+use coa_kernels::testing::{gpu_or_skip, seeded};
 use coa_kernels::{bf16, Gpu};
 use coa_model::ops;
 
 const BF16_ULP: f32 = 1.0 / 128.0; // relative spacing of bf16 (8 significant bits): 2^-7
 
-fn gpu_or_skip(test: &str) -> Option<Gpu> {
-    match coa_kernels::probe() {
-        Err(e) => {
-            let line = format!("{test}: skipped: no CUDA device ({e})");
-            // Written to the real stderr (the test harness captures eprintln!), and to stdout.
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "{line}");
-            println!("{line}");
-            None
-        }
-        // A GPU that probes fine but cannot be opened is a real failure.
-        Ok(_) => Some(Gpu::new(0).unwrap_or_else(|e| panic!("{test}: GPU found but unusable: {e}"))),
-    }
-}
 
-fn seeded(test: &str) -> Rng {
-    let seed = std::env::var("COA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(Rng::fresh_seed);
-    eprintln!("{test}: seed {seed} (replay with COA_TEST_SEED={seed})");
-    println!("{test}: seed {seed}");
-    Rng::new(seed)
-}
 
 fn round_bf16(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect()

@@ -18,26 +18,14 @@ use std::sync::Arc;
 
 use coa_kernels::model::{check_supported, DLogp};
 use coa_kernels::rng::Rng;
+use coa_kernels::testing::seeded;
 use coa_kernels::{bf16, Gpu, GpuModel};
 use coa_model::{Model, ModelConfig, Params, Seq, TokenStats};
 
-fn gpu_or_skip(test: &str) -> Option<Arc<Gpu>> {
-    match coa_kernels::probe() {
-        Err(e) => {
-            let line = format!("{test}: skipped: no CUDA device ({e})");
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "{line}");
-            println!("{line}");
-            None
-        }
-        Ok(_) => Some(Arc::new(Gpu::new(0).unwrap_or_else(|e| panic!("{test}: GPU found but unusable: {e}")))),
-    }
-}
 
-fn seeded(test: &str) -> Rng {
-    let seed = std::env::var("COA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(Rng::fresh_seed);
-    eprintln!("{test}: seed {seed} (replay with COA_TEST_SEED={seed})");
-    Rng::new(seed)
+
+fn gpu_or_skip(test: &str) -> Option<Arc<Gpu>> {
+    coa_kernels::testing::gpu_or_skip(test).map(Arc::new)
 }
 
 /// (label, config): GQA + tied head (llama); q/k/v biases + untied head + head_dim 128 (qwen2);

@@ -43,21 +43,11 @@ use coa_train_step::train::{Settings, StepReport, Trainer};
 
 const VOCAB: usize = 64;
 
+
 fn gpu_or_skip(test: &str) -> Option<Arc<Gpu>> {
-    match coa_kernels::probe() {
-        Err(e) => {
-            let line = format!("{test}: skipped: no CUDA device ({e})");
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "{line}");
-            println!("{line}");
-            None
-        }
-        Ok(_) => {
-            let gpu = Gpu::new(0).unwrap_or_else(|e| panic!("{test}: GPU found but unusable: {e}"));
-            gpu.warm_up().unwrap_or_else(|e| panic!("{test}: compiling the kernels: {e}"));
-            Some(Arc::new(gpu))
-        }
-    }
+    let gpu = coa_kernels::testing::gpu_or_skip(test)?;
+    gpu.warm_up().unwrap_or_else(|e| panic!("{test}: compiling the kernels: {e}"));
+    Some(Arc::new(gpu))
 }
 
 // ---- data --------------------------------------------------------------------------------------
