@@ -1,6 +1,6 @@
 // AdamW (decoupled weight decay, PyTorch semantics) on fp32 master weights, writing the bf16 copy
-// the forward pass uses; the same arithmetic, in the same order, as coa-train-step's CPU
-// `optim::adamw_update`. All buffers [n]: p, m, v, g f32; p_bf16 bf16 (may be NULL).
+// the forward pass uses; the same formulas, in the same order, as coa-train-step's CPU
+// `optim::adamw_update` (not bit-identical: NVRTC may fuse multiply-adds into FMAs). All buffers [n]: p, m, v, g f32; p_bf16 bf16 (may be NULL).
 // The host computes, in f64 then rounded to f32 (t = 1-based step):
 //   keep = 1 - lr * wd (1 for tensors without decay), step_size = lr / (1 - b1^t),
 //   bc2_sqrt = sqrt(1 - b2^t)

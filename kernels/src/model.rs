@@ -322,8 +322,9 @@ pub struct GpuModel {
 }
 
 /// `y[T, O] = x[T, I] @ w[O, I]ᵀ (+ b[O])`, plus the old `y` when `residual` (the residual stream
-/// copied there first): one rounding to bf16 for matmul + residual. Weights at `w_off` / `b_off` of
-/// the flat bf16 buffer.
+/// copied there first). Without a bias, matmul + residual are rounded to bf16 once; with one
+/// (llama `attention_bias` / `mlp_bias` on o_proj / down_proj), the bias is added first and that
+/// sum is rounded too. Weights at `w_off` / `b_off` of the flat bf16 buffer.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_fwd(
     gpu: &Gpu,
