@@ -82,6 +82,22 @@ struct TasksArgs {
     io: IoArgs,
 }
 
+/// Flag parser: a whole number of at least 1.
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) | Err(_) => Err(format!("`{s}`: expected a whole number of at least 1")),
+        Ok(n) => Ok(n),
+    }
+}
+
+/// Flag parser: a positive, finite number of seconds.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("`{s}`: expected a positive number of seconds")),
+    }
+}
+
 fn parse_suite(s: &str) -> Result<Suite, String> {
     s.parse().map_err(|_| format!("unknown suite `{s}`: expected multihop, math or code"))
 }

@@ -11,6 +11,8 @@ use coa_schemas::tables::{MAS_RUNS, TASKS};
 use coa_tools::SandboxLimits;
 use serde_json::json;
 
+use crate::{positive, seconds};
+
 /// Tasks run in parallel per written batch: bounds memory (every event keeps the messages its
 /// agent read) while keeping every thread busy.
 const CHUNK_PER_THREAD: usize = 32;
@@ -29,20 +31,6 @@ fn probability(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("{v} is not a probability (expected 0 to 1)"))
-    }
-}
-
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) | Err(_) => Err(format!("`{s}`: expected a whole number of at least 1")),
-        Ok(n) => Ok(n),
-    }
-}
-
-fn seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("`{s}`: expected a positive number of seconds")),
     }
 }
 

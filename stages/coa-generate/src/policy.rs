@@ -60,16 +60,11 @@ use coa_schemas::tables::{ROLLOUTS, TASKS};
 use coa_tokenize::{encode_row, SpecialChoice, Vocab};
 use coa_tools::SandboxLimits;
 
+use crate::{positive, seconds};
+
 /// What joins a tool call and its observation block in the rendered CoA text (`coa_format::render`
 /// separates blocks with one newline; a test holds the two together).
 pub const OBSERVATION_PREFIX: &str = "\n";
-
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) | Err(_) => Err(format!("`{s}`: expected a whole number of at least 1")),
-        Ok(n) => Ok(n),
-    }
-}
 
 fn temperature(s: &str) -> Result<f32, String> {
     match s.parse::<f32>() {
@@ -82,13 +77,6 @@ fn top_p(s: &str) -> Result<f32, String> {
     match s.parse::<f32>() {
         Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
         _ => Err(format!("`{s}`: expected a probability in (0, 1]")),
-    }
-}
-
-fn seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("`{s}`: expected a positive number of seconds")),
     }
 }
 
@@ -325,35 +313,9 @@ impl<'a> Codec<'a> {
 // ---------------------------------------------------------------------------------------------
 // sampling
 
-/// SplitMix64: a small, portable, seedable generator.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-fn fnv1a(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01B3);
-    }
-    h
-}
+/// The sampler's generator (per-sample streams from [`sample_seed`]).
+pub use coa_model::rng::SplitMix64 as Rng;
+use coa_model::rng::fnv1a;
 
 /// The random stream of one sample.
 pub fn sample_seed(seed: u64, task_id: &str, sample_idx: usize) -> u64 {
@@ -378,7 +340,7 @@ pub fn sample_token(logits: &[f32], temperature: f32, top_p: f32, rng: &mut Rng)
         return Ok((best as u32, logp(best)));
     }
     let pick = |order: &mut dyn Iterator<Item = usize>, total: f64, rng: &mut Rng| -> Option<usize> {
-        let u = rng.next_f64() * total;
+        let u = rng.unit() * total;
         let mut acc = 0.0;
         let mut last = None;
         for i in order {

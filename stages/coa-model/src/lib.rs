@@ -14,6 +14,7 @@ pub mod io;
 pub mod model;
 pub mod ops;
 pub mod params;
+pub mod rng;
 pub(crate) mod simd;
 
 pub use config::{ModelConfig, TokenIds};

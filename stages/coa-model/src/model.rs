@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use crate::config::ModelConfig;
 use crate::ops;
 use crate::params::{layout, param_specs, LayerIdx, Layout, Params, Tensor};
+use crate::rng::{fnv1a, SplitMix64};
 
 /// A Llama / Qwen2 decoder with f32 parameters.
 #[derive(Clone, Debug)]
@@ -45,30 +46,6 @@ const LOGITS_CACHE_LIMIT: usize = 32 << 20;
 /// Rows per chunk when the logits are not kept.
 const HEAD_CHUNK_ROWS: usize = 256;
 
-/// SplitMix64: a tiny, portable, deterministic generator for the init.
-struct SplitMix64(u64);
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in (0, 1].
-    fn next_f64(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-}
-
-fn fnv1a(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01B3);
-    }
-    h
-}
 
 /// Activations of one layer kept for the backward.
 struct LayerActs {
@@ -110,13 +87,13 @@ impl Model {
                 if s.name.ends_with("layernorm.weight") || s.name == "model.norm.weight" {
                     t.data.iter_mut().for_each(|x| *x = 1.0);
                 } else if s.name.ends_with(".weight") {
-                    let mut rng = SplitMix64(seed ^ fnv1a(&s.name).rotate_left(17));
+                    let mut rng = SplitMix64::new(seed ^ fnv1a(&s.name).rotate_left(17));
                     let mut i = 0;
                     let n = t.data.len();
                     while i < n {
                         // Box-Muller: two normals per pair of uniforms.
-                        let u1 = rng.next_f64();
-                        let u2 = rng.next_f64();
+                        let u1 = rng.unit_nonzero();
+                        let u2 = rng.unit_nonzero();
                         let r = (-2.0 * u1.ln()).sqrt();
                         let th = 2.0 * std::f64::consts::PI * u2;
                         t.data[i] = (std * r * th.cos()) as f32;
