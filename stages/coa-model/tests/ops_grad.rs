@@ -227,28 +227,35 @@ fn naive_attention(q: &[f32], k: &[f32], v: &[f32], seg: &[usize], nh: usize, nk
 
 #[test]
 fn attention_forward_and_backward_gqa_segments() {
-    let (nh, nkv, hd) = (4, 2, 4);
     let seg_ids = [0i32, 0, 0, 1, 1, 2, 2, 2];
     let t = seg_ids.len();
     let (_, seg_start) = ops::segment_layout(t, Some(&seg_ids));
     assert_eq!(seg_start, vec![0, 0, 0, 3, 3, 5, 5, 5]);
     assert_eq!(ops::segment_ends(&seg_start), vec![3, 3, 3, 5, 5, 8, 8, 8]);
-    let mut rng = Rng(6);
-    let mut q = rng.vec(t * nh * hd, 1.0);
-    let mut k = rng.vec(t * nkv * hd, 1.0);
+    check_attention(&seg_start, 6, 1.0);
+}
+
+/// Attention forward against the naive reference, and its backward against finite differences,
+/// on random q/k/v (q and k scaled by `qk_scale`) over the given packed segments.
+fn check_attention(seg_start: &[usize], seed: u64, qk_scale: f32) {
+    let (nh, nkv, hd) = (4, 2, 4);
+    let t = seg_start.len();
+    let mut rng = Rng(seed);
+    let mut q = rng.vec(t * nh * hd, qk_scale);
+    let mut k = rng.vec(t * nkv * hd, qk_scale);
     let mut v = rng.vec(t * nkv * hd, 1.0);
     let r = rng.vec(t * nh * hd, 1.0);
     let fwd = |q: &[f32], k: &[f32], v: &[f32]| {
         let mut out = vec![0f32; t * nh * hd];
         let mut lse = vec![0f32; t * nh];
-        ops::attention_forward(&mut out, &mut lse, q, k, v, &seg_start, nh, nkv, hd);
+        ops::attention_forward(&mut out, &mut lse, q, k, v, seg_start, nh, nkv, hd);
         (out, lse)
     };
     let (out, lse) = fwd(&q, &k, &v);
-    let want = naive_attention(&q, &k, &v, &seg_start, nh, nkv, hd);
+    let want = naive_attention(&q, &k, &v, seg_start, nh, nkv, hd);
     assert!(rel_err(&out, &want) < 1e-5, "forward {}", rel_err(&out, &want));
     let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
-    ops::attention_backward(&mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &out, &lse, &seg_start, nh, nkv, hd);
+    ops::attention_backward(&mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &out, &lse, seg_start, nh, nkv, hd);
     let (k0, v0) = (k.clone(), v.clone());
     let nq = numgrad(&mut q, 1e-2, &mut |q| dotf64(&fwd(q, &k0, &v0).0, &r));
     let q0 = q.clone();
@@ -262,37 +269,13 @@ fn attention_forward_and_backward_gqa_segments() {
 /// Longer than one 64-row attention block, with segments that straddle block boundaries.
 #[test]
 fn attention_multi_block_segments() {
-    let (nh, nkv, hd) = (4, 2, 4);
     let mut seg_ids = Vec::new();
     for (s, n) in [50usize, 30, 1, 60, 9].iter().enumerate() {
         seg_ids.extend(std::iter::repeat(s as i32).take(*n));
     }
     let t = seg_ids.len();
     let (_, seg_start) = ops::segment_layout(t, Some(&seg_ids));
-    let mut rng = Rng(9);
-    let mut q = rng.vec(t * nh * hd, 1.5);
-    let mut k = rng.vec(t * nkv * hd, 1.5);
-    let mut v = rng.vec(t * nkv * hd, 1.0);
-    let r = rng.vec(t * nh * hd, 1.0);
-    let fwd = |q: &[f32], k: &[f32], v: &[f32]| {
-        let mut out = vec![0f32; t * nh * hd];
-        let mut lse = vec![0f32; t * nh];
-        ops::attention_forward(&mut out, &mut lse, q, k, v, &seg_start, nh, nkv, hd);
-        (out, lse)
-    };
-    let (out, lse) = fwd(&q, &k, &v);
-    let want = naive_attention(&q, &k, &v, &seg_start, nh, nkv, hd);
-    assert!(rel_err(&out, &want) < 1e-5, "forward {}", rel_err(&out, &want));
-    let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
-    ops::attention_backward(&mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &out, &lse, &seg_start, nh, nkv, hd);
-    let (k0, v0) = (k.clone(), v.clone());
-    let nq = numgrad(&mut q, 1e-2, &mut |q| dotf64(&fwd(q, &k0, &v0).0, &r));
-    let q0 = q.clone();
-    let nk = numgrad(&mut k, 1e-2, &mut |k| dotf64(&fwd(&q0, k, &v0).0, &r));
-    let nv = numgrad(&mut v, 1e-2, &mut |v| dotf64(&fwd(&q0, &k0, v).0, &r));
-    assert!(rel_err(&dq, &nq) < TOL, "dq {}", rel_err(&dq, &nq));
-    assert!(rel_err(&dk, &nk) < TOL, "dk {}", rel_err(&dk, &nk));
-    assert!(rel_err(&dv, &nv) < TOL, "dv {}", rel_err(&dv, &nv));
+    check_attention(&seg_start, 9, 1.5);
 }
 
 #[test]
