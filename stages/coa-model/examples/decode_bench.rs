@@ -3,25 +3,15 @@
 //!
 //!     RAYON_NUM_THREADS=2 cargo run --release -p coa-model --example decode_bench
 
+use coa_model::rng::random_ids;
 use coa_model::{KvCache, Model, ModelConfig};
-
-/// Deterministic pseudo-random ids below `v`.
-fn ids(n: usize, v: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) % v as u64) as u32
-        })
-        .collect()
-}
 
 fn main() -> anyhow::Result<()> {
     let c = ModelConfig::preset("tiny", 4096)?;
     let m = Model::init(c, 0)?;
     for batch in [1usize, 8, 32] {
         let mut cache = KvCache::new(&m.config, batch, 256 + 128)?;
-        let prompts: Vec<Vec<u32>> = (0..batch).map(|i| ids(256, 4096, i as u64)).collect();
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|i| random_ids(256, 4096, i as u64)).collect();
         let items: Vec<(usize, &[u32])> = prompts.iter().enumerate().map(|(i, p)| (i, p.as_slice())).collect();
         let t0 = std::time::Instant::now();
         m.extend(&mut cache, &items)?;

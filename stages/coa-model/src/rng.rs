@@ -38,3 +38,9 @@ pub fn fnv1a(s: &str) -> u64 {
     }
     h
 }
+
+/// `n` pseudo-random token ids below `vocab`, from `seed` (test inputs and benchmarks).
+pub fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut r = SplitMix64::new(seed);
+    (0..n).map(|_| (r.next_u64() % vocab as u64) as u32).collect()
+}

@@ -2,6 +2,7 @@
 //! every position (1e-5 relative), batched decoding of sequences of different lengths equals
 //! decoding each alone, and bad calls are errors.
 
+use coa_model::rng::random_ids;
 use coa_model::{KvCache, Model, ModelConfig, Seq, TokenIds};
 
 fn config(model_type: &str, tied: bool, nh: usize, nkv: usize) -> ModelConfig {
@@ -38,16 +39,6 @@ fn model(c: ModelConfig, seed: u64) -> Model {
     m
 }
 
-fn ids(n: usize, v: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) % v as u64) as u32
-        })
-        .collect()
-}
-
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
     let num = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).abs()).fold(0f64, f64::max);
@@ -67,7 +58,7 @@ fn prefill_then_decode_matches_the_full_forward() {
     {
         let m = model(config(mt, tied, nh, nkv), 3);
         let v = m.config.vocab_size;
-        let seq = ids(total, v, 11);
+        let seq = random_ids(total, v, 11);
         let full = m.logits(&Seq::new(&seq)).unwrap();
         let mut cache = KvCache::new(&m.config, 3, total).unwrap();
         let slot = 2;
@@ -102,7 +93,7 @@ fn batched_decode_equals_single_decode() {
     let v = m.config.vocab_size;
     let lens = [3usize, 17, 9, 1];
     let steps = 12;
-    let seqs: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| ids(n + steps, v, 100 + i as u64)).collect();
+    let seqs: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| random_ids(n + steps, v, 100 + i as u64)).collect();
 
     // alone
     let mut single: Vec<Vec<Vec<f32>>> = Vec::new();
@@ -141,7 +132,7 @@ fn batched_decode_equals_single_decode() {
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     let m = model(config("llama", false, 4, 2), 9);
-    let seq = ids(90, m.config.vocab_size, 4);
+    let seq = random_ids(90, m.config.vocab_size, 4);
     let run = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         pool.install(|| {

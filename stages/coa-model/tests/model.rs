@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use coa_model::rng::random_ids;
 use coa_model::{param_specs, Model, ModelConfig, Params, SaveDtype, Seq, TokenIds};
 use serde_json::Value;
 
@@ -19,16 +20,6 @@ fn small_config(model_type: &str, tied: bool) -> ModelConfig {
     c.eos_token_id = Some(TokenIds::One(2));
     c.validate().unwrap();
     c
-}
-
-fn ids(n: usize, v: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) % v as u64) as u32
-        })
-        .collect()
 }
 
 fn sft_grads(m: &Model, ids: &[u32]) -> (Params, f64) {
@@ -83,7 +74,7 @@ fn init_is_deterministic_and_hf_style() {
 #[test]
 fn stats_match_logits_and_segment_starts_are_zero() {
     let m = Model::init(small_config("llama", true), 3).unwrap();
-    let x = ids(12, 97, 1);
+    let x = random_ids(12, 97, 1);
     let seg = [0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2];
     let seq = Seq { input_ids: &x, segment_ids: Some(&seg) };
     let logits = m.logits(&seq).unwrap();
@@ -110,7 +101,7 @@ fn stats_match_logits_and_segment_starts_are_zero() {
 #[test]
 fn gradients_accumulate_and_are_deterministic() {
     let m = Model::init(small_config("llama", false), 5).unwrap();
-    let x = ids(16, 97, 2);
+    let x = random_ids(16, 97, 2);
     let (g1, loss) = sft_grads(&m, &x);
     assert!(loss > 3.0 && loss < 6.0, "near ln(97) at init: {loss}");
     let (g1b, _) = sft_grads(&m, &x);
@@ -140,7 +131,7 @@ fn gradient_matches_finite_difference_of_loss() {
             *x += 0.05 * (((i * 7919 + n) % 101) as f32 / 50.0 - 1.0);
         }
     }
-    let x = ids(10, 97, 3);
+    let x = random_ids(10, 97, 3);
     let (g, _) = sft_grads(&m, &x);
     for name in [
         "model.embed_tokens.weight",
@@ -209,7 +200,7 @@ fn save_load_round_trip_f32_and_bf16() {
             }
         }
         // bf16 logits stay close to f32 logits
-        let x = ids(8, 97, 4);
+        let x = random_ids(8, 97, 4);
         let l32 = m.logits(&Seq::new(&x)).unwrap();
         let l16 = b16.logits(&Seq::new(&x)).unwrap();
         let err = l32.iter().zip(&l16).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
@@ -422,7 +413,7 @@ fn tied_checkpoint_with_lm_head_is_accepted() {
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     let m = Model::init(ModelConfig::preset("tiny", 300).unwrap(), 6).unwrap();
-    let x = ids(150, 300, 9);
+    let x = random_ids(150, 300, 9);
     let run = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         pool.install(|| sft_grads(&m, &x))
