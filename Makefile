@@ -27,11 +27,13 @@ help:
 	@echo "make distill    teacher MAS -> extract -> filter -> convert per suite, and the summary table"
 	@echo "make rl         RL_ITERS iterations of policy -> score -> dynamic sampling -> DAPO from the SFT checkpoint"
 	@echo "make eval       teacher MAS vs SFT vs SFT+RL on the held-out test tasks: the table and its plot"
-	@echo "make sft        tokenize the distilled CoA text and train a tiny Llama on the CPU into runs/$(RUN)/sft/ (loss table + loss.png)"
+	@echo "make sft        tokenize the distilled CoA text and train a Llama (SFT_MODEL=$(SFT_MODEL)) into runs/$(RUN)/sft/ (loss table + loss.png)"
 	@echo "make bench      benchmarks side by side with the Python tools (writes bench/results/)"
 	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
 	@echo "variables: RUN=name (runs/<name>/), DEVICE=cpu|cuda|auto (training and policy decoding; cuda with"
-	@echo "           SFT_MODEL=small or larger), and the sizes in pipelines/default.mk"
+	@echo "           SFT_MODEL=small or larger), SIZE=smoke|full (smoke: the 20-minute CPU loop, the default on"
+	@echo "           the CPU; full: a real run's sizes into runs/full/, the default with DEVICE=cuda), and every"
+	@echo "           size in pipelines/default.mk"
 
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))

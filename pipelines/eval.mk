@@ -7,6 +7,8 @@
 
 EVAL_MAX_RESPONSE ?= 512
 EVAL_MAX_TURNS    ?= 12
+# Sequences decoded together (policy --batch); the output does not depend on it.
+EVAL_BATCH        ?= 32
 EVAL := $(RUNDIR)/eval
 
 $(EVAL)/teacher/mas_runs.parquet: $(RUNDIR)/test/tasks.parquet $(RUNDIR)/test/corpus.parquet | build
@@ -19,7 +21,7 @@ $(EVAL)/$(1)/scores.parquet: $(2) $(RUNDIR)/test/tasks.parquet $(RUNDIR)/test/co
 	@mkdir -p $(EVAL)/$(1)
 	$(GENERATE) policy --checkpoint $(3) -i $(RUNDIR)/test/tasks.parquet --corpus $(RUNDIR)/test/corpus.parquet \
 	    --n 1 --temperature 0 --max-response-tokens $(EVAL_MAX_RESPONSE) --max-turns $(EVAL_MAX_TURNS) --model-name $(1) \
-	    --device $(DEVICE) --stats $(EVAL)/$(1)/policy.json \
+	    --batch $(EVAL_BATCH) --device $(DEVICE) --stats $(EVAL)/$(1)/policy.json \
 	| $(BIN)/coa-score --tasks $(RUNDIR)/test/tasks.parquet --max-response-len $(EVAL_MAX_RESPONSE) \
 	    --report $(EVAL)/$(1)/report.json --stats $(EVAL)/$(1)/score.json -o $$@
 endef

@@ -5,9 +5,10 @@
 #   runs/<RUN>/rl/iter<k>/checkpoint/      the policy after iteration k (HF layout)
 #   runs/<RUN>/rl/iter<k>/metrics.parquet  DAPO steps: loss, reward, clip fraction, entropy, response length, mismatch
 #   runs/<RUN>/rl/checkpoint               -> the last iteration's checkpoint
-# Iteration k draws its tasks from the training split (task ids ending in k), so iterations see
-# different tasks; --oversample keeps generating until RL_GROUPS groups have unequal rewards.
-# Sized for the tiny CPU model; DEVICE=cuda with a larger config is for real runs.
+# Iteration k draws its tasks from the training split (task ids ending in the digit k mod 10), so
+# ten iterations in a row see different tasks; --oversample keeps generating until RL_GROUPS groups
+# have unequal rewards.
+# These defaults are SIZE=smoke's (the tiny CPU model); SIZE=full's are set in pipelines/default.mk.
 
 RL_ITERS        ?= 2
 RL_SUITE        ?= multihop
@@ -17,6 +18,9 @@ RL_TEMPERATURE  ?= 1.0
 RL_MAX_RESPONSE ?= 768
 RL_OVERLONG     ?= 96
 RL_MAX_TURNS    ?= 12
+# Sequences decoded together (policy --batch): samples do not depend on it, but --oversample judges
+# whole groups as they finish, so a larger batch may draw a few more groups than needed.
+RL_BATCH        ?= 16
 RL_LR           ?= 5e-5
 RL_BATCH_TOKENS ?= 16384
 RL_FLAGS        ?=
@@ -27,10 +31,10 @@ $(RL)/checkpoint/config.json: $(SFT)/metrics.parquet $(RUNDIR)/tasks.parquet $(R
 	@prev=$(SFT)/checkpoint; \
 	for k in $$(seq 1 $(RL_ITERS)); do \
 	  d=$(RL)/iter$$k; mkdir -p $$d; echo "rl: iteration $$k of $(RL_ITERS) -> $$d"; \
-	  $(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$(RL_SUITE)' AND task_id LIKE '%$$k'" 2>/dev/null \
+	  $(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$(RL_SUITE)' AND task_id LIKE '%$$((k % 10))'" 2>/dev/null \
 	  | $(BIN)/coa-generate policy --checkpoint $$prev --corpus $(RUNDIR)/corpus.parquet --n $(RL_N) --seed $$k \
 	      --temperature $(RL_TEMPERATURE) --max-response-tokens $(RL_MAX_RESPONSE) --overlong-cache $(RL_OVERLONG) \
-	      --max-turns $(RL_MAX_TURNS) --oversample --groups $(RL_GROUPS) --model-name rl-iter$$k --device $(DEVICE) \
+	      --max-turns $(RL_MAX_TURNS) --batch $(RL_BATCH) --oversample --groups $(RL_GROUPS) --model-name rl-iter$$k --device $(DEVICE) \
 	      --stats $$d/policy.json \
 	  | $(BIN)/coa-score --tasks $(RUNDIR)/tasks.parquet --max-response-len $(RL_MAX_RESPONSE) --overlong-cache $(RL_OVERLONG) \
 	      --report $$d/rollouts.md --stats $$d/score.json \

@@ -1,5 +1,5 @@
 # Agentic SFT (DESIGN §8): the distilled CoA text of every suite -> tokens with loss masks -> a
-# fresh tiny Llama trained on the CPU, saved as an HF checkpoint that also resumes exactly.
+# fresh Llama (the SFT_MODEL preset) trained on DEVICE, saved as an HF checkpoint that also resumes exactly.
 #   runs/<RUN>/sft/tokenizer.json            byte-level BPE (CoA tags as special tokens), trained on
 #                                            the $(SFT_BPE_SUITE) suite's CoA text, used for every suite
 #   runs/<RUN>/sft/<suite>/tokens.parquet    token ids + loss masks (observations and prompt masked)
@@ -8,7 +8,8 @@
 #   runs/<RUN>/sft/metrics.parquet           one row per optimizer step (step, loss, lr, grad_norm, tokens/s)
 #   runs/<RUN>/sft/loss.png                  the loss curve
 # The trainer prints the falling loss every few steps; `make sft` then prints the summary table
-# (pipelines/sft_report.py). Sized to finish in under 10 minutes on 2 CPU cores.
+# (pipelines/sft_report.py). These defaults are SIZE=smoke's, sized to finish in under 10 minutes on
+# 2 CPU cores; SIZE=full's (the `small` model, 3072-token rows) are set in pipelines/default.mk.
 
 SFT_MODEL        ?= tiny
 SFT_VOCAB        ?= 4096

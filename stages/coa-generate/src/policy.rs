@@ -669,9 +669,22 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         .iter()
         .map(|t| codec.prompt_ids(&t.suite, &t.question).with_context(|| format!("task {}: encoding the prompt", t.task_id)))
         .collect::<Result<_>>()?;
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let (longest_at, longest) = prompts.iter().map(Vec::len).enumerate().max_by_key(|&(i, n)| (n, std::cmp::Reverse(i))).unwrap_or((0, 0));
     let slots = args.batch.min(tasks.len() * args.n).max(1);
     let max_len = longest + args.max_response_tokens;
+    // Positions past the ones the model was configured (and trained) for are refused, as HF and
+    // vLLM refuse a generation length over max_position_embeddings.
+    let positions = model.config.max_position_embeddings;
+    if !prompts.is_empty() && max_len > positions {
+        bail!(
+            "--max-response-tokens {}: the longest prompt (task {}, {longest} tokens) plus the budget needs {max_len} positions, \
+             more than the model's max_position_embeddings {positions} (--checkpoint {}); use --max-response-tokens {} or less",
+            args.max_response_tokens,
+            tasks[longest_at].task_id,
+            args.checkpoint.display(),
+            positions.saturating_sub(longest)
+        );
+    }
     let (mut cpu_policy, mut gpu_policy);
     let (policy, device_name): (&mut dyn Policy, String) = match gpu_for(device, args.device, &model.config)? {
         Some(info) => {

@@ -165,6 +165,12 @@ fn bad_input_is_named() {
     let math = s.math.to_str().unwrap();
     let o = run(&["policy", "--checkpoint", s.dir.join("nope").to_str().unwrap(), "-i", math]);
     assert!(!o.status.success() && stderr(&o).contains("not a directory"), "{}", stderr(&o));
+    // prompt + budget past the model's positions (tiny: 2048) is refused, naming the flag and the limit
+    let long = s.dir.join("long.parquet");
+    let o = run(&["policy", "--checkpoint", ck, "-i", math, "--max-response-tokens", "2040", "-o", long.to_str().unwrap()]);
+    let e = stderr(&o);
+    assert!(!o.status.success() && !long.exists(), "{e}");
+    assert!(e.contains("--max-response-tokens 2040") && e.contains("max_position_embeddings 2048") && e.contains("or less"), "{e}");
     std::fs::remove_file(s.ckpt.join("tokenizer.json")).unwrap();
     let o = run(&["policy", "--checkpoint", ck, "-i", math]);
     assert!(!o.status.success() && stderr(&o).contains("tokenizer.json is missing"), "{}", stderr(&o));
