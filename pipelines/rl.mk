@@ -10,19 +10,19 @@
 # have unequal rewards.
 # These defaults are SIZE=smoke's (the tiny CPU model); SIZE=full's are set in pipelines/default.mk.
 
-RL_ITERS        ?= 2
+RL_ITERS        ?= $(call by_size,2,10)
 RL_SUITE        ?= multihop
-RL_N            ?= 4
-RL_GROUPS       ?= 8
+RL_N            ?= $(call by_size,4,8)
+RL_GROUPS       ?= $(call by_size,8,32)
 RL_TEMPERATURE  ?= 1.0
-RL_MAX_RESPONSE ?= 768
-RL_OVERLONG     ?= 96
-RL_MAX_TURNS    ?= 12
+RL_MAX_RESPONSE ?= $(call by_size,768,3072)
+RL_OVERLONG     ?= $(call by_size,96,256)
+RL_MAX_TURNS    ?= $(call by_size,12,16)
 # Sequences decoded together (policy --batch): samples do not depend on it, but --oversample judges
 # whole groups as they finish, so a larger batch may draw a few more groups than needed.
-RL_BATCH        ?= 16
-RL_LR           ?= 5e-5
-RL_BATCH_TOKENS ?= 16384
+RL_BATCH        ?= $(call by_size,16,128)
+RL_LR           ?= $(call by_size,5e-5,2e-5)
+RL_BATCH_TOKENS ?= $(call by_size,16384,65536)
 RL_FLAGS        ?=
 
 RL := $(RUNDIR)/rl

@@ -9,20 +9,20 @@
 #   runs/<RUN>/sft/loss.png                  the loss curve
 # The trainer prints the falling loss every few steps; `make sft` then prints the summary table
 # (pipelines/sft_report.py). These defaults are SIZE=smoke's, sized to finish in under 10 minutes on
-# 2 CPU cores; SIZE=full's (the `small` model, 3072-token rows) are set in pipelines/default.mk.
+# 2 CPU cores; SIZE=full's (the `small` model, 3584-token rows) are set in pipelines/default.mk.
 
-SFT_MODEL        ?= tiny
-SFT_VOCAB        ?= 4096
+SFT_MODEL        ?= $(call by_size,tiny,small)
+SFT_VOCAB        ?= $(call by_size,4096,8192)
 SFT_BPE_SUITE    ?= multihop
 # Longer sequences are cut at a token boundary outside any observation (coa-tokenize --overlong).
-SFT_MAX_LEN      ?= 2048
+SFT_MAX_LEN      ?= $(call by_size,2048,3584)
 SFT_OVERLONG     ?= truncate
-SFT_STEPS        ?= 300
-SFT_BATCH_TOKENS ?= 8192
-SFT_LR           ?= 2e-3
-SFT_MIN_LR       ?= 2e-4
-SFT_WARMUP       ?= 10
-SFT_SAVE_EVERY   ?= 50
+SFT_STEPS        ?= $(call by_size,300,1500)
+SFT_BATCH_TOKENS ?= $(call by_size,8192,65536)
+SFT_LR           ?= $(call by_size,2e-3,1e-3)
+SFT_MIN_LR       ?= $(call by_size,2e-4,1e-4)
+SFT_WARMUP       ?= $(call by_size,10,50)
+SFT_SAVE_EVERY   ?= $(call by_size,50,250)
 SFT_FLAGS        ?=
 
 SFT := $(RUNDIR)/sft
