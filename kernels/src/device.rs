@@ -219,3 +219,24 @@ pub fn select_device(choice: DeviceChoice) -> Result<Device, NoGpu> {
         },
     }
 }
+
+/// [`select_device`]'s answer settled against the model: `Some(gpu)` when the GPU path supports
+/// the model (`supported`: `model::check_supported` for training, `decode::check_decodable` for
+/// decoding). When it does not, `cuda` is an error that names what `--device cpu` does instead
+/// (`cpu_does`, e.g. "trains this model"), and `auto` falls back to the CPU with one line on stderr.
+pub fn gpu_for_model(
+    device: Device,
+    choice: DeviceChoice,
+    supported: crate::Result<()>,
+    cpu_does: &str,
+) -> Result<Option<GpuInfo>, NoGpu> {
+    let Device::Cuda(info) = device else { return Ok(None) };
+    match supported {
+        Ok(()) => Ok(Some(info)),
+        Err(e) if choice == DeviceChoice::Auto => {
+            eprintln!("note: --device auto: {e}; running on the CPU");
+            Ok(None)
+        }
+        Err(e) => Err(NoGpu(format!("--device {choice}: {e} (--device cpu {cpu_does})"))),
+    }
+}

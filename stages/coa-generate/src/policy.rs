@@ -51,7 +51,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use coa_agents::{Action, ToolConfig, Tools};
 use coa_format::{build_prompt, code_source, render, Step, Tag};
 use coa_kernels::decode::{check_decodable, GpuDecoder};
-use coa_kernels::{select_device, Device, DeviceChoice, Gpu};
+use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
 use coa_model::{KvCache, Model};
 use coa_rewards::RewardConfig;
 use coa_schemas::rows::{self, Rollout, Task};
@@ -573,20 +573,6 @@ pub fn generate(
 // the stage
 
 /// The checkpoint's model and vocabulary, checked against each other.
-/// The GPU to decode on, if any, once the model is known: `cuda` needs a model the decoder
-/// supports; `auto` falls back to the CPU with one line on stderr saying why.
-fn gpu_for(device: Device, choice: DeviceChoice, config: &coa_model::ModelConfig) -> Result<Option<coa_kernels::GpuInfo>> {
-    let Device::Cuda(info) = device else { return Ok(None) };
-    match check_decodable(config) {
-        Ok(()) => Ok(Some(info)),
-        Err(e) if choice == DeviceChoice::Auto => {
-            eprintln!("note: --device auto: {e}; decoding on the CPU");
-            Ok(None)
-        }
-        Err(e) => bail!("--device {choice}: {e} (--device cpu decodes this model)"),
-    }
-}
-
 pub fn load_checkpoint(dir: &Path, bos: &SpecialChoice, eos: &SpecialChoice) -> Result<(Model, Vocab)> {
     if !dir.is_dir() {
         bail!("--checkpoint {}: not a directory (expected config.json, model.safetensors and tokenizer.json as coa-train-step saves them)", dir.display());
@@ -669,7 +655,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         .iter()
         .map(|t| codec.prompt_ids(&t.suite, &t.question).with_context(|| format!("task {}: encoding the prompt", t.task_id)))
         .collect::<Result<_>>()?;
-    let (longest_at, longest) = prompts.iter().map(Vec::len).enumerate().max_by_key(|&(i, n)| (n, std::cmp::Reverse(i))).unwrap_or((0, 0));
+    let (longest_at, longest) = prompts.iter().map(Vec::len).enumerate().max_by_key(|&(_, n)| n).unwrap_or((0, 0));
     let slots = args.batch.min(tasks.len() * args.n).max(1);
     let max_len = longest + args.max_response_tokens;
     // Positions past the ones the model was configured (and trained) for are refused, as HF and
@@ -686,7 +672,8 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         );
     }
     let (mut cpu_policy, mut gpu_policy);
-    let (policy, device_name): (&mut dyn Policy, String) = match gpu_for(device, args.device, &model.config)? {
+    let supported = check_decodable(&model.config);
+    let (policy, device_name): (&mut dyn Policy, String) = match gpu_for_model(device, args.device, supported, "decodes this model").map_err(|e| anyhow!("{e}"))? {
         Some(info) => {
             let at = |e: coa_kernels::Error| anyhow!("--device {}: {e}", args.device);
             let gpu = Gpu::new(info.ordinal).map_err(at)?;

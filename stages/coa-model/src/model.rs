@@ -46,7 +46,6 @@ const LOGITS_CACHE_LIMIT: usize = 32 << 20;
 /// Rows per chunk when the logits are not kept.
 const HEAD_CHUNK_ROWS: usize = 256;
 
-
 /// Activations of one layer kept for the backward.
 struct LayerActs {
     x: Vec<f32>,     // [T,D] layer input (residual stream)

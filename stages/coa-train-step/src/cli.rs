@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{Array, ArrayRef, Float32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
-use coa_kernels::{select_device, Device, DeviceChoice, Gpu, GpuInfo};
+use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
 use coa_model::{Model, ModelConfig, SaveDtype};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::METRICS;
@@ -335,7 +335,8 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     // copied into the new temporary directory before the old checkpoint is replaced.
     check_tokenizer_fits(tokenizer.as_deref(), trainer.model.config.vocab_size)?;
     data.check_model_fit(trainer.model.config.vocab_size, trainer.model.config.max_position_embeddings)?;
-    let device = match gpu_for(device, args.device, &trainer.model.config)? {
+    let supported = coa_kernels::model::check_supported(&trainer.model.config);
+    let device = match gpu_for_model(device, args.device, supported, "trains this model").map_err(|e| anyhow!("{e}"))? {
         Some(info) => {
             let gpu = Gpu::new(info.ordinal).map_err(|e| anyhow!("--device {}: {e}", args.device))?;
             // Compile (or load from the PTX cache) every kernel now, not inside the first step.
@@ -466,20 +467,6 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     stage.note("threads", threads as u64);
     stage.note("params", trainer.model.params.n_elements() as u64);
     Ok(())
-}
-
-/// The GPU to train on, if any, once the model is known: `cuda` needs a model the GPU path
-/// supports; `auto` falls back to the CPU with one line on stderr saying why.
-fn gpu_for(device: Device, choice: DeviceChoice, config: &ModelConfig) -> Result<Option<GpuInfo>> {
-    let Device::Cuda(info) = device else { return Ok(None) };
-    match coa_kernels::model::check_supported(config) {
-        Ok(()) => Ok(Some(info)),
-        Err(e) if choice == DeviceChoice::Auto => {
-            eprintln!("note: --device auto: {e}; running on the CPU");
-            Ok(None)
-        }
-        Err(e) => bail!("--device {choice}: {e} (--device cpu trains this model)"),
-    }
 }
 
 fn pick_str(flag: &str, given: Option<&str>, saved: Option<&str>, default: &str, ckpt: &Option<PathBuf>) -> Result<String> {

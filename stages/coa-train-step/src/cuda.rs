@@ -74,16 +74,29 @@ impl Trainer {
             let masks: Vec<Vec<u8>> = exs.iter().map(|ex| ex.target_mask()).collect();
             let at = || format!("step {step}: rows {:?}", exs.iter().map(|ex| ex.row).collect::<Vec<_>>());
             let fixed: Option<Vec<Vec<f32>>> = masks.iter().map(|m| objective.fixed_token_grads(m, n_targets)).collect();
-            let stats = match &fixed {
-                Some(d) => gm.forward_backward(&seqs, DLogp::Fixed(d)).map_err(|e| anyhow!("{}: {e}", at()))?,
+            match &fixed {
+                Some(d) => {
+                    let stats = gm.forward_backward(&seqs, DLogp::Fixed(d)).map_err(|e| anyhow!("{}: {e}", at()))?;
+                    // SFT's loss from the targets' log-probs the pass computed.
+                    for ((ex, mask), st) in exs.iter().zip(&masks).zip(&stats) {
+                        let (l, _, s) = objective.token_grads(ex, mask, st, n_targets).with_context(at)?;
+                        loss += l;
+                        sums.add(&s);
+                    }
+                }
                 None => {
+                    // DAPO: the gradients, the loss and the statistics come from one call per row.
                     let mut failed: Option<anyhow::Error> = None;
+                    let mut totals: Vec<(f64, RlSums)> = Vec::with_capacity(exs.len());
                     let mut dloss = |stats: &[TokenStats]| -> Vec<Vec<f32>> {
                         exs.iter()
                             .zip(&masks)
                             .zip(stats)
                             .map(|((ex, mask), st)| match objective.token_grads(ex, mask, st, n_targets) {
-                                Ok((_, d, _)) => d,
+                                Ok((l, d, s)) => {
+                                    totals.push((l, s));
+                                    d
+                                }
                                 Err(e) => {
                                     failed.get_or_insert(e);
                                     vec![0.0; mask.len()]
@@ -91,19 +104,15 @@ impl Trainer {
                             })
                             .collect()
                     };
-                    let stats = gm.forward_backward(&seqs, DLogp::FromStats(&mut dloss)).map_err(|e| anyhow!("{}: {e}", at()))?;
+                    gm.forward_backward(&seqs, DLogp::FromStats(&mut dloss)).map_err(|e| anyhow!("{}: {e}", at()))?;
                     if let Some(e) = failed {
-                        return Err(e);
+                        return Err(e.context(at()));
                     }
-                    stats
+                    for (l, s) in &totals {
+                        loss += l;
+                        sums.add(s);
+                    }
                 }
-            };
-            // Loss and statistics from the log-probs the pass computed (for SFT these are the
-            // targets' log-probs, all the loss needs).
-            for ((ex, mask), st) in exs.iter().zip(&masks).zip(&stats) {
-                let (l, _, s) = objective.token_grads(ex, mask, st, n_targets).with_context(at)?;
-                loss += l;
-                sums.add(&s);
             }
         }
         let grad_norm = gm.grad_norm().map_err(gpu_err)?;
