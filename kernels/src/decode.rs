@@ -150,14 +150,15 @@ impl Gpu {
 }
 
 /// Whether the GPU decoder can run this model: an error naming the unsupported feature otherwise.
-/// (Decoding does not use the flash-attention kernels, so any even head_dim up to 256 works.)
+/// (Decoding does not use the flash-attention kernels, so any even head_dim up to 256 works;
+/// training, `model::check_supported`, adds the flash kernels' head_dim 64 or 128 to these.)
 pub fn check_decodable(c: &ModelConfig) -> Result<()> {
     let hd = c.head_dim();
     if hd == 0 || hd % 2 != 0 || hd > 256 {
         return Err(Error(format!("GPU decoding supports an even head_dim up to 256, this model has {hd}")));
     }
     if c.hidden_size % 2 != 0 {
-        return Err(Error(format!("GPU decoding's RMSNorm needs an even hidden_size, this model has {}", c.hidden_size)));
+        return Err(Error(format!("the GPU kernels' RMSNorm needs an even hidden_size, this model has {}", c.hidden_size)));
     }
     if c.vocab_size > i32::MAX as usize {
         return Err(Error(format!("vocab_size {} does not fit the GPU kernels' int32 token ids", c.vocab_size)));
@@ -176,7 +177,7 @@ pub fn check_decodable(c: &ModelConfig) -> Result<()> {
 /// h        bf16 [R, D]  rstd f32 [R]   RMSNorm output
 /// qkv      bf16 [R, W]             q | k | v, q and k rotated
 /// att      bf16 [R, Hq hd]   gu bf16 [R, 2I]   a bf16 [R, I]
-/// last     bf16 [S, D]             the residual of each item's last new row
+/// last     bf16 [S, D]             the residual of each item's last new row (when not all rows are)
 /// logits   f32  [S, V]             of those rows only
 /// inputs   tokens, slot, pos i32 [R]; RoPE cos/sin f32 [R, hd/2] (one row per new token)
 /// ```
@@ -396,13 +397,20 @@ impl GpuDecoder {
             gpu.swiglu_fwd(&gu.slice(..), &gu.slice(f..), a, n, f, 2 * f, 2 * f, f)?;
             linear_fwd(gpu, a, w, lw.down, lw.down_bias, x, ones, (n, f, d), true)?;
         }
-        // The head, on the last new row of each finished item only.
-        for (k, &(_, r)) in finished.iter().enumerate() {
-            st.memcpy_dtod(&x.slice(r * d..(r + 1) * d), &mut last.slice_mut(k * d..(k + 1) * d))?;
-        }
+        // The head, on the last new row of each finished item only. In a one-token step (the
+        // common case) every row is its item's last, in order: the head reads `x` as it is
+        // instead of one copy per row.
         let m = finished.len();
+        let head_in: &CudaSlice<bf16> = if m == n {
+            x
+        } else {
+            for (k, &(_, r)) in finished.iter().enumerate() {
+                st.memcpy_dtod(&x.slice(r * d..(r + 1) * d), &mut last.slice_mut(k * d..(k + 1) * d))?;
+            }
+            last
+        };
         if m > 0 {
-            gpu.rmsnorm_fwd(last, &w.slice(flat.norm..flat.norm + d), h, rstd, m, d, eps)?;
+            gpu.rmsnorm_fwd(head_in, &w.slice(flat.norm..flat.norm + d), h, rstd, m, d, eps)?;
             gpu.gemm(m, c.vocab, d, &h.slice(..m * d), false, &w.slice(flat.head..flat.head + c.vocab * d), true, &mut logits.slice_mut(..m * c.vocab), 1.0, 0.0)?;
         }
         for &(it, from, to) in pass {

@@ -58,13 +58,8 @@ pub fn check_supported(c: &ModelConfig) -> Result<()> {
             c.hidden_size, c.num_attention_heads
         )));
     }
-    if c.hidden_size % 2 != 0 {
-        return Err(Error(format!("the GPU path's RMSNorm needs an even hidden_size, this model has {}", c.hidden_size)));
-    }
-    if c.vocab_size > i32::MAX as usize {
-        return Err(Error(format!("vocab_size {} does not fit the GPU kernels' int32 token ids", c.vocab_size)));
-    }
-    Ok(())
+    // The rest is what decoding needs too (the same kernels).
+    crate::decode::check_decodable(c)
 }
 
 /// Model dimensions, as the kernels see them.
@@ -480,7 +475,7 @@ impl GpuModel {
         gpu.stream.memcpy_htod(&sin, &mut io.sin)?;
         let device_bytes = al.bytes;
         let mut model = GpuModel { gpu, config: config.clone(), dims: c, capacity, device_bytes, flat, master, w, grad, m, v, acts, back, io };
-        let host = model.flatten(|i| &params.tensors[i].data);
+        let host = model.flat.flatten(|i| &params.tensors[i].data);
         model.gpu.stream.memcpy_htod(&host, &mut model.master)?;
         model.restore_working_weights()?;
         Ok(model)
@@ -497,11 +492,6 @@ impl GpuModel {
         self.device_bytes
     }
 
-    /// A host vector in the flat layout (padding 0) from canonical tensors.
-    fn flatten<'a>(&self, tensor: impl Fn(usize) -> &'a [f32]) -> Vec<f32> {
-        self.flat.flatten(tensor)
-    }
-
     /// Canonical tensors out of a flat device buffer (synchronises).
     fn unflatten(&self, buf: &CudaSlice<f32>) -> Result<Vec<Vec<f32>>> {
         let host = self.gpu.download(buf)?;
@@ -509,12 +499,7 @@ impl GpuModel {
     }
 
     fn check_params(&self, p: &Params, what: &str) -> Result<()> {
-        if p.tensors.len() != self.flat.slots.len()
-            || p.tensors.iter().zip(&self.flat.slots).any(|(t, s)| t.name != s.name || t.data.len() != s.numel)
-        {
-            return Err(Error(format!("{what}: the tensors do not match the model's parameters")));
-        }
-        Ok(())
+        self.flat.check_tensors(p).map_err(|e| Error(format!("{what}: {e}")))
     }
 
     /// Copies the master weights into `params` (same layout as the model's).
@@ -548,8 +533,8 @@ impl GpuModel {
                 return Err(Error(format!("upload_moments: {what} does not match the model's parameters")));
             }
         }
-        let m = self.flatten(|i| exp_avg[i]);
-        let v = self.flatten(|i| exp_avg_sq[i]);
+        let m = self.flat.flatten(|i| exp_avg[i]);
+        let v = self.flat.flatten(|i| exp_avg_sq[i]);
         self.gpu.stream.memcpy_htod(&m, &mut self.m)?;
         self.gpu.stream.memcpy_htod(&v, &mut self.v)?;
         Ok(())
@@ -559,7 +544,7 @@ impl GpuModel {
     /// [`GpuModel::restore_working_weights`]: only the bf16 copy changes.
     pub fn set_working_weights(&mut self, params: &Params) -> Result<()> {
         self.check_params(params, "set_working_weights")?;
-        let host: Vec<bf16> = self.flatten(|i| &params.tensors[i].data).iter().map(|&x| bf16::from_f32(x)).collect();
+        let host: Vec<bf16> = self.flat.flatten(|i| &params.tensors[i].data).iter().map(|&x| bf16::from_f32(x)).collect();
         self.gpu.stream.memcpy_htod(&host, &mut self.w)?;
         Ok(())
     }
