@@ -47,11 +47,6 @@ impl CacheShape {
     }
 }
 
-/// Grid-stride launches: enough blocks to fill the GPU, capped by the work.
-fn stride_grid(gpu: &Gpu, total: usize, block: usize) -> u32 {
-    total.div_ceil(block).clamp(1, gpu.info.multiprocessors as usize * 8) as u32
-}
-
 impl Gpu {
     /// Writes `k_new`/`v_new [R, Hkv*D]` (row stride `kv_stride`) into the caches at
     /// (`slot[r]`, `pos[r]`). The caller guarantees `pos[r] < max_len` and `slot[r] < slots`
@@ -95,7 +90,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(&f);
         b.arg(&kp).arg(&vp).arg(&st).arg(&kc).arg(&vc).arg(&sp).arg(&pp).arg(&r).arg(&hkvd).arg(&l);
         // SAFETY: buffer extents checked; slot/pos ranges are the caller's contract (see above).
-        unsafe { b.launch(Self::cfg1(stride_grid(self, s.rows * kvd, 256), 256, 0)) }?;
+        unsafe { b.launch(Self::cfg1(self.grid_for(s.rows * kvd, 256), 256, 0)) }?;
         Ok(())
     }
 

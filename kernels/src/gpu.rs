@@ -265,7 +265,9 @@ impl Gpu {
         Ok(f)
     }
 
-    fn grid_for(&self, n: usize, threads: u32) -> u32 {
+    /// Blocks of `threads` for a grid-stride loop over `n` elements: enough to fill the GPU,
+    /// capped by the work.
+    pub(crate) fn grid_for(&self, n: usize, threads: u32) -> u32 {
         let blocks = n.div_ceil(threads as usize).max(1);
         blocks.min(self.info.multiprocessors as usize * 32) as u32
     }

@@ -20,8 +20,6 @@ use coa_model::ops;
 
 const BF16_ULP: f32 = 1.0 / 128.0; // relative spacing of bf16 (8 significant bits): 2^-7
 
-
-
 fn round_bf16(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect()
 }
