@@ -22,8 +22,6 @@ use coa_kernels::testing::seeded;
 use coa_kernels::{bf16, Gpu, GpuModel};
 use coa_model::{Model, ModelConfig, Params, Seq, TokenStats};
 
-
-
 fn gpu_or_skip(test: &str) -> Option<Arc<Gpu>> {
     coa_kernels::testing::gpu_or_skip(test).map(Arc::new)
 }
@@ -286,9 +284,7 @@ fn decoder_matches_cpu_extend() {
             let v = c.vocab_size;
             for (k, &(slot, _)) in items.iter().enumerate() {
                 let (g, w) = (&got[k * v..(k + 1) * v], &want[k * v..(k + 1) * v]);
-                let num: f64 = g.iter().zip(w).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-                let den: f64 = w.iter().map(|b| (*b as f64).powi(2)).sum();
-                let rel = (num / den.max(1e-30)).sqrt();
+                let (rel, _) = rel_l2(g, w);
                 assert!(rel <= 2e-2, "{label}: call {ci}, slot {slot}: logits relative L2 error {rel:.3e} > 2e-2");
                 let mut order: Vec<usize> = (0..v).collect();
                 order.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
@@ -308,9 +304,7 @@ fn decoder_matches_cpu_extend() {
         let p = ids(&mut rng, 9);
         let want = m.extend(&mut cpu, &[(0, &p)]).unwrap();
         let got = dec.extend(&[(0, &p)]).unwrap();
-        let num: f64 = got.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-        let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-        assert!((num / den).sqrt() <= 2e-2, "{label}: after reset");
+        assert!(rel_l2(&got, &want).0 <= 2e-2, "{label}: after reset");
         // Bad calls are errors, not panics.
         assert!(dec.extend(&[(3, &p)]).is_err(), "slot out of range");
         assert!(dec.extend(&[(0, &p), (0, &p)]).is_err(), "slot twice");

@@ -237,7 +237,6 @@ impl Dataset {
         Ok(())
     }
 
-
     pub fn fingerprint_hex(&self) -> String {
         format!("{:016x}", self.fingerprint)
     }

@@ -43,7 +43,6 @@ use coa_train_step::train::{Settings, StepReport, Trainer};
 
 const VOCAB: usize = 64;
 
-
 fn gpu_or_skip(test: &str) -> Option<Arc<Gpu>> {
     let gpu = coa_kernels::testing::gpu_or_skip(test)?;
     gpu.warm_up().unwrap_or_else(|e| panic!("{test}: compiling the kernels: {e}"));
