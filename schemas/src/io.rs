@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use arrow::compute::cast;
-use arrow::array::ArrayRef;
+use arrow::compute::{cast_with_options, CastOptions};
+use arrow::array::{Array, ArrayRef, AsArray, Int32Array};
+use arrow::datatypes::UInt8Type;
 use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::ipc::reader::{FileReader, StreamReader};
@@ -32,7 +33,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
-use crate::tables::{compatible, type_name, Table, META_PROVENANCE, META_TABLE};
+use crate::tables::{compatible, type_name, Derived, Table, META_PROVENANCE, META_TABLE};
 
 /// Rows per batch when reading Parquet and when stages build batches.
 pub const BATCH_ROWS: usize = 8192;
@@ -180,13 +181,20 @@ impl TableReader {
             return RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec()).map_err(|e| anyhow!("{}: {e}", self.source));
         }
         let mut columns = Vec::with_capacity(self.schema.fields().len());
+        // Checked casts: a value that does not fit the canonical type is an error, not a null.
+        let options = CastOptions { safe: false, ..Default::default() };
         for field in self.schema.fields() {
-            let idx = batch.schema().index_of(field.name())?;
+            let Ok(idx) = batch.schema().index_of(field.name()) else {
+                let how = self.expected.and_then(|t| t.column(field.name())).and_then(|c| c.derived);
+                let how = how.with_context(|| format!("{}: column `{}` is missing", self.source, field.name()))?;
+                columns.push(derive_column(how, &columns, &self.schema).with_context(|| format!("{}: deriving column `{}`", self.source, field.name()))?);
+                continue;
+            };
             let column = batch.column(idx);
             if column.data_type() == field.data_type() {
                 columns.push(column.clone());
             } else {
-                columns.push(cast(column, field.data_type()).with_context(|| {
+                columns.push(cast_with_options(column, field.data_type(), &options).with_context(|| {
                     format!("{}: casting column `{}` to {}", self.source, field.name(), type_name(field.data_type()))
                 })?);
             }
@@ -562,6 +570,29 @@ fn random_access_reader(source: &str, format: Format, bytes: Bytes, omit: &[Vec<
     }
 }
 
+/// Computes a [`Derived`] column from the already conformed columns before it (`schema` order).
+fn derive_column(how: Derived, columns: &[ArrayRef], schema: &Schema) -> Result<ArrayRef> {
+    let (Derived::ListLen(from) | Derived::ListOnes(from)) = how;
+    let idx = schema.index_of(from)?;
+    let list = columns
+        .get(idx)
+        .and_then(|c| c.as_list_opt::<i32>())
+        .with_context(|| format!("`{from}` must be a list column that precedes it"))?;
+    let values: Int32Array = (0..list.len())
+        .map(|i| {
+            if list.is_null(i) {
+                return None;
+            }
+            let v = list.value(i);
+            Some(match how {
+                Derived::ListLen(_) => v.len() as i32,
+                Derived::ListOnes(_) => v.as_primitive_opt::<UInt8Type>().map_or(0, |m| m.values().iter().filter(|&&x| x == 1).count() as i32),
+            })
+        })
+        .collect();
+    Ok(Arc::new(values))
+}
+
 /// Checks `found` against the expected table (minus the `omit`ted nested fields). Returns the
 /// schema batches will be cast to: the canonical columns first, then any extra columns the input
 /// carries, unchanged.
@@ -577,6 +608,12 @@ fn check_schema(source: &str, found: &Schema, table: &'static Table, omit: &[Vec
     let mut needs_cast = false;
     for (i, col) in table.columns.iter().enumerate() {
         let Ok(idx) = found.index_of(col.name) else {
+            if col.derived.is_some() {
+                // computed from the row in `conform`
+                fields.push(canonical.field(i).clone());
+                needs_cast = true;
+                continue;
+            }
             let names: Vec<&str> = found.fields().iter().map(|f| f.name().as_str()).collect();
             bail!(
                 "{source}: column `{}` is missing: expected {} ({written_by}; columns found: {})",

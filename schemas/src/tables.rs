@@ -26,6 +26,18 @@ pub struct Column {
     pub dtype: DataType,
     pub nullable: bool,
     pub doc: &'static str,
+    /// How a reader fills this column when an input lacks it (tables written by other tools,
+    /// e.g. HF datasets or polars, without our bookkeeping columns); `None`: the column is required.
+    pub derived: Option<Derived>,
+}
+
+/// A column that can be computed from the others of its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Derived {
+    /// The length of this list column (int32).
+    ListLen(&'static str),
+    /// The number of ones in this uint8 list column (int32).
+    ListOnes(&'static str),
 }
 
 /// A table that crosses a stage boundary.
@@ -61,7 +73,13 @@ impl Table {
 }
 
 fn col(name: &'static str, dtype: DataType, nullable: bool, doc: &'static str) -> Column {
-    Column { name, dtype, nullable, doc }
+    Column { name, dtype, nullable, doc, derived: None }
+}
+
+impl Column {
+    fn derived(self, how: Derived) -> Column {
+        Column { derived: Some(how), ..self }
+    }
 }
 
 fn utf8() -> DataType {
@@ -233,8 +251,8 @@ pub static TOKENS: LazyLock<Table> = LazyLock::new(|| {
             col("input_ids", list(DataType::Int32), false, "Token ids."),
             col("loss_mask", list(DataType::UInt8), false, "1 where the token is a target, 0 for prompt and observations."),
             col("segment_ids", list(DataType::Int32), true, "Packed sequence id per token, or null when not packed."),
-            col("n_tokens", DataType::Int32, false, "Length of `input_ids`."),
-            col("n_targets", DataType::Int32, false, "Number of ones in `loss_mask`."),
+            col("n_tokens", DataType::Int32, false, "Length of `input_ids` (derived when absent).").derived(Derived::ListLen("input_ids")),
+            col("n_targets", DataType::Int32, false, "Number of ones in `loss_mask` (derived when absent).").derived(Derived::ListOnes("loss_mask")),
         ],
     )
 });
@@ -338,6 +356,9 @@ pub fn compatible(expected: &DataType, found: &DataType) -> bool {
     match (expected, found) {
         (Utf8, Utf8 | LargeUtf8 | Utf8View) => true,
         (List(e), List(g) | LargeList(g) | ListView(g) | LargeListView(g)) => compatible(e.data_type(), g.data_type()),
+        // Integer widths are cast (polars and HF datasets write token ids as int64); a value that
+        // does not fit fails the cast with an error naming the column.
+        (e, g) if e.is_integer() && g.is_integer() => true,
         (Struct(e), Struct(g)) => e.iter().all(|ef| match g.iter().find(|gf| gf.name() == ef.name()) {
             Some(gf) => compatible(ef.data_type(), gf.data_type()),
             None => ef.is_nullable(),
@@ -368,7 +389,10 @@ mod tests {
         let lu = DataType::LargeList(Arc::new(Field::new("item", DataType::LargeUtf8, true)));
         assert!(compatible(&list(utf8()), &lu));
         assert!(compatible(&utf8(), &DataType::Utf8View));
-        assert!(!compatible(&list(DataType::Int32), &list(DataType::Int64)));
+        assert!(compatible(&list(DataType::Int32), &list(DataType::Int64)));
+        assert!(compatible(&list(DataType::UInt8), &list(DataType::Int64)));
+        assert!(!compatible(&list(DataType::Int32), &list(DataType::Float32)));
+        assert!(!compatible(&DataType::Int32, &list(DataType::Int32)));
         assert!(!compatible(&utf8(), &DataType::Int32));
     }
 }

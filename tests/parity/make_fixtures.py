@@ -56,6 +56,15 @@ CASES = {
         attention_bias=True, mlp_bias=True,
         tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-5, T=16, seed=4,
     ),
+    # Llama 3.x RoPE scaling (rope_type llama3): with head_dim 8 and original_max_position_embeddings
+    # 64 the four frequencies fall in all three bands (kept, smoothed, divided by factor)
+    "llama3_rope": dict(
+        model_type="llama", vocab_size=53, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        tie_word_embeddings=True, rms_norm_eps=1e-5, T=40, seed=6,
+        rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=64),
+    ),
     # packed row of three segments, llama GQA untied
     "llama_packed": dict(
         model_type="llama", vocab_size=61, hidden_size=32, intermediate_size=48,

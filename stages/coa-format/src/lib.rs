@@ -30,6 +30,6 @@ pub use grammar::{
 pub use parse::{
     char_len, code_source, parse, parse_into, ParseError, ParseErrorKind, Segment, Span,
 };
-pub use prompt::{build_prompt, instruction, write_prompt};
+pub use prompt::{build_prompt, instruction, split_prompt, write_prompt};
 pub use render::{check_observations, check_steps, render, render_to, RenderError, RenderProblem, Rendered};
 pub use tag::{is_known_tool, list_tags, Tag, TagKind, TOOL_NAMES};

@@ -61,6 +61,12 @@ pub fn instruction(suite: &str) -> &'static str {
             Flavor::Code => CODE_INSTRUCTION,
         },
     }
+
+    #[test]
+    fn other_prompts_are_one_user_turn() {
+        assert_eq!(split_prompt("Solve x."), (None, "Solve x."));
+        assert_eq!(split_prompt("A\n\nQuestion: b\n\nQuestion: c"), (Some("A"), "b\n\nQuestion: c"));
+    }
 }
 
 /// Separates the instruction from the question.
@@ -90,6 +96,23 @@ pub fn question_of(prompt: &str) -> Option<&str> {
         .and_then(|rest| rest.strip_prefix(QUESTION_PREFIX))
 }
 
+/// A prompt as chat turns: `(Some(instruction), question)` for a prompt of the shape
+/// [`build_prompt`] writes (`instruction` + [`QUESTION_PREFIX`] + `question`, split at the first
+/// prefix), `(None, prompt)` for any other prompt. Chat templates render the instruction as the
+/// system turn and the question as the user turn.
+pub fn split_prompt(prompt: &str) -> (Option<&str>, &str) {
+    match prompt.split_once(QUESTION_PREFIX) {
+        Some((system, question)) => (Some(system), question),
+        None => (None, prompt),
+    }
+
+    #[test]
+    fn other_prompts_are_one_user_turn() {
+        assert_eq!(split_prompt("Solve x."), (None, "Solve x."));
+        assert_eq!(split_prompt("A\n\nQuestion: b\n\nQuestion: c"), (Some("A"), "b\n\nQuestion: c"));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +136,13 @@ mod tests {
             let p = build_prompt(suite, "What is 2+2?");
             assert!(p.ends_with("\n\nQuestion: What is 2+2?"));
             assert_eq!(question_of(&p), Some("What is 2+2?"));
+            assert_eq!(split_prompt(&p), (Some(inst), "What is 2+2?"));
         }
+    }
+
+    #[test]
+    fn other_prompts_are_one_user_turn() {
+        assert_eq!(split_prompt("Solve x."), (None, "Solve x."));
+        assert_eq!(split_prompt("A\n\nQuestion: b\n\nQuestion: c"), (Some("A"), "b\n\nQuestion: c"));
     }
 }

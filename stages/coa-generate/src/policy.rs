@@ -57,7 +57,7 @@ use coa_rewards::RewardConfig;
 use coa_schemas::rows::{self, Rollout, Task};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{ROLLOUTS, TASKS};
-use coa_tokenize::{encode_row, SpecialChoice, Vocab};
+use coa_tokenize::{encode_row, fit_model, SpecialChoice, TemplateChoice, Vocab};
 use coa_tools::SandboxLimits;
 
 use crate::{positive, seconds};
@@ -84,8 +84,9 @@ fn top_p(s: &str) -> Result<f32, String> {
 #[command(after_help = "Examples:\n  coa-generate policy --checkpoint ckpt -i tasks.parquet --corpus corpus.parquet --n 8 -o rollouts.parquet\n  \
 coa-generate policy --checkpoint ckpt -i tasks.parquet --corpus corpus.parquet --n 8 --oversample --groups 32 | coa-score --tasks tasks.parquet")]
 pub struct PolicyArgs {
-    /// Checkpoint directory: config.json + model.safetensors + tokenizer.json (as coa-train-step saves it).
-    #[arg(long, value_name = "DIR")]
+    /// Checkpoint: an HF directory (config.json + model.safetensors + tokenizer.json, as
+    /// coa-train-step saves it) or a GGUF file (e.g. a pretrained model, the CoA tags then added).
+    #[arg(long, value_name = "DIR|GGUF")]
     checkpoint: PathBuf,
     /// The offline web (written by `coa-generate tasks --corpus-out`); needed when the tasks
     /// include multihop or other web tasks.
@@ -141,6 +142,10 @@ pub struct PolicyArgs {
     /// The EOS token, as given to coa-tokenize: auto, none or a token.
     #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
     eos: SpecialChoice,
+    /// The chat template, as given to coa-tokenize: auto (the checkpoint's: the layout it was
+    /// trained with), none or a FILE.
+    #[arg(long, value_name = "auto|none|FILE", default_value = "auto")]
+    chat_template: TemplateChoice,
     /// Hits per web_search.
     #[arg(long, value_parser = positive, default_value = "5", value_name = "K")]
     search_k: usize,
@@ -572,26 +577,23 @@ pub fn generate(
 // ---------------------------------------------------------------------------------------------
 // the stage
 
-/// The checkpoint's model and vocabulary, checked against each other.
-pub fn load_checkpoint(dir: &Path, bos: &SpecialChoice, eos: &SpecialChoice) -> Result<(Model, Vocab)> {
-    if !dir.is_dir() {
-        bail!("--checkpoint {}: not a directory (expected config.json, model.safetensors and tokenizer.json as coa-train-step saves them)", dir.display());
-    }
-    for f in ["config.json", "tokenizer.json"] {
-        if !dir.join(f).is_file() {
-            bail!("--checkpoint {}: {f} is missing (coa-train-step writes it when given --tokenizer)", dir.display());
+/// The checkpoint's model and vocabulary, fitted to each other: `path` is an HF checkpoint
+/// directory (config.json, model.safetensors, tokenizer.json, as coa-train-step saves them) or
+/// a GGUF file. A pretrained model whose tokenizer lacks the CoA tags gets them, its vocabulary
+/// grown as coa-train-step grows it.
+pub fn load_checkpoint(path: &Path, bos: &SpecialChoice, eos: &SpecialChoice, chat: &TemplateChoice) -> Result<(Model, Vocab)> {
+    if path.is_dir() {
+        for f in ["config.json", "tokenizer.json"] {
+            if !path.join(f).is_file() {
+                bail!("--checkpoint {}: {f} is missing (coa-train-step writes it when given --tokenizer)", path.display());
+            }
         }
+    } else if !path.is_file() {
+        bail!("--checkpoint {}: no such checkpoint directory or GGUF file", path.display());
     }
-    let vocab = Vocab::load(&dir.join("tokenizer.json"), bos, eos).with_context(|| format!("--checkpoint {}", dir.display()))?;
-    let model = Model::load(dir).with_context(|| format!("--checkpoint {}", dir.display()))?;
-    if vocab.size() > model.config.vocab_size {
-        bail!(
-            "--checkpoint {}: tokenizer.json has {} tokens but the model's vocab_size is {}",
-            dir.display(),
-            vocab.size(),
-            model.config.vocab_size
-        );
-    }
+    let vocab = Vocab::load(path, bos, eos, chat).with_context(|| format!("--checkpoint {}", path.display()))?;
+    let mut model = Model::load(path).with_context(|| format!("--checkpoint {}", path.display()))?;
+    fit_model(&mut model, &vocab, true).with_context(|| format!("--checkpoint {}", path.display()))?;
     Ok((model, vocab))
 }
 
@@ -602,8 +604,11 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow!("--threads: {e}"))?;
     }
     stage.set_seed(args.seed);
-    let (model, vocab) = load_checkpoint(&args.checkpoint, &args.bos, &args.eos)?;
-    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+    let (model, vocab) = load_checkpoint(&args.checkpoint, &args.bos, &args.eos, &args.chat_template)?;
+    if args.checkpoint.is_file() {
+        stage.add_input_file(&args.checkpoint);
+    }
+    for f in ["config.json", "model.safetensors", "tokenizer.json", coa_tokenize::CONFIG_FILE] {
         let p = args.checkpoint.join(f);
         if p.exists() {
             stage.add_input_file(&p);

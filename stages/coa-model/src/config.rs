@@ -32,6 +32,65 @@ impl TokenIds {
     }
 }
 
+/// Llama 3.x RoPE scaling (`rope_type: "llama3"`): long wavelengths are divided by `factor`,
+/// short ones kept, and the band between smoothly interpolated, as HF's
+/// `_compute_llama3_parameters` does (in f32).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Rope {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_max_position_embeddings: f32,
+}
+
+impl Llama3Rope {
+    fn from_json(field: &str, obj: &Map<String, Value>) -> Result<Self> {
+        let num = |key: &str| -> Result<f32> {
+            let v = obj.get(key).with_context(|| format!("config field `{field}.{key}` is missing (rope_type llama3)"))?;
+            let x = v.as_f64().with_context(|| format!("config field `{field}.{key}` must be a number, got {v}"))?;
+            if !(x.is_finite() && x > 0.0) {
+                bail!("config field `{field}.{key}` = {x} must be a positive number");
+            }
+            Ok(x as f32)
+        };
+        let r = Llama3Rope {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")?,
+        };
+        if r.high_freq_factor <= r.low_freq_factor {
+            bail!(
+                "config field `{field}`: high_freq_factor {} must exceed low_freq_factor {}",
+                r.high_freq_factor,
+                r.low_freq_factor
+            );
+        }
+        Ok(r)
+    }
+
+    /// The scaled inverse frequencies.
+    pub fn apply(&self, inv_freq: &[f32]) -> Vec<f32> {
+        let low_wavelen = self.original_max_position_embeddings / self.low_freq_factor;
+        let high_wavelen = self.original_max_position_embeddings / self.high_freq_factor;
+        inv_freq
+            .iter()
+            .map(|&f| {
+                let wavelen = 2.0 * std::f32::consts::PI / f;
+                if wavelen < high_wavelen {
+                    f
+                } else if wavelen > low_wavelen {
+                    f / self.factor
+                } else {
+                    let smooth = (self.original_max_position_embeddings / wavelen - self.low_freq_factor)
+                        / (self.high_freq_factor - self.low_freq_factor);
+                    (1.0 - smooth) * f / self.factor + smooth * f
+                }
+            })
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     pub architectures: Vec<String>,
@@ -342,6 +401,28 @@ impl ModelConfig {
         Value::Object(o)
     }
 
+    /// Sets the special token ids a checkpoint's HF files carry: `bos_token_id`, `eos_token_id`
+    /// (kept as is when it already lists `eos`, e.g. Llama 3's several end tokens) and
+    /// `pad_token_id`. `None` leaves a field unchanged.
+    pub fn set_special_ids(&mut self, bos: Option<u32>, eos: Option<u32>, pad: Option<u32>) {
+        if bos.is_some() {
+            self.bos_token_id = bos;
+        }
+        if let Some(e) = eos {
+            if !self.eos_token_id.as_ref().is_some_and(|ids| ids.to_vec().contains(&e)) {
+                self.eos_token_id = Some(TokenIds::One(e));
+            }
+        }
+        if let Some(p) = pad {
+            self.extra.insert("pad_token_id".into(), Value::from(p));
+        }
+    }
+
+    /// `pad_token_id`, when the config has one.
+    pub fn pad_token_id(&self) -> Option<u32> {
+        self.extra.get("pad_token_id").and_then(Value::as_u64).and_then(|p| u32::try_from(p).ok())
+    }
+
     /// Per-head dimension.
     pub fn head_dim(&self) -> usize {
         match self.head_dim {
@@ -349,6 +430,39 @@ impl ModelConfig {
             None if self.num_attention_heads > 0 => self.hidden_size / self.num_attention_heads,
             None => 0,
         }
+    }
+
+    /// The RoPE scaling of this config: none (plain RoPE) or Llama 3's, read from `rope_scaling`
+    /// (transformers v4 layout) or `rope_parameters` (v5). Both stay in `extra` and are written
+    /// back unchanged. Other scalings (linear, dynamic, yarn, ...) are refused, naming the field.
+    pub fn rope_scaling(&self) -> Result<Option<Llama3Rope>> {
+        let mut found = None;
+        for field in ["rope_scaling", "rope_parameters"] {
+            let Some(v) = self.extra.get(field).filter(|v| !v.is_null()) else { continue };
+            let obj = v.as_object().with_context(|| format!("config field `{field}` must be an object, got {v}"))?;
+            let kind = obj.get("rope_type").or_else(|| obj.get("type")).and_then(Value::as_str).unwrap_or("default");
+            match kind {
+                "default" => {}
+                "llama3" => found = Some(Llama3Rope::from_json(field, obj)?),
+                other => bail!("config field `{field}.rope_type` = {other:?} is not supported (only \"default\" and \"llama3\")"),
+            }
+        }
+        Ok(found)
+    }
+
+    /// RoPE inverse frequencies `[head_dim/2]`, with this config's scaling applied.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let inv = crate::ops::rope_inv_freq(self.head_dim(), self.rope_theta);
+        match self.rope_scaling() {
+            Ok(Some(s)) => s.apply(&inv),
+            // validate() refuses a bad scaling before any model is built
+            _ => inv,
+        }
+    }
+
+    /// RoPE tables `cos[T, hd/2]`, `sin[T, hd/2]` of this model for the given positions.
+    pub fn rope_tables(&self, positions: &[u32]) -> (Vec<f32>, Vec<f32>) {
+        crate::ops::rope_tables_from(positions, &self.rope_inv_freq())
     }
 
     /// Whether q/k/v projections carry a bias.
@@ -423,16 +537,7 @@ impl ModelConfig {
         if self.hidden_act != "silu" {
             bail!("config field `hidden_act` = {:?} is not supported (only \"silu\")", self.hidden_act);
         }
-        if let Some(rs) = self.extra.get("rope_scaling") {
-            if !rs.is_null() {
-                bail!("config field `rope_scaling` = {rs} is not supported (only plain RoPE)");
-            }
-        }
-        if let Some(rt) = self.extra.get("rope_parameters").and_then(|p| p.get("rope_type")) {
-            if rt.as_str() != Some("default") {
-                bail!("config field `rope_parameters.rope_type` = {rt} is not supported (only \"default\")");
-            }
-        }
+        self.rope_scaling()?;
         if self.model_type == "qwen2" {
             if let Some(Value::Bool(true)) = self.extra.get("use_sliding_window") {
                 bail!("config field `use_sliding_window` = true is not supported");

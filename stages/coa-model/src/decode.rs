@@ -250,7 +250,7 @@ impl Model {
             ids_all.extend_from_slice(ids);
             positions.extend((p0..p0 + ids.len()).map(|x| x as u32));
         }
-        let (cos, sin) = ops::rope_tables(&positions, hd, c.rope_theta);
+        let (cos, sin) = c.rope_tables(&positions);
         let mut tasks = Vec::new();
         for &(slot, r0, n, p0) in &spans {
             for h in 0..nh {

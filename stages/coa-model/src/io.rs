@@ -214,6 +214,9 @@ impl Model {
                 if ids.len() == 1 { Value::from(ids[0]) } else { Value::from(ids) },
             );
         }
+        if let Some(p) = self.config.pad_token_id() {
+            gen.insert("pad_token_id".into(), Value::from(p));
+        }
         let gen_text = serde_json::to_string_pretty(&Value::Object(gen))? + "\n";
         write_atomic(&dir.join("generation_config.json"), gen_text.as_bytes())?;
         Ok(())

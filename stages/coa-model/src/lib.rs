@@ -17,7 +17,7 @@ pub mod params;
 pub mod rng;
 pub(crate) mod simd;
 
-pub use config::{ModelConfig, TokenIds};
+pub use config::{Llama3Rope, ModelConfig, TokenIds};
 pub use decode::KvCache;
 pub use io::SaveDtype;
 pub use model::{Model, Seq, TokenStats};

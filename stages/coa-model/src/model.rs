@@ -165,7 +165,7 @@ impl Model {
             }
         }
         let (pos, seg_start) = ops::segment_layout(t, seq.segment_ids);
-        let (cos, sin) = ops::rope_tables(&pos, self.config.head_dim(), self.config.rope_theta);
+        let (cos, sin) = self.config.rope_tables(&pos);
         Ok(SeqCtx { t, seg_start, cos, sin })
     }
 
@@ -254,15 +254,32 @@ impl Model {
 
     /// Token statistics only (no backward).
     pub fn token_stats(&self, seq: &Seq) -> Result<TokenStats> {
-        let logits = self.logits(seq)?;
+        self.token_stats_at(seq, None)
+    }
+
+    /// Token statistics of the tokens with `need[t] != 0` (the others 0), the head run on their
+    /// rows only (see [`Model::forward_backward_at`]). `None`: every token.
+    pub fn token_stats_at(&self, seq: &Seq, need: Option<&[u8]>) -> Result<TokenStats> {
+        self.check_layout()?;
         let cx = self.check_seq(seq)?;
-        let v = self.config.vocab_size;
-        let targets = targets_of(seq.input_ids, &cx.seg_start);
-        let mut lp = vec![0f32; cx.t];
-        let mut en = vec![0f32; cx.t];
-        let mut lse = vec![0f32; cx.t];
-        ops::logsoftmax_forward(&mut lp, &mut en, &mut lse, &logits, &targets, v);
-        Ok(shift_stats(&lp, &en))
+        let lay = layout(&self.config);
+        let (d, v) = (self.config.hidden_size, self.config.vocab_size);
+        let head = HeadRows::new(seq.input_ids, &cx.seg_start, need)?;
+        let (x, _) = self.trunk_forward(&lay, seq.input_ids, &cx, false);
+        let mut rstd = vec![0f32; cx.t];
+        let mut hf = vec![0f32; cx.t * d];
+        ops::rmsnorm_forward(&mut hf, &mut rstd, &x, self.p(lay.norm), self.config.rms_norm_eps as f32, d);
+        let hs = head.gather(&hf, d);
+        let n = head.rows.len();
+        let (mut lp, mut en, mut lse) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+        let mut buf = vec![0f32; HEAD_CHUNK_ROWS.min(n) * v];
+        for r0 in (0..n).step_by(HEAD_CHUNK_ROWS) {
+            let r1 = (r0 + HEAD_CHUNK_ROWS).min(n);
+            let z = &mut buf[..(r1 - r0) * v];
+            ops::linear_forward(z, &hs[r0 * d..r1 * d], self.p(self.head_weight(&lay)), None, r1 - r0, d, v);
+            ops::logsoftmax_forward(&mut lp[r0..r1], &mut en[r0..r1], &mut lse[r0..r1], z, &head.targets[r0..r1], v);
+        }
+        Ok(head.token_stats(cx.t, &lp, &en))
     }
 
     /// Forward, then `dloss_dlogp(&stats)` → d loss / d logp[t] (len T), then backward, ADDING
@@ -271,6 +288,21 @@ impl Model {
     pub fn forward_backward(
         &self,
         seq: &Seq,
+        grads: &mut Params,
+        dloss_dlogp: &mut dyn FnMut(&TokenStats) -> Vec<f32>,
+    ) -> Result<TokenStats> {
+        self.forward_backward_at(seq, None, grads, dloss_dlogp)
+    }
+
+    /// [`Model::forward_backward`] where only the tokens with `need[t] != 0` carry a loss: the
+    /// head (logits, log-softmax and their backward) runs on the rows predicting those tokens
+    /// only, their stats are exact, the others' are 0 and their d loss / d logp must be 0. For
+    /// SFT and DAPO `need` is the target mask: prompt and observation tokens (about half of a
+    /// CoA row) cost no head work. `None`: every token.
+    pub fn forward_backward_at(
+        &self,
+        seq: &Seq,
+        need: Option<&[u8]>,
         grads: &mut Params,
         dloss_dlogp: &mut dyn FnMut(&TokenStats) -> Vec<f32>,
     ) -> Result<TokenStats> {
@@ -284,6 +316,7 @@ impl Model {
         let (t, d, v) = (cx.t, c.hidden_size, c.vocab_size);
         let eps = c.rms_norm_eps as f32;
         let ids = seq.input_ids;
+        let head = HeadRows::new(ids, &cx.seg_start, need)?;
 
         // ---- forward
         let (xl, acts) = self.trunk_forward(&lay, ids, &cx, true);
@@ -291,36 +324,37 @@ impl Model {
         let mut hf = vec![0f32; t * d];
         ops::rmsnorm_forward(&mut hf, &mut rstd_f, &xl, self.p(lay.norm), eps, d);
         let wh = self.head_weight(&lay);
-        let targets = targets_of(ids, &cx.seg_start);
-        let mut row_lp = vec![0f32; t];
-        let mut row_en = vec![0f32; t];
-        let mut row_lse = vec![0f32; t];
-        let cache = t * v <= LOGITS_CACHE_LIMIT;
-        // When cached: the full probabilities [T,V]; the head backward then reads them.
+        // The head works on the selected rows only: hs[n, D] = hf[rows].
+        let n = head.rows.len();
+        let hs = head.gather(&hf, d);
+        let mut row_lp = vec![0f32; n];
+        let mut row_en = vec![0f32; n];
+        let mut row_lse = vec![0f32; n];
+        let cache = n * v <= LOGITS_CACHE_LIMIT;
+        // When cached: the probabilities [n,V]; the head backward then reads them.
         let mut logits_cache: Vec<f32> = Vec::new();
         if cache {
-            logits_cache = vec![0f32; t * v];
-            ops::linear_forward(&mut logits_cache, &hf, self.p(wh), None, t, d, v);
+            logits_cache = vec![0f32; n * v];
+            ops::linear_forward(&mut logits_cache, &hs, self.p(wh), None, n, d, v);
             // logits_cache now holds the probabilities
-            ops::logsoftmax_forward_inplace(&mut row_lp, &mut row_en, &mut row_lse, &mut logits_cache, &targets, v);
+            ops::logsoftmax_forward_inplace(&mut row_lp, &mut row_en, &mut row_lse, &mut logits_cache, &head.targets, v);
         } else {
             let mut buf = vec![0f32; HEAD_CHUNK_ROWS * v];
-            for r0 in (0..t).step_by(HEAD_CHUNK_ROWS) {
-                let r1 = (r0 + HEAD_CHUNK_ROWS).min(t);
-                let n = r1 - r0;
-                let z = &mut buf[..n * v];
-                ops::linear_forward(z, &hf[r0 * d..r1 * d], self.p(wh), None, n, d, v);
+            for r0 in (0..n).step_by(HEAD_CHUNK_ROWS) {
+                let r1 = (r0 + HEAD_CHUNK_ROWS).min(n);
+                let z = &mut buf[..(r1 - r0) * v];
+                ops::linear_forward(z, &hs[r0 * d..r1 * d], self.p(wh), None, r1 - r0, d, v);
                 ops::logsoftmax_forward(
                     &mut row_lp[r0..r1],
                     &mut row_en[r0..r1],
                     &mut row_lse[r0..r1],
                     z,
-                    &targets[r0..r1],
+                    &head.targets[r0..r1],
                     v,
                 );
             }
         }
-        let stats = shift_stats(&row_lp, &row_en);
+        let stats = head.token_stats(t, &row_lp, &row_en);
 
         // ---- d loss / d logp
         let dlogp_tok = dloss_dlogp(&stats);
@@ -330,42 +364,48 @@ impl Model {
         if let Some((pos, x)) = dlogp_tok.iter().enumerate().find(|(_, x)| !x.is_finite()) {
             bail!("d loss / d logp at position {pos} is not finite ({x})");
         }
-        // row r predicts token r+1
-        let mut dlogp_row = vec![0f32; t];
-        dlogp_row[..t - 1].copy_from_slice(&dlogp_tok[1..]);
+        if let Some(need) = need {
+            if let Some(pos) = (1..t).find(|&p| need[p] == 0 && dlogp_tok[p] != 0.0 && cx.seg_start[p] != p) {
+                bail!("d loss / d logp at position {pos} is {} but the position was not asked for (need[{pos}] = 0)", dlogp_tok[pos]);
+            }
+        }
+        // selected row k predicts token rows[k] + 1
+        let dlogp_row: Vec<f32> = head.rows.iter().map(|&r| dlogp_tok[r + 1]).collect();
 
         // ---- backward: head
-        let mut dhf = vec![0f32; t * d];
+        let mut dhs = vec![0f32; n * d];
         {
             let gw = &mut grads.tensors[wh].data;
             if cache {
                 // overwrite the probabilities with dlogits
                 let dl = &mut logits_cache;
-                ops::logsoftmax_backward_from_probs(dl, &targets, &dlogp_row, v);
-                ops::linear_backward(Some(&mut dhf), gw, None, dl, &hf, self.p(wh), t, d, v);
+                ops::logsoftmax_backward_from_probs(dl, &head.targets, &dlogp_row, v);
+                ops::linear_backward(Some(&mut dhs), gw, None, dl, &hs, self.p(wh), n, d, v);
             } else {
                 let mut z = vec![0f32; HEAD_CHUNK_ROWS * v];
                 let mut dz = vec![0f32; HEAD_CHUNK_ROWS * v];
-                for r0 in (0..t).step_by(HEAD_CHUNK_ROWS) {
-                    let r1 = (r0 + HEAD_CHUNK_ROWS).min(t);
-                    let n = r1 - r0;
-                    let (zc, dzc) = (&mut z[..n * v], &mut dz[..n * v]);
-                    ops::linear_forward(zc, &hf[r0 * d..r1 * d], self.p(wh), None, n, d, v);
-                    ops::logsoftmax_backward(dzc, zc, &row_lse[r0..r1], &targets[r0..r1], &dlogp_row[r0..r1], v);
+                for r0 in (0..n).step_by(HEAD_CHUNK_ROWS) {
+                    let r1 = (r0 + HEAD_CHUNK_ROWS).min(n);
+                    let m = r1 - r0;
+                    let (zc, dzc) = (&mut z[..m * v], &mut dz[..m * v]);
+                    ops::linear_forward(zc, &hs[r0 * d..r1 * d], self.p(wh), None, m, d, v);
+                    ops::logsoftmax_backward(dzc, zc, &row_lse[r0..r1], &head.targets[r0..r1], &dlogp_row[r0..r1], v);
                     ops::linear_backward(
-                        Some(&mut dhf[r0 * d..r1 * d]),
+                        Some(&mut dhs[r0 * d..r1 * d]),
                         gw,
                         None,
                         dzc,
-                        &hf[r0 * d..r1 * d],
+                        &hs[r0 * d..r1 * d],
                         self.p(wh),
-                        n,
+                        m,
                         d,
                         v,
                     );
                 }
             }
         }
+        let dhf = head.scatter(&dhs, t, d);
+        drop(dhs);
         let mut dx = vec![0f32; t * d];
         ops::rmsnorm_backward(&mut dx, &mut grads.tensors[lay.norm].data, &dhf, &xl, self.p(lay.norm), &rstd_f, d);
         drop(dhf);
@@ -506,12 +546,106 @@ fn targets_of(ids: &[u32], seg_start: &[usize]) -> Vec<Option<u32>> {
     (0..t).map(|r| (r + 1 < t && seg_start[r + 1] != r + 1).then(|| ids[r + 1])).collect()
 }
 
-/// Row statistics (row r about token r+1) → token statistics (token t from row t−1).
-fn shift_stats(row_lp: &[f32], row_en: &[f32]) -> TokenStats {
-    let t = row_lp.len();
-    let mut logp = vec![0f32; t];
-    let mut entropy = vec![0f32; t];
-    logp[1..].copy_from_slice(&row_lp[..t - 1]);
-    entropy[1..].copy_from_slice(&row_en[..t - 1]);
-    TokenStats { logp, entropy }
+/// The rows of the head's work: row r (the prediction of token r+1) is taken when token r+1 is a
+/// target within its segment and, with `need`, asked for.
+struct HeadRows {
+    /// Selected row indices, ascending.
+    rows: Vec<usize>,
+    /// Target of each selected row.
+    targets: Vec<Option<u32>>,
+}
+
+impl HeadRows {
+    fn new(ids: &[u32], seg_start: &[usize], need: Option<&[u8]>) -> Result<HeadRows> {
+        let t = ids.len();
+        if let Some(n) = need {
+            if n.len() != t {
+                bail!("the mask of needed tokens has length {}, the sequence has {t} tokens", n.len());
+            }
+        }
+        let all = targets_of(ids, seg_start);
+        let rows: Vec<usize> = (0..t).filter(|&r| all[r].is_some() && need.is_none_or(|n| n[r + 1] != 0)).collect();
+        let targets = rows.iter().map(|&r| all[r]).collect();
+        Ok(HeadRows { rows, targets })
+    }
+
+    /// `x[T, D]` → its selected rows `[n, D]`.
+    fn gather(&self, x: &[f32], d: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.rows.len() * d);
+        for &r in &self.rows {
+            out.extend_from_slice(&x[r * d..(r + 1) * d]);
+        }
+        out
+    }
+
+    /// Selected rows `[n, D]` → `[T, D]` with zeros elsewhere.
+    fn scatter(&self, xs: &[f32], t: usize, d: usize) -> Vec<f32> {
+        let mut out = vec![0f32; t * d];
+        for (k, &r) in self.rows.iter().enumerate() {
+            out[r * d..(r + 1) * d].copy_from_slice(&xs[k * d..(k + 1) * d]);
+        }
+        out
+    }
+
+    /// Selected-row statistics → token statistics (token r+1 from row r), 0 elsewhere.
+    fn token_stats(&self, t: usize, row_lp: &[f32], row_en: &[f32]) -> TokenStats {
+        let mut logp = vec![0f32; t];
+        let mut entropy = vec![0f32; t];
+        for (k, &r) in self.rows.iter().enumerate() {
+            logp[r + 1] = row_lp[k];
+            entropy[r + 1] = row_en[k];
+        }
+        TokenStats { logp, entropy }
+    }
+}
+
+impl Model {
+    /// Grows the vocabulary to `new_size` ids (a tokenizer with tokens the checkpoint lacks, e.g.
+    /// the CoA tags): the embedding, and an untied head, get a row for every new id, and
+    /// `vocab_size` is updated. Row `id` starts as the mean of the rows of `pieces(id)`, the ids
+    /// the base tokenizer splits that token's text into (`<code>` from `<`, `code`, `>`): so new
+    /// tokens start apart, near what their text meant to the model. (With one shared mean, tags
+    /// tied to the head were still indistinguishable after 3 epochs of SFT.)
+    pub fn grow_vocab(&mut self, new_size: usize, pieces: &mut dyn FnMut(u32) -> Result<Vec<u32>>) -> Result<()> {
+        let old = self.config.vocab_size;
+        if new_size < old {
+            bail!("cannot shrink the vocabulary from {old} to {new_size} ids");
+        }
+        if new_size == old {
+            return Ok(());
+        }
+        let d = self.config.hidden_size;
+        let lay = layout(&self.config);
+        let mut sources = Vec::with_capacity(new_size - old);
+        for id in old..new_size {
+            let p = pieces(id as u32)?;
+            if p.is_empty() {
+                bail!("new token id {id}: its text splits into no base tokens to initialise it from");
+            }
+            if let Some(&bad) = p.iter().find(|&&x| x as usize >= old) {
+                bail!("new token id {id}: its text splits into id {bad}, outside the checkpoint's vocabulary of {old} ids");
+            }
+            sources.push(p);
+        }
+        let grow = |t: &mut Tensor| {
+            let mut data = std::mem::take(&mut t.data);
+            data.reserve((new_size - old) * d);
+            for p in &sources {
+                let mut row = vec![0f64; d];
+                for &id in p {
+                    let s = id as usize * d;
+                    row.iter_mut().zip(&data[s..s + d]).for_each(|(a, &b)| *a += b as f64);
+                }
+                data.extend(row.iter().map(|x| (x / p.len() as f64) as f32));
+            }
+            t.data = data;
+            t.shape[0] = new_size;
+        };
+        grow(&mut self.params.tensors[lay.embed]);
+        if let Some(h) = lay.lm_head {
+            grow(&mut self.params.tensors[h]);
+        }
+        self.config.vocab_size = new_size;
+        self.check_layout()
+    }
 }

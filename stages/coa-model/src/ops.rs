@@ -221,26 +221,37 @@ pub fn rmsnorm_backward(
 // ---------------------------------------------------------------------------------------------
 // RoPE
 
-/// RoPE tables for the given positions: `cos[T, hd/2]`, `sin[T, hd/2]` (returned), with
-/// inv_freq[i] = 1 / theta^(2i/hd) and angle = pos · inv_freq[i], computed in f32 like HF.
-pub fn rope_tables(positions: &[u32], hd: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
-    let half = hd / 2;
-    let inv: Vec<f32> = (0..half)
+/// The default RoPE inverse frequencies `[hd/2]`: inv_freq[i] = 1 / theta^(2i/hd), computed like
+/// HF (`1.0 / base ** (arange(0, hd, 2).float() / hd)`).
+pub fn rope_inv_freq(hd: usize, theta: f64) -> Vec<f32> {
+    (0..hd / 2)
         .map(|i| {
             let e = (2 * i) as f32 / hd as f32;
             (1.0 / (theta as f32 as f64).powf(e as f64)) as f32
         })
-        .collect();
+        .collect()
+}
+
+/// RoPE tables for the given positions and inverse frequencies `inv_freq[hd/2]`:
+/// `cos[T, hd/2]`, `sin[T, hd/2]` (returned), angle = pos · inv_freq[i] in f32 like HF.
+pub fn rope_tables_from(positions: &[u32], inv_freq: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let half = inv_freq.len();
     let mut cos = vec![0f32; positions.len() * half];
     let mut sin = vec![0f32; positions.len() * half];
     for (t, &p) in positions.iter().enumerate() {
-        for i in 0..half {
-            let ang = p as f32 * inv[i];
+        for (i, &f) in inv_freq.iter().enumerate() {
+            let ang = p as f32 * f;
             cos[t * half + i] = (ang as f64).cos() as f32;
             sin[t * half + i] = (ang as f64).sin() as f32;
         }
     }
     (cos, sin)
+}
+
+/// Plain RoPE tables (no scaling) for the given positions: `cos[T, hd/2]`, `sin[T, hd/2]`.
+/// A model's own tables come from [`crate::ModelConfig::rope_tables`], which applies its scaling.
+pub fn rope_tables(positions: &[u32], hd: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    rope_tables_from(positions, &rope_inv_freq(hd, theta))
 }
 
 /// In-place RoPE on `x[T, H*hd]` (HF rotate_half convention: pairs (i, i + hd/2)):

@@ -425,3 +425,106 @@ fn results_do_not_depend_on_the_thread_count() {
         assert!(a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits()), "{}", a.name);
     }
 }
+
+#[test]
+fn grow_vocab_starts_each_new_row_at_its_own_pieces_mean() {
+    for tied in [true, false] {
+        let mut m = Model::init(small_config("llama", tied), 7).unwrap();
+        let before = m.clone();
+        let pieces: Vec<Vec<u32>> = vec![vec![3, 10, 4], vec![3, 11, 12, 4], vec![50]];
+        let mut calls = Vec::new();
+        m.grow_vocab(100, &mut |id| {
+            calls.push(id);
+            Ok(pieces[(id - 97) as usize].clone())
+        })
+        .unwrap();
+        assert_eq!(calls, vec![97, 98, 99]);
+        assert_eq!(m.config.vocab_size, 100);
+        let d = m.config.hidden_size;
+        let heads: &[&str] = if tied { &["model.embed_tokens.weight"] } else { &["model.embed_tokens.weight", "lm_head.weight"] };
+        for name in heads {
+            let (old, new) = (&before.params.get(name).unwrap().data, &m.params.get(name).unwrap().data);
+            assert_eq!(m.params.get(name).unwrap().shape, vec![100, d]);
+            assert_eq!(&new[..97 * d], &old[..], "{name}: old rows unchanged");
+            for (k, p) in pieces.iter().enumerate() {
+                let row = &new[(97 + k) * d..(98 + k) * d];
+                for j in 0..d {
+                    let mean = p.iter().map(|&i| old[i as usize * d + j] as f64).sum::<f64>() / p.len() as f64;
+                    assert!((row[j] as f64 - mean).abs() < 1e-6, "{name} row {k}");
+                }
+            }
+            // rows of different pieces differ (no shared mean)
+            assert_ne!(&new[97 * d..98 * d], &new[98 * d..99 * d]);
+        }
+        // the grown model trains and its ids up to 99 are valid
+        let ids: Vec<u32> = vec![1, 97, 5, 98, 99, 2];
+        let (g, loss) = sft_grads(&m, &ids);
+        assert!(loss.is_finite());
+        assert!(g.get("model.embed_tokens.weight").unwrap().data[97 * d..98 * d].iter().any(|&x| x != 0.0));
+        // saved and loaded, vocab_size is the grown one
+        let dir = tempfile::tempdir().unwrap();
+        m.save(dir.path(), SaveDtype::F32).unwrap();
+        let back = Model::load(dir.path()).unwrap();
+        assert_eq!(back.config.vocab_size, 100);
+        assert_eq!(back.params, m.params);
+    }
+}
+
+#[test]
+fn grow_vocab_refuses_what_it_cannot_do() {
+    let mut m = Model::init(small_config("llama", true), 7).unwrap();
+    let err = |r: anyhow::Result<()>| format!("{:#}", r.unwrap_err());
+    assert!(err(m.grow_vocab(50, &mut |_| Ok(vec![1]))).contains("shrink"));
+    assert!(err(m.grow_vocab(99, &mut |_| Ok(vec![]))).contains("no base tokens"));
+    assert!(err(m.grow_vocab(99, &mut |_| Ok(vec![97]))).contains("outside the checkpoint's vocabulary"));
+    assert!(err(m.grow_vocab(99, &mut |id| anyhow::bail!("no pieces for {id}"))).contains("no pieces for 97"));
+    assert_eq!(m.config.vocab_size, 97, "a failed growth changes nothing");
+    m.grow_vocab(97, &mut |_| unreachable!()).unwrap();
+}
+
+#[test]
+fn special_ids_go_into_both_hf_configs() {
+    let mut m = Model::init(small_config("llama", true), 7).unwrap();
+    m.config.set_special_ids(Some(5), Some(6), Some(6));
+    let dir = tempfile::tempdir().unwrap();
+    m.save(dir.path(), SaveDtype::F32).unwrap();
+    let read = |f: &str| -> Value { serde_json::from_str(&std::fs::read_to_string(dir.path().join(f)).unwrap()).unwrap() };
+    for f in ["config.json", "generation_config.json"] {
+        let c = read(f);
+        assert_eq!((c["bos_token_id"].as_u64(), c["eos_token_id"].as_u64(), c["pad_token_id"].as_u64()), (Some(5), Some(6), Some(6)), "{f}");
+    }
+    // an EOS already in a list of end tokens keeps the list
+    m.config.eos_token_id = Some(TokenIds::Many(vec![6, 8]));
+    m.config.set_special_ids(None, Some(8), None);
+    assert_eq!(m.config.eos_token_id, Some(TokenIds::Many(vec![6, 8])));
+    m.config.set_special_ids(None, Some(9), None);
+    assert_eq!(m.config.eos_token_id, Some(TokenIds::One(9)));
+}
+
+#[test]
+fn llama3_rope_scaling_is_parsed_from_either_layout_and_refuses_others() {
+    let base = r#""architectures":["LlamaForCausalLM"],"model_type":"llama","vocab_size":50,"hidden_size":32,
+        "intermediate_size":40,"num_hidden_layers":1,"num_attention_heads":4"#;
+    let v4 = format!(r#"{{{base},"rope_theta":10000.0,"rope_scaling":{{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":64}}}}"#);
+    let v5 = format!(r#"{{{base},"rope_parameters":{{"rope_type":"llama3","rope_theta":10000.0,"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":64}}}}"#);
+    let a: ModelConfig = serde_json::from_str(&v4).unwrap();
+    let b: ModelConfig = serde_json::from_str(&v5).unwrap();
+    a.validate().unwrap();
+    b.validate().unwrap();
+    let s = a.rope_scaling().unwrap().unwrap();
+    assert_eq!(Some(s), b.rope_scaling().unwrap());
+    // hd 8, theta 1e4: wavelengths 6.3 (kept), 62.8 (smoothed), 628 and 6283 (divided by 8)
+    let plain = coa_model::ops::rope_inv_freq(8, 1e4);
+    let scaled = a.rope_inv_freq();
+    assert_eq!(scaled[0], plain[0]);
+    assert!(scaled[1] < plain[1] && scaled[1] > plain[1] / 8.0);
+    assert!((scaled[2] - plain[2] / 8.0).abs() < 1e-12 && (scaled[3] - plain[3] / 8.0).abs() < 1e-12);
+    // written back unchanged
+    assert_eq!(serde_json::to_value(&a).unwrap()["rope_scaling"]["rope_type"], "llama3");
+    let yarn = format!(r#"{{{base},"rope_scaling":{{"rope_type":"yarn","factor":4.0}}}}"#);
+    let c: ModelConfig = serde_json::from_str(&yarn).unwrap();
+    assert!(format!("{:#}", c.validate().unwrap_err()).contains("rope_scaling.rope_type"));
+    let missing = format!(r#"{{{base},"rope_scaling":{{"rope_type":"llama3","factor":8.0}}}}"#);
+    let c: ModelConfig = serde_json::from_str(&missing).unwrap();
+    assert!(format!("{:#}", c.validate().unwrap_err()).contains("low_freq_factor"));
+}

@@ -126,6 +126,18 @@ fn parity_llama_packed() {
 /// A packed row equals its segments run one by one: logits row by row, and gradients summed
 /// (with the per-segment losses weighted by the same global token count).
 #[test]
+fn parity_llama3_rope() {
+    check_case("llama3_rope");
+    // The case would not catch a model that ignored the scaling: plain RoPE gives other logits.
+    let f = load_fixture("llama3_rope");
+    let mut plain = f.model.clone();
+    plain.config.extra.remove("rope_parameters");
+    let seq = Seq::new(&f.ids);
+    let (a, b) = (f.model.logits(&seq).unwrap(), plain.logits(&seq).unwrap());
+    assert!(rel_err(&b, &a) > 1e-3, "llama3 scaling changes the logits: {:.2e}", rel_err(&b, &a));
+}
+
+#[test]
 fn packed_equals_separate_sequences() {
     let f = load_fixture("llama_packed");
     let seg = f.segment_ids.clone().unwrap();

@@ -3,6 +3,9 @@
 //! **Layout** (no chat template): `[BOS…] prompt "\n" text [EOS]`. The prompt and the separator are
 //! conditioning (mask 0), as is the BOS; the text is what the model writes (mask 1) except its
 //! observation spans (mask 0); the EOS is a target (mask 1) so the model learns to stop.
+//! With a chat template (see [`crate::chat`]): `template(system, user, generation prompt) text
+//! [EOS]`, the rendered prefix conditioning (mask 0); for a ChatML model the EOS is `<|im_end|>`,
+//! which closes the assistant turn.
 //!
 //! **Segments.** The mask comes from character offsets, never from token patterns: the sequence
 //! is cut into segments at the prompt/text boundary and at every observation span boundary, each
@@ -94,6 +97,15 @@ pub fn char_to_byte(text: &str, chars: &[usize]) -> Vec<usize> {
     out
 }
 
+/// The conditioning text before the model's text: the prompt and [`PROMPT_SEPARATOR`], or, with
+/// a chat template, the prompt's system and user turns and the generation prompt.
+pub fn prompt_segment(vocab: &Vocab, prompt: &str) -> Result<String, String> {
+    match &vocab.chat {
+        Some(t) => t.prefix(prompt).map_err(|e| format!("{e:#}")),
+        None => Ok(format!("{prompt}{PROMPT_SEPARATOR}")),
+    }
+}
+
 /// Encodes one row. `starts`/`ends` are checked character spans (see [`check_spans`]).
 pub fn encode_row(vocab: &Vocab, prompt: &str, text: &str, starts: &[i32], ends: &[i32]) -> Result<Encoded, String> {
     let mut chars = Vec::with_capacity(starts.len() * 2);
@@ -103,9 +115,7 @@ pub fn encode_row(vocab: &Vocab, prompt: &str, text: &str, starts: &[i32], ends:
     }
     let bytes = char_to_byte(text, &chars);
 
-    let mut prompt_seg = String::with_capacity(prompt.len() + PROMPT_SEPARATOR.len());
-    prompt_seg.push_str(prompt);
-    prompt_seg.push_str(PROMPT_SEPARATOR);
+    let prompt_seg = prompt_segment(vocab, prompt)?;
 
     // (segment, mask) in order; empty segments dropped.
     let mut segments: Vec<(&str, u8, bool)> = Vec::with_capacity(2 + bytes.len());
@@ -159,7 +169,7 @@ pub fn encode_row(vocab: &Vocab, prompt: &str, text: &str, starts: &[i32], ends:
 /// The tokenizer's own encoding of the joined sequence (BOS + `prompt "\n" text` + EOS): what
 /// [`encode_row`]'s ids are compared with under `--verify-joined`.
 pub fn encode_joined(vocab: &Vocab, prompt: &str, text: &str) -> Result<Vec<u32>, String> {
-    let joined = format!("{prompt}{PROMPT_SEPARATOR}{text}");
+    let joined = format!("{}{text}", prompt_segment(vocab, prompt)?);
     let enc = vocab.tokenizer.encode_fast(joined.as_str(), false).map_err(|e| format!("tokenizing: {e}"))?;
     let mut ids = vocab.bos.clone();
     ids.extend_from_slice(enc.get_ids());

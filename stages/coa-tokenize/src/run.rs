@@ -15,14 +15,15 @@ use serde_json::json;
 use crate::encode::{check_spans, encode_joined, encode_row, Encoded};
 use crate::pack::{apply_max_len, Fate, OutRow, Overlong, Packer};
 use crate::table::{build_batch, InputBatch};
-use crate::vocab::{SpecialChoice, Vocab};
+use crate::vocab::{SpecialChoice, TemplateChoice, Vocab};
 
 /// The stage's own flags (the IO flags are [`IoArgs`]).
 #[derive(Debug, Clone, clap::Args)]
 pub struct TokenizeArgs {
-    /// Load this HF `tokenizer.json` (Qwen/Llama style); the CoA tags are added as special tokens
-    /// where missing.
-    #[arg(long, value_name = "FILE", conflicts_with = "train_bpe", required_unless_present = "train_bpe")]
+    /// Load this tokenizer: an HF `tokenizer.json` (with the `tokenizer_config.json` beside it,
+    /// if any), a directory holding them (an HF checkpoint), or a GGUF model file. The CoA tags
+    /// are added as tokens where missing.
+    #[arg(long, value_name = "FILE|DIR|GGUF", conflicts_with = "train_bpe", required_unless_present = "train_bpe")]
     pub tokenizer: Option<PathBuf>,
     /// Train a byte-level BPE on the input (prompt and text) first, then tokenize with it
     /// (needs --save-tokenizer).
@@ -34,9 +35,14 @@ pub struct TokenizeArgs {
     /// Minimum pair count for a BPE merge (--train-bpe).
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub min_frequency: u64,
-    /// Write the tokenizer used (trained, or loaded with the tags added) as a tokenizer.json.
+    /// Write the tokenizer used (trained, or loaded with the tags added) as a tokenizer.json,
+    /// with the tokenizer_config.json HF tools read beside it (special tokens, chat template).
     #[arg(long, value_name = "FILE")]
     pub save_tokenizer: Option<PathBuf>,
+    /// Render the prompt with a chat template: `auto` (the tokenizer's own, when it has one),
+    /// `none` (the plain layout `[BOS] prompt "\n" text [EOS]`), or a Jinja template FILE.
+    #[arg(long, value_name = "auto|none|FILE", default_value = "auto")]
+    pub chat_template: TemplateChoice,
     /// Token(s) before the prompt: `auto` (what the tokenizer's post-processor prepends, e.g.
     /// Llama's BOS; nothing for Qwen2 and trained vocabularies), `none`, or a token.
     #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
@@ -66,37 +72,46 @@ pub struct TokenizeArgs {
     pub threads: Option<usize>,
 }
 
-/// A file written under a temporary name, renamed into place by [`PendingFile::commit`], removed
-/// if dropped uncommitted (a failing run leaves no partial output).
-struct PendingFile {
-    tmp: PathBuf,
-    dest: PathBuf,
+/// The tokenizer files (`tokenizer.json` at the `--save-tokenizer` path, `tokenizer_config.json`
+/// beside it) written under temporary names, renamed into place by [`PendingFiles::commit`],
+/// removed if dropped uncommitted (a failing run leaves no partial output).
+struct PendingFiles {
+    /// (temporary, destination)
+    files: Vec<(PathBuf, PathBuf)>,
     done: bool,
 }
 
-impl PendingFile {
-    fn tokenizer(dest: &Path, vocab: &Vocab) -> Result<PendingFile> {
+impl PendingFiles {
+    fn tokenizer(dest: &Path, vocab: &Vocab) -> Result<PendingFiles> {
         if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = dest.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-        let file = PendingFile { tmp, dest: dest.to_path_buf(), done: false };
-        vocab.save(&file.tmp)?;
-        Ok(file)
+        let mut pending = PendingFiles { files: Vec::new(), done: false };
+        let [(_, tokenizer), (config_name, config)] = vocab.hf_files()?;
+        for (dest, text) in [(dest.to_path_buf(), tokenizer), (dest.with_file_name(config_name), config)] {
+            let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let tmp = dest.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+            pending.files.push((tmp.clone(), dest));
+            std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+        }
+        Ok(pending)
     }
 
     fn commit(mut self) -> Result<()> {
-        std::fs::rename(&self.tmp, &self.dest).with_context(|| format!("writing {}", self.dest.display()))?;
+        for (tmp, dest) in &self.files {
+            std::fs::rename(tmp, dest).with_context(|| format!("writing {}", dest.display()))?;
+        }
         self.done = true;
         Ok(())
     }
 }
 
-impl Drop for PendingFile {
+impl Drop for PendingFiles {
     fn drop(&mut self) {
         if !self.done {
-            let _ = std::fs::remove_file(&self.tmp);
+            for (tmp, _) in &self.files {
+                let _ = std::fs::remove_file(tmp);
+            }
         }
     }
 }
@@ -144,9 +159,9 @@ pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs) -> Result<()> {
     } else {
         let path = args.tokenizer.as_deref().ok_or_else(|| anyhow!("pass --tokenizer FILE or --train-bpe"))?;
         stage.add_input_file(path);
-        Vocab::load(path, &args.bos, &args.eos)?
+        Vocab::load(path, &args.bos, &args.eos, &args.chat_template)?
     };
-    let pending = args.save_tokenizer.as_deref().map(|p| PendingFile::tokenizer(p, &vocab)).transpose()?;
+    let pending = args.save_tokenizer.as_deref().map(|p| PendingFiles::tokenizer(p, &vocab)).transpose()?;
 
     let schema = TOKENS.schema();
     let mut writer = stage.create(io.output.as_deref(), io.format, &schema)?;
@@ -214,6 +229,7 @@ pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs) -> Result<()> {
     stage.note("vocab_size", vocab.size());
     stage.note("tags_added", vocab.tags_added);
     stage.note("bos", json!(vocab.bos));
+    stage.note("chat_template", vocab.chat.is_some());
     stage.note("eos", json!(vocab.eos));
     stage.note("tokens", counts.tokens);
     stage.note("targets", counts.targets);

@@ -386,7 +386,7 @@ fn binary_trains_saves_and_tokenizes_in_one_run() {
     let size = summary["vocab_size"].as_u64().unwrap();
     assert!(size > 23 + 256 + 100 && size <= 600, "{size}");
     // The saved file reloads to the same ids.
-    let v = Vocab::load(&f.tok, &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
+    let v = Vocab::load(&f.tok, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
     assert_eq!(v.tags_added, 0);
     for (row, t) in f.rows.iter().zip(&full) {
         assert_eq!(t.task_id, row.0);
@@ -426,7 +426,7 @@ fn max_len_drops_or_truncates_outside_observations() {
     let cut = read_tokens(&out);
     assert_eq!(s["truncated"].as_u64().unwrap() + s["dropped_overlong"].as_u64().unwrap(), too_long as u64);
     assert!(s["truncated"].as_u64().unwrap() > 0);
-    let v = Vocab::load(&f.tok, &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
+    let v = Vocab::load(&f.tok, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
     let (obs_open, obs_close) = (v.tokenizer.token_to_id("<observation>").unwrap() as i32, v.tokenizer.token_to_id("</observation>").unwrap() as i32);
     for t in &cut {
         let orig = full.iter().find(|o| o.task_id == t.task_id).unwrap();
@@ -500,7 +500,7 @@ fn a_foreign_tokenizer_gets_the_tags_and_its_bos_eos() {
     let path = dir.path().join("tokenizer.json");
     fresh.save(&path, false).unwrap();
 
-    let v = Vocab::load(&path, &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
+    let v = Vocab::load(&path, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
     assert_eq!(v.tags_added, tag_strings().len());
     assert_eq!(v.bos, vec![bos]);
     assert_eq!(v.eos, Some(eos));
@@ -518,13 +518,13 @@ fn a_foreign_tokenizer_gets_the_tags_and_its_bos_eos() {
     let s = run_ok(bin().arg("-i").arg(&input).arg("--tokenizer").arg(&path).arg("--save-tokenizer").arg(&saved).arg("-o").arg(dir.path().join("o.parquet")));
     assert_eq!(s["tags_added"], tag_strings().len());
     assert_eq!(s["bos"], serde_json::json!([bos]));
-    let reloaded = Vocab::load(&saved, &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
+    let reloaded = Vocab::load(&saved, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
     assert_eq!(reloaded.tags_added, 0);
     assert_eq!(reloaded.tag_ids, v.tag_ids);
     // `--eos none` drops the EOS; an unknown --eos token is an error naming it.
-    let v = Vocab::load(&path, &"auto".parse().unwrap(), &"none".parse().unwrap()).unwrap();
+    let v = Vocab::load(&path, &"auto".parse().unwrap(), &"none".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
     assert_eq!(v.eos, None);
-    let e = Vocab::load(&path, &"auto".parse().unwrap(), &"<|nope|>".parse().unwrap()).err().unwrap();
+    let e = Vocab::load(&path, &"auto".parse().unwrap(), &"<|nope|>".parse().unwrap(), &"auto".parse().unwrap()).err().unwrap();
     assert!(format!("{e}").contains("<|nope|>"), "{e}");
 }
 
@@ -570,4 +570,131 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
     assert!(err.contains("--tokenizer"), "{err}");
     let err = run_err(bin().arg("-i").arg(&f.input).arg("--tokenizer").arg(f.dir.join("nope.json")).arg("-o").arg(&out));
     assert!(err.contains("nope.json"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tags as HF non-special added tokens; the HF tokenizer files; chat templates; growth pieces.
+
+#[test]
+fn tags_survive_skip_special_tokens_and_the_hf_config_says_so() {
+    let v = trained(&corpus(), 600);
+    let text = "<think>a</think><code>\nprint(1)\n</code><answer>\\boxed{7}</answer>";
+    let mut ids = v.tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+    ids.push(v.eos.unwrap());
+    // EOS is special and dropped; every tag is kept (verl and vLLM decode this way).
+    assert_eq!(v.tokenizer.decode(&ids, true).unwrap(), text);
+    assert_eq!(v.tokenizer.decode(&ids, false).unwrap(), format!("{text}<|endoftext|>"));
+
+    let config: serde_json::Value = serde_json::from_str(&v.tokenizer_config_json().unwrap()).unwrap();
+    assert_eq!(config["eos_token"], "<|endoftext|>");
+    assert_eq!(config["pad_token"], "<|endoftext|>");
+    assert!(config["chat_template"].as_str().unwrap().contains("Question: "));
+    let decoder = config["added_tokens_decoder"].as_object().unwrap();
+    assert_eq!(decoder.len(), 1 + tag_strings().len());
+    for (t, id) in tag_strings().iter().zip(&v.tag_ids) {
+        let e = &decoder[&id.to_string()];
+        assert_eq!(e["content"], *t);
+        assert_eq!(e["special"], false, "{t}");
+        assert_eq!(e["normalized"], false, "{t}");
+    }
+    assert_eq!(decoder["0"]["special"], true);
+}
+
+#[test]
+fn saved_tokenizer_files_reload_to_the_same_layout() {
+    let v = trained(&corpus(), 600);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    v.save(&path).unwrap();
+    assert!(dir.path().join(coa_tokenize::CONFIG_FILE).is_file());
+    // The saved plain-layout template renders the same ids as the plain layout itself.
+    let with_template = Vocab::load(&path, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
+    let plain = Vocab::load(&path, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &"none".parse().unwrap()).unwrap();
+    assert!(with_template.chat.is_some() && plain.chat.is_none());
+    assert_eq!(with_template.tag_ids, v.tag_ids);
+    for row in corpus().iter().take(6) {
+        let (s, e) = spans_of(row);
+        let a = encode_row(&with_template, &row.1, &row.2, &s, &e).unwrap();
+        let b = encode_row(&plain, &row.1, &row.2, &s, &e).unwrap();
+        let c = encode_row(&v, &row.1, &row.2, &s, &e).unwrap();
+        assert_eq!(a, b, "{}", row.0);
+        assert_eq!(b, c, "{}", row.0);
+    }
+}
+
+/// A ChatML tokenizer (SmolLM2 / Qwen style): `<|im_start|>`, `<|im_end|>` special, a template.
+fn chatml_tokenizer(dir: &Path) -> PathBuf {
+    use tokenizers::AddedToken;
+    let base = trained(&corpus(), 600);
+    let mut t = base.tokenizer.clone();
+    t.add_special_tokens([AddedToken::from("<|im_start|>", true), AddedToken::from("<|im_end|>", true)]).unwrap();
+    let path = dir.join("tokenizer.json");
+    t.save(&path, false).unwrap();
+    let template = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+    let config = serde_json::json!({"eos_token": "<|im_end|>", "bos_token": "<|im_start|>", "pad_token": "<|im_end|>", "chat_template": template});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn chat_template_layout_renders_turns_and_ends_the_assistant_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = chatml_tokenizer(dir.path());
+    let v = Vocab::load(&path, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
+    let im_end = v.tokenizer.token_to_id("<|im_end|>").unwrap();
+    assert_eq!(v.eos, Some(im_end));
+    assert!(v.bos.is_empty(), "the template writes its own markers");
+    let row = &corpus()[1];
+    let (s, e) = spans_of(row);
+    let enc = encode_row(&v, &row.1, &row.2, &s, &e).unwrap();
+    let (system, question) = coa_format::split_prompt(&row.1);
+    let prefix = format!("<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n", system.unwrap());
+    let want_prefix = v.tokenizer.encode(prefix.as_str(), false).unwrap().get_ids().to_vec();
+    assert_eq!(&enc.ids[..enc.prompt_len as usize], want_prefix.as_slice());
+    assert!(enc.mask[..enc.prompt_len as usize].iter().all(|&m| m == 0));
+    assert_eq!(*enc.ids.last().unwrap(), im_end);
+    assert_eq!(*enc.mask.last().unwrap(), 1);
+    // The whole row is the tokenizer's encoding of the joined string.
+    let joined = encode_joined(&v, &row.1, &row.2).unwrap();
+    assert_eq!(enc.ids, joined);
+    // --chat-template none: the plain layout; a template file: that template.
+    let none = Vocab::load(&path, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &"none".parse().unwrap()).unwrap();
+    assert!(none.chat.is_none());
+    let file = dir.path().join("t.jinja");
+    std::fs::write(&file, "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}").unwrap();
+    let custom = Vocab::load(&path, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &coa_tokenize::TemplateChoice::File(file)).unwrap();
+    let enc = encode_row(&custom, "Sys\n\nQuestion: Q?", "<answer>x</answer>", &[], &[]).unwrap();
+    let prefix = custom.tokenizer.decode(&enc.ids[..enc.prompt_len as usize], false).unwrap();
+    assert_eq!(prefix, "[system]Sys[user]Q?[assistant]");
+    // The saved config keeps the template that was used.
+    let config: serde_json::Value = serde_json::from_str(&v.tokenizer_config_json().unwrap()).unwrap();
+    assert!(config["chat_template"].as_str().unwrap().starts_with("{% for message in messages %}"));
+    assert_eq!(config["eos_token"], "<|im_end|>");
+}
+
+#[test]
+fn base_pieces_split_a_tag_with_the_base_vocabulary() {
+    let v = trained(&corpus(), 600);
+    let think = v.tokenizer.token_to_id("<think>").unwrap();
+    let pieces = v.base_pieces(think).unwrap().unwrap();
+    assert!(pieces.len() >= 2, "{pieces:?}");
+    assert!(pieces.iter().all(|&p| (p as usize) < v.base_size && !v.tag_ids.contains(&p)));
+    let text: String = pieces.iter().map(|&p| v.tokenizer.decode(&[p], false).unwrap()).collect();
+    assert_eq!(text, "<think>");
+    // Different tags start from different pieces; a base token has none.
+    let close = v.base_pieces(v.tokenizer.token_to_id("</think>").unwrap()).unwrap().unwrap();
+    assert_ne!(pieces, close);
+    assert_eq!(v.base_pieces(5).unwrap(), None);
+}
+
+#[test]
+fn template_errors_name_the_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = chatml_tokenizer(dir.path());
+    let file = dir.path().join("bad.jinja");
+    std::fs::write(&file, "{% for m in messages %}").unwrap();
+    let e = Vocab::load(&path, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &coa_tokenize::TemplateChoice::File(file)).err().unwrap();
+    assert!(format!("{e:#}").contains("chat template"), "{e:#}");
+    let e = Vocab::load(&path, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &coa_tokenize::TemplateChoice::File(dir.path().join("nope.jinja"))).err().unwrap();
+    assert!(format!("{e:#}").contains("nope.jinja"), "{e:#}");
 }

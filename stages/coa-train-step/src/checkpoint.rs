@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! DIR/config.json, model.safetensors, generation_config.json   the model (coa-model writes them)
-//! DIR/tokenizer.json                                            when the tokenizer is known
+//! DIR/tokenizer.json, tokenizer_config.json                      when the tokenizer is known
 //! DIR/optimizer.safetensors   exp_avg.<param>, exp_avg_sq.<param> (f32), and master.<param> (f32)
 //!                             when model.safetensors was saved in bf16 (--save-dtype bf16)
 //! DIR/trainer_state.json      step, data cursor + RNG state, schedule, optimizer and batch
@@ -213,29 +213,4 @@ pub fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) 
         }
     }
     result.with_context(|| format!("writing checkpoint {}", dir.display()))
-}
-
-/// The vocabulary size of a HF `tokenizer.json`: one more than the largest id of the model's
-/// vocabulary and its added tokens.
-pub fn tokenizer_vocab_size(path: &Path) -> Result<usize> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("--tokenizer {}: cannot read", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("--tokenizer {}: not JSON", path.display()))?;
-    let mut max: Option<u64> = None;
-    let mut bump = |id: Option<u64>| {
-        if let Some(id) = id {
-            max = Some(max.map_or(id, |m: u64| m.max(id)));
-        }
-    };
-    if let Some(vocab) = v.pointer("/model/vocab") {
-        match vocab {
-            serde_json::Value::Object(map) => map.values().for_each(|id| bump(id.as_u64())),
-            // Unigram: a list of [piece, score]; ids are positions.
-            serde_json::Value::Array(list) if !list.is_empty() => bump(Some(list.len() as u64 - 1)),
-            _ => {}
-        }
-    }
-    if let Some(serde_json::Value::Array(added)) = v.get("added_tokens") {
-        added.iter().for_each(|t| bump(t.get("id").and_then(|i| i.as_u64())));
-    }
-    max.map(|m| m as usize + 1).ok_or_else(|| anyhow!("--tokenizer {}: no `model.vocab` or `added_tokens` ids found (not a HF tokenizer.json?)", path.display()))
 }

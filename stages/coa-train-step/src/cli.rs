@@ -10,6 +10,7 @@ use arrow::array::{Array, ArrayRef, Float32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
 use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
 use coa_model::{Model, ModelConfig, SaveDtype};
+use coa_tokenize::{fit_model, SpecialChoice, TemplateChoice, Vocab};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::METRICS;
 
@@ -56,8 +57,13 @@ pub struct TrainArgs {
     /// Vocabulary size of a preset model (default: from --tokenizer).
     #[arg(long, value_name = "N")]
     pub vocab_size: Option<usize>,
-    /// The tokenizer.json the tokens were made with; copied into every saved checkpoint.
-    #[arg(long, value_name = "FILE")]
+    /// The tokenizer the tokens were made with (a tokenizer.json as `coa-tokenize
+    /// --save-tokenizer` writes it, with its tokenizer_config.json beside it, or a directory or
+    /// GGUF file holding one; default: the one in --init / --resume). Saved into every
+    /// checkpoint. When it has more tokens than the --init model (e.g. the CoA tags added to a
+    /// pretrained tokenizer), the embedding and an untied head grow to its size, each new row
+    /// the mean of the rows of the token's text as the base tokenizer splits it.
+    #[arg(long, value_name = "FILE|DIR|GGUF")]
     pub tokenizer: Option<PathBuf>,
     /// Continue the run saved in this checkpoint directory exactly.
     #[arg(long, value_name = "DIR")]
@@ -151,18 +157,26 @@ fn pick<T: PartialEq + std::fmt::Debug + Copy>(flag: &str, given: Option<T>, sav
     }
 }
 
-fn check_tokenizer_fits(tokenizer: Option<&Path>, vocab_size: usize) -> Result<()> {
-    if let Some(tok) = tokenizer {
-        let n = checkpoint::tokenizer_vocab_size(tok)?;
-        if n > vocab_size {
-            bail!("--tokenizer {} has {n} tokens but the model's vocab_size is {vocab_size}", tok.display());
+/// Loads the tokenizer a checkpoint carries, as the stages that made its tokens resolved it.
+fn load_vocab(path: &Path) -> Result<Vocab> {
+    Vocab::load(path, &SpecialChoice::Auto, &SpecialChoice::Auto, &TemplateChoice::Auto).with_context(|| format!("tokenizer {}", path.display()))
+}
+
+/// The tokenizer of a run: --tokenizer, else the one inside the checkpoint it starts from.
+fn run_vocab(args: &TrainArgs) -> Result<Option<Vocab>> {
+    if let Some(t) = &args.tokenizer {
+        return load_vocab(t).map(Some);
+    }
+    for dir in [&args.resume, &args.init].into_iter().flatten() {
+        if dir.join(checkpoint::TOKENIZER_FILE).is_file() {
+            return load_vocab(dir).map(Some);
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Builds the model of a fresh run from --init or --init-config.
-fn fresh_model(args: &TrainArgs, seed: u64) -> Result<(Model, String)> {
+fn fresh_model(args: &TrainArgs, vocab: Option<&Vocab>, seed: u64) -> Result<(Model, String)> {
     if let Some(dir) = &args.init {
         let model = Model::load(dir).with_context(|| format!("--init {}", dir.display()))?;
         if let Some(v) = args.vocab_size {
@@ -176,9 +190,9 @@ fn fresh_model(args: &TrainArgs, seed: u64) -> Result<(Model, String)> {
         bail!("give --init DIR (HF checkpoint), --init-config tiny|small|FILE (fresh model) or --resume DIR");
     };
     let config = if spec == "tiny" || spec == "small" {
-        let vocab = match (args.vocab_size, &args.tokenizer) {
+        let vocab = match (args.vocab_size, vocab) {
             (Some(v), _) => v,
-            (None, Some(tok)) => checkpoint::tokenizer_vocab_size(tok)?,
+            (None, Some(v)) => v.rows_needed(),
             (None, None) => bail!("--init-config {spec}: give --vocab-size N or --tokenizer tokenizer.json for the vocabulary size"),
         };
         ModelConfig::preset(spec, vocab).with_context(|| format!("--init-config {spec}"))?
@@ -308,32 +322,28 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let schedule = Schedule::new(lr, min_lr, warmup, total_steps)?;
     let settings = Settings { objective, seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens };
 
-    let mut tokenizer = args.tokenizer.clone();
+    // Read now: --save may replace the directory it comes from (--resume DIR --save DIR).
+    let vocab = run_vocab(args)?;
     let (mut trainer, origin) = match &args.resume {
         Some(dir) => {
             let mut t = Trainer::load(dir, &data)?;
             t.state.micro_batch_tokens = micro_batch_tokens;
             t.objective = objective;
-            if tokenizer.is_none() && dir.join(checkpoint::TOKENIZER_FILE).exists() {
-                tokenizer = Some(dir.join(checkpoint::TOKENIZER_FILE));
-            }
             (t, format!("resume {} at step {}", dir.display(), saved.as_ref().map(|s| s.step).unwrap_or(0)))
         }
         None => {
-            let (model, origin) = fresh_model(args, seed)?;
-            if tokenizer.is_none() {
-                if let Some(dir) = &args.init {
-                    if dir.join(checkpoint::TOKENIZER_FILE).exists() {
-                        tokenizer = Some(dir.join(checkpoint::TOKENIZER_FILE));
-                    }
+            let (mut model, origin) = fresh_model(args, vocab.as_ref(), seed)?;
+            if let Some(v) = &vocab {
+                if fit_model(&mut model, v, args.init.is_some())? {
+                    eprintln!("coa-train-step: vocabulary grown to the tokenizer's {} ids (new rows: the mean of each token's base pieces)", model.config.vocab_size);
                 }
             }
             (Trainer::new(model, &settings, &data)?, origin)
         }
     };
-    // When --save is the directory the tokenizer comes from (--resume DIR --save DIR), the file is
-    // copied into the new temporary directory before the old checkpoint is replaced.
-    check_tokenizer_fits(tokenizer.as_deref(), trainer.model.config.vocab_size)?;
+    if let Some(v) = &vocab {
+        fit_model(&mut trainer.model, v, false)?;
+    }
     data.check_model_fit(trainer.model.config.vocab_size, trainer.model.config.max_position_embeddings)?;
     let supported = coa_kernels::model::check_supported(&trainer.model.config);
     let device = match gpu_for_model(device, args.device, supported, "trains this model").map_err(|e| anyhow!("{e}"))? {
@@ -418,14 +428,14 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         }
         if let (Some(every), Some(dir)) = (args.save_every, &args.save) {
             if r.step % every == 0 && r.step != stop_at {
-                trainer.save(dir, tokenizer.as_deref(), save_dtype)?;
+                trainer.save(dir, vocab.as_ref(), save_dtype)?;
             }
         }
         reports.push(r);
     }
     let wall = started.elapsed().as_secs_f64();
     if let Some(dir) = &args.save {
-        trainer.save(dir, tokenizer.as_deref(), save_dtype)?;
+        trainer.save(dir, vocab.as_ref(), save_dtype)?;
         stage.note("checkpoint", dir.display().to_string());
     }
     let batch = metrics_batch(objective.name(), &reports)?;

@@ -20,6 +20,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use coa_kernels::GpuModel;
 use coa_model::{Model, Params, SaveDtype, Seq};
+use coa_tokenize::Vocab;
 use rayon::prelude::*;
 
 use crate::checkpoint::{self, DataInfo, LogPoint, TrainerState};
@@ -149,16 +150,27 @@ impl Trainer {
     /// Writes the checkpoint directory atomically. The weights for resuming are always exact
     /// f32 (in model.safetensors, or in optimizer.safetensors as `master.*` when the HF file is
     /// bf16). On CUDA the masters and moments are downloaded first: the format is the CPU's.
-    pub fn save(&mut self, dir: &Path, tokenizer: Option<&Path>, dtype: SaveDtype) -> Result<()> {
+    /// With a tokenizer, its HF files (`tokenizer.json`, `tokenizer_config.json`) are written too
+    /// and its BOS/EOS/pad ids go into `config.json` and `generation_config.json`, so HF
+    /// `generate`, vLLM and verl use the checkpoint unchanged.
+    pub fn save(&mut self, dir: &Path, tokenizer: Option<&Vocab>, dtype: SaveDtype) -> Result<()> {
         self.sync_from_cuda()?;
+        let tokenizer_files = match tokenizer {
+            Some(v) => {
+                let (bos, eos, pad) = v.special_ids();
+                self.model.config.set_special_ids(bos, eos, pad);
+                Some(v.hf_files()?)
+            }
+            None => None,
+        };
         let with_master = !matches!(dtype, SaveDtype::F32);
         let params: Vec<(String, Vec<usize>, &[f32])> = self.model.params.tensors.iter().map(|t| (t.name.clone(), t.shape.clone(), t.data.as_slice())).collect();
         let opt = checkpoint::optimizer_bytes(&params, &self.moments, self.state.step, with_master)?;
         let state = serde_json::to_string_pretty(&self.state)?;
         checkpoint::write_dir_atomically(dir, |tmp| {
             self.model.save(tmp, dtype)?;
-            if let Some(tok) = tokenizer {
-                std::fs::copy(tok, tmp.join(checkpoint::TOKENIZER_FILE)).with_context(|| format!("copying {}", tok.display()))?;
+            for (name, text) in tokenizer_files.iter().flatten() {
+                std::fs::write(tmp.join(name), text).with_context(|| format!("writing {name}"))?;
             }
             std::fs::write(tmp.join(checkpoint::OPTIMIZER_FILE), &opt)?;
             std::fs::write(tmp.join(checkpoint::STATE_FILE), format!("{state}\n"))?;
@@ -175,9 +187,11 @@ impl Trainer {
         let model = &self.model;
         data.examples.par_iter_mut().try_for_each(|ex| -> Result<()> {
             let seq = Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref() };
-            let old = model.token_stats(&seq).with_context(|| format!("row {} (task_id {:?}): old log-probs", ex.row, ex.task_id))?.logp;
+            // only the targets' log-probs enter the loss
+            let need = ex.target_mask();
+            let old = model.token_stats_at(&seq, Some(&need)).with_context(|| format!("row {} (task_id {:?}): old log-probs", ex.row, ex.task_id))?.logp;
             let refl = match reference {
-                Some(m) => Some(m.token_stats(&seq).with_context(|| format!("row {} (task_id {:?}): reference log-probs", ex.row, ex.task_id))?.logp),
+                Some(m) => Some(m.token_stats_at(&seq, Some(&need)).with_context(|| format!("row {} (task_id {:?}): reference log-probs", ex.row, ex.task_id))?.logp),
                 None => None,
             };
             let Some(rl) = ex.rl.as_mut() else { bail!("row {} (task_id {:?}): --objective dapo needs scored rollouts", ex.row, ex.task_id) };
@@ -225,7 +239,7 @@ impl Trainer {
                         }
                     };
                     model
-                        .forward_backward(&seq, &mut g, &mut dloss)
+                        .forward_backward_at(&seq, Some(&mask), &mut g, &mut dloss)
                         .with_context(|| format!("step {step}: row {} (task_id {:?})", ex.row, ex.task_id))?;
                     if let Some(e) = failed {
                         return Err(e);
