@@ -149,20 +149,12 @@ fn linear_split(out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, r_mult
         return;
     }
     let (out, x) = (&mut out[r_multi * o..r * o], &x[r_multi * i..r * i]);
-    const CHUNK: usize = 32;
-    let outp = SendPtr(out.as_mut_ptr());
-    (0..o.div_ceil(CHUNK)).into_par_iter().for_each(|ch| {
-        let outp = outp;
-        for oo in ch * CHUNK..((ch + 1) * CHUNK).min(o) {
-            let wr = &w[oo * i..(oo + 1) * i];
-            let bias = b.map_or(0.0, |b| b[oo]);
-            for t in 0..rs {
-                let y = crate::simd::dot(&x[t * i..(t + 1) * i], wr) + bias;
-                // SAFETY: column oo of `out` is written by this task alone; t < rs, oo < o.
-                unsafe { *outp.0.add(t * o + oo) = y };
-            }
+    crate::simd::linear_rows(out, x, w, rs, i, o);
+    if let Some(b) = b {
+        for row in out.chunks_mut(o) {
+            row.iter_mut().zip(b).for_each(|(y, bb)| *y += bb);
         }
-    });
+    }
 }
 
 impl Model {

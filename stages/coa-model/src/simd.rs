@@ -256,3 +256,115 @@ mod tests {
         assert!((s - want).abs() < 1e-5 * want);
     }
 }
+
+/// `out[R,O] = x[R,I] @ w[O,I]ᵀ` (written) for a few rows R (a decode step): every output is an
+/// 8-lane dot product of its row and weight row, lanes summed in a fixed order, so a row's result
+/// does not depend on the other rows. The AVX2+FMA kernel computes blocks of up to 3 rows × 4
+/// outputs in registers: each weight vector loaded feeds 3 rows, each row vector 4 outputs, and
+/// the weights are read straight from memory (no packing: at a few rows, packing them would cost
+/// as much as the products). Parallel over blocks of 64 outputs.
+pub fn linear_rows(out: &mut [f32], x: &[f32], w: &[f32], r: usize, i: usize, o: usize) {
+    use rayon::prelude::*;
+    assert!(out.len() == r * o && x.len() == r * i && w.len() == o * i, "linear_rows: shapes");
+    const CHUNK: usize = 64;
+    #[derive(Clone, Copy)]
+    struct Out(*mut f32);
+    unsafe impl Send for Out {}
+    unsafe impl Sync for Out {}
+    let outp = Out(out.as_mut_ptr());
+    (0..o.div_ceil(CHUNK)).into_par_iter().for_each(|ch| {
+        let outp = outp;
+        let (o0, o1) = (ch * CHUNK, ((ch + 1) * CHUNK).min(o));
+        let mut oo = o0;
+        while oo < o1 {
+            let no = (o1 - oo).min(4);
+            let mut t = 0;
+            while t < r {
+                let nr = (r - t).min(3);
+                let mut acc = [[0f32; 4]; 3];
+                dots_block(&x[t * i..(t + nr) * i], &w[oo * i..(oo + no) * i], i, nr, no, &mut acc);
+                for (rr, row) in acc.iter().enumerate().take(nr) {
+                    for (k, &v) in row.iter().enumerate().take(no) {
+                        // SAFETY: (t + rr, oo + k) is inside out, and column oo + k belongs to this
+                        // chunk's task alone.
+                        unsafe { *outp.0.add((t + rr) * o + oo + k) = v };
+                    }
+                }
+                t += nr;
+            }
+            oo += no;
+        }
+    });
+}
+
+/// Dot products of `nr` rows of `x[nr, I]` with `no` rows of `w[no, I]` into `acc[row][out]`.
+fn dots_block(x: &[f32], w: &[f32], i: usize, nr: usize, no: usize, acc: &mut [[f32; 4]; 3]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the features; slices hold nr·I and no·I values.
+            unsafe { dots_block_avx2(x, w, i, nr, no, acc) };
+            return;
+        }
+    }
+    for r in 0..nr {
+        for k in 0..no {
+            let (xr, wr) = (&x[r * i..(r + 1) * i], &w[k * i..(k + 1) * i]);
+            let mut lanes = [0f32; 8];
+            let n8 = i / 8 * 8;
+            for j in (0..n8).step_by(8) {
+                for l in 0..8 {
+                    lanes[l] = xr[j + l].mul_add(wr[j + l], lanes[l]);
+                }
+            }
+            let mut s = hsum8(&lanes);
+            for j in n8..i {
+                s += xr[j] * wr[j];
+            }
+            acc[r][k] = s;
+        }
+    }
+}
+
+/// The fixed lane order of every 8-lane sum: (0+4, 1+5, 2+6, 3+7), then (a+c, b+d), then the two.
+#[inline(always)]
+fn hsum8(l: &[f32; 8]) -> f32 {
+    let q = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+    let p = [q[0] + q[2], q[1] + q[3]];
+    p[0] + p[1]
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_block_avx2(x: &[f32], w: &[f32], i: usize, nr: usize, no: usize, acc: &mut [[f32; 4]; 3]) {
+    use std::arch::x86_64::*;
+    let n8 = i / 8 * 8;
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    let mut a = [[_mm256_setzero_ps(); 4]; 3];
+    // Rows and outputs beyond nr / no point at row 0 / output 0 (valid memory); their sums are
+    // not returned.
+    let xr: [*const f32; 3] = std::array::from_fn(|r| xp.add(if r < nr { r * i } else { 0 }));
+    let wr: [*const f32; 4] = std::array::from_fn(|k| wp.add(if k < no { k * i } else { 0 }));
+    let mut j = 0;
+    while j < n8 {
+        let xv = [_mm256_loadu_ps(xr[0].add(j)), _mm256_loadu_ps(xr[1].add(j)), _mm256_loadu_ps(xr[2].add(j))];
+        for k in 0..4 {
+            let wv = _mm256_loadu_ps(wr[k].add(j));
+            a[0][k] = _mm256_fmadd_ps(xv[0], wv, a[0][k]);
+            a[1][k] = _mm256_fmadd_ps(xv[1], wv, a[1][k]);
+            a[2][k] = _mm256_fmadd_ps(xv[2], wv, a[2][k]);
+        }
+        j += 8;
+    }
+    for r in 0..nr {
+        for k in 0..no {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), a[r][k]);
+            let mut s = hsum8(&lanes);
+            for jj in n8..i {
+                s += *xr[r].add(jj) * *wr[k].add(jj);
+            }
+            acc[r][k] = s;
+        }
+    }
+}
