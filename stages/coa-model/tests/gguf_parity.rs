@@ -36,7 +36,7 @@ fn reference(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
-fn sha256_lines<'a>(lines: impl Iterator<Item = String>) -> String {
+fn sha256_lines(lines: impl Iterator<Item = String>) -> String {
     let mut h = Sha256::new();
     for l in lines {
         h.update(l.as_bytes());

@@ -393,7 +393,7 @@ impl GgufFile {
             2 | 3 => {}
             1 => bail!("{}: GGUF version 1 is not supported (expected version 2 or 3; re-convert the model with a current llama.cpp)", path.display()),
             v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
-                bail!("{}: big-endian GGUF files are not supported (expected a little-endian GGUF v2 or v3)", path.display())
+                bail!("{}: big-endian GGUF files are not supported (expected a little-endian GGUF, version 2 or 3)", path.display())
             }
             v => bail!("{}: unknown GGUF version {v} (expected 2 or 3)", path.display()),
         }

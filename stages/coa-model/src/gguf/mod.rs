@@ -238,7 +238,7 @@ pub fn unpermute_qk_rows(gguf: &[f32], n_head: usize, cols: usize) -> Result<Vec
 }
 
 fn reorder_qk_rows(data: &[f32], n_head: usize, cols: usize, to_hf: bool) -> Result<Vec<f32>> {
-    if cols == 0 || n_head == 0 || data.len() % cols != 0 || (data.len() / cols) % (2 * n_head) != 0 {
+    if cols == 0 || n_head == 0 || !data.len().is_multiple_of(cols) || !(data.len() / cols).is_multiple_of(2 * n_head) {
         bail!("cannot split {} values into {n_head} heads of an even number of rows of {cols}", data.len());
     }
     let head_rows = data.len() / cols / n_head;
@@ -296,7 +296,8 @@ pub fn load_model(file: &GgufFile) -> Result<Model> {
     if let Some(i) = present.iter().position(|p| !p) {
         let want: Vec<usize> = specs[i].shape.iter().rev().copied().collect();
         bail!(
-            "{path}: missing the tensor for {} (dims {want:?}) of the model in the metadata ({})",
+            "{path}: missing tensor `{}` (dims {want:?}) for {} of the model in the metadata ({})",
+            gguf_name(&specs[i].name).unwrap_or_default(),
             specs[i].name,
             describe()
         );
