@@ -22,7 +22,13 @@ fn main() -> Result<()> {
     }
     let path = path.context("usage: gguf_info FILE.gguf [--tokenizer-json OUT.json]")?;
     let file = GgufFile::open(&path)?;
-    println!("GGUF v{}, {} metadata keys, {} tensors, alignment {}", file.version, file.metadata.len(), file.tensors.len(), file.alignment);
+    println!(
+        "GGUF v{}, {} metadata keys, {} tensors, alignment {}",
+        file.version,
+        file.metadata.len(),
+        file.tensors.len(),
+        file.alignment
+    );
     println!("{}", serde_json::to_string_pretty(&gguf::model_config(&file)?.to_json())?);
     let tok = gguf::tokenizer::from_gguf(&file)?;
     println!("specials: {:?}", tok.specials);

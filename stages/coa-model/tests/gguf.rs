@@ -67,7 +67,8 @@ fn every_type_dequantizes_to_hand_computed_values() {
     let want_q4: Vec<f32> = nibbles.iter().map(|n| 2.0 * (n - 8.0)).collect();
     assert_eq!(read("q4_0"), want_q4);
     let d2 = 1638.0f32 / 16384.0; // f16(0.1)
-    let want_q41: Vec<f32> = nibbles.iter().map(|n| 0.25 * n - 1.0).chain(nibbles.iter().map(|n| d2 * n + 3.0)).collect();
+    let want_q41: Vec<f32> =
+        nibbles.iter().map(|n| 0.25 * n - 1.0).chain(nibbles.iter().map(|n| d2 * n + 3.0)).collect();
     assert_eq!(read("q4_1"), want_q41);
 }
 
@@ -329,7 +330,11 @@ fn unsupported_tensor_type_names_tensor_and_type() {
 }
 
 /// Rewrites the test model's file with `edit` applied to the metadata and tensors.
-fn edited(dir: &Path, name: &str, edit: impl Fn(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<u64>, Vec<f32>)>)) -> PathBuf {
+fn edited(
+    dir: &Path,
+    name: &str,
+    edit: impl Fn(&mut Vec<(String, Value)>, &mut Vec<(String, Vec<u64>, Vec<f32>)>),
+) -> PathBuf {
     let base = write(dir, &format!("base_{name}"), &gguf_of(&random_model("llama", true)));
     let f = GgufFile::open(&base).unwrap();
     let mut meta = f.metadata.clone();
@@ -370,17 +375,26 @@ fn shape_mismatch_missing_and_unexpected_tensors_are_named() {
     });
     let e = load_err(&p);
     assert!(
-        e.contains("shape.gguf") && e.contains("blk.1.attn_v.weight") && e.contains("[16, 32]") && e.contains("[32, 16]")
+        e.contains("shape.gguf")
+            && e.contains("blk.1.attn_v.weight")
+            && e.contains("[16, 32]")
+            && e.contains("[32, 16]")
             && e.contains("model.layers.1.self_attn.v_proj.weight"),
         "{e}"
     );
     let p = edited(dir.path(), "missing.gguf", |_, tensors| tensors.retain(|t| t.0 != "blk.0.ffn_gate.weight"));
     let e = load_err(&p);
-    assert!(e.contains("missing.gguf") && e.contains("model.layers.0.mlp.gate_proj.weight") && e.contains("[32, 64]"), "{e}");
-    let p = edited(dir.path(), "extra.gguf", |_, tensors| tensors.push(("blk.0.attn_rot_embd".into(), vec![4], vec![0.0; 4])));
+    assert!(
+        e.contains("missing.gguf") && e.contains("model.layers.0.mlp.gate_proj.weight") && e.contains("[32, 64]"),
+        "{e}"
+    );
+    let p = edited(dir.path(), "extra.gguf", |_, tensors| {
+        tensors.push(("blk.0.attn_rot_embd".into(), vec![4], vec![0.0; 4]))
+    });
     let e = load_err(&p);
     assert!(e.contains("extra.gguf") && e.contains("unexpected tensor `blk.0.attn_rot_embd`"), "{e}");
-    let p = edited(dir.path(), "rope.gguf", |_, tensors| tensors.push(("rope_freqs.weight".into(), vec![4], vec![1.0; 4])));
+    let p =
+        edited(dir.path(), "rope.gguf", |_, tensors| tensors.push(("rope_freqs.weight".into(), vec![4], vec![1.0; 4])));
     let e = load_err(&p);
     assert!(e.contains("rope.gguf") && e.contains("rope_freqs.weight") && e.contains("not supported"), "{e}");
     let p = edited(dir.path(), "nan.gguf", |_, tensors| tensors[3].2[5] = f32::NAN);
@@ -404,7 +418,9 @@ fn metadata_errors_are_named() {
     });
     let e = load_err(&p);
     assert!(e.contains("badbos.gguf") && e.contains("tokenizer.ggml.bos_token_id") && e.contains("5000"), "{e}");
-    let p = edited(dir.path(), "scaled.gguf", |meta, _| meta.push(("llama.rope.scaling.type".into(), Value::String("linear".into()))));
+    let p = edited(dir.path(), "scaled.gguf", |meta, _| {
+        meta.push(("llama.rope.scaling.type".into(), Value::String("linear".into())))
+    });
     let e = load_err(&p);
     assert!(e.contains("scaled.gguf") && e.contains("rope scaling"), "{e}");
 }

@@ -108,7 +108,8 @@ fn check_tokenizer(ckpt: &GgufCheckpoint, want: &Value) {
 /// Logits of every prompt; returns the largest relative error seen.
 fn check_logits(ckpt: &GgufCheckpoint, want: &Value, tol: f64) -> f64 {
     let v = ckpt.model.config.vocab_size;
-    let columns: Vec<usize> = want["columns"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let columns: Vec<usize> =
+        want["columns"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
     let mut worst = 0f64;
     for p in want["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
@@ -127,7 +128,10 @@ fn check_logits(ckpt: &GgufCheckpoint, want: &Value, tol: f64) -> f64 {
             let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
             let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
             let want_lse = p["logsumexp"][r].as_f64().unwrap();
-            assert!((lse - want_lse).abs() <= tol * want_lse.abs().max(1.0), "prompt {name} position {pos}: logsumexp {lse} vs HF {want_lse}");
+            assert!(
+                (lse - want_lse).abs() <= tol * want_lse.abs().max(1.0),
+                "prompt {name} position {pos}: logsumexp {lse} vs HF {want_lse}"
+            );
             let hf_argmax = p["argmax"][r].as_u64().unwrap() as usize;
             assert!(
                 row[hf_argmax] as f64 >= max - tol * max.abs().max(1.0),
@@ -196,7 +200,14 @@ fn smollm2_matches_hf() {
     let c = &ckpt.model.config;
     assert_eq!(c.model_type, "llama");
     assert_eq!(
-        (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim(), c.intermediate_size),
+        (
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim(),
+            c.intermediate_size
+        ),
         (30, 576, 9, 3, 64, 1536)
     );
     assert!(c.tie_word_embeddings);
@@ -218,7 +229,9 @@ fn smollm2_matches_hf() {
     let mut logits = m.prefill(&mut cache, 0, &ids).unwrap();
     let mut gen = Vec::new();
     for _ in 0..want_gen.len() {
-        let next = logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |a, (i, &x)| if x > a.1 { (i, x) } else { a }).0 as u32;
+        let next =
+            logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |a, (i, &x)| if x > a.1 { (i, x) } else { a }).0
+                as u32;
         gen.push(next);
         logits = m.decode_step(&mut cache, &[0], &[next]).unwrap();
     }

@@ -24,10 +24,9 @@ pub fn to_f32(ty: GgmlType, bytes: &[u8]) -> Option<Vec<f32>> {
     Some(match ty {
         GgmlType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
         GgmlType::F16 => bytes.chunks_exact(2).map(|b| f16(b[0], b[1])).collect(),
-        GgmlType::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
-            .collect(),
+        GgmlType::BF16 => {
+            bytes.chunks_exact(2).map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)).collect()
+        }
         GgmlType::Q8_0 => blocks(bytes, 34, |b, out| {
             let d = f16(b[0], b[1]);
             for (o, &q) in out.iter_mut().zip(&b[2..34]) {

@@ -130,8 +130,10 @@ impl Value {
     }
 }
 
-const TYPE_NAMES: [&str; 13] =
-    ["UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "FLOAT32", "BOOL", "STRING", "ARRAY", "UINT64", "INT64", "FLOAT64"];
+const TYPE_NAMES: [&str; 13] = [
+    "UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "FLOAT32", "BOOL", "STRING", "ARRAY", "UINT64", "INT64",
+    "FLOAT64",
+];
 
 /// A tensor's element type: ggml's `enum ggml_type` id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -374,7 +376,8 @@ impl GgufFile {
         }
         // SAFETY: the map is read-only; like every mmap reader (safetensors, llama.cpp), we rely on
         // the file not being truncated by another process while it is open.
-        let bytes = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("memory-mapping {}", path.display()))?;
+        let bytes =
+            unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("memory-mapping {}", path.display()))?;
         Self::parse(path, bytes)
     }
 
@@ -532,7 +535,12 @@ impl GgufFile {
             None => Ok(None),
             Some(v) => match f(v) {
                 Some(x) => Ok(Some(x)),
-                None => bail!("{}: metadata `{key}` is {} {}, expected {expected}", self.path.display(), v.type_name(), short(v)),
+                None => bail!(
+                    "{}: metadata `{key}` is {} {}, expected {expected}",
+                    self.path.display(),
+                    v.type_name(),
+                    short(v)
+                ),
             },
         }
     }

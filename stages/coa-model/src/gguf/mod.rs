@@ -114,7 +114,10 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig> {
     let key = |k: &str| format!("{arch}.{k}");
     if let Some(kind) = file.get_str(&key("rope.scaling.type"))? {
         if kind != "none" {
-            bail!("{path}: metadata `{}` is {kind:?}; rope scaling is not supported (plain RoPE only)", key("rope.scaling.type"));
+            bail!(
+                "{path}: metadata `{}` is {kind:?}; rope scaling is not supported (plain RoPE only)",
+                key("rope.scaling.type")
+            );
         }
     }
     let mut c = Map::new();
@@ -129,7 +132,8 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig> {
     ] {
         c.insert(hf.into(), json!(file.req_u64(&key(gguf))?));
     }
-    let mut optional = vec![("num_key_value_heads", "attention.head_count_kv"), ("max_position_embeddings", "context_length")];
+    let mut optional =
+        vec![("num_key_value_heads", "attention.head_count_kv"), ("max_position_embeddings", "context_length")];
     if arch == "llama" {
         // transformers reads head_dim from rope.dimension_count for llama only.
         optional.push(("head_dim", "rope.dimension_count"));
@@ -148,7 +152,9 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig> {
         Some(v) => v,
         None => match file.get_array("tokenizer.ggml.tokens")? {
             Some(tokens) => tokens.len() as u64,
-            None => bail!("{path}: neither `{}` nor `tokenizer.ggml.tokens` gives the vocabulary size", key("vocab_size")),
+            None => {
+                bail!("{path}: neither `{}` nor `tokenizer.ggml.tokens` gives the vocabulary size", key("vocab_size"))
+            }
         },
     };
     c.insert("vocab_size".into(), json!(vocab_size));
@@ -168,7 +174,8 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig> {
             c.insert(hf.into(), json!(v));
         }
     }
-    let config = ModelConfig::from_json(&Json::Object(c)).with_context(|| format!("{path}: the model config from its metadata"))?;
+    let config = ModelConfig::from_json(&Json::Object(c))
+        .with_context(|| format!("{path}: the model config from its metadata"))?;
     config.validate().with_context(|| format!("{path}: the model config from its metadata"))?;
     Ok(config)
 }
@@ -317,7 +324,8 @@ pub fn load_model(file: &GgufFile) -> Result<Model> {
             };
             if let (true, Some(n_head)) = (unpermute, heads) {
                 let cols = if t.dims.len() == 2 { t.dims[0] as usize } else { 1 };
-                data = unpermute_qk_rows(&data, n_head, cols).with_context(|| format!("{path}: tensor `{}`", t.name))?;
+                data =
+                    unpermute_qk_rows(&data, n_head, cols).with_context(|| format!("{path}: tensor `{}`", t.name))?;
             }
             if let Some(pos) = data.iter().position(|x| !x.is_finite()) {
                 bail!("{path}: tensor `{}` has a non-finite value at flat index {pos}", t.name);

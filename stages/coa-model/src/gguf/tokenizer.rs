@@ -22,8 +22,6 @@
 //! Only byte-level BPE vocabularies (`tokenizer.ggml.model` = "gpt2": Llama 3, Qwen2, SmolLM, ...)
 //! are built; SentencePiece ("llama") and others are refused with a message naming the model.
 
-use std::collections::HashMap;
-
 use anyhow::{anyhow, bail, Context, Result};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -112,27 +110,40 @@ fn byte_to_char() -> [char; 256] {
 /// The tokenizer, special tokens and chat template of `file`.
 pub fn from_gguf(file: &GgufFile) -> Result<GgufTokenizer> {
     let path = file.path().display();
-    let model = file.get_str("tokenizer.ggml.model")?.with_context(|| format!("{path}: metadata `tokenizer.ggml.model` is missing: the file has no tokenizer"))?;
+    let model = file
+        .get_str("tokenizer.ggml.model")?
+        .with_context(|| format!("{path}: metadata `tokenizer.ggml.model` is missing: the file has no tokenizer"))?;
     if model != "gpt2" {
         bail!(
             "{path}: metadata `tokenizer.ggml.model` is {model:?}; only \"gpt2\" (byte-level BPE: Llama 3, Qwen2, SmolLM) is supported{}",
             if model == "llama" { " (\"llama\" is a SentencePiece vocabulary)" } else { "" }
         );
     }
-    let tokens = string_array(file, "tokenizer.ggml.tokens")?.with_context(|| format!("{path}: metadata `tokenizer.ggml.tokens` is missing"))?;
-    let merges = string_array(file, "tokenizer.ggml.merges")?.with_context(|| format!("{path}: metadata `tokenizer.ggml.merges` is missing (a byte-level BPE needs its merges)"))?;
+    let tokens = string_array(file, "tokenizer.ggml.tokens")?
+        .with_context(|| format!("{path}: metadata `tokenizer.ggml.tokens` is missing"))?;
+    let merges = string_array(file, "tokenizer.ggml.merges")?.with_context(|| {
+        format!("{path}: metadata `tokenizer.ggml.merges` is missing (a byte-level BPE needs its merges)")
+    })?;
     let token_types: Vec<i64> = match file.get_array("tokenizer.ggml.token_type")? {
         None => Vec::new(),
         Some(a) => a
             .iter()
             .enumerate()
-            .map(|(i, v)| v.as_i64().with_context(|| format!("{path}: metadata `tokenizer.ggml.token_type` element {i} is {}, expected an integer", v.type_name())))
+            .map(|(i, v)| {
+                v.as_i64().with_context(|| {
+                    format!(
+                        "{path}: metadata `tokenizer.ggml.token_type` element {i} is {}, expected an integer",
+                        v.type_name()
+                    )
+                })
+            })
             .collect::<Result<_>>()?,
     };
 
     let spelling = byte_to_char();
-    let in_alphabet = |t: &str| t.chars().all(|c| spelling.contains(&c));
-    let mut vocab: HashMap<String, u32> = HashMap::with_capacity(tokens.len());
+    let alphabet = ByteLevel::alphabet();
+    let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
+    let mut vocab = Vocab::with_capacity(tokens.len());
     for (id, t) in tokens.iter().enumerate() {
         let key = if in_alphabet(t) { t.to_string() } else { t.bytes().map(|b| spelling[b as usize]).collect() };
         vocab.insert(key, id as u32);
@@ -146,12 +157,14 @@ pub fn from_gguf(file: &GgufFile) -> Result<GgufTokenizer> {
         })
         .collect::<Result<Vec<_>>>()?;
     let bpe = BPE::builder()
-        .vocab_and_merges(vocab.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vocab>(), merges)
+        .vocab_and_merges(vocab, merges)
         .continuing_subword_prefix(String::new())
         .end_of_word_suffix(String::new())
         .fuse_unk(false)
         .build()
-        .map_err(|e| anyhow!("{path}: building the BPE from `tokenizer.ggml.tokens` and `tokenizer.ggml.merges`: {e}"))?;
+        .map_err(|e| {
+            anyhow!("{path}: building the BPE from `tokenizer.ggml.tokens` and `tokenizer.ggml.merges`: {e}")
+        })?;
     let mut tokenizer = Tokenizer::new(bpe);
 
     let pre = file.get_str("tokenizer.ggml.pre")?;
@@ -174,7 +187,9 @@ pub fn from_gguf(file: &GgufFile) -> Result<GgufTokenizer> {
         let Some(id) = file.get_u64(key)? else { return Ok(None) };
         match tokens.get(id as usize) {
             Some(t) => Ok(Some(SpecialToken { id: id as u32, content: t.to_string() })),
-            None => bail!("{path}: metadata `{key}` = {id} is not a token id (the vocabulary has {} tokens)", tokens.len()),
+            None => {
+                bail!("{path}: metadata `{key}` = {id} is not a token id (the vocabulary has {} tokens)", tokens.len())
+            }
         }
     };
     let specials = SpecialTokens {
@@ -255,7 +270,11 @@ fn string_array<'a>(file: &'a GgufFile, key: &str) -> Result<Option<Vec<&'a str>
         .enumerate()
         .map(|(i, v)| match v {
             Value::String(s) => Ok(s.as_str()),
-            other => bail!("{}: metadata `{key}` element {i} is {}, expected a STRING", file.path().display(), other.type_name()),
+            other => bail!(
+                "{}: metadata `{key}` element {i} is {}, expected a STRING",
+                file.path().display(),
+                other.type_name()
+            ),
         })
         .collect::<Result<Vec<_>>>()
         .map(Some)
