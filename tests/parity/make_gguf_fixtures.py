@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""GGUF parity fixtures: what HF transformers reads from GGUF files, for the Rust GGUF import
+(stages/coa-model/tests/gguf_parity.rs). Runs on demand, not in CI; its outputs are committed.
+
+    make model        # fetch SmolLM2-135M-Instruct.Q4_1.gguf into .cache/models/ (optional)
+    .venv-torch/bin/python tests/parity/make_gguf_fixtures.py [--smollm2 PATH]
+
+Writes tests/parity/fixtures/gguf/:
+
+  tiny_llama.gguf, tiny_qwen2.gguf
+      Two tiny random models converted to GGUF here as llama.cpp's converter would (gguf-py
+      writer; llama q/k rows permuted), their tensors spread over F32, F16, BF16, Q8_0, Q4_0 and
+      Q4_1, each with a small byte-level BPE vocabulary (control tokens, user-defined tokens, a
+      token needing respelling; tiny_llama has no <|endoftext|>, adds BOS and uses GPT-2's split;
+      tiny_qwen2 uses the qwen2 split regex, a pad token and a ChatML template).
+  tiny_llama.json, tiny_qwen2.json, smollm2.json
+      HF transformers' view of each file (AutoConfig / AutoTokenizer / AutoModelForCausalLM with
+      gguf_file=..., float32, eager attention, CPU): the config; the tokenizer.json it derives,
+      with model.vocab and model.merges replaced by SHA-256 digests (the whole vocabulary would be
+      2 MB for SmolLM2); the ids of TEXTS; logits of a few prompts at some positions (a fixed
+      subset of vocabulary columns, plus each row's log-sum-exp and argmax); for SmolLM2 also
+      the greedy continuation of the chat prompt. smollm2.json is written only when the file is
+      found (--smollm2, default .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf).
+
+Digests (so Rust can recompute them from its own tokenizer.json): vocab = SHA-256 of
+"<id>\\t<token>\\n" for every entry sorted by id then token; merges = SHA-256 of "<a> <b>\\n" per
+merge in order.
+
+Needs the torch venv (bench/requirements-torch.txt: torch, transformers, gguf).
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+from make_fixtures import randomize_parameters
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+OUT = os.path.join(HERE, "fixtures", "gguf")
+SMOLLM2_DEFAULT = os.path.join(REPO, ".cache", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+# Texts whose token ids must match exactly: digits, runs of spaces, newlines, unicode, code,
+# contractions, the ChatML and think tokens (whole and glued to text), empty and blank strings.
+TEXTS = [
+    "Hello world",
+    " leading space and trailing space ",
+    "digits 1234567890, 3.14159 and 1e-5; 17 * 23 = 391",
+    "multiple   spaces\tand\ttabs  \t ",
+    "new\nlines\n\n\nand\r\nCRLF\r\n",
+    "unicode: café naïve Straße 日本語のテキスト Ελληνικά emoji 🙂👍🏽 ü€",
+    "def f(x):\n    return x**2  # square\n\nprint(f(17 * 23))\n",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n",
+    "<think>reasoning here</think> the answer<|im_end|>",
+    "a<|im_end|>b<|im_start|>c<|endoftext|>d",
+    "<|endoftext|>",
+    "don't I'll we've they'RE",
+    "   ",
+    "",
+    "\u00a0non-breaking\u200bzero-width",
+    "{\"json\": [1, 2, 3], \"key\": null}",
+]
+
+CHAT_QUESTION = "What is 17 * 23? Write a short Python program that prints it."
+
+PROMPTS = {
+    "plain": "The capital of France is",
+    "code": "def fibonacci(n):\n    if n < 2:\n        return n\n",
+}
+
+N_COLUMNS = 512  # vocabulary columns kept per logits row (all of a smaller vocabulary)
+GREEDY_TOKENS = 32
+
+
+def sha256_lines(lines):
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(line.encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def tokenizer_summary(tok):
+    """The derived tokenizer.json with vocab and merges as digests."""
+    j = json.loads(tok.backend_tokenizer.to_str())
+    model = j["model"]
+    vocab = sorted(model["vocab"].items(), key=lambda kv: (kv[1], kv[0]))
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
+    model["vocab"] = {"entries": len(vocab), "sha256": sha256_lines(f"{i}\t{t}" for t, i in vocab)}
+    model["merges"] = {"entries": len(merges), "sha256": sha256_lines(merges)}
+    return {
+        "json": j,
+        "chat_template": tok.chat_template,
+        "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
+    }
+
+
+def load_hf(path):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    d, f = os.path.dirname(path), os.path.basename(path)
+    config = AutoConfig.from_pretrained(d, gguf_file=f)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, attn_implementation="eager")
+    return config, tok, model.eval()
+
+
+def logits_rows(model, ids, columns, positions):
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].double()
+    rows = logits[positions]
+    return {
+        "positions": positions,
+        "logits": rows[:, columns].float().tolist(),
+        "logsumexp": torch.logsumexp(rows, dim=-1).tolist(),
+        "argmax": rows.argmax(dim=-1).tolist(),
+    }
+
+
+def reference(path, name, greedy):
+    config, tok, model = load_hf(path)
+    V = config.vocab_size
+    rng = np.random.default_rng(0)
+    columns = sorted(rng.choice(V, N_COLUMNS, replace=False).tolist()) if V > N_COLUMNS else list(range(V))
+    prompts = dict(PROMPTS)
+    if tok.chat_template:
+        prompts["chat"] = tok.apply_chat_template(
+            [{"role": "user", "content": CHAT_QUESTION}], add_generation_prompt=True, tokenize=False
+        )
+    out_prompts = []
+    for pname, text in prompts.items():
+        ids = tok(text)["input_ids"]
+        T = len(ids)
+        positions = sorted({0, 1, T // 3, T // 2, (2 * T) // 3, T - 2, T - 1} & set(range(T)))
+        out_prompts.append({"name": pname, "text": text, "ids": ids, **logits_rows(model, ids, columns, positions)})
+    result = {
+        "file": os.path.basename(path),
+        "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest(),
+        "versions": versions(),
+        "config": {k: v for k, v in config.to_dict().items() if k in CONFIG_KEYS},
+        "tokenizer": tokenizer_summary(tok),
+        "texts": [{"text": t, "ids": tok(t)["input_ids"]} for t in TEXTS],
+        "columns": columns,
+        "prompts": out_prompts,
+    }
+    result["config"]["rope_theta"] = config.rope_parameters["rope_theta"]
+    if greedy and "chat" in prompts:
+        ids = tok(prompts["chat"])["input_ids"]
+        with torch.no_grad():
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=GREEDY_TOKENS, do_sample=False)[0, len(ids):]
+        result["greedy"] = {"prompt": "chat", "ids": gen.tolist(), "text": tok.decode(gen)}
+    with open(os.path.join(OUT, f"{name}.json"), "w") as f:
+        json.dump(result, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    print(f"{name}: vocab {V}, {len(out_prompts)} prompts, {os.path.getsize(os.path.join(OUT, name + '.json'))} bytes")
+
+
+CONFIG_KEYS = {
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+    "rms_norm_eps", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
+}
+
+
+def versions():
+    from importlib.metadata import version
+    return {"torch": torch.__version__, "transformers": version("transformers"), "gguf": version("gguf"),
+            "python": sys.version.split()[0]}
+
+
+# ---- the tiny synthetic models -------------------------------------------------------------
+
+TINY = {
+    "tiny_llama": dict(
+        arch="llama", hidden=32, inter=64, layers=2, heads=4, kv_heads=2, tie=False,
+        rope_theta=50000.0, eps=1e-5, seed=11, pre=None, add_bos=True,
+        specials=["<|begin|>", "<|end|>"], bos="<|begin|>", eos="<|end|>", pad=None,
+        chat_template=None,
+    ),
+    "tiny_qwen2": dict(
+        arch="qwen2", hidden=32, inter=64, layers=2, heads=4, kv_heads=1, tie=True,
+        rope_theta=1000000.0, eps=1e-6, seed=12, pre="qwen2", add_bos=False,
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], bos=None, eos="<|im_end|>",
+        pad="<|endoftext|>",
+        chat_template=(
+            "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+            " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+        ),
+    ),
+}
+
+# Tensor types, assigned in turn to the 2-D weights of each layer (every type appears on q, k, v,
+# o, gate, up and down somewhere), so each dequantization feeds the logits.
+TYPE_CYCLE = ["Q4_0", "Q4_1", "Q8_0", "F16", "BF16", "F32"]
+
+TRAIN_TEXT = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "def add(a, b):\n    return a + b\n\nprint(add(17, 23))\n",
+    "What is 17 * 23? The answer is 391. Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000.",
+    "Hello world! Hello there, world. Think step by step, then answer.",
+    "<think>",  # the word, not the token
+]
+
+
+def tiny_vocab(spec):
+    """A byte-level BPE trained here: (tokens, token types, merges)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(TRAIN_TEXT * 20, trainer)
+    j = json.loads(tk.to_str())
+    vocab = sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1])
+    tokens = [t for t, _ in vocab]
+    assert [i for _, i in vocab] == list(range(len(tokens)))
+    merges = [" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]]
+    types = [1] * len(tokens)
+    extra = [(t, 3) for t in spec["specials"]]
+    extra += [("<think>", 4), ("</think>", 4)]  # USER_DEFINED: added whole, not special
+    extra += [("<ctl x>", 3)]  # CONTROL with a space: not in the byte alphabet, HF skips it
+    extra += [("€", 1)]  # outside the byte alphabet: respelled through its UTF-8 bytes
+    for t, ty in extra:
+        tokens.append(t)
+        types.append(ty)
+    return tokens, types, merges
+
+
+def permute_qk(w, n_head):
+    """llama.cpp's converter: within each head, rows (half, half) -> interleaved pairs."""
+    rows = w.shape[0]
+    half = rows // n_head // 2
+    return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny(name, spec):
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tokens, types, merges = tiny_vocab(spec)
+    V = len(tokens)
+    arch = spec["arch"]
+    cfg_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    cfg = cfg_cls(vocab_size=V, hidden_size=spec["hidden"], intermediate_size=spec["inter"],
+                  num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
+                  num_key_value_heads=spec["kv_heads"], tie_word_embeddings=spec["tie"],
+                  rope_theta=spec["rope_theta"], rms_norm_eps=spec["eps"], max_position_embeddings=256)
+    torch.manual_seed(spec["seed"])
+    model = model_cls(cfg).float().eval()
+    randomize_parameters(model)
+
+    path = os.path.join(OUT, f"{name}.gguf")
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(name)
+    w.add_block_count(spec["layers"])
+    w.add_context_length(256)
+    w.add_embedding_length(spec["hidden"])
+    w.add_feed_forward_length(spec["inter"])
+    w.add_head_count(spec["heads"])
+    w.add_head_count_kv(spec["kv_heads"])
+    w.add_rope_freq_base(spec["rope_theta"])
+    w.add_layer_norm_rms_eps(spec["eps"])
+    if arch == "llama":
+        w.add_rope_dimension_count(spec["hidden"] // spec["heads"])
+        w.add_vocab_size(V)  # qwen2 leaves it out: the size comes from the token list
+    w.add_tokenizer_model("gpt2")
+    if spec["pre"]:
+        w.add_tokenizer_pre(spec["pre"])
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    for key, tok in (("bos", spec["bos"]), ("eos", spec["eos"]), ("pad", spec["pad"])):
+        if tok is not None:
+            getattr(w, f"add_{key}_token_id")(tokens.index(tok))
+    w.add_add_bos_token(spec["add_bos"])
+    if spec["chat_template"]:
+        w.add_chat_template(spec["chat_template"])
+
+    sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+    cycle = iter(TYPE_CYCLE * 100)
+
+    def put(gguf_name, arr, qtype):
+        qt = getattr(Q, qtype)
+        if qt == Q.F32:
+            w.add_tensor(gguf_name, arr.astype(np.float32))
+        elif qt == Q.F16:
+            w.add_tensor(gguf_name, arr.astype(np.float16))
+        else:
+            w.add_tensor(gguf_name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+
+    put("token_embd.weight", sd["model.embed_tokens.weight"], "Q8_0" if arch == "llama" else "F16")
+    hf_names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+    for layer in range(spec["layers"]):
+        for g, h in hf_names.items():
+            for kind in ("weight", "bias"):
+                key = f"model.layers.{layer}.{h}.{kind}"
+                if key not in sd:
+                    continue
+                arr = sd[key]
+                if arch == "llama" and g in ("attn_q", "attn_k"):
+                    arr = permute_qk(arr, spec["heads"] if g == "attn_q" else spec["kv_heads"])
+                qtype = next(cycle) if kind == "weight" else ("F16" if layer == 1 and g == "attn_v" else "F32")
+                put(f"blk.{layer}.{g}.{kind}", arr, qtype)
+        put(f"blk.{layer}.attn_norm.weight", sd[f"model.layers.{layer}.input_layernorm.weight"], "F32")
+        put(f"blk.{layer}.ffn_norm.weight", sd[f"model.layers.{layer}.post_attention_layernorm.weight"],
+            "F16" if layer == 1 else "F32")
+    put("output_norm.weight", sd["model.norm.weight"], "F32")
+    if not spec["tie"]:
+        put("output.weight", sd["lm_head.weight"], "Q4_1")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"{name}.gguf: {os.path.getsize(path)} bytes")
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smollm2", default=SMOLLM2_DEFAULT, help="SmolLM2-135M-Instruct.Q4_1.gguf (make model)")
+    args = ap.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    torch.set_num_threads(2)
+    for name, spec in TINY.items():
+        reference(write_tiny(name, spec), name, greedy=False)
+    if os.path.exists(args.smollm2):
+        reference(args.smollm2, "smollm2", greedy=True)
+    else:
+        print(f"skipping smollm2.json: {args.smollm2} not found (make model)")
+
+
+if __name__ == "__main__":
+    main()
