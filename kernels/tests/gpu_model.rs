@@ -75,7 +75,7 @@ fn batch(rng: &mut Rng, vocab: usize) -> Vec<(Vec<u32>, Option<Vec<i32>>)> {
 }
 
 fn seqs(b: &[(Vec<u32>, Option<Vec<i32>>)]) -> Vec<Seq<'_>> {
-    b.iter().map(|(ids, seg)| Seq { input_ids: ids, segment_ids: seg.as_deref() }).collect()
+    b.iter().map(|(ids, seg)| Seq { input_ids: ids, segment_ids: seg.as_deref(), shared_prefix: 0 }).collect()
 }
 
 fn rel_l2(got: &[f32], want: &[f32]) -> (f64, f64) {

@@ -61,12 +61,6 @@ pub fn instruction(suite: &str) -> &'static str {
             Flavor::Code => CODE_INSTRUCTION,
         },
     }
-
-    #[test]
-    fn other_prompts_are_one_user_turn() {
-        assert_eq!(split_prompt("Solve x."), (None, "Solve x."));
-        assert_eq!(split_prompt("A\n\nQuestion: b\n\nQuestion: c"), (Some("A"), "b\n\nQuestion: c"));
-    }
 }
 
 /// Separates the instruction from the question.
@@ -104,12 +98,6 @@ pub fn split_prompt(prompt: &str) -> (Option<&str>, &str) {
     match prompt.split_once(QUESTION_PREFIX) {
         Some((system, question)) => (Some(system), question),
         None => (None, prompt),
-    }
-
-    #[test]
-    fn other_prompts_are_one_user_turn() {
-        assert_eq!(split_prompt("Solve x."), (None, "Solve x."));
-        assert_eq!(split_prompt("A\n\nQuestion: b\n\nQuestion: c"), (Some("A"), "b\n\nQuestion: c"));
     }
 }
 

@@ -31,7 +31,9 @@ fn checkpoint(dir: &Path, tasks: &[Task]) -> PathBuf {
     c.num_hidden_layers = 2;
     c.num_attention_heads = 4;
     c.num_key_value_heads = 2;
-    let mut m = Model::init(c, 1).unwrap();
+    // Seed 8: a model whose sampled rollouts of 16 tokens sometimes end early (an EOS or a tool
+    // call), which `oversampling_stops_at_the_wanted_informative_groups` needs; most seeds never do.
+    let mut m = Model::init(c, 8).unwrap();
     m.params.scale(4.0);
     m.save(&ckpt, SaveDtype::F32).unwrap();
     ckpt
@@ -164,7 +166,7 @@ fn bad_input_is_named() {
     let ck = s.ckpt.to_str().unwrap();
     let math = s.math.to_str().unwrap();
     let o = run(&["policy", "--checkpoint", s.dir.join("nope").to_str().unwrap(), "-i", math]);
-    assert!(!o.status.success() && stderr(&o).contains("not a directory"), "{}", stderr(&o));
+    assert!(!o.status.success() && stderr(&o).contains("no such checkpoint directory or GGUF file"), "{}", stderr(&o));
     // prompt + budget past the model's positions (tiny: 2048) is refused, naming the flag and the limit
     let long = s.dir.join("long.parquet");
     let o = run(&["policy", "--checkpoint", ck, "-i", math, "--max-response-tokens", "2040", "-o", long.to_str().unwrap()]);

@@ -94,7 +94,11 @@ impl Model {
     /// Load an HF checkpoint directory (config.json + model.safetensors or a sharded index;
     /// weights in f32, bf16 or f16). Missing, misshaped or unexpected tensors are errors naming
     /// the tensor and the expected shape. A tied model may or may not contain lm_head.weight.
+    /// A GGUF file (see [`crate::gguf`]) loads too: the same model HF transformers derives from it.
     pub fn load(dir: &Path) -> Result<Model> {
+        if crate::gguf::is_gguf(dir) {
+            return crate::gguf::load_model(&crate::gguf::GgufFile::open(dir)?);
+        }
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         config.validate().with_context(|| format!("model config {}", dir.join("config.json").display()))?;
         let specs = param_specs(&config);

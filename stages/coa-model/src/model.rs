@@ -23,11 +23,16 @@ pub struct Seq<'a> {
     /// Optional segment ids `[T]` for packed rows: a segment is a maximal run of equal ids;
     /// attention is causal within a segment only and RoPE positions restart at each segment.
     pub segment_ids: Option<&'a [i32]>,
+    /// With segments: the first `shared_prefix` tokens (the first segment) are a prompt every later
+    /// segment continues: they see it too and their RoPE positions start after it. Rows that share
+    /// a prompt, packed as `prefix | tail 1 | tail 2 | …`, compute what each `prefix | tail`
+    /// computes alone (see `ops::attention_forward_prefix`). 0: none.
+    pub shared_prefix: usize,
 }
 
 impl<'a> Seq<'a> {
     pub fn new(input_ids: &'a [u32]) -> Self {
-        Seq { input_ids, segment_ids: None }
+        Seq { input_ids, segment_ids: None, shared_prefix: 0 }
     }
 }
 
@@ -68,6 +73,8 @@ struct LayerActs {
 struct SeqCtx {
     t: usize,
     seg_start: Vec<usize>,
+    /// Shared prefix length (see [`Seq::shared_prefix`]).
+    prefix: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
 }
@@ -164,9 +171,12 @@ impl Model {
                 bail!("segment_ids has length {}, input_ids has length {t}", s.len());
             }
         }
-        let (pos, seg_start) = ops::segment_layout(t, seq.segment_ids);
+        if seq.shared_prefix > 0 && seq.segment_ids.is_none() {
+            bail!("a shared prefix ({} tokens) needs segment ids", seq.shared_prefix);
+        }
+        let (pos, seg_start) = ops::segment_layout_prefix(t, seq.segment_ids, seq.shared_prefix)?;
         let (cos, sin) = self.config.rope_tables(&pos);
-        Ok(SeqCtx { t, seg_start, cos, sin })
+        Ok(SeqCtx { t, seg_start, prefix: seq.shared_prefix, cos, sin })
     }
 
     fn p(&self, i: usize) -> &[f32] {
@@ -197,7 +207,7 @@ impl Model {
         ops::rope_forward(&mut k, &cx.cos, &cx.sin, nkv, hd);
         let mut att = vec![0f32; t * qd];
         let mut lse = vec![0f32; t * nh];
-        ops::attention_forward(&mut att, &mut lse, &q, &k, &v, &cx.seg_start, nh, nkv, hd);
+        ops::attention_forward_prefix(&mut att, &mut lse, &q, &k, &v, &cx.seg_start, cx.prefix, nh, nkv, hd);
         let mut x2 = vec![0f32; t * d];
         ops::linear_forward(&mut x2, &att, self.p(li.wo), self.pb(li.bo), t, qd, d);
         x2.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
@@ -463,7 +473,7 @@ impl Model {
         b.dq.iter_mut().for_each(|x| *x = 0.0);
         b.dk.iter_mut().for_each(|x| *x = 0.0);
         b.dv.iter_mut().for_each(|x| *x = 0.0);
-        ops::attention_backward(
+        ops::attention_backward_prefix(
             &mut b.dq,
             &mut b.dk,
             &mut b.dv,
@@ -474,6 +484,7 @@ impl Model {
             &a.att,
             &a.lse,
             &cx.seg_start,
+            cx.prefix,
             nh,
             nkv,
             hd,

@@ -304,6 +304,24 @@ pub fn segment_layout(t: usize, segment_ids: Option<&[i32]>) -> (Vec<u32>, Vec<u
     (pos, start)
 }
 
+/// [`segment_layout`] with a shared prefix (see `Seq::shared_prefix`): the first `prefix` tokens
+/// must be exactly the first segment; every later segment's positions start at `prefix`, as if
+/// it followed the prefix alone.
+pub fn segment_layout_prefix(t: usize, segment_ids: Option<&[i32]>, prefix: usize) -> anyhow::Result<(Vec<u32>, Vec<usize>)> {
+    let (mut pos, start) = segment_layout(t, segment_ids);
+    if prefix == 0 {
+        return Ok((pos, start));
+    }
+    if prefix >= t || start[prefix] != prefix || start[prefix - 1] != 0 {
+        anyhow::bail!("the shared prefix ({prefix} tokens) must be the first segment of a longer sequence ({t} tokens)");
+    }
+    for (p, &s) in pos.iter_mut().zip(&start).skip(prefix) {
+        *p += prefix as u32;
+        debug_assert!(s >= prefix);
+    }
+    Ok((pos, start))
+}
+
 /// End (exclusive) of each token's segment `[T]`, from the segment starts `[T]`.
 pub fn segment_ends(seg_start: &[usize]) -> Vec<usize> {
     let t = seg_start.len();
@@ -368,10 +386,56 @@ pub fn attention_forward(
     n_kv_heads: usize,
     hd: usize,
 ) {
+    attention_forward_prefix(out, lse, q, k, v, seg_start, 0, n_heads, n_kv_heads, hd);
+}
+
+/// The keys a block of queries starting at `i0` reads: the shared prefix `[0, np)` (np = the
+/// prefix length when the block lies past it, else 0) and the run `[k0, i1)`.
+#[inline]
+fn key_span(seg_start: &[usize], prefix: usize, i0: usize) -> (usize, usize) {
+    let k0 = seg_start[i0];
+    let np = if prefix > 0 && k0 >= prefix { prefix } else { 0 };
+    (np, k0)
+}
+
+/// The columns query i sees in its block's score row (columns: `[0, np)` the prefix keys, then
+/// keys from k0): `[0, a)` (the shared prefix) and `[lo, hi)` (its own segment up to itself).
+/// A block that holds prefix tokens (np = 0, k0 = 0) has the prefix keys among its run.
+#[inline]
+fn row_span(seg_start: &[usize], prefix: usize, np: usize, k0: usize, i: usize) -> (usize, usize, usize) {
+    let a = if np > 0 {
+        np
+    } else if prefix > 0 && seg_start[i] >= prefix {
+        prefix - k0
+    } else {
+        0
+    };
+    (a, np + seg_start[i] - k0, np + i - k0 + 1)
+}
+
+/// [`attention_forward`] with a shared prefix: tokens `[0, prefix)` (the first segment) are seen
+/// by every later segment too, so token i of a later segment attends to `[0, prefix) ∪
+/// [seg_start[i], i]`. Rows that share a prompt packed as `prefix | tail 1 | tail 2 | …` compute
+/// exactly what each row `prefix | tail k` computes alone, the prefix once. `prefix = 0`: plain
+/// segments.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward_prefix(
+    out: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    seg_start: &[usize],
+    prefix: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    hd: usize,
+) {
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     assert!(q.len() == t_len * qw && out.len() == t_len * qw && lse.len() == t_len * n_heads);
     assert!(k.len() == t_len * kw && v.len() == t_len * kw);
+    assert!(prefix <= t_len && (prefix == 0 || seg_start.get(prefix).is_none_or(|&s| s == prefix)), "the shared prefix must end at a segment start");
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let n_blocks = t_len.div_ceil(ATT_BLOCK);
@@ -383,31 +447,42 @@ pub fn attention_forward(
         let g = h / group;
         let i0 = blk * ATT_BLOCK;
         let i1 = (i0 + ATT_BLOCK).min(t_len);
-        let k0 = seg_start[i0];
-        let (nb, nk) = (i1 - i0, i1 - k0);
+        let (np, k0) = key_span(seg_start, prefix, i0);
+        // columns: the prefix keys [0, np), then the keys [k0, i1)
+        let (nb, nk) = (i1 - i0, np + i1 - k0);
         s.resize(nb * nk, 0.0);
-        // S[nb, nk] = Q[i0..i1, h] · K[k0..i1, g]ᵀ (unscaled)
+        // S[nb, nk] = Q[i0..i1, h] · K[keys, g]ᵀ (unscaled)
         // SAFETY: all reads are inside q / k (rows < T, columns < hd within the head).
         unsafe {
-            sgemm_raw(nb, nk, hd, 1.0, q.as_ptr().add(i0 * qw + h * hd), qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
+            let qp = q.as_ptr().add(i0 * qw + h * hd);
+            if np > 0 {
+                sgemm_raw(nb, np, hd, 1.0, qp, qw, 1, k.as_ptr().add(g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
+            }
+            sgemm_raw(nb, nk - np, hd, 1.0, qp, qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr().add(np), nk);
         }
         for r in 0..nb {
             let i = i0 + r;
-            let (lo, hi) = (seg_start[i] - k0, i - k0 + 1);
+            let (a, lo, hi) = row_span(seg_start, prefix, np, k0, i);
             let row = &mut s[r * nk..(r + 1) * nk];
-            row[..lo].iter_mut().for_each(|x| *x = 0.0);
+            row[a..lo].iter_mut().for_each(|x| *x = 0.0);
             row[hi..].iter_mut().for_each(|x| *x = 0.0);
-            let valid = &mut row[lo..hi];
-            let mx = crate::simd::max(valid) * scale;
-            let sum = crate::simd::exp_affine_sum(valid, scale, mx);
+            let (pre, rest) = row.split_at_mut(a);
+            let valid = &mut rest[lo - a..hi - a];
+            let mx = crate::simd::max(pre).max(crate::simd::max(valid)) * scale;
+            let sum = crate::simd::exp_affine_sum(pre, scale, mx) + crate::simd::exp_affine_sum(valid, scale, mx);
+            crate::simd::scale(pre, 1.0 / sum);
             crate::simd::scale(valid, 1.0 / sum);
             // SAFETY: (i, h) is written by this task only.
             unsafe { *lsep.0.add(i * n_heads + h) = mx + sum.ln() };
         }
-        // O[i0..i1, h] = P[nb, nk] · V[k0..i1, g]
+        // O[i0..i1, h] = P[nb, nk] · V[keys, g]
         // SAFETY: rows i0..i1, columns h·hd..(h+1)·hd of out belong to this task alone.
         unsafe {
-            sgemm_raw(nb, hd, nk, 1.0, s.as_ptr(), nk, 1, v.as_ptr().add(k0 * kw + g * hd), kw, 1, 0.0, outp.0.add(i0 * qw + h * hd), qw);
+            let op = outp.0.add(i0 * qw + h * hd);
+            sgemm_raw(nb, hd, nk - np, 1.0, s.as_ptr().add(np), nk, 1, v.as_ptr().add(k0 * kw + g * hd), kw, 1, 0.0, op, qw);
+            if np > 0 {
+                sgemm_raw(nb, hd, np, 1.0, s.as_ptr(), nk, 1, v.as_ptr().add(g * hd), kw, 1, 1.0, op, qw);
+            }
         }
     });
 }
@@ -435,6 +510,27 @@ pub fn attention_backward(
     n_kv_heads: usize,
     hd: usize,
 ) {
+    attention_backward_prefix(dq, dk, dv, dout, q, k, v, out, lse, seg_start, 0, n_heads, n_kv_heads, hd);
+}
+
+/// [`attention_backward`] with a shared prefix (see [`attention_forward_prefix`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_prefix(
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    seg_start: &[usize],
+    prefix: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    hd: usize,
+) {
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     assert!(q.len() == t_len * qw && dq.len() == t_len * qw && dout.len() == t_len * qw && out.len() == t_len * qw);
@@ -442,7 +538,9 @@ pub fn attention_backward(
     assert!(lse.len() == t_len * n_heads);
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let seg_end = segment_ends(seg_start);
+    // Queries that see key j: [j, seg_end[j]) within a segment; every later token for a prefix key.
+    let mut seg_end = segment_ends(seg_start);
+    seg_end[..prefix].iter_mut().for_each(|e| *e = t_len);
     let n_blocks = t_len.div_ceil(ATT_BLOCK);
     // delta[T, Hq] = dout_i,h · out_i,h
     let mut delta = vec![0f32; t_len * n_heads];
@@ -464,7 +562,7 @@ pub fn attention_backward(
     }
     let (lse_hm, delta_hm) = (&lse_hm, &delta_hm);
 
-    // Pass 1: dq. Task (h, query block [i0, i1)) against keys [seg_start[i0], i1).
+    // Pass 1: dq. Task (h, query block [i0, i1)) against the block's keys (see key_span).
     let dqp = SendPtr(dq.as_mut_ptr());
     (0..n_heads * n_blocks).into_par_iter().for_each_init(
         || (Vec::new(), Vec::new()),
@@ -474,29 +572,40 @@ pub fn attention_backward(
             let g = h / group;
             let i0 = blk * ATT_BLOCK;
             let i1 = (i0 + ATT_BLOCK).min(t_len);
-            let k0 = seg_start[i0];
-            let (nb, nk) = (i1 - i0, i1 - k0);
+            let (np, k0) = key_span(seg_start, prefix, i0);
+            let (nb, nk) = (i1 - i0, np + i1 - k0);
             s.resize(nb * nk, 0.0);
             dp.resize(nb * nk, 0.0);
-            // SAFETY: reads inside q, k, v, dout; see attention_forward.
+            // SAFETY: reads inside q, k, v, dout; see attention_forward_prefix.
             unsafe {
                 // S = Q·Kᵀ, dP = dO·Vᵀ   [nb, nk]
-                sgemm_raw(nb, nk, hd, 1.0, q.as_ptr().add(i0 * qw + h * hd), qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
-                sgemm_raw(nb, nk, hd, 1.0, dout.as_ptr().add(i0 * qw + h * hd), qw, 1, v.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, dp.as_mut_ptr(), nk);
+                let (qp, dop) = (q.as_ptr().add(i0 * qw + h * hd), dout.as_ptr().add(i0 * qw + h * hd));
+                if np > 0 {
+                    sgemm_raw(nb, np, hd, 1.0, qp, qw, 1, k.as_ptr().add(g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
+                    sgemm_raw(nb, np, hd, 1.0, dop, qw, 1, v.as_ptr().add(g * hd), 1, kw, 0.0, dp.as_mut_ptr(), nk);
+                }
+                sgemm_raw(nb, nk - np, hd, 1.0, qp, qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr().add(np), nk);
+                sgemm_raw(nb, nk - np, hd, 1.0, dop, qw, 1, v.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, dp.as_mut_ptr().add(np), nk);
             }
             for r in 0..nb {
                 let i = i0 + r;
-                let (lo, hi) = (seg_start[i] - k0, i - k0 + 1);
+                let (a, lo, hi) = row_span(seg_start, prefix, np, k0, i);
                 let dsr = &mut dp[r * nk..(r + 1) * nk];
                 let pr = &mut s[r * nk..(r + 1) * nk];
-                crate::simd::attn_ds_row(&mut pr[lo..hi], &mut dsr[lo..hi], scale, lse[i * n_heads + h], delta[i * n_heads + h]);
-                dsr[..lo].iter_mut().for_each(|x| *x = 0.0);
+                let (l, d) = (lse[i * n_heads + h], delta[i * n_heads + h]);
+                crate::simd::attn_ds_row(&mut pr[..a], &mut dsr[..a], scale, l, d);
+                crate::simd::attn_ds_row(&mut pr[lo..hi], &mut dsr[lo..hi], scale, l, d);
+                dsr[a..lo].iter_mut().for_each(|x| *x = 0.0);
                 dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
             }
-            // dQ[i0..i1, h] += scale · dS · K[k0..i1, g]
+            // dQ[i0..i1, h] += scale · dS · K[keys, g]
             // SAFETY: rows i0..i1, head h of dq belong to this task alone.
             unsafe {
-                sgemm_raw(nb, hd, nk, scale, dp.as_ptr(), nk, 1, k.as_ptr().add(k0 * kw + g * hd), kw, 1, 1.0, dqp.0.add(i0 * qw + h * hd), qw);
+                let dqh = dqp.0.add(i0 * qw + h * hd);
+                sgemm_raw(nb, hd, nk - np, scale, dp.as_ptr().add(np), nk, 1, k.as_ptr().add(k0 * kw + g * hd), kw, 1, 1.0, dqh, qw);
+                if np > 0 {
+                    sgemm_raw(nb, hd, np, scale, dp.as_ptr(), nk, 1, k.as_ptr().add(g * hd), kw, 1, 1.0, dqh, qw);
+                }
             }
         },
     );
@@ -505,6 +614,7 @@ pub fn attention_backward(
     // over every query head of the group, in the transposed layout (keys as rows).
     let dkp = SendPtr(dk.as_mut_ptr());
     let dvp = SendPtr(dv.as_mut_ptr());
+    let seg_end = &seg_end;
     (0..n_kv_heads * n_blocks).into_par_iter().for_each_init(
         || (Vec::new(), Vec::new()),
         |(s, dp), task| {
@@ -512,7 +622,7 @@ pub fn attention_backward(
             let (g, blk) = (task / n_blocks, task % n_blocks);
             let j0 = blk * ATT_BLOCK;
             let j1 = (j0 + ATT_BLOCK).min(t_len);
-            let e = seg_end[j1 - 1];
+            let e = seg_end[j0..j1].iter().copied().max().unwrap_or(j1);
             let (nb, nq) = (j1 - j0, e - j0);
             s.resize(nb * nq, 0.0);
             dp.resize(nb * nq, 0.0);

@@ -76,7 +76,7 @@ fn stats_match_logits_and_segment_starts_are_zero() {
     let m = Model::init(small_config("llama", true), 3).unwrap();
     let x = random_ids(12, 97, 1);
     let seg = [0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2];
-    let seq = Seq { input_ids: &x, segment_ids: Some(&seg) };
+    let seq = Seq { input_ids: &x, segment_ids: Some(&seg), shared_prefix: 0 };
     let logits = m.logits(&seq).unwrap();
     let st = m.token_stats(&seq).unwrap();
     let v = 97;
@@ -264,7 +264,7 @@ fn bad_ids_are_errors_naming_position() {
     assert!(e.contains("99"), "{e}");
     let e = err_of(m.logits(&Seq::new(&[])));
     assert!(e.contains("empty"), "{e}");
-    let e = err_of(m.logits(&Seq { input_ids: &[1, 2, 3], segment_ids: Some(&[0, 0]) }));
+    let e = err_of(m.logits(&Seq { input_ids: &[1, 2, 3], segment_ids: Some(&[0, 0]), shared_prefix: 0 }));
     assert!(e.contains("segment_ids"), "{e}");
     let e = err_of(m.forward_backward(&Seq::new(&[1, 2, 3]), &mut g, &mut |_| vec![0.0; 2]));
     assert!(e.contains("length 2"), "{e}");
@@ -527,4 +527,73 @@ fn llama3_rope_scaling_is_parsed_from_either_layout_and_refuses_others() {
     let missing = format!(r#"{{{base},"rope_scaling":{{"rope_type":"llama3","factor":8.0}}}}"#);
     let c: ModelConfig = serde_json::from_str(&missing).unwrap();
     assert!(format!("{:#}", c.validate().unwrap_err()).contains("low_freq_factor"));
+}
+
+/// Rows that share a prompt, packed as `prefix | tail 1 | tail 2 | …` with `shared_prefix`,
+/// compute what each `prefix | tail k` computes alone: the token statistics of every tail, and
+/// the sum of the rows' gradients. Sizes cross the 64-row attention blocks: a block holds the end
+/// of the prefix and a tail, another two tails.
+#[test]
+fn shared_prefix_pack_equals_its_rows_alone() {
+    for tied in [true, false] {
+        let m = Model::init(small_config("llama", tied), 11).unwrap();
+        let prefix = random_ids(70, 97, 1);
+        let tails: Vec<Vec<u32>> = [30usize, 9, 50, 41].iter().enumerate().map(|(k, &n)| random_ids(n, 97, 10 + k as u64)).collect();
+        // d loss / d logp: a fixed weight on every tail token but a tail's first
+        let weight = |k: usize, j: usize| if j == 0 { 0.0 } else { -0.01 * (1.0 + ((k * 7 + j) % 5) as f32) };
+        let mut alone_grads = m.params.zeros_like();
+        let mut alone_stats = Vec::new();
+        for (k, tail) in tails.iter().enumerate() {
+            let ids = [prefix.clone(), tail.clone()].concat();
+            let st = m
+                .forward_backward(&Seq::new(&ids), &mut alone_grads, &mut |s| {
+                    (0..s.logp.len()).map(|t| if t < prefix.len() { 0.0 } else { weight(k, t - prefix.len()) }).collect()
+                })
+                .unwrap();
+            alone_stats.push(st);
+        }
+        let mut ids = prefix.clone();
+        let mut seg = vec![0i32; prefix.len()];
+        let mut offsets = Vec::new();
+        for (k, tail) in tails.iter().enumerate() {
+            offsets.push(ids.len());
+            ids.extend_from_slice(tail);
+            seg.resize(ids.len(), k as i32 + 1);
+        }
+        let seq = Seq { input_ids: &ids, segment_ids: Some(&seg), shared_prefix: prefix.len() };
+        let mut packed_grads = m.params.zeros_like();
+        let st = m
+            .forward_backward(&seq, &mut packed_grads, &mut |s| {
+                let mut d = vec![0f32; s.logp.len()];
+                for (k, tail) in tails.iter().enumerate() {
+                    for j in 0..tail.len() {
+                        d[offsets[k] + j] = weight(k, j);
+                    }
+                }
+                d
+            })
+            .unwrap();
+        for (k, tail) in tails.iter().enumerate() {
+            for j in 1..tail.len() {
+                let (a, b) = (alone_stats[k].logp[prefix.len() + j], st.logp[offsets[k] + j]);
+                assert!((a - b).abs() < 1e-5, "tied {tied}: tail {k} token {j}: logp {a} alone vs {b} packed");
+            }
+        }
+        for (a, b) in alone_grads.tensors.iter().zip(&packed_grads.tensors) {
+            let scale = a.data.iter().fold(0f32, |x, y| x.max(y.abs())).max(1e-12);
+            let err = a.data.iter().zip(&b.data).fold(0f32, |x, (p, q)| x.max((p - q).abs()));
+            assert!(err / scale < 1e-4, "tied {tied}: {}: rel err {}", a.name, err / scale);
+        }
+        // the same ids without the shared prefix are a different computation
+        let plain = m.token_stats(&Seq { input_ids: &ids, segment_ids: Some(&seg), shared_prefix: 0 }).unwrap();
+        assert!((plain.logp[offsets[1] + 3] - st.logp[offsets[1] + 3]).abs() > 1e-4);
+    }
+    // bad layouts are errors
+    let m = Model::init(small_config("llama", true), 11).unwrap();
+    let ids = random_ids(20, 97, 3);
+    let seg: Vec<i32> = (0..20).map(|i| if i < 8 { 0 } else { 1 }).collect();
+    for (prefix, segs, what) in [(5, Some(&seg[..]), "first segment"), (8, None, "needs segment ids"), (20, Some(&seg[..]), "first segment")] {
+        let e = format!("{:#}", m.token_stats(&Seq { input_ids: &ids, segment_ids: segs, shared_prefix: prefix }).unwrap_err());
+        assert!(e.contains(what), "{e}");
+    }
 }

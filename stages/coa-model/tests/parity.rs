@@ -70,7 +70,7 @@ fn sft_loss_and_grads(m: &Model, seq: &Seq, mask: &[f32]) -> (f64, Params) {
 
 fn check_case(case: &str) {
     let f = load_fixture(case);
-    let seq = Seq { input_ids: &f.ids, segment_ids: f.segment_ids.as_deref() };
+    let seq = Seq { input_ids: &f.ids, segment_ids: f.segment_ids.as_deref(), shared_prefix: 0 };
     let logits = f.model.logits(&seq).unwrap();
     let (loss, grads) = sft_loss_and_grads(&f.model, &seq, &f.mask);
     let mut logits_err = 0f64;
@@ -141,7 +141,7 @@ fn parity_llama3_rope() {
 fn packed_equals_separate_sequences() {
     let f = load_fixture("llama_packed");
     let seg = f.segment_ids.clone().unwrap();
-    let seq = Seq { input_ids: &f.ids, segment_ids: Some(&seg) };
+    let seq = Seq { input_ids: &f.ids, segment_ids: Some(&seg), shared_prefix: 0 };
     let logits = f.model.logits(&seq).unwrap();
     let (_, packed_grads) = sft_loss_and_grads(&f.model, &seq, &f.mask);
     let n: f64 = f.mask[1..].iter().map(|&x| x as f64).sum();

@@ -125,8 +125,16 @@ impl Vocab {
     /// else the first of [`EOS_CANDIDATES`] in the vocabulary, else an error asking for `--eos`.
     /// `auto` template = the tokenizer's own chat template, when it has one.
     pub fn load(path: &Path, bos: &SpecialChoice, eos: &SpecialChoice, chat: &TemplateChoice) -> Result<Vocab> {
-        let (tokenizer, source, config, template) = if is_gguf(path) {
-            bail!("{}: GGUF tokenizers are not wired in yet", path.display())
+        let (tokenizer, source, config, template) = if coa_model::gguf::is_gguf(path) {
+            let g = coa_model::gguf::load_tokenizer(path)?;
+            // The special tokens as a tokenizer_config.json would name them.
+            let mut config = serde_json::Map::new();
+            for (key, t) in [("bos_token", &g.specials.bos), ("eos_token", &g.specials.eos), ("pad_token", &g.specials.pad), ("unk_token", &g.specials.unk)] {
+                if let Some(t) = t {
+                    config.insert(key.into(), json!(t.content));
+                }
+            }
+            (g.tokenizer, path.display().to_string(), config, g.chat_template)
         } else {
             let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
             let tokenizer = Tokenizer::from_file(&file).map_err(|e| anyhow!("{}: not a readable tokenizer.json: {e}", file.display()))?;
@@ -471,7 +479,7 @@ pub fn fit_model(model: &mut coa_model::Model, vocab: &Vocab, can_grow: bool) ->
         return Ok(false);
     }
     if !can_grow {
-        bail!("tokenizer {} has {need} ids but the model's vocab_size is {have} (a resume keeps the vocabulary; grow it in a new run with --init)", vocab.source);
+        bail!("tokenizer {} has {need} ids but the model's vocab_size is {have} (only a run started with --init grows the vocabulary: a resume keeps it, and a config for a fresh model must say vocab_size {need})", vocab.source);
     }
     let mut pieces = |id: u32| -> Result<Vec<u32>> {
         vocab.base_pieces(id)?.with_context(|| format!("tokenizer {}: id {id} is past the model's {have} rows but is not an added token", vocab.source))
@@ -573,9 +581,3 @@ pub fn split_at_specials<'a>(text: &'a str, specials: &[&str]) -> Vec<&'a str> {
     out
 }
 
-/// Whether `path` is a GGUF file (by its magic bytes).
-fn is_gguf(path: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    path.is_file() && std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF"
-}

@@ -127,6 +127,11 @@ pub struct TrainArgs {
     /// the same, so a run can resume on either device.
     #[arg(long, value_name = "auto|cpu|cuda[:N]", default_value = "cpu")]
     pub device: DeviceChoice,
+    /// Compute every row alone. By default (CPU), rows of a micro-batch that begin with the same
+    /// prompt (a suite's instruction, the G rollouts of a task) run as one sequence with the
+    /// prompt computed once: the same update up to float rounding, with less work.
+    #[arg(long)]
+    pub no_share_prompts: bool,
     /// Worker threads (default: all cores). Does not change the result.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -344,6 +349,7 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     if let Some(v) = &vocab {
         fit_model(&mut trainer.model, v, false)?;
     }
+    trainer.share_prompts = !args.no_share_prompts;
     data.check_model_fit(trainer.model.config.vocab_size, trainer.model.config.max_position_embeddings)?;
     let supported = coa_kernels::model::check_supported(&trainer.model.config);
     let device = match gpu_for_model(device, args.device, supported, "trains this model").map_err(|e| anyhow!("{e}"))? {

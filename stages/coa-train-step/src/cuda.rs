@@ -29,7 +29,7 @@ use crate::optim::{self, Moments};
 use crate::train::{check_finite, StepReport, StepTotals, Trainer};
 
 fn seq_of(ex: &Example) -> Seq<'_> {
-    Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref() }
+    Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref(), shared_prefix: 0 }
 }
 
 impl Trainer {

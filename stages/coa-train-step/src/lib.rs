@@ -7,6 +7,7 @@
 //! - [`schedule`]: warmup then cosine learning rate.
 //! - [`optim`]: AdamW with decoupled weight decay, global-norm clipping.
 //! - [`train`]: the trainer (one optimizer step; save and load for exact resume).
+//! - [`share`]: rows that share a prompt packed behind it, computed once.
 //! - [`cuda`]: the trainer's GPU path (`--device cuda`), on `coa_kernels::GpuModel`.
 //! - [`checkpoint`]: the checkpoint directory (optimizer and trainer state, atomic writes).
 //! - [`plot`]: the loss curve as PNG and as a text table.
@@ -21,4 +22,5 @@ pub mod objective;
 pub mod optim;
 pub mod plot;
 pub mod schedule;
+pub mod share;
 pub mod train;

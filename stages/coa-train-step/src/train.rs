@@ -28,6 +28,7 @@ use crate::data::{micro_batches, Cursor, Dataset};
 use crate::objective::{Objective, RlSums};
 use crate::optim::{self, AdamWConfig, Moments};
 use crate::schedule::Schedule;
+use crate::share;
 
 /// The settings that define a run (all saved; all but `micro_batch_tokens` must match on resume).
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +83,8 @@ pub struct Trainer {
     pub objective: Objective,
     /// Training on the GPU: the model and optimizer state there (`Trainer::to_cuda`).
     pub cuda: Option<Box<GpuModel>>,
+    /// CPU steps pack rows that share a prompt (see [`share`]); off: every row alone.
+    pub share_prompts: bool,
 }
 
 pub fn data_info(d: &Dataset) -> DataInfo {
@@ -111,7 +114,7 @@ impl Trainer {
             data: data_info(data),
             history: Vec::new(),
         };
-        Ok(Trainer { model, moments, state, objective: settings.objective, cuda: None })
+        Ok(Trainer { model, moments, state, objective: settings.objective, cuda: None, share_prompts: true })
     }
 
     /// Loads a checkpoint written by [`Trainer::save`]: model (f32 masters), moments, state.
@@ -144,7 +147,7 @@ impl Trainer {
         }
         let mut state = state;
         state.cursor = state.cursor.clone().restore(data.examples.len()).with_context(|| format!("--resume {}", dir.display()))?;
-        Ok(Trainer { model, moments: opt.moments, state, objective, cuda: None })
+        Ok(Trainer { model, moments: opt.moments, state, objective, cuda: None, share_prompts: true })
     }
 
     /// Writes the checkpoint directory atomically. The weights for resuming are always exact
@@ -186,7 +189,7 @@ impl Trainer {
         }
         let model = &self.model;
         data.examples.par_iter_mut().try_for_each(|ex| -> Result<()> {
-            let seq = Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref() };
+            let seq = Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref(), shared_prefix: 0 };
             // only the targets' log-probs enter the loss
             let need = ex.target_mask();
             let old = model.token_stats_at(&seq, Some(&need)).with_context(|| format!("row {} (task_id {:?}): old log-probs", ex.row, ex.task_id))?.logp;
@@ -217,30 +220,41 @@ impl Trainer {
         let objective = self.objective;
         let model = &self.model;
         for mb in micro_batches(&data.examples, &rows, self.state.micro_batch_tokens) {
-            let results: Vec<Result<(f64, Params, RlSums)>> = mb
+            // Rows sharing a prompt run as one sequence with the prompt once (see `share`).
+            let packs = if self.share_prompts { share::packs(&data.examples, &mb) } else { mb.iter().map(|&r| share::Pack { rows: vec![r], prefix: 0 }).collect() };
+            let results: Vec<Result<(f64, Params, RlSums)>> = packs
                 .par_iter()
-                .map(|&r| {
-                    let ex = &data.examples[r];
-                    let mask = ex.target_mask();
+                .map(|pack| {
+                    let (ids, mask, seg) = pack.build(&data.examples);
+                    let offsets = pack.offsets(&data.examples);
                     let mut g = model.params.zeros_like();
                     let mut seq_loss = 0.0f64;
                     let mut seq_sums = RlSums::default();
                     let mut failed: Option<anyhow::Error> = None;
-                    let seq = Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref() };
-                    let mut dloss = |stats: &coa_model::TokenStats| match objective.token_grads(ex, &mask, stats, n_targets) {
-                        Ok((l, d, s)) => {
-                            seq_loss = l;
-                            seq_sums = s;
-                            d
+                    let seq = Seq { input_ids: &ids, segment_ids: seg.as_deref(), shared_prefix: pack.prefix };
+                    // Each row's loss and d loss / d logp from its own statistics, placed back
+                    // into the pack (the shared prefix has no target).
+                    let mut dloss = |stats: &coa_model::TokenStats| {
+                        let mut d = vec![0f32; ids.len()];
+                        for (k, &r) in pack.rows.iter().enumerate() {
+                            let ex = &data.examples[r];
+                            let row_stats = pack.row_stats(&data.examples, stats, k, offsets[k]);
+                            match objective.token_grads(ex, &ex.target_mask(), &row_stats, n_targets) {
+                                Ok((l, dr, s)) => {
+                                    seq_loss += l;
+                                    seq_sums.add(&s);
+                                    let (p, o) = (pack.prefix, offsets[k]);
+                                    d[o..o + dr.len() - p].copy_from_slice(&dr[p..]);
+                                }
+                                Err(e) => failed = Some(e),
+                            }
                         }
-                        Err(e) => {
-                            failed = Some(e);
-                            vec![0.0; mask.len()]
-                        }
+                        d
                     };
+                    let rows_named = || pack.rows.iter().map(|&r| format!("{} (task_id {:?})", data.examples[r].row, data.examples[r].task_id)).collect::<Vec<_>>().join(", ");
                     model
                         .forward_backward_at(&seq, Some(&mask), &mut g, &mut dloss)
-                        .with_context(|| format!("step {step}: row {} (task_id {:?})", ex.row, ex.task_id))?;
+                        .with_context(|| format!("step {step}: rows {}", rows_named()))?;
                     if let Some(e) = failed {
                         return Err(e);
                     }

@@ -253,7 +253,7 @@ fn reference_step(config: &Path, rows: &[Row], seed: u64) -> (f64, f64) {
                 })
                 .collect::<Vec<f32>>()
         };
-        model.forward_backward(&Seq { input_ids: &ids, segment_ids: None }, &mut grads, &mut f).unwrap();
+        model.forward_backward(&Seq { input_ids: &ids, segment_ids: None, shared_prefix: 0 }, &mut grads, &mut f).unwrap();
         loss += l;
     }
     (loss / n as f64, grads.sum_squares().sqrt())
@@ -289,7 +289,7 @@ fn accumulation_matches_one_big_batch_and_the_hand_computed_step() {
     let mut per_row = 0.0;
     for (ids, mask, _) in &rows {
         let ids: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
-        let st = model.token_stats(&Seq { input_ids: &ids, segment_ids: None }).unwrap();
+        let st = model.token_stats(&Seq { input_ids: &ids, segment_ids: None, shared_prefix: 0 }).unwrap();
         let k = mask.iter().skip(1).filter(|&&m| m == 1).count() as f64;
         per_row += (1..ids.len()).filter(|&t| mask[t] == 1).map(|t| -(st.logp[t] as f64)).sum::<f64>() / k;
     }
@@ -302,12 +302,15 @@ fn accumulation_matches_one_big_batch_and_the_hand_computed_step() {
 fn checkpoint_holds_hf_files_tokenizer_and_state() {
     let e = env(6);
     let tok = e.p("tokenizer.json");
-    // A minimal tokenizer.json: ids 0..63.
-    let vocab: serde_json::Map<String, serde_json::Value> = (0..VOCAB).map(|i| (format!("t{i}"), serde_json::Value::from(i))).collect();
+    // A minimal tokenizer.json whose ids and the 22 CoA tags loading adds fill the model's 64 rows;
+    // id 0 is the EOS token by its usual name.
+    let tags = coa_tokenize::tag_strings().len();
+    let name = |i: usize| if i == 0 { "<|endoftext|>".to_string() } else { format!("t{i}") };
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..VOCAB - tags).map(|i| (name(i), serde_json::Value::from(i))).collect();
     std::fs::write(&tok, serde_json::json!({"model": {"type": "BPE", "vocab": vocab, "merges": []}, "added_tokens": []}).to_string()).unwrap();
     let ck = e.p("ck");
     ok(&args(&base(&e, &["--steps", "3", "--tokenizer", s(&tok), "--save", s(&ck), "--save-every", "1", "-o", s(&e.p("m.parquet"))])));
-    for f in ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "optimizer.safetensors", "trainer_state.json"] {
+    for f in ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "optimizer.safetensors", "trainer_state.json"] {
         assert!(ck.join(f).exists(), "{f} missing");
     }
     let leftovers: Vec<_> = std::fs::read_dir(e.dir.path()).unwrap().filter_map(|d| d.ok()).map(|d| d.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with('.')).collect();
@@ -315,13 +318,17 @@ fn checkpoint_holds_hf_files_tokenizer_and_state() {
     // --init from the checkpoint: fresh optimizer, step 1 again, tokenizer carried along.
     let ck2 = e.p("ck2");
     ok(&["-i", s(&e.tokens), "--init", s(&ck), "--steps", "1", "--save", s(&ck2), "-o", s(&e.p("m2.parquet"))]);
-    assert_eq!(std::fs::read(ck2.join("tokenizer.json")).unwrap(), std::fs::read(&tok).unwrap());
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        assert_eq!(std::fs::read(ck2.join(f)).unwrap(), std::fs::read(ck.join(f)).unwrap(), "{f}");
+    }
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(ck.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["eos_token_id"], 0, "{config}");
     assert_eq!(read_metrics(&e.p("m2.parquet"))[0].0, 1);
     // A tokenizer larger than the model's vocabulary is refused.
-    let big: serde_json::Map<String, serde_json::Value> = (0..VOCAB + 5).map(|i| (format!("t{i}"), serde_json::Value::from(i))).collect();
-    std::fs::write(&tok, serde_json::json!({"model": {"vocab": big}}).to_string()).unwrap();
+    let big: serde_json::Map<String, serde_json::Value> = (0..VOCAB + 5 - tags).map(|i| (name(i), serde_json::Value::from(i))).collect();
+    std::fs::write(&tok, serde_json::json!({"model": {"type": "BPE", "vocab": big, "merges": []}, "added_tokens": []}).to_string()).unwrap();
     let err = fails(&args(&base(&e, &["--steps", "1", "--tokenizer", s(&tok)])));
-    assert!(err.contains("69 tokens") && err.contains("vocab_size is 64"), "{err}");
+    assert!(err.contains("has 69 ids") && err.contains("vocab_size is 64"), "{err}");
     // A preset takes its vocabulary size from the tokenizer.
     let err = fails(&["-i", s(&e.tokens), "--init-config", "tiny", "--steps", "1"]);
     assert!(err.contains("--vocab-size"), "{err}");
