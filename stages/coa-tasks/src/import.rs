@@ -29,7 +29,7 @@
 //! 3. `data_source` or `ability` mentions code but the ground truth is no test spec -> error
 //!    (a code task without tests would score nothing, silently).
 //! 4. otherwise `qa`: the ground truth's items when it is a JSON list of strings (or a
-//!    `{target: [...]}` object, as Search-R1 files store it), else the string itself.
+//!    `{target: [...]}` object, as AFM's and Search-R1's files store it), else the string itself.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -347,11 +347,16 @@ fn verl_row(cols: &VerlColumns, i: usize, split_override: Option<&str>, ids: &mu
     Ok(task)
 }
 
-/// A prompt carrying AFM's instruction block, split into (the block, the task): the block
+/// A prompt carrying AFM's instruction block (or our own prompt's instruction), split into (the
+/// block, the task): the block
 /// describes the structured functions (`'think'`, `'plan'`, …, `'answer'`) and ends at the last
 /// line starting `Task:`; a trailing `Answer format:` paragraph belongs to the block too (our own
 /// prompts say how to answer). Any other prompt is the question as it is.
 pub fn split_instruction(content: &str) -> (Option<String>, String) {
+    // Our own prompt (a verl file `coa-convert` wrote): the suite's instruction, then the question.
+    if let Some(q) = coa_format::prompt::question_of(content) {
+        return (Some(content[..content.len() - q.len()].trim_end().trim_end_matches("Question:").trim_end().to_string()), q.to_string());
+    }
     let describes_functions = ["'think'", "'plan'", "'answer'"].iter().all(|w| content.contains(w))
         && (content.contains("structured functions") || content.contains("Always follow"));
     let task_line = content.match_indices("Task:").map(|(i, _)| i).filter(|&i| i == 0 || content[..i].ends_with('\n')).last();
@@ -388,6 +393,11 @@ fn classify(task: &mut Task, ground_truth: &Value, labels: &[&str]) -> Result<()
         task.tools = strings(&TOOLS_CODE);
         task.answers = match ground_truth {
             Value::Array(_) | Value::Object(_) => answer_items(ground_truth)?,
+            // several golds as AFM writes them: `{"target": [...]}` in the string
+            Value::String(s) if s.trim_start().starts_with("{\"target\"") => match serde_json::from_str::<Value>(s) {
+                Ok(obj @ Value::Object(_)) => answer_items(&obj)?,
+                _ => vec![s.clone()],
+            },
             other => vec![scalar_text(other)
                 .ok_or_else(|| anyhow!("`ground_truth` must be a string, found {}", json_kind(other)))?],
         };
@@ -404,6 +414,8 @@ fn classify(task: &mut Task, ground_truth: &Value, labels: &[&str]) -> Result<()
                 Ok(list @ Value::Array(_)) if list.as_array().is_some_and(|a| a.iter().all(Value::is_string)) => {
                     answer_items(&list)?
                 }
+                // AFM's QA layout: `{"target": [...], "question": ...}`
+                Ok(obj @ Value::Object(_)) if obj.get("target").is_some() => answer_items(&obj)?,
                 _ => vec![s.clone()],
             },
             other => answer_items(other)?,
