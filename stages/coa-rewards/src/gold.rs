@@ -3,7 +3,8 @@
 //!
 //! - math: the first gold answer, boxed; perturbed: its first number plus one (or `+1` appended
 //!   when it has no digit).
-//! - qa / multihop: the first gold answer; perturbed: the answer with a word it does not have.
+//! - qa / multihop: the first gold answer that has anything to compare (NQ has golds that are
+//!   only punctuation: such a task has no gold); perturbed: the answer with a word it does not have.
 //! - code: the task's own solution (HumanEval's canonical solution, the synthetic suite's
 //!   program); for LiveCodeBench, which ships no solutions, a program that answers its public tests
 //!   by lookup (stdio: the expected output of each test's input; function: the starter code
@@ -19,7 +20,8 @@ pub fn gold_answer(task: &Task) -> Option<String> {
     match task.suite.as_str() {
         "math" => task.answers.first().map(|g| format!("\\boxed{{{g}}}")),
         "code" => code_solution(task).map(|p| format!("```python\n{}\n```", p.trim_end())),
-        _ => task.answers.iter().find(|a| !a.trim().is_empty()).cloned(),
+        // (a gold that is only punctuation, like NQ's `)`, can never be matched: not a gold)
+        _ => task.answers.iter().find(|a| !crate::qa::comparable_answer(a).is_empty()).cloned(),
     }
 }
 
