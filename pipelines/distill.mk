@@ -2,7 +2,8 @@
 #   runs/<RUN>/distill/<suite>/mas_runs.parquet      teacher multi-agent runs (every activation)
 #   runs/<RUN>/distill/<suite>/trajectories.parquet  linear CoA steps
 #   runs/<RUN>/distill/<suite>/kept.parquet          after the filter rules (dropped.parquet: the rest, with reasons)
-#   runs/<RUN>/distill/<suite>/coa_text.parquet      CoA text with observation spans (+ alpaca.json, verl.parquet exports)
+#   runs/<RUN>/distill/<suite>/coa_text.parquet      CoA text with observation spans (+ alpaca.json for AFM's LLaMA-Factory,
+#                                                  sharegpt.json for upstream LLaMA-Factory, their dataset_info.json, verl.parquet)
 # `make distill` then prints the summary table (pipelines/distill_report.py).
 
 DISTILL := $(RUNDIR)/distill
@@ -23,6 +24,7 @@ $(DISTILL)/%/kept.parquet: $(DISTILL)/%/trajectories.parquet
 $(DISTILL)/%/coa_text.parquet: $(DISTILL)/%/kept.parquet
 	$(BIN)/coa-convert -i $< --stats $(DISTILL)/$*/convert.json -o $@
 	$(BIN)/coa-convert -i $< --to alpaca-json -o $(DISTILL)/$*/alpaca.json
+	$(BIN)/coa-convert -i $< --to sharegpt -o $(DISTILL)/$*/sharegpt.json
 	$(BIN)/coa-convert -i $< --to verl --tasks $(RUNDIR)/tasks.parquet -o $(DISTILL)/$*/verl.parquet
 
 .PRECIOUS: $(DISTILL)/%/mas_runs.parquet $(DISTILL)/%/trajectories.parquet $(DISTILL)/%/kept.parquet

@@ -110,7 +110,7 @@ pub static TASKS: LazyLock<Table> = LazyLock::new(|| {
             col("split", utf8(), false, "`train` or `test` (held-out entities and numbers)."),
             col("source", utf8(), false, "`synthetic` or the imported data source (`aime24`, `nq`, `humaneval`, ...)."),
             col("question", utf8(), false, "The task as the agent sees it."),
-            col("system_prompt", utf8(), true, "System message of an imported prompt, if it had one."),
+            col("system_prompt", utf8(), true, "System message of an imported prompt, and the instruction block (AFM's, or ours) split off its question, if any."),
             col("answers", list(utf8()), false, "Gold answers; any one counts as correct. Empty for code tasks (tests decide)."),
             col("tools", list(utf8()), false, "Tools the agent may call: `web_search`, `crawl_page`, `code`."),
             col("hops", DataType::Int32, true, "Number of reasoning hops (multihop), or null."),

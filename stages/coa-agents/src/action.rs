@@ -2,14 +2,14 @@
 //! by, and the canonical tagged text of an activation's output.
 //!
 //! The grammar is `coa-format`'s (one definition for the whole pipeline): [`allowed_next`] reads
-//! its transition tables and adds the content rules that steer the order: in the web flavor a
-//! reflection graded Poor anywhere forces a `<plan>`; a double_check with score ≥ 3 forces the
+//! its transition tables and adds the content rules that steer the order: in the web and qa
+//! flavors a reflection graded Poor anywhere forces a `<plan>`; a double_check with score ≥ 3 forces the
 //! `<answer>`, ≤ 2 forbids it.
 
 use std::fmt;
 
 use anyhow::{anyhow, bail, Result};
-use coa_format::{next_actions, parse, parse_double_check, parse_reflection, Flavor, Tag};
+use coa_format::{next_actions, parse, parse_double_check, parse_reflection, think_rule, Flavor, Tag, ThinkRule};
 
 /// An action an agent can produce: every CoA tag but think and observation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,9 +79,9 @@ impl Action {
         matches!(self, Action::WebSearch | Action::CrawlPage | Action::Code)
     }
 
-    /// Whether a `<think>` must precede it (all but the answer, where it is optional).
-    pub fn needs_think(self) -> bool {
-        self != Action::Answer
+    /// Whether a `<think>` precedes it in `flavor` (the grammar's think rule).
+    pub fn think_rule(self, flavor: Flavor) -> ThinkRule {
+        think_rule(flavor, self.tag())
     }
 }
 
@@ -171,7 +171,7 @@ pub fn allowed_next(flavor: Flavor, last: Option<&Step>) -> Vec<Action> {
     };
     let mut out: Vec<Action> = next_actions(flavor, state).iter().filter_map(|&t| Action::from_tag(t)).collect();
     if let Some(s) = last {
-        if s.action == Action::Reflection && flavor == Flavor::Web && s.needs_replan {
+        if s.action == Action::Reflection && flavor != Flavor::Code && s.needs_replan {
             out.retain(|&a| a == Action::Plan);
         }
         if let (Action::DoubleCheck, Some(score)) = (s.action, s.score) {
@@ -223,6 +223,9 @@ fn block(tag: Tag, body: &str) -> String {
 ///
 /// Strict CoA text is parsed with `coa-format`; text around the blocks (chatter an LLM adds) is
 /// tolerated by a lenient fallback that takes the first think block and the first action block.
+/// The think block is required where the grammar requires one before the action, and dropped
+/// where the grammar allows none (the code agent's plan and reflection), so that the trajectory
+/// keeps AFM's order.
 /// Content rules are checked: a code block holds a program, a reflection grades its three
 /// criteria (web flavor), a double_check has `score: N`. The error says what is wrong, for the
 /// manager's note to the agent.
@@ -265,11 +268,15 @@ pub fn parse_output(text: &str, flavor: Flavor) -> Result<Parsed> {
     if body.trim().is_empty() {
         bail!("{} is empty", action.tag().open());
     }
-    if action.needs_think() && think.as_deref().is_none_or(|t| t.trim().is_empty()) {
-        bail!("{} must be preceded by a non-empty <think> block", action.tag().open());
-    }
+    let think = match action.think_rule(flavor) {
+        ThinkRule::Required if think.as_deref().is_none_or(|t| t.trim().is_empty()) => {
+            bail!("{} must be preceded by a non-empty <think> block", action.tag().open())
+        }
+        ThinkRule::Forbidden => None,
+        _ => think,
+    };
     match action {
-        Action::Reflection if flavor == Flavor::Web => {
+        Action::Reflection if flavor.grades_reflections() => {
             parse_reflection(&body).map_err(|e| anyhow!("<reflection> has {e}"))?;
         }
         Action::DoubleCheck => {
@@ -378,7 +385,10 @@ mod tests {
         assert_eq!((p.action, p.body.as_str()), (Action::WebSearch, "q"));
         // answer needs no think
         assert_eq!(parse_output("<answer>x</answer>", Flavor::Web).unwrap().think, None);
-        // reflections in the code flavor need no grades
-        assert!(parse_output("<think>a</think><reflection>works</reflection>", Flavor::Code).is_ok());
+        // reflections in the code flavor need no grades, and take no think (AFM's order)
+        let p = parse_output("<think>a</think><reflection>works</reflection>", Flavor::Code).unwrap();
+        assert_eq!((p.think, p.body.as_str()), (None, "works"));
+        assert!(parse_output("<plan>1. compute</plan>", Flavor::Code).is_ok());
+        assert!(parse_output("<answer>\\boxed{1}</answer>", Flavor::Code).unwrap_err().to_string().contains("<think>"));
     }
 }

@@ -18,15 +18,19 @@
 //!   `answer`.
 //! - A non-manager `output` is canonical CoA text: `<think>…</think>\n` then exactly one action
 //!   block (`<code>\n```py\n…\n```\n</code>` for code; math answers `\boxed{…}`, code answers a
-//!   ```` ```python ```` block inside `<answer>`). Every action carries a think block (answers too).
+//!   ```` ```python ```` block inside `<answer>`). The think block is there exactly where the
+//!   grammar's think rule has one: before every action in the web and qa flavors (answers too),
+//!   before code and the answer in the code flavor, whose plan and reflection come without one
+//!   (AFM's order `plan, (think, code, observation, reflection)*, think, answer`).
 //! - Tool events: `tool` = the tag name, `tool_input` = the query / `|`-separated URLs / the
 //!   Python source (no fence), `observation` = the tool's output exactly as `coa-tools` renders
 //!   it. Other events: all three null.
-//! - Ordering follows `coa-format`'s grammar (web flavor for multihop/qa, code flavor for
-//!   math/code); a reflection graded Poor (web) is followed by a plan; a double_check with
+//! - Ordering follows `coa-format`'s grammar (web flavor for multihop, qa flavor for qa, code
+//!   flavor for math/code); a reflection graded Poor (web, qa) is followed by a plan; a double_check with
 //!   score ≥ 3 by the answer, ≤ 2 by a plan, search or crawl.
 //! - `tokens_in`: the estimate of [`tokens`] over `input_messages` (or the endpoint's usage);
-//!   `tokens_out`: over the raw reply. `latency_ms`: measured (openai) or simulated (scripted).
+//!   `tokens_out`: over the raw reply. `latency_ms`: measured (openai: every try and the waits
+//!   between them) or simulated (scripted).
 //!
 //! Row fields: `final_answer` is the content of the `<answer>` (for code tasks the program
 //! inside its fence), `success` is checked with `coa-rewards` (exact match for multihop/qa,
@@ -75,6 +79,12 @@ impl Runner {
 
     /// [`run_task`] on every task, in parallel; the first error (in input order) wins.
     pub fn run(&self, tasks: &[Task], backend: &dyn Backend, tools: Tools<'_>, cfg: &RunConfig) -> Result<Vec<MasRun>> {
+        self.run_each(tasks, backend, tools, cfg).into_iter().collect()
+    }
+
+    /// [`run_task`] on every task, in parallel, each task's outcome on its own (a task whose
+    /// backend gave up does not stop the others).
+    pub fn run_each(&self, tasks: &[Task], backend: &dyn Backend, tools: Tools<'_>, cfg: &RunConfig) -> Vec<Result<MasRun>> {
         self.pool.install(|| tasks.par_iter().map(|t| run_task(t, backend, tools, cfg)).collect())
     }
 }

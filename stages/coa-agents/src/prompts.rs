@@ -5,8 +5,17 @@ use coa_format::Flavor;
 
 use crate::action::{Action, AgentRole};
 
-const FORMAT: &str = "Reply in the Chain-of-Agents format and nothing else: first <think>your reasoning</think>, \
-then exactly ONE action block. Never write <observation> blocks: the tools write them.";
+/// How an agent replies, in the order the flavor's grammar checks.
+fn format_note(flavor: Flavor) -> &'static str {
+    match flavor {
+        Flavor::Web | Flavor::Qa => "Reply in the Chain-of-Agents format and nothing else: first <think>your reasoning</think>, \
+then exactly ONE action block. Never write <observation> blocks: the tools write them.",
+        Flavor::Code => "Reply in the Chain-of-Agents format and nothing else: exactly ONE action block, with \
+<think>your reasoning</think> right before a <code> block or the final <answer>; a <plan> (it comes first) and a \
+<reflection> (right after the program's output) are written without <think>. Never write <observation> blocks: the \
+tools write them.",
+    }
+}
 
 /// The system message of `agent` for a task of `suite`.
 pub fn role_prompt(agent: AgentRole, suite: &str) -> String {
@@ -46,7 +55,7 @@ The program runs in a sandbox with no input, no network and no files; it must pr
 Test functions on examples and print the results."
             .to_string(),
         AgentRole::Reflector => match flavor {
-            Flavor::Web => "You are the REFLECTOR. Judge the latest steps. Write <reflection> with these three lines \
+            Flavor::Web | Flavor::Qa => "You are the REFLECTOR. Judge the latest steps. Write <reflection> with these three lines \
 first:\ninformation_conflict: Good|Fair|Poor\ntool_effectiveness: Good|Fair|Poor\ntrajectory_monitoring: Good|Fair|Poor\n\
 then what went right or wrong and what to do next, then </reflection>. Grade Poor when the evidence contradicts the \
 question or the team is off track: any Poor makes the planner re-plan."
@@ -61,7 +70,7 @@ team gathered. Write <double_check> with a line `score: N` where N is 4 (certain
 1 (wrong), then your reasons, then </double_check>. A score of 3 or 4 ends the task with that answer."
             .to_string(),
     };
-    format!("{team}\n\n{body}\n\n{FORMAT}")
+    format!("{team}\n\n{body}\n\n{}", format_note(flavor))
 }
 
 /// What the orchestrator asks for when it activates an agent for `action`.

@@ -188,6 +188,27 @@ fn retries_on_429_and_5xx_then_succeeds() {
 }
 
 #[test]
+fn latency_counts_every_try_and_the_waits_between() {
+    let server = Server::start(|n, _| match n {
+        0 | 1 => Canned { delay: Duration::from_millis(150), ..status(503, "busy") },
+        _ => Canned { delay: Duration::from_millis(10), ..ok("hello") },
+    });
+    let client = OpenAiClient::new(config(&server)).unwrap();
+    let r = client.chat(&hello()).unwrap();
+    assert_eq!(server.requests(), 3);
+    assert!(r.latency_ms >= 310.0, "two slow failures and the answer: {} ms", r.latency_ms);
+}
+
+#[test]
+fn stop_sequences_are_part_of_the_request_and_its_cache_key() {
+    let server = Server::start(|_, req| ok(&req.get("stop").map_or("none".to_string(), |s| s.to_string())));
+    let client = OpenAiClient::new(config(&server)).unwrap();
+    assert_eq!(client.chat(&hello()).unwrap().content, "none");
+    assert_eq!(client.chat_until(&hello(), &["<observation>"]).unwrap().content, "[\"<observation>\"]");
+    assert_ne!(client.request_body(&hello(), &[]), client.request_body(&hello(), &["<observation>"]));
+}
+
+#[test]
 fn gives_up_after_the_retry_budget_with_the_last_error() {
     let server = Server::start(|_, _| status(502, "bad gateway"));
     let client = OpenAiClient::new(config(&server)).unwrap();
@@ -306,6 +327,9 @@ fn team_model(_: usize, req: &Value) -> Canned {
     let system = msgs[0]["content"].as_str().unwrap();
     let all: String = msgs.iter().map(|m| m["content"].as_str().unwrap()).collect::<Vec<_>>().join("\n");
     let last = msgs.last().unwrap()["content"].as_str().unwrap();
+    // Tool agents are stopped where the tool's observation will go; the others are not.
+    let tool_agent = system.contains("You are the SEARCH AGENT") || system.contains("You are the CRAWL AGENT");
+    assert_eq!(req.get("stop"), tool_agent.then(|| json!(["<observation>"])).as_ref(), "{system}");
     let reply = if system.contains("You are the MANAGER") {
         let allowed = last.rsplit("Allowed next: ").next().unwrap().split('.').next().unwrap();
         let pick = ["answer", "double_check", "suggested_answer", "crawl_page", "web_search", "plan"]
@@ -313,6 +337,8 @@ fn team_model(_: usize, req: &Value) -> Canned {
             .find(|a| {
                 allowed.split(", ").any(|x| x == *a)
                     && match *a {
+                        // (a qa task may answer right after the plan; this model verifies first)
+                        "answer" => all.contains("<double_check>"),
                         "suggested_answer" => all.contains("<crawl_page>"),
                         "crawl_page" => all.contains("<web_search>") && !all.contains("<crawl_page>"),
                         _ => true,

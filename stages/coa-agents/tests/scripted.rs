@@ -188,7 +188,7 @@ fn tasks_without_a_solution_path_are_refused_by_name() {
 
 #[test]
 fn humaneval_tasks_are_solved_through_their_doctest_example() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/external/HumanEval.jsonl.gz");
+    let Some(path) = coa_tasks::external::file_or_skip("humaneval_tasks_are_solved_through_their_doctest_example", "HumanEval.jsonl.gz") else { return };
     let tasks = coa_tasks::import::import_file(&path, None).unwrap();
     let runs = common::run_scripted(&tasks[..3], None, 1, Noise::default(), 2);
     for r in &runs {

@@ -1,5 +1,6 @@
 //! `coa-convert`: Chain-of-Agents trajectories → CoA text (`coa_text`), or exports for
-//! LLaMA-Factory (alpaca JSON) and verl (RL Parquet). The logic lives in `coa_distill::convert`.
+//! LLaMA-Factory (alpaca JSON for AFM's fork, sharegpt JSON upstream) and verl (RL Parquet, also
+//! straight from a tasks table). The logic lives in `coa_distill::convert` and `coa_distill::verl`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,9 +13,14 @@ use coa_schemas::stage::{self, IoArgs, Stage};
 enum To {
     /// The `coa_text` table (task_id, suite, prompt, text, observation_spans): what coa-tokenize reads.
     CoaText,
-    /// LLaMA-Factory / AFM SFT data: a JSON array of {instruction, input, output}, one trajectory per record.
+    /// AFM's LLaMA-Factory fork (--ignore_observation true): a JSON array of {instruction, input, output}, one
+    /// trajectory per record, a blank line around every observation block; dataset_info.json beside it.
     AlpacaJson,
-    /// verl RL Parquet: data_source, prompt, ability, reward_model, extra_info.
+    /// Upstream LLaMA-Factory: a JSON array of {conversations: [human, gpt, observation, gpt, ...]}, tool results as
+    /// observation turns (masked by LLaMA-Factory); dataset_info.json beside it.
+    Sharegpt,
+    /// verl RL Parquet in AFM's layout (data_source, prompt, ability, reward_model, extra_info with tools_kwargs),
+    /// from trajectories (kept runs) or from a tasks table (every task).
     Verl,
 }
 
@@ -22,18 +28,23 @@ enum To {
 #[command(
     name = "coa-convert",
     version,
-    about = "Render Chain-of-Agents trajectories as CoA text (coa_text), or export alpaca JSON / verl Parquet",
+    about = "Render Chain-of-Agents trajectories as CoA text (coa_text), or export LLaMA-Factory JSON (alpaca, sharegpt) / verl Parquet",
     long_about = "Render Chain-of-Agents trajectories as CoA text (coa_text), or export alpaca JSON / verl Parquet.\n\n\
 The prompt is the suite's AFM-style instruction (tags and order rules) followed by the question; the text is the \
 trajectory in AFM tags (<think>, <plan>, <web_search>, <crawl_page>, <code>, <observation>, <reflection>, \
 <suggested_answer>, <double_check>, <answer>), one block per line. observation_spans are character (Unicode scalar) \
 offsets [start, end) of every <observation>...</observation> block in the text, tags included: the tokenizer masks \
 them from the loss.\n\n\
+--to alpaca-json and --to sharegpt write LLaMA-Factory JSON; with -o FILE they also add FILE's entry (named after it) \
+to dataset_info.json in the same folder, keeping the entries already there. --to verl writes AFM's RL layout; given a \
+tasks table instead of trajectories it writes one row per task (tasks the teacher failed included).\n\n\
 A trajectory with format_ok = false, or whose steps break the CoA grammar, is an error naming the row and task, and \
 nothing is written; with --skip-bad FILE such rows go to FILE (the trajectories row plus a `reject_reason` column).",
     after_help = "Examples:\n  coa-convert -i trajectories.parquet -o coa_text.parquet\n  \
 coa-convert -i trajectories.parquet --to alpaca-json -o sft.json\n  \
+coa-convert -i trajectories.parquet --to sharegpt -o LLaMA-Factory/data/coa_sft.json\n  \
 coa-convert -i trajectories.parquet --to verl --tasks tasks.parquet --split train -o rl.parquet\n  \
+coa-convert -i tasks.parquet --to verl --split train -o rl_all_tasks.parquet\n  \
 coa-extract -i mas_runs.parquet | coa-filter | coa-convert --skip-bad bad.parquet | coa-tokenize -o tokens.parquet"
 )]
 struct Cli {
@@ -63,6 +74,7 @@ fn main() -> ExitCode {
     let target = match cli.to {
         To::CoaText => Target::CoaText,
         To::AlpacaJson => Target::AlpacaJson,
+        To::Sharegpt => Target::ShareGpt,
         To::Verl => Target::Verl,
     };
     let args = coa_distill::stages::ConvertArgs {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use arrow::array::{Array, AsArray};
-use arrow::datatypes::{Int32Type, Int64Type};
+use arrow::datatypes::Int32Type;
 use arrow::record_batch::RecordBatch;
 use coa_schemas::io::{self, Provenance};
 use coa_schemas::rows::{self, StdioTest, Task};
@@ -76,12 +76,11 @@ fn math(id: &str) -> Traj {
         "What is 6 × 7?",
         &["42"],
         vec![
-            step("think", "Multiply."),
             step("plan", "Compute 6*7."),
             step("think", "Run it."),
             tool("code", "print(6 * 7)", CODE_OBS),
-            step("think", "Check."),
             step("reflection", "42 is plausible."),
+            step("think", "Answer."),
             step("answer", "\\boxed{42}"),
         ],
     )
@@ -94,12 +93,11 @@ fn code(id: &str) -> Traj {
         "Write `double(x)` returning 2*x.",
         &[],
         vec![
-            step("think", "Easy."),
             step("plan", "Write and test."),
             step("think", "Test."),
             tool("code", "def double(x):\n    return 2 * x\nprint(double(2))", "[EXECUTED] Code exited with status 0.\n[STDOUT:BEGIN]\n4\n[STDOUT:END]"),
-            step("think", "Works."),
             step("reflection", "Tests pass."),
+            step("think", "Works."),
             step("answer", "```python\ndef double(x):\n    return 2 * x\n```"),
         ],
     )
@@ -159,8 +157,8 @@ fn renders_prompts_text_and_character_spans() {
     assert_eq!(
         texts[1],
         format!(
-            "<think>Multiply.</think>\n<plan>Compute 6*7.</plan>\n<think>Run it.</think>\n<code>\n```py\nprint(6 * 7)\n```\n</code>\n\
-             <observation>{CODE_OBS}</observation>\n<think>Check.</think>\n<reflection>42 is plausible.</reflection>\n<answer>\\boxed{{42}}</answer>"
+            "<plan>Compute 6*7.</plan>\n<think>Run it.</think>\n<code>\n```py\nprint(6 * 7)\n```\n</code>\n\
+             <observation>{CODE_OBS}</observation>\n<reflection>42 is plausible.</reflection>\n<think>Answer.</think>\n<answer>\\boxed{{42}}</answer>"
         )
     );
     assert!(texts[0].starts_with("<think>Find the lab's founder.</think>\n<plan>1. Search.\n2. Crawl.</plan>\n"));
@@ -197,17 +195,17 @@ fn bad_trajectories_fail_clearly_or_go_to_the_reject_table() {
     let mut lying = multihop("lying");
     lying.steps.remove(0); // no think before the plan, but format_ok says true
     let mut unknown = math("unknown-role");
-    unknown.steps[5].role = "critique".into();
+    unknown.steps[3].role = "critique".into();
     let mut unrenderable = math("unrenderable");
-    unrenderable.steps[3].observation = Some("a </observation> b".into());
+    unrenderable.steps[2].observation = Some("a </observation> b".into());
     let cases: Vec<(Traj, &str)> = vec![
         (flagged, "format_ok is false (step 10: <answer> cannot follow <suggested_answer>; expected <think>)"),
         (lying, "steps break the CoA grammar: step 0: <plan> after the start is not preceded by <think>; expected <think>"),
-        (unknown, "step 5: unknown role `critique`"),
-        (unrenderable, "cannot render: step 3 (<code>): <observation> body holds its closing tag </observation>"),
+        (unknown, "step 3: unknown role `critique`"),
+        (unrenderable, "cannot render: step 2 (<code>): <observation> body holds its closing tag </observation>"),
     ];
     for (t, want) in &cases {
-        for to in ["coa-text", "alpaca-json", "verl"] {
+        for to in ["coa-text", "alpaca-json", "sharegpt", "verl"] {
             let input = write(dir.path(), "bad.parquet", &[math("ok"), t.clone()]);
             let out = dir.path().join(format!("out-{to}"));
             let o = convert(&["-i", s(&input), "--to", to, "-o", s(&out)]);
@@ -240,6 +238,31 @@ fn bad_trajectories_fail_clearly_or_go_to_the_reject_table() {
     }
 }
 
+/// The `coa_text` rows of `input` (prompts, texts, observation spans as character ranges).
+fn coa_rows(dir: &Path, input: &Path) -> Vec<(String, String, Vec<(usize, usize)>)> {
+    let coa = dir.join("coa-rows.parquet");
+    assert!(convert(&["-i", s(input), "-o", s(&coa)]).status.success());
+    let b = read_coa(&coa);
+    let spans = b.column_by_name("observation_spans").unwrap().as_list::<i32>();
+    (0..b.num_rows())
+        .map(|row| {
+            let sp = spans.value(row);
+            let sp = sp.as_struct();
+            let (st, en) = (sp.column(0).as_primitive::<Int32Type>(), sp.column(1).as_primitive::<Int32Type>());
+            let ranges = (0..sp.len()).map(|k| (st.value(k) as usize, en.value(k) as usize)).collect();
+            (strings(&b, "prompt")[row].clone(), strings(&b, "text")[row].clone(), ranges)
+        })
+        .collect()
+}
+
+fn char_slice(text: &str, (a, b): (usize, usize)) -> String {
+    text.chars().skip(a).take(b - a).collect()
+}
+
+fn dataset_info(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("dataset_info.json")).unwrap()).unwrap()
+}
+
 #[test]
 fn alpaca_json_export() {
     let dir = tempfile::tempdir().unwrap();
@@ -250,16 +273,25 @@ fn alpaca_json_export() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
     let recs = v.as_array().unwrap();
     assert_eq!(recs.len(), 2);
-    let coa = dir.path().join("coa.parquet");
-    assert!(convert(&["-i", s(&input), "-o", s(&coa)]).status.success());
-    let b = read_coa(&coa);
-    for (k, r) in recs.iter().enumerate() {
+    for (r, (prompt, text, spans)) in recs.iter().zip(coa_rows(dir.path(), &input)) {
         let keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(keys, ["instruction", "input", "output"]);
-        assert_eq!(r["instruction"], strings(&b, "prompt")[k]);
+        assert_eq!(r["instruction"], prompt);
         assert_eq!(r["input"], "");
-        assert_eq!(r["output"], strings(&b, "text")[k]);
+        // The CoA text, a blank line before and after each observation block.
+        let mut want = text.clone();
+        for &span in spans.iter().rev() {
+            let block = char_slice(&text, span);
+            want = want.replacen(&format!("\n{block}\n"), &format!("\n\n{block}\n\n"), 1);
+        }
+        assert_eq!(r["output"], want);
+        assert_eq!(r["output"].as_str().unwrap().matches("</observation>\n\n<").count(), spans.len());
     }
+    // dataset_info.json beside it, in LLaMA-Factory's alpaca layout.
+    assert_eq!(
+        dataset_info(&dir.path().join("sft"))["data"],
+        serde_json::json!({"file_name": "data.json", "columns": {"prompt": "instruction", "query": "input", "response": "output"}})
+    );
     // To stdout, and an empty input gives an empty array.
     let o = convert(&["-i", s(&input), "--to", "alpaca-json"]);
     assert!(o.status.success());
@@ -275,6 +307,146 @@ fn alpaca_json_export() {
     assert!(o.status.success(), "{}", stderr(&o));
     use std::os::unix::fs::FileTypeExt;
     assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    assert!(!Path::new("/dev/dataset_info.json").exists());
+}
+
+/// Qwen2's pre-tokenizer split (its tokenizer.json): what AFM trains on.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// A byte-level BPE with Qwen2's pre-tokenizer and no CoA special tokens (as in Qwen2.5's
+/// vocabulary), trained on `texts`.
+fn qwen_like_tokenizer(texts: &[String]) -> tokenizers::Tokenizer {
+    use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+    use tokenizers::models::TrainerWrapper;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::sequence::Sequence;
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+    use tokenizers::SplitDelimiterBehavior;
+    let mut tok = tokenizers::Tokenizer::new(BPE::default());
+    let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).unwrap();
+    tok.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+        PreTokenizerWrapper::Split(split),
+        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
+    ]))));
+    tok.with_decoder(Some(tokenizers::decoders::byte_level::ByteLevel::default()));
+    let trainer = BpeTrainerBuilder::new().vocab_size(1500).show_progress(false).initial_alphabet(ByteLevel::alphabet().into_iter().collect()).build();
+    tok.train(&mut TrainerWrapper::BpeTrainer(trainer), texts.iter().map(String::as_str)).unwrap();
+    tok
+}
+
+/// What AFM's LLaMA-Factory fork does with `--ignore_observation true` (its
+/// `_mask_search_result_tokens`): the token ids of `<observation` open a masked region, those of
+/// `observation>\n\n` close it. Returns the masked regions as decoded text and whether every
+/// region closed (the fork drops an example with an unclosed one).
+fn afm_fork_masks(tok: &tokenizers::Tokenizer, response: &str) -> (Vec<String>, bool) {
+    let ids = |t: &str| tok.encode(t, false).unwrap().get_ids().to_vec();
+    let (tokens, start, end) = (ids(response), ids("<observation"), ids("observation>\n\n"));
+    let (mut regions, mut inside, mut region_start, mut i) = (Vec::new(), false, 0, 0);
+    while i < tokens.len() {
+        if !inside && tokens[i..].starts_with(&start) {
+            inside = true;
+            region_start = i;
+            i += start.len();
+        } else if inside && tokens[i..].starts_with(&end) {
+            inside = false;
+            i += end.len();
+            regions.push(tok.decode(&tokens[region_start..i], false).unwrap());
+        } else {
+            i += 1;
+        }
+    }
+    (regions, !inside)
+}
+
+#[test]
+fn alpaca_export_is_masked_by_afms_llama_factory_fork() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<Traj> = (0..6).map(|i| if i % 2 == 0 { multihop(&format!("mh{i}")) } else { math(&format!("m{i}")) }).collect();
+    let input = write(dir.path(), "traj.parquet", &rows);
+    let json_path = dir.path().join("sft.json");
+    assert!(convert(&["-i", s(&input), "--to", "alpaca-json", "-o", s(&json_path)]).status.success());
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let outputs: Vec<String> = v.as_array().unwrap().iter().map(|r| r["output"].as_str().unwrap().to_string()).collect();
+    let coa = coa_rows(dir.path(), &input);
+    let mut training: Vec<String> = outputs.clone();
+    training.extend(coa.iter().map(|(_, t, _)| t.clone()));
+    let tok = qwen_like_tokenizer(&training);
+    let mut masked = 0;
+    for (out, (_, text, spans)) in outputs.iter().zip(&coa) {
+        let (regions, closed) = afm_fork_masks(&tok, out);
+        assert!(closed, "an observation region never closes: the fork would drop the example");
+        let want: Vec<String> = spans.iter().map(|&sp| format!("{}\n\n", char_slice(text, sp))).collect();
+        assert_eq!(regions, want, "exactly the observation blocks are masked");
+        masked += regions.len();
+        // The same text with one newline after each block (the coa_text layout) is not masked.
+        let (regions, closed) = afm_fork_masks(&tok, text);
+        assert!(regions.is_empty() && !closed);
+    }
+    assert_eq!(masked, 9, "3 + 3 + 3 multihop observations, 1 each for the three math rows");
+}
+
+/// What upstream LLaMA-Factory's sharegpt converter accepts (its `SharegptDatasetConverter`):
+/// the dataset_info.json entry maps the columns and role tags; turns alternate human/observation
+/// (odd positions) with gpt/function (even positions), and an example ends with a gpt turn.
+#[test]
+fn sharegpt_export_reads_as_llama_factory_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write(dir.path(), "traj.parquet", &[multihop("mh"), math("m"), code("c")]);
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("dataset_info.json"), r#"{"identity": {"file_name": "identity.json"}}"#).unwrap();
+    let out = data.join("coa_sft.json");
+    let o = convert(&["-i", s(&input), "--to", "sharegpt", "-o", s(&out)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let info = dataset_info(&data);
+    assert_eq!(info["identity"]["file_name"], "identity.json", "existing entries are kept");
+    let entry = &info["coa_sft"];
+    assert_eq!(entry["formatting"], "sharegpt");
+    let file = data.join(entry["file_name"].as_str().unwrap());
+    let column = entry["columns"]["messages"].as_str().unwrap();
+    let tag = |k: &str| entry["tags"][k].as_str().unwrap().to_string();
+    let (role, content) = (tag("role_tag"), tag("content_tag"));
+    let (user, assistant, observation) = (tag("user_tag"), tag("assistant_tag"), tag("observation_tag"));
+
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let examples = v.as_array().unwrap();
+    assert_eq!(examples.len(), 3);
+    for (ex, (prompt, text, spans)) in examples.iter().zip(coa_rows(dir.path(), &input)) {
+        let turns = ex[column].as_array().unwrap();
+        assert_eq!(turns.len() % 2, 0, "an even number of turns, ending with the assistant");
+        let mut trained = Vec::new();
+        let mut masked = Vec::new();
+        for (i, t) in turns.iter().enumerate() {
+            let (r, c) = (t[&role].as_str().unwrap(), t[&content].as_str().unwrap());
+            if i % 2 == 0 {
+                assert!(r == user || r == observation, "turn {i}: {r}");
+                if i > 0 {
+                    assert_eq!(r, observation);
+                    masked.push(c.to_string());
+                }
+            } else {
+                assert_eq!(r, assistant, "turn {i}");
+                trained.push(c.to_string());
+            }
+        }
+        assert_eq!(turns[0][&content], prompt);
+        // The observation turns are the observation blocks; everything else is trained on, and
+        // the turns joined back give the CoA text.
+        let blocks: Vec<String> = spans.iter().map(|&sp| char_slice(&text, sp)).collect();
+        assert_eq!(masked, blocks);
+        let joined: Vec<String> = turns[1..].iter().map(|t| t[&content].as_str().unwrap().to_string()).collect();
+        assert_eq!(joined.join("\n"), text);
+        assert!(trained.iter().all(|t| !t.contains("<observation>")));
+        assert!(trained.last().unwrap().ends_with("</answer>"));
+    }
+    // A broken dataset_info.json is refused before anything is written.
+    std::fs::write(data.join("dataset_info.json"), "{oops").unwrap();
+    std::fs::remove_file(&out).unwrap();
+    let o = convert(&["-i", s(&input), "--to", "sharegpt", "-o", s(&out)]);
+    assert!(!o.status.success() && stderr(&o).contains("dataset_info.json: not valid JSON"), "{}", stderr(&o));
+    assert!(!out.exists());
 }
 
 fn code_task(id: &str, stdio: bool) -> Task {
@@ -292,9 +464,43 @@ fn code_task(id: &str, stdio: bool) -> Task {
     }
 }
 
-/// The verl export reads back through the verl importer of `coa-generate tasks --import`.
+/// A verl Parquet file as verl reads it (pandas rows: nested structs and lists as JSON).
+fn verl_rows(path: &Path) -> Vec<serde_json::Value> {
+    let reader = io::open_any(Some(path)).unwrap();
+    let schema = reader.schema();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["data_source", "prompt", "ability", "reward_model", "extra_info"]);
+    reader.flat_map(|b| serde_arrow::from_record_batch::<Vec<serde_json::Value>>(&b.unwrap()).unwrap()).collect()
+}
+
+/// What verl and AFM's reward and tools take from a row: the user prompt, every gold answer in
+/// the QA ground truth, the tools' create_kwargs.
+fn check_as_verl_reads(row: &serde_json::Value, suite: &str, question: &str, answers: &[String]) {
+    assert_eq!(row["prompt"], serde_json::json!([{"content": coa_format::build_prompt(suite, question), "role": "user"}]));
+    assert_eq!(row["ability"], suite);
+    assert_eq!(row["data_source"], format!("coa-{suite}"));
+    assert_eq!(row["reward_model"]["style"], "rule");
+    let gt = row["reward_model"]["ground_truth"].as_str().unwrap();
+    match suite {
+        "math" => assert_eq!(gt, answers[0]),
+        "code" => assert!(gt.contains("\"functional\"") || gt.contains("\"stdin\""), "{gt}"),
+        _ => assert_eq!(serde_json::from_str::<serde_json::Value>(gt).unwrap(), serde_json::json!({"target": answers, "question": question})),
+    }
+    let ei = &row["extra_info"];
+    assert_eq!(ei["need_tools_kwargs"], true);
+    assert_eq!(ei["question"], question);
+    for tool in ["web_search", "crawl_page", "code"] {
+        let kw = &ei["tools_kwargs"][tool]["create_kwargs"];
+        assert_eq!((kw["question"].as_str(), kw["data_source"].as_str()), (Some(question), Some(format!("coa-{suite}").as_str())), "{tool}");
+        if suite != "code" {
+            assert_eq!(kw["ground_truth"], serde_json::json!(answers), "{tool}");
+        }
+    }
+}
+
+/// The verl export in AFM's layout, as verl reads it, and back through our importer.
 #[test]
-fn verl_export_reimports() {
+fn verl_export_reads_as_verl_reads_it_and_reimports() {
     let dir = tempfile::tempdir().unwrap();
     let mut qa = multihop("qa-1");
     qa.suite = "qa".into();
@@ -308,38 +514,34 @@ fn verl_export_reimports() {
     let out = dir.path().join("rl.parquet");
     let o = convert(&["-i", s(&input), "--to", "verl", "-o", s(&out)]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("row 2, task `c-fn`: code task: its verl ground truth is the test spec"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("row 2, task `c-fn`: code task `c-fn` has no tests for its verl ground truth (pass the tasks table with --tasks)"), "{}", stderr(&o));
     assert!(!out.exists());
 
     let o = convert(&["-i", s(&input), "--to", "verl", "--tasks", s(&tasks), "--split", "train", "-o", s(&out)]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(&std::fs::read(&out).unwrap()[..4], b"PAR1");
-
-    // Our own reader sees the verl layout.
-    let reader = io::open_any(Some(&out)).unwrap();
-    let schema = reader.schema();
-    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-    assert_eq!(names, ["data_source", "prompt", "ability", "reward_model", "extra_info"]);
-    let b = arrow::compute::concat_batches(&schema, &reader.map(Result::unwrap).collect::<Vec<_>>()).unwrap();
-    assert_eq!(strings(&b, "data_source"), ["coa-multihop", "coa-math", "coa-code", "coa-qa", "coa-code", "coa-math"]);
-    assert_eq!(strings(&b, "ability"), ["multihop", "math", "code", "qa", "code", "math"]);
-    let ei = b.column_by_name("extra_info").unwrap().as_struct();
-    assert_eq!(ei.column_by_name("index").unwrap().as_primitive::<Int64Type>().values(), &[0, 1, 2, 3, 4, 5]);
-    let rm = b.column_by_name("reward_model").unwrap().as_struct();
-    assert!(rm.column_by_name("style").unwrap().as_string::<i32>().iter().all(|s| s == Some("rule")));
+    let read = verl_rows(&out);
+    assert_eq!(read.len(), rows.len());
+    for (k, (row, r)) in read.iter().zip(&rows).enumerate() {
+        check_as_verl_reads(row, &r.suite, &r.question, &r.answers);
+        assert_eq!((row["extra_info"]["index"].as_i64(), row["extra_info"]["split"].as_str()), (Some(k as i64), Some("train")));
+        assert_eq!(row["extra_info"]["task_id"], r.task_id);
+    }
+    assert_eq!(read[0]["extra_info"]["answer"], serde_json::json!(["Ardena Varos", "A. Varos"]), "every gold answer, not the first");
 
     // And the importer of real task files reads it back: count, questions, answers, tests.
-    let imported = coa_tasks::import::import_file(&out, None).unwrap();
+    let imported = coa_tasks::import::import_file(&out, Some("train")).unwrap();
     assert_eq!(imported.len(), rows.len());
     for (t, r) in imported.iter().zip(&rows) {
-        assert_eq!(t.question, coa_format::build_prompt(&r.suite, &r.question), "{}", r.task_id);
+        assert_eq!(t.question, r.question, "{}: our instruction is split off again", r.task_id);
+        assert_eq!(t.system_prompt.as_deref(), Some(coa_format::instruction(&r.suite)));
         assert_eq!(t.split, "train");
         let want_suite = if r.suite == "multihop" { "qa" } else { r.suite.as_str() };
         assert_eq!(t.suite, want_suite, "{}", r.task_id);
         if r.suite == "code" {
             assert!(t.answers.is_empty());
         } else {
-            assert_eq!(t.answers, vec![r.answers[0].clone()], "{}", r.task_id);
+            assert_eq!(t.answers, r.answers, "{}", r.task_id);
         }
         assert!(t.extra.as_deref().unwrap().contains(&format!("\"task_id\":\"{}\"", r.task_id)), "{:?}", t.extra);
     }
@@ -354,6 +556,42 @@ fn verl_export_reimports() {
     assert!(stderr(&o).contains("row 0, task `no-gold`: no gold answer for the verl ground truth"), "{}", stderr(&o));
     assert!(!convert(&["-i", s(&input), "--to", "verl", "--format", "ipc"]).status.success());
     assert!(!convert(&["-i", s(&input), "--tasks", s(&tasks)]).status.success());
+}
+
+/// Tasks go to RL directly, the ones the teacher failed included.
+#[test]
+fn verl_export_straight_from_a_tasks_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut math_task = Task { task_id: "m-9".into(), suite: "math".into(), split: "train".into(), question: "What is 6 × 7?".into(), answers: vec!["42".into()], ..Default::default() };
+    let qa_task = Task { task_id: "q-9".into(), suite: "qa".into(), split: "train".into(), question: "Who founded Këlmo Labs?".into(), answers: vec!["Ardena Varos".into(), "A. Varos".into()], ..Default::default() };
+    let tasks = vec![math_task.clone(), qa_task.clone(), code_task("c-9", true)];
+    let path = dir.path().join("tasks.parquet");
+    io::write_all(Some(&path), None, &TASKS.schema(), &[rows::to_batch(&tasks).unwrap()], &Provenance::default()).unwrap();
+    let out = dir.path().join("rl.parquet");
+    let o = convert(&["-i", s(&path), "--to", "verl", "-o", s(&out)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let read = verl_rows(&out);
+    assert_eq!(read.len(), 3);
+    for (row, t) in read.iter().zip(&tasks) {
+        check_as_verl_reads(row, &t.suite, &t.question, &t.answers);
+    }
+    assert_eq!(read[2]["reward_model"]["ground_truth"], r#"{"stdin":["2\n"],"expected_output":["4\n"]}"#);
+    // Several math golds go as AFM's `{"target": [...]}`.
+    math_task.answers.push("42.0".into());
+    io::write_all(Some(&path), None, &TASKS.schema(), &[rows::to_batch(&[math_task]).unwrap()], &Provenance::default()).unwrap();
+    assert!(convert(&["-i", s(&path), "--to", "verl", "-o", s(&out)]).status.success());
+    assert_eq!(verl_rows(&out)[0]["reward_model"]["ground_truth"], r#"{"target":["42","42.0"]}"#);
+    assert_eq!(coa_tasks::import::import_file(&out, None).unwrap()[0].answers, vec!["42", "42.0"]);
+    // A task without a ground truth is named.
+    let bad = Task { task_id: "q-0".into(), suite: "qa".into(), question: "?".into(), ..Default::default() };
+    io::write_all(Some(&path), None, &TASKS.schema(), &[rows::to_batch(&[qa_task, bad]).unwrap()], &Provenance::default()).unwrap();
+    let o = convert(&["-i", s(&path), "--to", "verl", "-o", s(&out)]);
+    assert!(!o.status.success() && stderr(&o).contains("row 1, task `q-0`: no gold answer"), "{}", stderr(&o));
+    // Another table is refused with the tables --to verl reads.
+    let coa = dir.path().join("coa.parquet");
+    assert!(convert(&["-i", s(&write(dir.path(), "t.parquet", &[math("x")])), "-o", s(&coa)]).status.success());
+    let o = convert(&["-i", s(&coa), "--to", "verl", "-o", s(&out)]);
+    assert!(!o.status.success() && stderr(&o).contains("holds the `coa_text` table; --to verl reads `trajectories`"), "{}", stderr(&o));
 }
 
 #[test]

@@ -1,15 +1,18 @@
 //! `trajectories` → `coa_text` (prompt, rendered CoA text, observation spans), and the exports
-//! that make the data usable in the reference tool chains:
+//! that make the data train as the field trains it:
 //!
-//! - **alpaca JSON** (AFM / LLaMA-Factory SFT): a JSON array of `{instruction, input, output}`,
-//!   the whole trajectory as one assistant turn: `instruction` = the prompt, `input` = "",
-//!   `output` = the CoA text.
-//! - **verl Parquet** (RL): `data_source` (`coa-<suite>`), `prompt` (`[{content, role: "user"}]`),
-//!   `ability` (the suite), `reward_model {ground_truth, style: "rule"}` and
-//!   `extra_info {index, split, task_id}`. The ground truth is the first gold answer, or for code
-//!   tasks their test spec as JSON (`{"stdin": [...], "expected_output": [...]}` or
-//!   `{"functional": test program}`, the layouts `coa-generate tasks --import` reads back), which
-//!   comes from the tasks table.
+//! - **alpaca JSON** (AFM's LLaMA-Factory fork, `--ignore_observation true`): a JSON array of
+//!   `{instruction, input, output}`, the whole trajectory as one assistant turn: `instruction` =
+//!   the prompt, `input` = "", `output` = the CoA text with a blank line before and after every
+//!   `<observation>…</observation>` block. The fork masks an observation from the tokens of
+//!   `<observation` to the tokens of `observation>\n\n`; with a single newline after the block
+//!   that end marker never appears and no observation would be masked.
+//! - **sharegpt JSON** (upstream LLaMA-Factory): `{"conversations": [{"from", "value"}, …]}`:
+//!   the prompt as the `human` turn, then the CoA text cut at the observations: the text up to a
+//!   tool call is a `gpt` turn, its `<observation>…</observation>` block an `observation` turn
+//!   (which LLaMA-Factory masks from the loss), and so on to the final `gpt` turn. Joining the
+//!   turns after the prompt with `\n` gives the `coa_text` text back.
+//! - **verl Parquet** (RL), see [`crate::verl`].
 //!
 //! A trajectory with `format_ok = false`, steps that break the grammar (checked again here), a
 //! role that is no CoA tag, content that cannot be rendered, or (verl) no ground truth is bad: an
@@ -19,9 +22,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int32Array, Int64Array, ListArray, StringArray, StringBuilder, StructArray};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int32Array, ListArray, StringArray, StringBuilder, StructArray};
 use arrow::buffer::{OffsetBuffer, ScalarBuffer};
-use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Fields, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use coa_format::{render_to, validate, write_prompt, Flavor, Span, Step, Tag};
 use coa_schemas::tables::COA_TEXT;
@@ -29,16 +32,26 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::util::{self, opt_str, select, Unit};
+use crate::verl::VerlTask;
 
 /// What `coa-convert` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
     /// The `coa_text` table.
     CoaText,
-    /// LLaMA-Factory alpaca JSON.
+    /// AFM's LLaMA-Factory alpaca JSON.
     AlpacaJson,
+    /// Upstream LLaMA-Factory sharegpt JSON.
+    ShareGpt,
     /// verl RL Parquet.
     Verl,
+}
+
+impl Target {
+    /// A JSON array of records (with a `dataset_info.json` entry beside it).
+    pub fn is_json(self) -> bool {
+        matches!(self, Target::AlpacaJson | Target::ShareGpt)
+    }
 }
 
 /// Options of one conversion.
@@ -56,9 +69,9 @@ pub struct UnitOut {
     pub coa: RecordBatch,
     /// Input row (within its batch) of each kept trajectory.
     pub kept: Vec<u32>,
-    /// verl ground truths, one per kept row.
-    pub ground_truth: Option<StringArray>,
-    /// alpaca records, `,\n`-separated, no brackets.
+    /// verl rows, one per kept row (verl only).
+    pub verl: Vec<VerlTask>,
+    /// JSON records (alpaca or sharegpt), `,\n`-separated, no brackets.
     pub json: Vec<u8>,
     pub rejected: Vec<(u32, String)>,
     pub spans: u64,
@@ -100,22 +113,21 @@ impl<'a> Trajs<'a> {
             format_error: util::utf8(batch, "format_error")?,
         })
     }
+}
 
-    /// The verl ground truth of row `i`.
-    fn ground_truth<'s>(&'s self, i: usize, specs: Option<&'s HashMap<String, String>>) -> Result<&'s str, String> {
-        let task = self.task_id.value(i);
-        if self.suite.value(i) == "code" {
-            let Some(specs) = specs else {
-                return Err("code task: its verl ground truth is the test spec, which trajectories do not carry; pass --tasks FILE (the tasks table)".into());
-            };
-            return specs.get(task).map(String::as_str).ok_or_else(|| format!("code task `{task}` has no tests in the --tasks table"));
-        }
+impl Trajs<'_> {
+    /// Row `i` as a verl task; a code task's test spec comes from the tasks table (`specs`).
+    fn verl_task(&self, i: usize, specs: Option<&HashMap<String, String>>) -> VerlTask {
         let o = self.answers.value_offsets();
-        (o[i] as usize..o[i + 1] as usize)
-            .filter(|&k| !self.answer_items.is_null(k))
-            .map(|k| self.answer_items.value(k))
-            .find(|a| !a.trim().is_empty())
-            .ok_or_else(|| "no gold answer for the verl ground truth".to_string())
+        let answers = (o[i] as usize..o[i + 1] as usize).filter(|&k| !self.answer_items.is_null(k)).map(|k| self.answer_items.value(k).to_string()).collect();
+        let task_id = self.task_id.value(i);
+        VerlTask {
+            task_id: task_id.to_string(),
+            suite: self.suite.value(i).to_string(),
+            question: self.question.value(i).to_string(),
+            answers,
+            code_spec: specs.and_then(|m| m.get(task_id)).cloned(),
+        }
     }
 }
 
@@ -124,6 +136,51 @@ struct Alpaca<'a> {
     instruction: &'a str,
     input: &'a str,
     output: &'a str,
+}
+
+#[derive(Serialize)]
+struct Turn<'a> {
+    from: &'static str,
+    value: &'a str,
+}
+
+#[derive(Serialize)]
+struct ShareGpt<'a> {
+    conversations: Vec<Turn<'a>>,
+}
+
+/// Byte ranges of character spans (within `text`).
+fn byte_ranges(text: &str, spans: &[Span]) -> Vec<(usize, usize)> {
+    let starts: Vec<usize> = text.char_indices().map(|(b, _)| b).chain(std::iter::once(text.len())).collect();
+    spans.iter().map(|s| (starts[s.start], starts[s.end])).collect()
+}
+
+/// The alpaca output: the text with a blank line around every observation block (module docs).
+fn afm_output(text: &str, spans: &[Span]) -> String {
+    let mut out = String::with_capacity(text.len() + 2 * spans.len());
+    let mut from = 0;
+    for (start, end) in byte_ranges(text, spans) {
+        out.push_str(&text[from..start]);
+        out.push('\n');
+        out.push_str(&text[start..end]);
+        out.push('\n');
+        from = end;
+    }
+    out.push_str(&text[from..]);
+    out
+}
+
+/// The sharegpt conversation of one trajectory (module docs).
+fn sharegpt<'a>(prompt: &'a str, text: &'a str, spans: &[Span]) -> ShareGpt<'a> {
+    let mut turns = vec![Turn { from: "human", value: prompt }];
+    let mut from = 0;
+    for (start, end) in byte_ranges(text, spans) {
+        turns.push(Turn { from: "gpt", value: text[from..start].trim_matches('\n') });
+        turns.push(Turn { from: "observation", value: &text[start..end] });
+        from = end;
+    }
+    turns.push(Turn { from: "gpt", value: text[from..].trim_matches('\n') });
+    ShareGpt { conversations: turns }
 }
 
 fn spans_item(schema: &SchemaRef) -> Result<(Arc<Field>, Fields)> {
@@ -152,14 +209,16 @@ pub fn convert_unit(batch: &RecordBatch, unit: Unit, opts: &ConvertOptions) -> R
     let mut prompt = StringBuilder::with_capacity(n, (qo[hi] - qo[lo]).max(0) as usize + n * 1600);
     let (mut starts, mut ends, mut span_offsets) = (Vec::new(), Vec::new(), Vec::with_capacity(n + 1));
     span_offsets.push(0i32);
-    let mut gt = (opts.target == Target::Verl).then(|| StringBuilder::with_capacity(n, n * 16));
+    let mut verl: Vec<VerlTask> = Vec::new();
+    // Each kept row's observation spans, for the JSON exports.
+    let mut row_spans: Vec<Vec<Span>> = Vec::new();
     let mut kept = Vec::with_capacity(n);
     let mut rejected = Vec::new();
     let mut steps: Vec<Step<'_>> = Vec::new();
     let mut spans: Vec<Span> = Vec::new();
     let specs = opts.code_specs.as_deref();
     for i in lo..hi {
-        let row = (|| -> Result<Option<&str>, String> {
+        let row = (|| -> Result<Option<VerlTask>, String> {
             if !t.format_ok.value(i) {
                 return Err(format!("format_ok is false ({})", opt_str(t.format_error, i).unwrap_or("no format_error given")));
             }
@@ -170,9 +229,13 @@ pub fn convert_unit(batch: &RecordBatch, unit: Unit, opts: &ConvertOptions) -> R
                 steps.push(Step { tag, content: t.content.value(k), observation: opt_str(t.observation, k) });
             }
             validate(&steps, Flavor::for_suite(t.suite.value(i))).map_err(|v| format!("steps break the CoA grammar: {v}"))?;
-            let g = match &gt {
-                Some(_) => Some(t.ground_truth(i, specs)?),
-                None => None,
+            let g = match opts.target {
+                Target::Verl => {
+                    let task = t.verl_task(i, specs);
+                    task.ground_truth()?;
+                    Some(task)
+                }
+                _ => None,
             };
             spans.clear();
             render_to(&steps, &mut text, &mut spans).map_err(|e| format!("cannot render: {e}"))?;
@@ -197,8 +260,9 @@ pub fn convert_unit(batch: &RecordBatch, unit: Unit, opts: &ConvertOptions) -> R
             ends.push(to_i32(s.end, "an observation span").map_err(|e| anyhow!("task `{task}`: {e}"))?);
         }
         span_offsets.push(i32::try_from(starts.len()).context("too many observation spans in one unit")?);
-        if let (Some(b), Some(g)) = (gt.as_mut(), g) {
-            b.append_value(g);
+        verl.extend(g);
+        if opts.target.is_json() {
+            row_spans.push(spans.clone());
         }
         kept.push(i as u32);
     }
@@ -213,18 +277,22 @@ pub fn convert_unit(batch: &RecordBatch, unit: Unit, opts: &ConvertOptions) -> R
     let prompt = prompt.finish();
     let text = text.finish();
     let mut json = Vec::new();
-    if opts.target == Target::AlpacaJson {
+    if opts.target.is_json() {
         json.reserve(prompt.value_data().len() + text.value_data().len() + kept.len() * 64);
-        for k in 0..prompt.len() {
+        for (k, spans) in row_spans.iter().enumerate() {
             if k > 0 {
                 json.extend_from_slice(b",\n");
             }
-            serde_json::to_writer(&mut json, &Alpaca { instruction: prompt.value(k), input: "", output: text.value(k) })?;
+            let (p, t) = (prompt.value(k), text.value(k));
+            match opts.target {
+                Target::ShareGpt => serde_json::to_writer(&mut json, &sharegpt(p, t, spans))?,
+                _ => serde_json::to_writer(&mut json, &Alpaca { instruction: p, input: "", output: &afm_output(t, spans) })?,
+            }
         }
     }
     let columns: Vec<ArrayRef> = vec![pick("task_id")?, pick("suite")?, Arc::new(prompt), Arc::new(text), Arc::new(spans_col)];
     let coa = RecordBatch::try_new(schema, columns)?;
-    Ok(UnitOut { coa, kept, ground_truth: gt.map(|mut b| b.finish()), json, rejected, spans: n_spans })
+    Ok(UnitOut { coa, kept, verl, json, rejected, spans: n_spans })
 }
 
 /// Converts a group of `trajectories` batches in parallel; `first_row` is the global row number
@@ -234,84 +302,4 @@ pub fn convert_group(batches: &[RecordBatch], first_row: u64, opts: &ConvertOpti
     let results: Vec<Result<UnitOut>> = units.par_iter().map(|u| convert_unit(&batches[u.batch], *u, opts)).collect();
     let outs = results.into_iter().collect::<Result<Vec<_>>>()?;
     Ok((units, outs))
-}
-
-/// The schema of the verl export.
-pub fn verl_schema() -> SchemaRef {
-    let s = |name: &str| Field::new(name, DataType::Utf8, true);
-    let message = Fields::from(vec![s("content"), s("role")]);
-    Arc::new(Schema::new(vec![
-        s("data_source"),
-        Field::new("prompt", DataType::List(Arc::new(Field::new("item", DataType::Struct(message), true))), true),
-        s("ability"),
-        Field::new("reward_model", DataType::Struct(Fields::from(vec![s("ground_truth"), s("style")])), true),
-        Field::new(
-            "extra_info",
-            DataType::Struct(Fields::from(vec![Field::new("index", DataType::Int64, true), s("split"), s("task_id")])),
-            true,
-        ),
-    ]))
-}
-
-fn repeated(value: &str, n: usize) -> ArrayRef {
-    let mut b = StringBuilder::with_capacity(n, n * value.len());
-    for _ in 0..n {
-        b.append_value(value);
-    }
-    Arc::new(b.finish())
-}
-
-/// The verl rows of one unit; `first_index` is `extra_info.index` of its first row.
-pub fn verl_batch(out: &UnitOut, first_index: i64, split: &str) -> Result<RecordBatch> {
-    let schema = verl_schema();
-    let n = out.coa.num_rows();
-    let coa = &out.coa;
-    let suite = coa.column(1).as_string::<i32>();
-    let mut data_source = StringBuilder::with_capacity(n, n * 16);
-    for k in 0..n {
-        data_source.append_value(format!("coa-{}", suite.value(k)));
-    }
-    let field = |name: &str| -> Result<Field> { Ok(schema.field_with_name(name)?.clone()) };
-    let DataType::List(msg_item) = field("prompt")?.data_type().clone() else { bail!("verl prompt is not a list") };
-    let DataType::Struct(msg_fields) = msg_item.data_type().clone() else { bail!("verl prompt items are not structs") };
-    let messages = StructArray::try_new(msg_fields, vec![coa.column(2).clone(), repeated("user", n)], None)?;
-    let prompt = ListArray::try_new(msg_item, OffsetBuffer::from_lengths(std::iter::repeat_n(1, n)), Arc::new(messages), None)?;
-    let DataType::Struct(rm_fields) = field("reward_model")?.data_type().clone() else { bail!("verl reward_model is not a struct") };
-    let gt = out.ground_truth.clone().ok_or_else(|| anyhow!("verl export without ground truths"))?;
-    let reward_model = StructArray::try_new(rm_fields, vec![Arc::new(gt), repeated("rule", n)], None)?;
-    let DataType::Struct(ei_fields) = field("extra_info")?.data_type().clone() else { bail!("verl extra_info is not a struct") };
-    let index = Int64Array::from_iter_values((0..n as i64).map(|k| first_index + k));
-    let extra_info = StructArray::try_new(ei_fields, vec![Arc::new(index), repeated(split, n), coa.column(0).clone()], None)?;
-    let columns: Vec<ArrayRef> = vec![Arc::new(data_source.finish()), Arc::new(prompt), coa.column(1).clone(), Arc::new(reward_model), Arc::new(extra_info)];
-    Ok(RecordBatch::try_new(schema, columns)?)
-}
-
-/// Code test specs by task id, from a `tasks` table batch: `{"stdin", "expected_output"}` for
-/// stdio tests, else `{"functional": test_code}`.
-pub fn code_specs_from_tasks(batch: &RecordBatch, specs: &mut HashMap<String, String>) -> Result<()> {
-    let task_id = util::utf8(batch, "task_id")?;
-    let suite = util::utf8(batch, "suite")?;
-    let test_code = util::utf8(batch, "test_code")?;
-    let stdio = util::list(batch, "stdio_tests")?;
-    let st = stdio.values().as_struct_opt().ok_or_else(|| anyhow!("`stdio_tests` items are not structs"))?;
-    let stdin = util::struct_utf8(st, "stdin", "`stdio_tests` item")?;
-    let expected = util::struct_utf8(st, "expected_stdout", "`stdio_tests` item")?;
-    let o = stdio.value_offsets();
-    for i in 0..batch.num_rows() {
-        if suite.value(i) != "code" {
-            continue;
-        }
-        let range = o[i] as usize..o[i + 1] as usize;
-        let spec = if !range.is_empty() {
-            let ins: Vec<&str> = range.clone().map(|k| stdin.value(k)).collect();
-            let outs: Vec<&str> = range.map(|k| expected.value(k)).collect();
-            serde_json::json!({ "stdin": ins, "expected_output": outs }).to_string()
-        } else if let Some(code) = opt_str(test_code, i).filter(|c| !c.trim().is_empty()) {
-            serde_json::json!({ "functional": code }).to_string()
-        } else {
-            continue;
-        };
-        specs.insert(task_id.value(i).to_string(), spec);
-    }
-    Ok(())
 }

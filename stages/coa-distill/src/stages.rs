@@ -13,13 +13,15 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use arrow::record_batch::RecordBatch;
-use coa_schemas::io::{Format, TableWriter};
+use coa_schemas::io::{Format, TableReader, TableWriter};
+use coa_schemas::rows::{self, Task};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{COA_TEXT, MAS_RUNS, TASKS, TRAJECTORIES};
 
 use crate::convert::{self, ConvertOptions, Target};
 use crate::extract;
 use crate::util::{self, AtomicFile};
+use crate::verl;
 
 /// Writes rejected rows, if `--skip-bad` was given.
 struct Rejects {
@@ -174,7 +176,45 @@ pub struct ConvertArgs<'a> {
     pub split: &'a str,
 }
 
-/// The alpaca JSON array, streamed to a file (temp name + rename) or stdout.
+/// The `dataset_info.json` entry LLaMA-Factory needs for a JSON export named `file_name`.
+fn dataset_info_entry(target: Target, file_name: &str) -> serde_json::Value {
+    match target {
+        Target::ShareGpt => serde_json::json!({
+            "file_name": file_name,
+            "formatting": "sharegpt",
+            "columns": {"messages": "conversations"},
+            "tags": {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt", "observation_tag": "observation"}
+        }),
+        _ => serde_json::json!({
+            "file_name": file_name,
+            "columns": {"prompt": "instruction", "query": "input", "response": "output"}
+        }),
+    }
+}
+
+/// `dataset_info.json` beside a JSON export, with the export's entry added (an existing file keeps
+/// its other entries). Returns the path and the whole new content; the file is written by the
+/// caller once the export is complete.
+fn dataset_info(target: Target, out: &Path) -> Result<(std::path::PathBuf, Vec<u8>)> {
+    let file_name = out.file_name().and_then(|n| n.to_str()).ok_or_else(|| anyhow::anyhow!("-o {}: not a file name", out.display()))?;
+    let entry_name = file_name.split('.').next().unwrap_or(file_name).to_string();
+    let path = out.with_file_name("dataset_info.json");
+    let mut info = match std::fs::read(&path) {
+        Ok(bytes) => match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Ok(serde_json::Value::Object(m)) => m,
+            Ok(_) => bail!("{}: expected a JSON object of datasets (LLaMA-Factory's dataset_info.json)", path.display()),
+            Err(e) => bail!("{}: not valid JSON ({e}); expected LLaMA-Factory's dataset_info.json", path.display()),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::Map::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    info.insert(entry_name, dataset_info_entry(target, file_name));
+    let mut bytes = serde_json::to_vec_pretty(&serde_json::Value::Object(info))?;
+    bytes.push(b'\n');
+    Ok((path, bytes))
+}
+
+/// A JSON array of records (alpaca or sharegpt), streamed to a file (temp name + rename) or stdout.
 #[derive(Default)]
 struct JsonOut {
     file: Option<AtomicFile>,
@@ -226,23 +266,35 @@ impl JsonOut {
     }
 }
 
-/// `coa-convert`: `trajectories` → `coa_text`, alpaca JSON or verl Parquet.
+/// `coa-convert`: `trajectories` → `coa_text`, alpaca or sharegpt JSON, or verl Parquet (also
+/// straight from a `tasks` table).
 pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Result<()> {
     let format = match (args.target, io.format) {
         (Target::CoaText, f) => f,
         (Target::Verl, None | Some(Format::Parquet)) => Some(Format::Parquet),
         (Target::Verl, Some(f)) => bail!("--to verl writes Parquet; --format {f:?} does not apply"),
-        (Target::AlpacaJson, None) => None,
-        (Target::AlpacaJson, Some(_)) => bail!("--to alpaca-json writes JSON; --format does not apply"),
+        (_, None) => None,
+        (_, Some(_)) => bail!("--to {} writes JSON; --format does not apply", target_name(args.target)),
     };
     if args.tasks.is_some() && args.target != Target::Verl {
         bail!("--tasks is only used by --to verl (code test specs for the ground truth)");
     }
+    let out_path = io.output.as_deref().filter(|p| *p != Path::new("-"));
+    // LLaMA-Factory's dataset_info.json, checked before anything is written.
+    // (none beside a device such as /dev/null)
+    let info = match (args.target.is_json(), out_path) {
+        (true, Some(p)) if std::fs::metadata(p).map_or(true, |m| m.is_file()) => Some(dataset_info(args.target, p)?),
+        _ => None,
+    };
     let code_specs = match args.tasks {
         Some(path) => {
             let mut specs = HashMap::new();
             for batch in stage.open(Some(path), &TASKS)? {
-                convert::code_specs_from_tasks(&batch?, &mut specs)?;
+                for t in rows::from_batch::<Task>(&batch?).with_context(|| format!("--tasks {}", path.display()))? {
+                    if let Some(spec) = verl::code_spec(&t) {
+                        specs.insert(t.task_id, spec);
+                    }
+                }
             }
             stage.note("code_specs", specs.len());
             Some(Arc::new(specs))
@@ -250,13 +302,27 @@ pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Re
         None => None,
     };
     let opts = ConvertOptions { target: args.target, skip_bad: args.skip_bad.is_some(), code_specs };
-    let mut reader = stage.open(io.input.as_deref(), &TRAJECTORIES)?;
+    let mut reader = if args.target == Target::Verl {
+        // verl rows come from trajectories or, for every task, straight from a tasks table.
+        let reader = stage.open_any(io.input.as_deref())?;
+        let is_tasks = match reader.table_name().as_deref() {
+            Some("tasks") => true,
+            Some("trajectories") => false,
+            Some(other) => bail!("{}: input holds the `{other}` table; --to verl reads `trajectories` (kept runs) or `tasks` (every task)", reader.source()),
+            None => TASKS.columns.iter().all(|c| reader.schema().index_of(c.name).is_ok()),
+        };
+        if is_tasks {
+            return verl_from_tasks(stage, reader, out_path, args);
+        }
+        reader
+    } else {
+        stage.open(io.input.as_deref(), &TRAJECTORIES)?
+    };
     let mut rejects = Rejects::new(stage, args.skip_bad, &reader.schema())?;
-    let out_path = io.output.as_deref().filter(|p| *p != Path::new("-"));
     let mut table: Option<BackgroundWriter> = None;
     let mut json = JsonOut::default();
     let table_schema = match args.target {
-        Target::Verl => convert::verl_schema(),
+        Target::Verl => verl::verl_schema(),
         _ => COA_TEXT.schema(),
     };
     let bar = stage.progress(None, "converting");
@@ -270,7 +336,7 @@ pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Re
             convert::convert_group(&group, rows_in, &opts).with_context(|| reader.source().to_string())?
         };
         // Open the output once the first group converted cleanly (or at the end of an empty input).
-        if args.target == Target::AlpacaJson {
+        if args.target.is_json() {
             if !json.is_open() {
                 json.open(out_path)?;
             }
@@ -279,8 +345,8 @@ pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Re
         }
         for o in &outs {
             match (&mut table, args.target) {
-                (_, Target::AlpacaJson) => json.records(&o.json)?,
-                (Some(w), Target::Verl) => w.write(convert::verl_batch(o, rows_out as i64, args.split)?)?,
+                (_, Target::AlpacaJson | Target::ShareGpt) => json.records(&o.json)?,
+                (Some(w), Target::Verl) => w.write(verl::verl_batch(&o.verl, rows_out as i64, args.split)?)?,
                 (Some(w), _) => w.write(o.coa.clone())?,
                 (None, _) => bail!("internal: output not open"),
             }
@@ -306,14 +372,57 @@ pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Re
         }
         None => json.finish()?,
     }
+    if let Some((path, bytes)) = info {
+        let mut f = AtomicFile::create(&path)?;
+        f.write_all(&bytes)?;
+        f.finish()?;
+        stage.note("dataset_info", path.display().to_string());
+    }
     rejects.finish(stage)?;
     stage.add_rows_in(rows_in);
     stage.add_rows_out(rows_out);
-    stage.note("to", match args.target {
+    stage.note("to", target_name(args.target));
+    stage.note("observation_spans", spans);
+    Ok(())
+}
+
+fn target_name(t: Target) -> &'static str {
+    match t {
         Target::CoaText => "coa-text",
         Target::AlpacaJson => "alpaca-json",
+        Target::ShareGpt => "sharegpt",
         Target::Verl => "verl",
-    });
-    stage.note("observation_spans", spans);
+    }
+}
+
+/// `--to verl` from a `tasks` table: one RL row per task (tasks the teacher failed included).
+fn verl_from_tasks(stage: &mut Stage, reader: TableReader, out_path: Option<&Path>, args: &ConvertArgs<'_>) -> Result<()> {
+    let source = reader.source().to_string();
+    let mut rejects = Rejects::new(stage, args.skip_bad, &reader.schema())?;
+    let mut writer = stage.create(out_path, Some(Format::Parquet), &verl::verl_schema())?;
+    let (mut rows_in, mut rows_out) = (0u64, 0u64);
+    for batch in reader {
+        let batch = batch?;
+        let mut good = Vec::with_capacity(batch.num_rows());
+        let mut bad = Vec::new();
+        for (k, t) in rows::from_batch::<Task>(&batch).with_context(|| format!("{source}: reading tasks"))?.iter().enumerate() {
+            let task = verl::VerlTask::from_task(t);
+            match task.ground_truth() {
+                Ok(_) => good.push(task),
+                Err(why) if args.skip_bad.is_some() => bad.push((k as u32, why)),
+                Err(why) => bail!("{source}: row {}, task `{}`: {why}", rows_in + k as u64, t.task_id),
+            }
+        }
+        rejects.write(std::slice::from_ref(&batch), &[bad])?;
+        writer.write(&verl::verl_batch(&good, rows_out as i64, args.split)?)?;
+        rows_in += batch.num_rows() as u64;
+        rows_out += good.len() as u64;
+    }
+    writer.finish()?;
+    rejects.finish(stage)?;
+    stage.add_rows_in(rows_in);
+    stage.add_rows_out(rows_out);
+    stage.note("to", "verl");
+    stage.note("from", "tasks");
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! Parsers for the graded role-playing blocks: a `<reflection>` grades three criteria as
-//! Good/Fair/Poor (any Poor means re-plan), a `<double_check>` gives `score: N`, 1-4 (3 or 4 means
+//! Good/Fair/Poor (AFM's prompts say Average for Fair; any Poor means re-plan), a `<double_check>` gives `score: N`, 1-4 (3 or 4 means
 //! answer, 1 or 2 means re-plan). Keys are matched case-insensitively and light markdown around
 //! them is tolerated (`- **tool_effectiveness**: Fair`, `Score: 4/4`).
 
@@ -24,7 +24,11 @@ impl Grade {
         }
     }
 
+    /// `Good`, `Fair` or `Poor` (any case); AFM's prompts also grade `Average`, read as Fair.
     fn from_word(w: &str) -> Option<Grade> {
+        if w.eq_ignore_ascii_case("average") {
+            return Some(Grade::Fair);
+        }
         Grade::ALL
             .into_iter()
             .find(|g| g.name().eq_ignore_ascii_case(w))
@@ -160,7 +164,10 @@ fn word_at(text: &str, at: usize) -> &str {
 pub fn parse_reflection(content: &str) -> Result<ReflectionGrades, GradeError> {
     let mut grades = [Grade::Good; 3];
     for (slot, key) in grades.iter_mut().zip(REFLECTION_CRITERIA) {
-        let at = value_after(content, key).ok_or(GradeError::Missing(key))?;
+        // AFM writes the criteria as words (`Information Conflict: Good`).
+        let at = value_after(content, key)
+            .or_else(|| value_after(content, &key.replace('_', " ")))
+            .ok_or(GradeError::Missing(key))?;
         let word = word_at(content, at);
         *slot = Grade::from_word(word).ok_or_else(|| GradeError::BadValue {
             key,
@@ -201,6 +208,10 @@ mod tests {
         let g = parse_reflection("The search worked.\ninformation_conflict: Good\ntool_effectiveness: fair\ntrajectory_monitoring: Good").unwrap();
         assert_eq!(g.all(), [Grade::Good, Grade::Fair, Grade::Good]);
         assert!(!g.needs_replan());
+        let g = parse_reflection("information_conflict: Average\ntool_effectiveness: Good\ntrajectory_monitoring: Fair").unwrap();
+        assert_eq!(g.all(), [Grade::Fair, Grade::Good, Grade::Fair]);
+        let g = parse_reflection("(1) Information Conflict: Good\n(2) Tool Effectiveness: Average\n(3) Trajectory Monitoring: Poor").unwrap();
+        assert_eq!(g.all(), [Grade::Good, Grade::Fair, Grade::Poor]);
         let g = parse_reflection("- **information_conflict**: Poor\n- **tool_effectiveness**: Good\n- `trajectory_monitoring`: Fair").unwrap();
         assert!(g.needs_replan());
         assert_eq!(parse_reflection(&g.render()).unwrap(), g);

@@ -1,19 +1,27 @@
-//! The ordering rules of a CoA trajectory (DESIGN §4) as an explicit state machine.
+//! The ordering rules of a CoA trajectory as an explicit state machine: the orders AFM's own
+//! prompts document for each kind of agent, so that a model trained here can be evaluated with
+//! AFM's prompts and the other way round.
 //!
 //! The state is the last action tag (every tag but `<think>`; the start is `None`) plus whether a
-//! `<think>` is pending. The transition tables ([`WEB_TRANSITIONS`], [`CODE_TRANSITIONS`]) list,
-//! per state, the actions that may come next; [`think_rule`] says whether an action needs a
-//! `<think>` right before it:
+//! `<think>` is pending. The transition tables ([`WEB_TRANSITIONS`], [`QA_TRANSITIONS`],
+//! [`CODE_TRANSITIONS`]) list, per state, the actions that may come next; [`think_rule`] says,
+//! per flavor, whether an action needs a `<think>` right before it (never an `<observation>`:
+//! the environment answers the tool call directly; two `<think>` in a row are an error):
 //!
-//! - `<think>` precedes every plan, tool call, reflection, suggested_answer and double_check
-//!   (required); it may precede `<answer>` (optional); never an `<observation>` (the environment
-//!   answers the tool call directly). Two `<think>` in a row are an error.
-//! - Web flavor (multihop, qa): start → plan; plan → search, crawl or suggested_answer; a tool
-//!   call → observation; observation → plan, search, crawl, reflection or suggested_answer;
-//!   reflection → plan, search, crawl or suggested_answer; suggested_answer → double_check;
-//!   double_check → plan, search, crawl or answer.
-//! - Code flavor (math, code): `plan, (think, code, observation, reflection)*, think, answer` with
-//!   the think rule above: start → plan; plan → code or answer; code → observation;
+//! - **Web** (AFM's web agent; our `multihop` suite and other web suites): a `<think>` precedes
+//!   every plan, tool call, reflection, suggested_answer and double_check (required), and may
+//!   precede `<answer>`. start → plan; plan → search, crawl or suggested_answer; a tool call →
+//!   observation; observation → plan, search, crawl, reflection or suggested_answer; reflection →
+//!   plan, search, crawl or suggested_answer; suggested_answer → double_check; double_check →
+//!   plan, search, crawl or answer.
+//! - **Qa** (the `qa` suite: AFM's multi-hop QA agent and its web agent): the web order, and also
+//!   AFM's MHQA order `think, plan, (think, wiki_search, observation, [think, reflection])*,
+//!   think, answer`: `<answer>` may also follow a plan, an observation or a reflection, and a
+//!   reflection need not grade (when it does, a Poor grade still means re-plan).
+//! - **Code** (AFM's code agent; `math` and `code`): `plan, (think, code, observation,
+//!   reflection)*, think, answer`: the plan comes first, with no `<think>` before it; the
+//!   reflection follows the observation directly; a `<think>` precedes every `<code>` and the
+//!   `<answer>` (required). start → plan; plan → code or answer; code → observation;
 //!   observation → reflection; reflection → code or answer.
 //! - `<answer>` ends the trajectory; a trajectory must end with it.
 //!
@@ -27,21 +35,28 @@ use crate::grade::{parse_double_check, parse_reflection, GradeError};
 use crate::parse::{parse, ParseError};
 use crate::tag::{list_tags, Tag};
 
-/// Which transition table applies.
+/// Which transition table applies (module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flavor {
-    /// Search agents (multihop, qa): plan, search/crawl, reflect, suggest, double-check, answer.
+    /// AFM's web agent: plan, search/crawl, reflect, suggest, double-check, answer.
     Web,
-    /// Code agents (math, code): plan, then rounds of code + observation + reflection, answer.
+    /// AFM's multi-hop QA agent as well as its web agent: the web order, or plan, search,
+    /// reflect and answer without a suggested answer.
+    Qa,
+    /// AFM's code agent: plan, then rounds of think + code + observation + reflection, then
+    /// think + answer.
     Code,
 }
 
 impl Flavor {
-    /// `math` and `code` follow the code pattern; every other suite (multihop, qa, imported web
-    /// suites) the web one.
+    pub const ALL: [Flavor; 3] = [Flavor::Web, Flavor::Qa, Flavor::Code];
+
+    /// `math` and `code` follow the code agent's order, `qa` either QA order, every other suite
+    /// (multihop, other web suites) the web agent's.
     pub fn for_suite(suite: &str) -> Flavor {
         match suite {
             "math" | "code" => Flavor::Code,
+            "qa" => Flavor::Qa,
             _ => Flavor::Web,
         }
     }
@@ -49,6 +64,7 @@ impl Flavor {
     pub fn name(self) -> &'static str {
         match self {
             Flavor::Web => "web",
+            Flavor::Qa => "qa",
             Flavor::Code => "code",
         }
     }
@@ -57,8 +73,14 @@ impl Flavor {
     pub fn transitions(self) -> &'static [(Option<Tag>, &'static [Tag])] {
         match self {
             Flavor::Web => WEB_TRANSITIONS,
+            Flavor::Qa => QA_TRANSITIONS,
             Flavor::Code => CODE_TRANSITIONS,
         }
+    }
+
+    /// Whether every `<reflection>` must grade the three criteria (the web agent's).
+    pub fn grades_reflections(self) -> bool {
+        self == Flavor::Web
     }
 }
 
@@ -70,11 +92,13 @@ pub enum ThinkRule {
     Forbidden,
 }
 
-/// The think rule of an action tag.
-pub const fn think_rule(tag: Tag) -> ThinkRule {
-    match tag {
-        Tag::Answer => ThinkRule::Optional,
-        Tag::Observation | Tag::Think => ThinkRule::Forbidden,
+/// The think rule of an action tag in a flavor (module docs).
+pub const fn think_rule(flavor: Flavor, tag: Tag) -> ThinkRule {
+    match (flavor, tag) {
+        (_, Tag::Observation | Tag::Think) => ThinkRule::Forbidden,
+        (Flavor::Code, Tag::Plan | Tag::Reflection) => ThinkRule::Forbidden,
+        (Flavor::Code, _) => ThinkRule::Required,
+        (_, Tag::Answer) => ThinkRule::Optional,
         _ => ThinkRule::Required,
     }
 }
@@ -105,6 +129,40 @@ pub const WEB_TRANSITIONS: &[(Option<Tag>, &[Tag])] = &[
     (
         Some(Reflection),
         &[Plan, WebSearch, WikiSearch, CrawlPage, SuggestedAnswer],
+    ),
+    (Some(SuggestedAnswer), &[DoubleCheck]),
+    (
+        Some(DoubleCheck),
+        &[Plan, WebSearch, WikiSearch, CrawlPage, Answer],
+    ),
+    (Some(Answer), &[]),
+];
+
+/// Qa flavor: the web table, plus `<answer>` after a plan, an observation or a reflection.
+pub const QA_TRANSITIONS: &[(Option<Tag>, &[Tag])] = &[
+    (None, &[Plan]),
+    (
+        Some(Plan),
+        &[WebSearch, WikiSearch, CrawlPage, SuggestedAnswer, Answer],
+    ),
+    (Some(WebSearch), &[Observation]),
+    (Some(WikiSearch), &[Observation]),
+    (Some(CrawlPage), &[Observation]),
+    (
+        Some(Observation),
+        &[
+            Plan,
+            WebSearch,
+            WikiSearch,
+            CrawlPage,
+            Reflection,
+            SuggestedAnswer,
+            Answer,
+        ],
+    ),
+    (
+        Some(Reflection),
+        &[Plan, WebSearch, WikiSearch, CrawlPage, SuggestedAnswer, Answer],
     ),
     (Some(SuggestedAnswer), &[DoubleCheck]),
     (
@@ -245,16 +303,16 @@ impl Machine {
             out.extend(
                 next.iter()
                     .copied()
-                    .filter(|&t| think_rule(t) != ThinkRule::Forbidden),
+                    .filter(|&t| think_rule(self.flavor, t) != ThinkRule::Forbidden),
             );
         } else {
-            if next.iter().any(|&t| think_rule(t) != ThinkRule::Forbidden) {
+            if next.iter().any(|&t| think_rule(self.flavor, t) != ThinkRule::Forbidden) {
                 out.push(Think);
             }
             out.extend(
                 next.iter()
                     .copied()
-                    .filter(|&t| think_rule(t) != ThinkRule::Required),
+                    .filter(|&t| think_rule(self.flavor, t) != ThinkRule::Required),
             );
         }
         out
@@ -267,7 +325,7 @@ impl Machine {
         }
         let next = next_actions(self.flavor, self.last);
         if tag == Think {
-            if self.thought || !next.iter().any(|&t| think_rule(t) != ThinkRule::Forbidden) {
+            if self.thought || !next.iter().any(|&t| think_rule(self.flavor, t) != ThinkRule::Forbidden) {
                 return Err(ViolationKind::Unexpected);
             }
             self.thought = true;
@@ -276,7 +334,7 @@ impl Machine {
         if !next.contains(&tag) {
             return Err(ViolationKind::Unexpected);
         }
-        match (think_rule(tag), self.thought) {
+        match (think_rule(self.flavor, tag), self.thought) {
             (ThinkRule::Required, false) => return Err(ViolationKind::MissingThink),
             (ThinkRule::Forbidden, true) => return Err(ViolationKind::Unexpected),
             _ => {}
@@ -406,9 +464,10 @@ pub fn validate(steps: &[Step<'_>], flavor: Flavor) -> Result<(), Violation> {
                     ))
                 }
             },
-            Reflection if flavor == Flavor::Web => match parse_reflection(s.content) {
+            Reflection if flavor != Flavor::Code => match parse_reflection(s.content) {
                 Ok(g) if g.needs_replan() => demand = Demand::Replan,
                 Ok(_) => {}
+                Err(_) if !flavor.grades_reflections() => {}
                 Err(e) => {
                     return Err(v(
                         &before,
@@ -494,7 +553,7 @@ mod tests {
 
     #[test]
     fn tables_cover_every_reachable_state() {
-        for flavor in [Flavor::Web, Flavor::Code] {
+        for flavor in Flavor::ALL {
             for (_, next) in flavor.transitions() {
                 for &t in *next {
                     assert!(
@@ -538,10 +597,43 @@ mod tests {
         let e = validate_tags([], Flavor::Code).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "step 0: the trajectory is empty; expected <think>"
+            "step 0: the trajectory is empty; expected <plan>"
         );
+        let e = validate_tags([Plan], Flavor::Code).unwrap_err();
+        assert_eq!(e.to_string(), "step 1: the trajectory ends after <plan> without <answer>; expected <think>");
+        // The code agent's plan comes first and its reflection right after the observation.
         let e = validate_tags([Think, Plan], Flavor::Code).unwrap_err();
-        assert_eq!(e.to_string(), "step 2: the trajectory ends after <plan> without <answer>; expected <think> or <answer>");
+        assert_eq!(e.to_string(), "step 0: <think> cannot follow the start; expected <plan>");
+        let e = validate_tags([Plan, Think, Code, Observation, Think, Reflection], Flavor::Code).unwrap_err();
+        assert_eq!(e.to_string(), "step 4: <think> cannot follow <observation>; expected <reflection>");
+        let e = validate_tags([Plan, Answer], Flavor::Code).unwrap_err();
+        assert_eq!(e.to_string(), "step 1: <answer> after <plan> is not preceded by <think>; expected <think>");
+    }
+
+    #[test]
+    fn qa_accepts_both_afm_qa_orders() {
+        // AFM's multi-hop QA agent: no suggested answer, reflections without grades.
+        let mhqa = [Think, Plan, Think, WikiSearch, Observation, Think, Reflection, Think, Answer];
+        assert_eq!(validate_tags(mhqa, Flavor::Qa), Ok(()));
+        assert!(validate_tags(mhqa, Flavor::Web).is_err());
+        let direct = [Think, Plan, Think, WikiSearch, Observation, Think, Answer];
+        assert_eq!(validate_tags(direct, Flavor::Qa), Ok(()));
+        // AFM's web agent.
+        let web = [Think, Plan, Think, WebSearch, Observation, Think, SuggestedAnswer, Think, DoubleCheck, Answer];
+        assert_eq!(validate_tags(web, Flavor::Qa), Ok(()));
+        assert_eq!(validate_tags(web, Flavor::Web), Ok(()));
+        let steps = [
+            Step::new(Think, "t"),
+            Step::new(Plan, "p"),
+            Step::new(Think, "t"),
+            Step::tool(WikiSearch, "q", "Found 1 results:"),
+            Step::new(Think, "t"),
+            Step::new(Reflection, "The page names the director; the question is answered."),
+            Step::new(Think, "t"),
+            Step::new(Answer, "Wings"),
+        ];
+        assert_eq!(validate(&steps, Flavor::Qa), Ok(()));
+        assert!(matches!(validate(&steps, Flavor::Web).unwrap_err().kind, ViolationKind::BadReflection(_) | ViolationKind::Unexpected));
     }
 
     #[test]
@@ -580,8 +672,8 @@ mod tests {
 
     #[test]
     fn text_validation() {
-        let text = "<think>a</think>\n<plan>p</plan>\n<think>b</think>\n<code>\n```py\nprint(1)\n```\n</code>\n\
-                    <observation>1</observation>\n<think>c</think>\n<reflection>ok</reflection>\n<answer>\\boxed{1}</answer>";
+        let text = "<plan>p</plan>\n<think>b</think>\n<code>\n```py\nprint(1)\n```\n</code>\n\
+                    <observation>1</observation>\n<reflection>ok</reflection>\n<think>c</think>\n<answer>\\boxed{1}</answer>";
         assert_eq!(validate_text(text, Flavor::Code), Ok(()));
         assert!(matches!(
             validate_text(text, Flavor::Web),
@@ -592,6 +684,6 @@ mod tests {
             Err(TextError::Parse(_))
         ));
         let steps = steps_from_text(text).unwrap();
-        assert_eq!(steps[3], Step::tool(Code, "print(1)", "1"));
+        assert_eq!(steps[2], Step::tool(Code, "print(1)", "1"));
     }
 }

@@ -1,6 +1,8 @@
 //! The AFM-style instructions a Chain-of-Agents model is prompted with, one per suite, kept in
 //! one place: distillation (`coa-convert`), policy rollouts and exports all build prompts here, so
-//! the model is trained and sampled on the same words.
+//! the model is trained and sampled on the same words. Each states the order
+//! [`crate::grammar`] checks, which is the order AFM's own prompts ask for (math and code:
+//! `plan, (think, code, observation, reflection)*, think, answer`).
 //!
 //! A prompt is the suite's instruction (the tags, what each one is for, and the order rules of
 //! [`crate::grammar`]), a blank line, then `Question: {question}`.
@@ -31,25 +33,25 @@ reflect or suggest an answer; after <reflection> plan, search, crawl or suggest 
 pub const MATH_INSTRUCTION: &str = "\
 You are one model playing a whole team of agents: a planner, a code tool and a reflector. \
 Solve the problem step by step, writing each step inside its tag:
-- <think>...</think>: your reasoning. Write one right before every <plan>, <code> and <reflection>, and before the answer.
-- <plan>...</plan>: the steps of the solution.
+- <plan>...</plan>: the steps of the solution; it comes first, once.
+- <think>...</think>: your reasoning. Write one right before every <code> and before the answer.
 - <code>\n```py\n...\n```\n</code>: run a Python program; print what you need. It is answered by an \
 <observation>...</observation> with its output; never write one yourself.
-- <reflection>...</reflection>: after each observation, check the result: is it plausible, does it answer the step?
+- <reflection>...</reflection>: right after each observation, check the result: is it plausible, does it answer the step?
 - <answer>...</answer>: the final answer as \\boxed{...}; it ends your response.
-Order: <plan>, then any number of rounds of <think> <code> <observation> <think> <reflection>, then <think> <answer>.";
+Order: <plan>, then any number of rounds of <think> <code> <observation> <reflection>, then <think> <answer>.";
 
 /// Code agents: write and test a program, answer with the final program.
 pub const CODE_INSTRUCTION: &str = "\
 You are one model playing a whole team of agents: a planner, a code tool and a reflector. \
 Solve the programming task step by step, writing each step inside its tag:
-- <think>...</think>: your reasoning. Write one right before every <plan>, <code> and <reflection>, and before the answer.
-- <plan>...</plan>: the approach and the cases to test.
+- <plan>...</plan>: the approach and the cases to test; it comes first, once.
+- <think>...</think>: your reasoning. Write one right before every <code> and before the answer.
 - <code>\n```py\n...\n```\n</code>: run a Python program (your solution with a few tests). It is answered by an \
 <observation>...</observation> with its output; never write one yourself.
-- <reflection>...</reflection>: after each observation, check the result: do the tests pass, what must change?
+- <reflection>...</reflection>: right after each observation, check the result: do the tests pass, what must change?
 - <answer>...</answer>: the complete final program in a ```python block; it ends your response.
-Order: <plan>, then any number of rounds of <think> <code> <observation> <think> <reflection>, then <think> <answer>.";
+Order: <plan>, then any number of rounds of <think> <code> <observation> <reflection>, then <think> <answer>.";
 
 /// The instruction for a suite: `math`, `code`, otherwise the web instruction.
 pub fn instruction(suite: &str) -> &'static str {
@@ -57,7 +59,7 @@ pub fn instruction(suite: &str) -> &'static str {
         "math" => MATH_INSTRUCTION,
         "code" => CODE_INSTRUCTION,
         _ => match Flavor::for_suite(suite) {
-            Flavor::Web => WEB_INSTRUCTION,
+            Flavor::Web | Flavor::Qa => WEB_INSTRUCTION,
             Flavor::Code => CODE_INSTRUCTION,
         },
     }

@@ -129,7 +129,7 @@ fn gen_trajectory(rng: &mut Rng, flavor: Flavor) -> Vec<Owned> {
         } else {
             rng.pick(&next)
         };
-        match think_rule(tag) {
+        match think_rule(flavor, tag) {
             ThinkRule::Required => out.push(Owned {
                 tag: Tag::Think,
                 content: random_text(rng, false),
@@ -156,7 +156,7 @@ fn gen_trajectory(rng: &mut Rng, flavor: Flavor) -> Vec<Owned> {
                 next_must_answer = Some(score >= 3);
                 format!("{}\nscore: {score}", random_text(rng, false))
             }
-            Tag::Reflection if flavor == Flavor::Web => {
+            Tag::Reflection if flavor.grades_reflections() || flavor == Flavor::Qa && rng.chance(0.5) => {
                 let (s, poor) = grades_text(rng, !steer);
                 next_replan = poor;
                 s
@@ -190,7 +190,7 @@ fn slice(cs: &[char], span: Span) -> String {
     cs[span.start..span.end].iter().collect()
 }
 
-const FLAVORS: [Flavor; 2] = [Flavor::Web, Flavor::Code];
+const FLAVORS: [Flavor; 3] = Flavor::ALL;
 const N: u64 = 1500;
 
 #[test]
@@ -320,7 +320,7 @@ fn validator_rejects_each_kind_of_violation() {
                         let cands: Vec<usize> = (1..t.len())
                             .filter(|&i| {
                                 t[i - 1].tag == Tag::Think
-                                    && think_rule(t[i].tag) == ThinkRule::Required
+                                    && think_rule(flavor, t[i].tag) == ThinkRule::Required
                             })
                             .collect();
                         (!cands.is_empty()).then(|| {
@@ -391,7 +391,7 @@ fn validator_rejects_each_kind_of_violation() {
                                 !allowed.contains(x)
                                     && *x != Tag::Think
                                     && *x != Tag::Observation
-                                    && think_rule(*x) == ThinkRule::Required
+                                    && think_rule(flavor, *x) == ThinkRule::Required
                             })
                             .collect();
                         let b = rng.pick(&bad);
@@ -521,7 +521,7 @@ fn validator_rejects_each_kind_of_violation() {
 fn parser_reports_each_kind_of_error_at_its_position() {
     for seed in 0..N {
         let mut rng = Rng(seed + 99);
-        let flavor = FLAVORS[rng.below(2)];
+        let flavor = FLAVORS[rng.below(FLAVORS.len())];
         let traj = gen_trajectory(&mut rng, flavor);
         let text = render(&steps(&traj)).unwrap().text;
         let segs = parse(&text).unwrap();

@@ -69,10 +69,12 @@ struct TasksArgs {
     /// `train`, or `test` for held-out entities and numbers never seen in train.
     #[arg(long, value_parser = parse_split, default_value = "train")]
     split: Split,
-    /// Real task file to import: verl RL Parquet, NQ-style JSONL, HumanEval JSONL (gzipped or not).
+    /// Real task file to import: verl RL Parquet, question/answer JSON lines or one JSON array
+    /// (NQ, GAIA, BrowseComp, HLE, WebWalker), HumanEval JSONL (gzipped or not).
     #[arg(long, value_name = "FILE")]
     import: Option<PathBuf>,
-    /// Split label for imported tasks (default: the file's own, else `test`).
+    /// Split label for imported tasks (default: test; a benchmark file is test data whatever split
+    /// it records).
     #[arg(long, value_name = "SPLIT", requires = "import")]
     import_split: Option<String>,
     /// Where to write the multihop document corpus (the offline web the tools search).

@@ -38,7 +38,7 @@ fn probability(s: &str) -> Result<f64, String> {
 #[command(after_help = "Examples:\n  coa-generate mas -i tasks.parquet --corpus corpus.parquet -o mas_runs.parquet\n  \
 coa-generate mas -i tasks.parquet --corpus corpus.parquet --noise-wrong-pick 0.3 --seed 7 --concurrency 4\n  \
 OPENAI_API_KEY=... coa-generate mas -i tasks.parquet --corpus corpus.parquet --backend openai \\\n      \
---base-url https://api.openai.com/v1 --model gpt-4o-mini --cache-dir .cache/mas -o mas_runs.parquet")]
+--base-url https://api.openai.com/v1 --model gpt-4o-mini --api-key-env OPENAI_API_KEY --cache-dir .cache/mas -o mas_runs.parquet")]
 pub struct MasArgs {
     /// The offline web (written by `coa-generate tasks --corpus-out`); needed when the tasks
     /// include multihop or qa tasks.
@@ -61,6 +61,11 @@ pub struct MasArgs {
     /// path under the scripted expert, instead of failing.
     #[arg(long)]
     skip_unsolvable: bool,
+    /// Tasks that may fail (the endpoint gives up after its retries, a tool cannot start): each is
+    /// reported on stderr and in the summary (`failed_tasks`) and left out of the output; one more
+    /// failure, or every task failing, stops the stage.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    max_failed: usize,
     /// Hits per web_search.
     #[arg(long, value_parser = positive, default_value = "5", value_name = "K")]
     search_k: usize,
@@ -93,7 +98,8 @@ pub struct MasArgs {
     /// openai: model name.
     #[arg(long, value_name = "NAME", help_heading = "OpenAI-compatible backend")]
     model: Option<String>,
-    /// openai: environment variable holding the API key (default: OPENAI_API_KEY if set; none sent otherwise).
+    /// openai: environment variable holding the API key. Without it no key is sent (a key in the
+    /// environment is never sent to an endpoint the user did not give it for).
     #[arg(long, value_name = "NAME", help_heading = "OpenAI-compatible backend")]
     api_key_env: Option<String>,
     /// openai: response cache directory (keyed by a hash of the request body): a rerun resumes for free.
@@ -138,7 +144,7 @@ fn openai_backend(args: &MasArgs, concurrency: usize) -> Result<OpenAiBackend> {
             Ok(v) if !v.trim().is_empty() => Some(v.trim().to_string()),
             _ => bail!("--api-key-env {name}: the environment variable {name} is not set (or empty)"),
         },
-        None => std::env::var("OPENAI_API_KEY").ok().filter(|v| !v.trim().is_empty()),
+        None => None,
     };
     cfg.timeout = Duration::from_secs_f64(args.timeout);
     cfg.max_retries = args.max_retries;
@@ -251,8 +257,28 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
     let mut writer = stage.create(args.io.output.as_deref(), args.io.format, &MAS_RUNS.schema())?;
     let bar = stage.progress(Some(runnable.len() as u64), "running the teacher");
     let mut stats = RunStats::default();
+    let mut failed: Vec<(String, String)> = Vec::new();
     for chunk in runnable.chunks(CHUNK_PER_THREAD * concurrency) {
-        let runs = runner.run(chunk, backend, tools, &run_config)?;
+        let mut runs = Vec::with_capacity(chunk.len());
+        for (task, outcome) in chunk.iter().zip(runner.run_each(chunk, backend, tools, &run_config)) {
+            match outcome {
+                Ok(run) => runs.push(run),
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    eprintln!("coa-generate mas: task {} failed and is left out: {why}", task.task_id);
+                    failed.push((task.task_id.clone(), why));
+                }
+            }
+        }
+        if failed.len() > args.max_failed {
+            bail!(
+                "{} task(s) failed, more than --max-failed {}; the first: task {}: {}",
+                failed.len(),
+                args.max_failed,
+                failed[0].0,
+                failed[0].1
+            );
+        }
         for r in &runs {
             stats.add(r);
         }
@@ -260,11 +286,16 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
+    if !failed.is_empty() && failed.len() == runnable.len() {
+        bail!("every task failed ({}); the first: task {}: {}", failed.len(), failed[0].0, failed[0].1);
+    }
     let n = writer.finish()?;
     stage.add_rows_out(n);
     stage.note("backend", backend.label());
     stage.note("simulator", backend.simulator());
     stage.note("skipped_unsolvable", skipped);
+    stage.note("failed", failed.len());
+    stage.note("failed_tasks", json!(failed.iter().map(|(id, why)| json!({"task_id": id, "error": why})).collect::<Vec<_>>()));
     if let serde_json::Value::Object(fields) = stats.to_json() {
         for (k, v) in fields {
             stage.note(&k, v);

@@ -192,10 +192,128 @@ fn an_unreachable_endpoint_is_a_clear_error_after_the_retries() {
     assert!(!dir.path().join("o.parquet").exists());
 }
 
+/// A one-thread HTTP endpoint on 127.0.0.1 for `n` requests: each request's headers and JSON body
+/// go to `reply`, which answers with a status and a chat-completions `content`.
+fn endpoint(n: usize, reply: fn(&str, &serde_json::Value) -> (u16, String)) -> (String, std::thread::JoinHandle<Vec<String>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let handle = std::thread::spawn(move || {
+        let mut heads = Vec::new();
+        for stream in listener.incoming().take(n) {
+            let mut stream = stream.unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let (mut head, mut len) = (String::new(), 0);
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                if line.trim().is_empty() {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+                head.push_str(&line);
+            }
+            let mut body = vec![0; len];
+            reader.read_exact(&mut body).unwrap();
+            let (status, content) = reply(&head, &serde_json::from_slice(&body).unwrap());
+            let json = serde_json::json!({"choices": [{"message": {"role": "assistant", "content": content}}]}).to_string();
+            let _ = write!(stream, "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{json}", json.len());
+            heads.push(head);
+        }
+        heads
+    });
+    (url, handle)
+}
+
+/// A model for math tasks: plan, then answer 2 (task `m-fail` gets HTTP 400, which is not retried).
+fn math_model(_: &str, req: &serde_json::Value) -> (u16, String) {
+    let msgs = req["messages"].as_array().unwrap();
+    let all: String = msgs.iter().map(|m| m["content"].as_str().unwrap()).collect();
+    let last = msgs.last().unwrap()["content"].as_str().unwrap();
+    if all.contains("FAIL") {
+        return (400, "no".into());
+    }
+    if msgs[0]["content"].as_str().unwrap().contains("MANAGER") {
+        return (200, "next: answer\nreason: done".into());
+    }
+    if last.ends_with("write the plan (revise it if the team went wrong).") {
+        (200, "<plan>1. Add the numbers.</plan>".into())
+    } else {
+        (200, "<think>1 + 1 = 2.</think>\n<answer>\\boxed{2}</answer>".into())
+    }
+}
+
+fn math_tasks(dir: &Path, questions: &[(&str, &str)]) -> PathBuf {
+    let tasks: Vec<Task> = questions
+        .iter()
+        .map(|(id, q)| Task { task_id: id.to_string(), suite: "math".into(), split: "test".into(), question: q.to_string(), answers: vec!["2".into()], ..Default::default() })
+        .collect();
+    let path = dir.join("math.parquet");
+    io::write_all(Some(&path), None, &Task::table().schema(), &[rows::to_batch(&tasks).unwrap()], &Provenance::default()).unwrap();
+    path
+}
+
+#[test]
+fn the_api_key_is_sent_only_where_api_key_env_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = math_tasks(dir.path(), &[("m-1", "What is 1 + 1?")]);
+    let out = dir.path().join("o.parquet");
+    for (flag, sent) in [(None, false), (Some("COA_TEST_ENDPOINT_KEY"), true)] {
+        let (url, server) = endpoint(3, math_model);
+        let mut cmd = bin();
+        cmd.args(["mas", "-i", tasks.to_str().unwrap(), "--backend", "openai", "--base-url", &url, "--model", "m", "-o", out.to_str().unwrap()])
+            .env("OPENAI_API_KEY", "sk-from-the-environment")
+            .env("COA_TEST_ENDPOINT_KEY", "sk-named");
+        if let Some(name) = flag {
+            cmd.args(["--api-key-env", name]);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let heads = server.join().unwrap();
+        assert_eq!(heads.len(), 3, "plan, routing, answer");
+        for head in &heads {
+            assert!(!head.contains("sk-from-the-environment"), "OPENAI_API_KEY leaked:\n{head}");
+            assert_eq!(head.contains("Bearer sk-named"), sent, "{head}");
+        }
+        assert_eq!(read_runs(&out).len(), 1);
+    }
+}
+
+#[test]
+fn a_task_that_fails_is_recorded_and_skipped_up_to_max_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = math_tasks(dir.path(), &[("m-1", "What is 1 + 1?"), ("m-fail", "FAIL: what is 1 + 1?"), ("m-3", "And 2 + 0?")]);
+    let (out, stats) = (dir.path().join("o.parquet"), dir.path().join("s.json"));
+    let (url, server) = endpoint(7, math_model);
+    let args = ["mas", "-i", tasks.to_str().unwrap(), "--backend", "openai", "--base-url", &url, "--model", "m", "--concurrency", "1"];
+    let o = bin().args(args).args(["-o", out.to_str().unwrap(), "--stats", stats.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("task m-fail failed and is left out") && stderr(&o).contains("HTTP 400"), "{}", stderr(&o));
+    server.join().unwrap();
+    let runs = read_runs(&out);
+    assert_eq!(runs.iter().map(|r| r.task_id.as_str()).collect::<Vec<_>>(), ["m-1", "m-3"]);
+    assert!(runs.iter().all(|r| r.success));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(summary["failed"], 1);
+    assert_eq!(summary["failed_tasks"][0]["task_id"], "m-fail");
+
+    // One failure more than allowed stops the stage, with no output.
+    std::fs::remove_file(&out).unwrap();
+    let (url, server) = endpoint(7, math_model);
+    let args = ["mas", "-i", tasks.to_str().unwrap(), "--backend", "openai", "--base-url", &url, "--model", "m", "--concurrency", "1", "--max-failed", "0"];
+    let o = bin().args(args).args(["-o", out.to_str().unwrap()]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("1 task(s) failed, more than --max-failed 0; the first: task m-fail"), "{}", stderr(&o));
+    assert!(!out.exists());
+    drop(server); // it waits for requests that never come once the stage has stopped
+}
+
 #[test]
 fn imported_tasks_without_a_solution_need_skip_unsolvable() {
+    let Some(aime) = coa_tasks::external::file_or_skip("imported_tasks_without_a_solution_need_skip_unsolvable", "aime24.parquet") else { return };
     let dir = tempfile::tempdir().unwrap();
-    let aime = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/external/aime24.parquet");
     let imported = dir.path().join("aime.parquet");
     let o = run(&["tasks", "--import", aime.to_str().unwrap(), "-o", imported.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -4,13 +4,19 @@
 //! - **function** (`test_code` set: synthetic code suite, HumanEval, LiveCodeBench functional):
 //!   the program followed by the test program runs once; exit status 0 is a pass.
 //! - **stdio** (`stdio_tests` non-empty: LiveCodeBench AtCoder): the program runs once per test
-//!   with its stdin; the test passes when stdout equals the expected stdout after trimming
-//!   trailing whitespace on every line and dropping trailing blank lines. Tests run in order and
-//!   stop at the first failure (the verdict is already decided), so `tests_run` may be smaller
-//!   than `tests_total`.
+//!   with its stdin; the output is compared as LiveCodeBench's judge compares it
+//!   ([`stdout_matches`]): both sides stripped, the same number of lines, each pair of lines
+//!   equal once stripped, or equal token by token as decimal numbers (`1.50` = `1.5`, `1e3` =
+//!   `1000`). Tests run in order and stop at the first failure (the verdict is already decided),
+//!   so `tests_run` may be smaller than `tests_total`.
+//!
+//! A task from LiveCodeBench (`source` naming it) runs with the harness's prelude first
+//! ([`LIVECODEBENCH_PRELUDE`]: `from typing import *` and the usual standard-library imports), as
+//! LiveCodeBench does: its starter code annotates with `List[int]` without importing it.
 //!
 //! A task with both uses both (function first). A task with neither is an error: a code task
-//! without tests would silently score nothing.
+//! without tests would silently score nothing. The tests are the public ones a task file carries;
+//! LiveCodeBench judges on more hidden tests, so pass rates here are upper bounds.
 
 use anyhow::{bail, Context, Result};
 use coa_schemas::rows::Task;
@@ -39,13 +45,97 @@ pub struct CodeVerdict {
     pub failure: Option<String>,
 }
 
-/// Stdout as compared: trailing whitespace trimmed per line, trailing blank lines dropped.
-pub fn normalize_stdout(s: &str) -> String {
-    let mut lines: Vec<&str> = s.lines().map(str::trim_end).collect();
-    while lines.last().is_some_and(|l| l.is_empty()) {
-        lines.pop();
+/// What LiveCodeBench's harness runs before a program: `from typing import *` (starter code says
+/// `List[int]`), the standard-library modules contest code uses, star-imported and by name, and a
+/// deep recursion limit.
+pub const LIVECODEBENCH_PRELUDE: &str = "\
+from typing import *
+from collections import *
+from itertools import *
+from functools import *
+from heapq import *
+from bisect import *
+from math import *
+from string import *
+from re import *
+from datetime import *
+from copy import *
+from random import *
+from statistics import *
+from operator import *
+from io import *
+from json import *
+import builtins, collections, itertools, functools, heapq, bisect, math, string, re, datetime, copy, random, statistics, operator, io, json, sys
+sys.setrecursionlimit(50000)
+";
+
+/// The prelude a task's programs run with (LiveCodeBench's, for its tasks; none otherwise).
+fn prelude(task: &Task) -> &'static str {
+    if task.source.to_ascii_lowercase().contains("livecodebench") {
+        LIVECODEBENCH_PRELUDE
+    } else {
+        ""
     }
-    lines.join("\n")
+}
+
+/// Stdout lines as LiveCodeBench compares them: the whole output stripped, split into lines,
+/// each line stripped.
+fn stripped_lines(s: &str) -> Vec<&str> {
+    s.trim().split('\n').map(str::trim).collect()
+}
+
+/// Stdout as shown in a failure message: [`stripped_lines`] joined.
+pub fn normalize_stdout(s: &str) -> String {
+    stripped_lines(s).join("\n")
+}
+
+/// A decimal number as Python's `Decimal` reads one, reduced to (negative, significant digits,
+/// exponent) so that equal values compare equal; `None` when the token is no number. Infinities
+/// are `("inf", 0)`; NaN is never equal to anything and reads as `None`.
+fn decimal(token: &str) -> Option<(bool, String, i64)> {
+    let (neg, body) = match token.as_bytes().first() {
+        Some(b'-') => (true, &token[1..]),
+        Some(b'+') => (false, &token[1..]),
+        _ => (false, token),
+    };
+    let lower = body.to_ascii_lowercase();
+    if lower == "inf" || lower == "infinity" {
+        return Some((neg, "inf".into(), 0));
+    }
+    let (mantissa, exp) = match lower.split_once('e') {
+        Some((m, e)) => (m, e.parse::<i64>().ok()?),
+        None => (lower.as_str(), 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if int.is_empty() && frac.is_empty() || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = format!("{int}{frac}");
+    let mut exp = exp - frac.len() as i64;
+    let digits = digits.trim_start_matches('0');
+    if digits.is_empty() {
+        return Some((false, String::new(), 0)); // zero, whatever its sign and exponent
+    }
+    let trimmed = digits.trim_end_matches('0');
+    exp += (digits.len() - trimmed.len()) as i64;
+    Some((neg, trimmed.to_string(), exp))
+}
+
+/// Whether a program's stdout matches the expected stdout, as LiveCodeBench's judge decides
+/// (module docs).
+pub fn stdout_matches(got: &str, want: &str) -> bool {
+    let (got, want) = (stripped_lines(got), stripped_lines(want));
+    if got.len() != want.len() {
+        return false;
+    }
+    got.iter().zip(&want).all(|(g, w)| {
+        if g == w {
+            return true;
+        }
+        let (gt, wt): (Vec<&str>, Vec<&str>) = (g.split_whitespace().collect(), w.split_whitespace().collect());
+        let as_decimals = |t: &[&str]| t.iter().map(|x| decimal(x)).collect::<Option<Vec<_>>>();
+        matches!((as_decimals(&gt), as_decimals(&wt)), (Some(a), Some(b)) if a == b)
+    })
 }
 
 /// The program inside an answer: the first fenced code block (```python, ```py or bare ```)
@@ -77,8 +167,9 @@ pub fn code_passes(task: &Task, program: &str, limits: &SandboxLimits) -> Result
     };
     let tests_total = usize::from(function.is_some()) + stdio.len();
     let mut verdict = CodeVerdict { passed: false, style, tests_total, tests_run: 0, tests_passed: 0, failure: None };
+    let prelude = prelude(task);
     if let Some(test_code) = function {
-        let full = format!("{}\n\n{}\n", program.trim_end(), test_code);
+        let full = format!("{prelude}{}\n\n{}\n", program.trim_end(), test_code);
         let run = run_python(&full, None, limits).with_context(|| format!("task {}: running the unit tests", task.task_id))?;
         verdict.tests_run += 1;
         if !run.success() {
@@ -87,16 +178,17 @@ pub fn code_passes(task: &Task, program: &str, limits: &SandboxLimits) -> Result
         }
         verdict.tests_passed += 1;
     }
+    let program = format!("{prelude}{program}");
     for (i, test) in stdio.iter().enumerate() {
-        let run = run_python(program, Some(&test.stdin), limits)
+        let run = run_python(&program, Some(&test.stdin), limits)
             .with_context(|| format!("task {}: running stdio test {i}", task.task_id))?;
         verdict.tests_run += 1;
         if !run.success() {
             verdict.failure = Some(format!("stdio test {i}: {}", run.render()));
             return Ok(verdict);
         }
-        let (got, want) = (normalize_stdout(&run.stdout), normalize_stdout(&test.expected_stdout));
-        if run.truncated || got != want {
+        if run.truncated || !stdout_matches(&run.stdout, &test.expected_stdout) {
+            let (got, want) = (normalize_stdout(&run.stdout), normalize_stdout(&test.expected_stdout));
             verdict.failure = Some(format!(
                 "stdio test {i}: wrong output{}\n[EXPECTED]\n{want}\n[GOT]\n{got}",
                 if run.truncated { " (output truncated)" } else { "" }
@@ -114,10 +206,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stdout_normalisation() {
+    fn stdout_is_compared_as_livecodebench_does() {
         assert_eq!(normalize_stdout("a  \nb\t\n\n\n"), "a\nb");
         assert_eq!(normalize_stdout("a\r\nb\r\n"), "a\nb");
         assert_eq!(normalize_stdout(""), "");
+        assert!(stdout_matches("  26 \n", "26\n"));
+        assert!(stdout_matches("1 2\n  3\n\n", "1 2\n3"));
+        assert!(stdout_matches("0.50 1e3\n", "0.5 1000\n"), "numbers compare as decimals");
+        assert!(stdout_matches("-0\n", "0\n"));
+        assert!(stdout_matches("1  2\n", "1 2\n"), "tokens, not spacing");
+        assert!(!stdout_matches("1 2\n", "1 3\n"));
+        assert!(!stdout_matches("1\n2\n", "1 2\n"), "line counts must agree");
+        assert!(!stdout_matches("0.333\n", "0.3333\n"), "decimals are exact, no tolerance");
+        assert!(!stdout_matches("Yes\n", "yes\n"));
+        assert!(!stdout_matches("nan\n", "nan1\n"));
+        assert_eq!(decimal("1.500e2"), decimal("150"));
+        assert_eq!(decimal("abc"), None);
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //!
 //! - [`qa`]: SQuAD answer normalisation, [`exact_match`] and token [`f1`] against a list of gold
 //!   answers, with `|`-separated multi-answer predictions (semantics documented there);
-//! - [`math`]: [`math_equal`], equivalence of `\boxed{}` / plain math answers (integers,
-//!   decimals, fractions, light LaTeX cleanup, then normalised string equality);
+//! - [`math`]: [`math_equal`], equivalence of `\boxed{}` / plain math answers as HF math-verify
+//!   (AFM's math reward) decides it: LaTeX normalisation, then numbers, expressions, sets,
+//!   intervals, matrices and equations compared by value, without a computer-algebra system;
 //! - [`code`]: [`code_passes`], running a program against a task's unit tests (`test_code`) or
 //!   its stdin/stdout tests in the `coa-tools` sandbox.
 //!
+//! - [`gold`]: gold and perturbed answers of a task, for checking the checkers on real files.
 //! - [`shaping`]: the total reward (outcome, format, DAPO overlong shaping), GRPO group
 //!   advantages and pass@k.
 //!
@@ -14,6 +16,7 @@
 //! covers code tasks (it runs the tests).
 
 pub mod code;
+pub mod gold;
 pub mod math;
 pub mod qa;
 pub mod shaping;
@@ -24,7 +27,7 @@ use coa_tools::SandboxLimits;
 
 pub use code::{code_passes, extract_program, CodeVerdict, TestStyle};
 pub use math::{extract_boxed, math_equal, normalize_math};
-pub use qa::{exact_match, f1, normalize_answer, split_answers};
+pub use qa::{comparable_answer, exact_match, f1, normalize_answer, split_answers};
 pub use shaping::{group_advantages, overlong_penalty, pass_at_k, total_reward, RewardConfig};
 
 /// Whether a text `answer` is correct for `task`: exact match (after SQuAD normalisation) for the

@@ -1,5 +1,9 @@
 //! Question-answering rewards: SQuAD normalisation, exact match and token F1.
 //!
+//! Answers compare after SQuAD's normalisation ([`normalize_answer`]), except an answer that
+//! normalises to nothing (only an article, like the multiple-choice letter `A`): it keeps its
+//! article ([`comparable_answer`]), so that a gold `A` can be matched.
+//!
 //! # Several answers: `|`
 //! AFM separates several answers in one `<answer>` with `|`. A prediction is split on `|` into
 //! its parts (trimmed, empty parts dropped, duplicates after normalisation merged). Gold answers
@@ -29,6 +33,19 @@ pub fn normalize_answer(s: &str) -> String {
         .join(" ")
 }
 
+/// What an answer is compared as: its SQuAD normalisation, or, when that leaves nothing (the
+/// answer is only an article, such as the multiple-choice letter `A`, or only punctuation), the
+/// same normalisation keeping the articles: lowercase, no ASCII punctuation, single spaces.
+pub fn comparable_answer(s: &str) -> String {
+    let squad = normalize_answer(s);
+    if !squad.is_empty() {
+        return squad;
+    }
+    let lower = s.to_lowercase();
+    let no_punct: String = lower.chars().filter(|c| !c.is_ascii_punctuation()).collect();
+    no_punct.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// The parts of a `|`-separated answer, trimmed, without empty parts.
 pub fn split_answers(s: &str) -> Vec<&str> {
     s.split('|').map(str::trim).filter(|p| !p.is_empty()).collect()
@@ -36,7 +53,7 @@ pub fn split_answers(s: &str) -> Vec<&str> {
 
 /// Normalised, deduplicated, non-empty parts (sorted, so sets compare equal).
 fn normalized_parts(s: &str) -> Vec<String> {
-    let mut parts: Vec<String> = split_answers(s).into_iter().map(normalize_answer).filter(|p| !p.is_empty()).collect();
+    let mut parts: Vec<String> = split_answers(s).into_iter().map(comparable_answer).filter(|p| !p.is_empty()).collect();
     parts.sort();
     parts.dedup();
     parts
@@ -57,7 +74,7 @@ pub fn exact_match<S: AsRef<str>>(pred: &str, golds: &[S]) -> bool {
                 return true;
             }
         } else {
-            let g = normalize_answer(gold);
+            let g = comparable_answer(gold);
             if !g.is_empty() {
                 singles.push(g);
             }
@@ -142,8 +159,17 @@ mod tests {
         assert!(exact_match("london | paris", &set));
         assert!(!exact_match("Paris", &set));
         assert!(!exact_match("Paris|London|Rome", &set));
-        // articles only: normalises to nothing, never matches
+        // an answer that is only an article is compared with its article kept: a gold `A`
+        // (a multiple-choice letter) matches `A` and `a.`, not `B` or `the`
+        assert!(exact_match("A", &["A"]));
+        assert!(exact_match("a.", &["A"]));
+        assert!(exact_match("(A)", &["A"]));
+        assert!(!exact_match("B", &["A"]));
         assert!(!exact_match("the", &["a"]));
+        assert!(!exact_match(" . ", &["."]), "punctuation alone is nothing to compare");
+        assert_eq!(f1("A", &["A"]), 1.0);
+        assert_eq!(comparable_answer("The Dog"), "dog");
+        assert_eq!(comparable_answer("An"), "an");
     }
 
     #[test]

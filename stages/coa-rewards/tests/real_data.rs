@@ -1,49 +1,19 @@
-//! Rewards on real task files from `../shared/data/external` (read through the importers).
+//! Rewards on real task files from `$COA_EXTERNAL_DATA` (default `../shared/data/external`; read
+//! through the importers). Without the files each test prints one `skipped:` line.
 
-use std::path::PathBuf;
-
+use coa_rewards::gold::{bump_first_number, gold_answer};
 use coa_rewards::{answer_correct, code_passes, math_equal};
 use coa_schemas::rows::{StdioTest, Task};
+use coa_tasks::external::file_or_skip;
 use coa_tools::SandboxLimits;
-
-fn external(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/external").join(name)
-}
-
-/// The gold with its first number increased by one, or `+1` appended when it has no digit.
-fn perturbed(gold: &str) -> String {
-    let bytes = gold.as_bytes();
-    match bytes.iter().position(|b| b.is_ascii_digit()) {
-        Some(start) => {
-            let end = bytes[start..].iter().position(|b| !b.is_ascii_digit()).map_or(bytes.len(), |e| start + e);
-            let digits = &gold[start..end];
-            // +1 on the digit string, keeping leading zeros' width (`025` -> `026`)
-            let mut out: Vec<u8> = digits.bytes().collect();
-            let mut i = out.len();
-            loop {
-                if i == 0 {
-                    out.insert(0, b'1');
-                    break;
-                }
-                i -= 1;
-                if out[i] == b'9' {
-                    out[i] = b'0';
-                } else {
-                    out[i] += 1;
-                    break;
-                }
-            }
-            format!("{}{}{}", &gold[..start], String::from_utf8(out).unwrap(), &gold[end..])
-        }
-        None => format!("{gold}+1"),
-    }
-}
 
 #[test]
 fn math500_and_aime_golds_match_themselves_and_boxed_copies_but_not_perturbed_ones() {
+    let test = "math500_and_aime_golds_match_themselves_and_boxed_copies_but_not_perturbed_ones";
     let mut checked = 0;
     for file in ["math500.parquet", "aime24.parquet"] {
-        let tasks = coa_tasks::import::import_file(&external(file), None).unwrap();
+        let Some(path) = file_or_skip(test, file) else { return };
+        let tasks = coa_tasks::import::import_file(&path, None).unwrap();
         assert!(!tasks.is_empty(), "{file}");
         for task in &tasks {
             assert_eq!(task.suite, "math", "{}", task.task_id);
@@ -52,7 +22,7 @@ fn math500_and_aime_golds_match_themselves_and_boxed_copies_but_not_perturbed_on
             let boxed = format!("The answer is $\\boxed{{{gold}}}$.");
             assert!(math_equal(&boxed, gold), "{}: {boxed:?} vs {gold:?}", task.task_id);
             assert!(answer_correct(task, &boxed).unwrap(), "{}", task.task_id);
-            let wrong = perturbed(gold);
+            let wrong = bump_first_number(gold);
             assert!(!math_equal(&wrong, gold), "{}: perturbed {wrong:?} equals {gold:?}", task.task_id);
             assert!(!math_equal(&format!("\\boxed{{{wrong}}}"), gold), "{}: boxed perturbed {wrong:?}", task.task_id);
             checked += 1;
@@ -67,7 +37,8 @@ fn limits() -> SandboxLimits {
 
 #[test]
 fn humaneval_canonical_solution_passes_and_a_broken_one_fails() {
-    let tasks = coa_tasks::import::import_file(&external("HumanEval.jsonl.gz"), None).unwrap();
+    let Some(path) = file_or_skip("humaneval_canonical_solution_passes_and_a_broken_one_fails", "HumanEval.jsonl.gz") else { return };
+    let tasks = coa_tasks::import::import_file(&path, None).unwrap();
     let task = &tasks[0];
     let solution: serde_json::Value = serde_json::from_str(task.solution.as_deref().unwrap()).unwrap();
     let code = solution["code"].as_str().unwrap();
@@ -91,7 +62,8 @@ for j in range(m):
 
 #[test]
 fn livecodebench_stdio_task_abc366_b() {
-    let tasks = coa_tasks::import::import_file(&external("livecodebench_v4.parquet"), None).unwrap();
+    let Some(path) = file_or_skip("livecodebench_stdio_task_abc366_b", "livecodebench_v4.parquet") else { return };
+    let tasks = coa_tasks::import::import_file(&path, None).unwrap();
     let task = tasks.iter().find(|t| t.question.contains("Vertical Writing") || t.extra.as_deref().is_some_and(|e| e.contains("abc366_b"))).unwrap();
     assert!(!task.stdio_tests.is_empty());
     let verdict = code_passes(task, VERTICAL_WRITING, &limits()).unwrap();
@@ -103,6 +75,38 @@ fn livecodebench_stdio_task_abc366_b() {
     assert!(!verdict.passed);
     assert_eq!(verdict.tests_run, 1);
     assert!(verdict.failure.as_deref().unwrap().contains("wrong output"), "{verdict:?}");
+}
+
+/// LeetCode-style LiveCodeBench tasks: a correct method written on the starter code passes (its
+/// `List[int]` annotations need the harness's `from typing import *`), and fails without the
+/// prelude exactly where the starter code uses a `typing` name.
+#[test]
+fn livecodebench_function_tasks_run_with_the_harness_prelude() {
+    let Some(path) = file_or_skip("livecodebench_function_tasks_run_with_the_harness_prelude", "livecodebench_v4.parquet") else { return };
+    let tasks = coa_tasks::import::import_file(&path, None).unwrap();
+    let functional: Vec<&Task> = tasks.iter().filter(|t| t.test_code.is_some()).collect();
+    assert_eq!(functional.len(), 35);
+    let typing_names = ["List[", "Optional[", "Dict[", "Tuple[", "Set["];
+    let (mut passed, mut uses_typing, mut fail_without_prelude) = (0, 0, 0);
+    for task in &functional {
+        let gold = gold_answer(task).unwrap_or_else(|| panic!("{}: no gold program", task.task_id));
+        let program = coa_rewards::extract_program(&gold);
+        let verdict = code_passes(task, &program, &limits()).unwrap();
+        assert!(verdict.passed, "{}: {verdict:?}\n{program}", task.task_id);
+        passed += 1;
+        let typed = typing_names.iter().any(|n| program.contains(n));
+        uses_typing += typed as usize;
+        // The same program judged without the prelude (as this checker did before).
+        let bare = Task { source: "elsewhere".into(), ..(*task).clone() };
+        let verdict = code_passes(&bare, &program, &limits()).unwrap();
+        if !verdict.passed {
+            fail_without_prelude += 1;
+            assert!(verdict.failure.as_deref().unwrap_or("").contains("NameError"), "{}: {verdict:?}", task.task_id);
+        }
+    }
+    assert_eq!(passed, 35);
+    assert_eq!(uses_typing, 24, "LiveCodeBench v4: 24 of 35 starters use List[int] and the like");
+    assert_eq!(fail_without_prelude, uses_typing);
 }
 
 #[test]

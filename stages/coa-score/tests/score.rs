@@ -1,7 +1,8 @@
-//! `coa-score` end to end on real task files: the binary reads rollouts and tasks, writes scores
-//! with rewards and group advantages, and the eval report; bad input is named.
+//! `coa-score` end to end on real task files (`$COA_EXTERNAL_DATA`; each test prints a `skipped:`
+//! line without them): the binary reads rollouts and tasks, writes scores with rewards and group
+//! advantages, and the eval report; bad input is named.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use arrow::array::{AsArray, RecordBatch};
@@ -10,8 +11,10 @@ use coa_schemas::io::{self, Provenance};
 use coa_schemas::rows::{self, Rollout, Task};
 use coa_schemas::tables::{ROLLOUTS, SCORES, TASKS};
 
-fn external(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/external").join(name)
+/// The first task of the real file `name`, or `None` after the test's skip line.
+fn first_task(test: &str, name: &str) -> Option<Task> {
+    let path = coa_tasks::external::file_or_skip(test, name)?;
+    Some(coa_tasks::import::import_file(&path, None).unwrap().remove(0))
 }
 
 fn prov() -> Provenance {
@@ -26,10 +29,11 @@ fn web_text(answer: &str) -> String {
     )
 }
 
+/// AFM's code-agent order: plan, (think, code, observation, reflection)*, think, answer.
 fn code_text(answer: &str) -> String {
     format!(
-        "<think>a</think>\n<plan>p</plan>\n<think>b</think>\n<code>\n```py\nprint(1)\n```\n</code>\n<observation>1</observation>\n\
-         <think>c</think>\n<reflection>ok</reflection>\n<answer>{answer}</answer>"
+        "<plan>p</plan>\n<think>b</think>\n<code>\n```py\nprint(1)\n```\n</code>\n<observation>1</observation>\n\
+         <reflection>ok</reflection>\n<think>c</think>\n<answer>{answer}</answer>"
     )
 }
 
@@ -66,9 +70,12 @@ fn score(dir: &Path, extra: &[&str]) -> std::process::Output {
 #[test]
 fn rewards_advantages_and_report_on_real_tasks() {
     let dir = tempfile::tempdir().unwrap();
-    let math = coa_tasks::import::import_file(&external("math500.parquet"), None).unwrap().remove(0);
-    let code = coa_tasks::import::import_file(&external("HumanEval.jsonl.gz"), None).unwrap().remove(0);
-    let nq = coa_tasks::import::import_file(&external("nq_full.jsonl"), None).unwrap().remove(0);
+    let test = "rewards_advantages_and_report_on_real_tasks";
+    let (Some(math), Some(code), Some(nq)) =
+        (first_task(test, "math500.parquet"), first_task(test, "HumanEval.jsonl.gz"), first_task(test, "nq_full.jsonl"))
+    else {
+        return;
+    };
     write(&dir.path().join("tasks.parquet"), &[math.clone(), code.clone(), nq.clone()], &TASKS);
 
     let gold = &math.answers[0];
@@ -128,7 +135,7 @@ fn rewards_advantages_and_report_on_real_tasks() {
 #[test]
 fn unknown_tasks_and_ragged_rows_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    let math = coa_tasks::import::import_file(&external("aime24.parquet"), None).unwrap().remove(0);
+    let Some(math) = first_task("unknown_tasks_and_ragged_rows_are_named", "aime24.parquet") else { return };
     write(&dir.path().join("tasks.parquet"), std::slice::from_ref(&math), &TASKS);
     let mut stranger = rollout(&math, 0, code_text("\\boxed{1}"), 5);
     stranger.task_id = "who-is-this".into();

@@ -1,13 +1,23 @@
-//! Importers for real task files (DESIGN §6): verl RL Parquet, NQ-style JSON lines and HumanEval
-//! JSON lines (plain or gzipped), converted to rows of the `tasks` table.
+//! Importers for real task files: verl RL Parquet, question/answer JSON (lines or one array: NQ,
+//! and AFM's web benchmarks GAIA, BrowseComp, HLE, WebWalker) and HumanEval JSON lines (plain or
+//! gzipped), converted to rows of the `tasks` table.
 //!
 //! `-` reads stdin. Our own `tasks` table (e.g. edited with polars) imports as itself.
 //!
 //! The layout is detected from the bytes, never from the file name: `PAR1` / Arrow magic is a
 //! table (read through [`coa_schemas::io::open_any`]), `1f 8b` is gzip (decompressed, then sniffed
-//! again), and a first non-blank byte `{` is JSON lines. A table or JSON object that matches no
-//! supported layout gets one error naming the file, the columns (or keys) found and the layouts
-//! this module supports ([`SUPPORTED_LAYOUTS`]).
+//! again), a first non-blank byte `{` is JSON lines and `[` one JSON array of records. A table or
+//! JSON object that matches no supported layout gets one error naming the file, the columns (or
+//! keys) found and the layouts this module supports ([`SUPPORTED_LAYOUTS`]).
+//!
+//! **Split.** A benchmark file is test data: imported tasks are `test` unless `split_override`
+//! says otherwise (AFM's benchmark files mark every row `split=train`; the file's own label stays
+//! in `extra`). Our own `tasks` table keeps its split.
+//!
+//! **Instructions.** A verl prompt that carries AFM's whole instruction block (the structured
+//! functions `think`, `plan`, `code`, … then `Task:` and the question, then an `Answer format:`
+//! paragraph) is separated: `question` is the task alone (what our prompts wrap), the block goes
+//! to `system_prompt` (after the file's own system message, if any).
 //!
 //! Suite mapping for verl rows, first match wins:
 //! 1. `reward_model.ground_truth` is a JSON object with `stdin` and `expected_output` lists ->
@@ -19,7 +29,7 @@
 //! 3. `data_source` or `ability` mentions code but the ground truth is no test spec -> error
 //!    (a code task without tests would score nothing, silently).
 //! 4. otherwise `qa`: the ground truth's items when it is a JSON list of strings (or a
-//!    `{target: [...]}` object, as Search-R1 files store it), else the string itself.
+//!    `{target: [...]}` object, as AFM's and Search-R1's files store it), else the string itself.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -44,14 +54,16 @@ use serde_json::{Map, Value};
 pub const SUPPORTED_LAYOUTS: &str = "  - a coa `tasks` table (Parquet or Arrow IPC, as `coa-generate tasks` writes it)
   - verl RL table (Parquet or Arrow IPC): columns `data_source` (utf8), `prompt` (list<struct<role, content>>), \
 `reward_model` (struct<ground_truth, ...>); optional `ability`, `extra_info` (struct: index, split, difficulty, ...); other columns are ignored
-  - NQ-style JSON lines: one object per line with keys `question` (string) and `answer` (string or list of strings); \
-optional `data_source`, `id`, `split`
+  - question/answer JSON: one object per line, or one JSON array of objects (AFM's GAIA, BrowseComp, HLE, WebWalker files), \
+with keys `question` (string) and `answer` (string, number or list of strings); optional `data_source`, `id`; other keys are kept in `extra`
   - HumanEval JSON lines, plain or gzip-compressed: keys `task_id`, `prompt`, `entry_point`, `test`; optional `canonical_solution`";
 
 const TOOLS_QA: [&str; 2] = ["web_search", "crawl_page"];
 const TOOLS_CODE: [&str; 1] = ["code"];
 const VERL_REQUIRED: [&str; 3] = ["data_source", "prompt", "reward_model"];
-const NQ_REQUIRED: [&str; 2] = ["question", "answer"];
+/// Keys of a question/answer record (AFM's files and GAIA's spellings).
+const QUESTION_KEYS: [&str; 2] = ["question", "Question"];
+const ANSWER_KEYS: [&str; 3] = ["answer", "Answer", "Final answer"];
 const HUMANEVAL_REQUIRED: [&str; 4] = ["task_id", "prompt", "entry_point", "test"];
 const MATH_WORDS: [&str; 10] =
     ["math", "aime", "amc", "gsm", "olympiad", "hmmt", "minerva", "numina", "deepscaler", "aops"];
@@ -64,8 +76,8 @@ pub enum Layout {
     Tasks,
     /// verl RL table: `data_source, prompt, ability, reward_model, extra_info`.
     Verl,
-    /// NQ-style JSON lines: `question, answer`.
-    NqJsonl,
+    /// Question/answer JSON (lines or an array): `question, answer`.
+    QaJson,
     /// HumanEval JSON lines: `task_id, prompt, entry_point, canonical_solution, test`.
     HumanEvalJsonl,
 }
@@ -75,15 +87,15 @@ impl fmt::Display for Layout {
         f.write_str(match self {
             Layout::Tasks => "coa tasks table",
             Layout::Verl => "verl RL table",
-            Layout::NqJsonl => "NQ-style JSON lines",
+            Layout::QaJson => "question/answer JSON",
             Layout::HumanEvalJsonl => "HumanEval JSON lines",
         })
     }
 }
 
 /// Reads one real task file, detecting its layout from its bytes, and converts every row to a
-/// [`Task`]. `split_override` replaces the split the file records (verl `extra_info.split`,
-/// a JSON `split` key; default `test`). Task ids are unique within the file.
+/// [`Task`]. Tasks are `test` unless `split_override` names their split (module docs). Task ids
+/// are unique within the file.
 pub fn import_file(path: &Path, split_override: Option<&str>) -> Result<Vec<Task>> {
     import_file_with_layout(path, split_override).map(|(_, tasks)| tasks)
 }
@@ -120,8 +132,11 @@ pub fn import_file_with_layout(path: &Path, split_override: Option<&str>) -> Res
         gzipped = true;
     }
     let body = bytes.strip_prefix(b"\xef\xbb\xbf".as_slice()).unwrap_or(&bytes);
+    // Records without a `data_source` are named after the file (`hle_test.json` -> `hle_test`).
+    let stem = path.file_name().and_then(|n| n.to_str()).map(|n| n.split('.').next().unwrap_or(n)).filter(|n| !n.is_empty() && shown != "stdin");
+    let default_source = id_part(stem.unwrap_or("qa")).to_lowercase();
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => import_jsonl(&shown, body, split_override),
+        Some(b'{') | Some(b'[') => import_json(&shown, body, split_override, &default_source),
         Some(_) => bail!(
             "{shown}: not a supported task file ({}first bytes {}); expected one of the supported layouts:\n{SUPPORTED_LAYOUTS}",
             if gzipped { "after gunzip, " } else { "" },
@@ -291,8 +306,13 @@ fn verl_row(cols: &VerlColumns, i: usize, split_override: Option<&str>, ids: &mu
             _ => {}
         }
     }
-    let Some(question) = user else {
+    let Some(user) = user else {
         bail!("`prompt` has no `user` message with string content ({} messages)", messages.len());
+    };
+    let (instruction, question) = split_instruction(&user);
+    let system = match (system, instruction) {
+        (Some(s), Some(i)) => Some(format!("{s}\n\n{i}")),
+        (s, i) => s.or(i),
     };
 
     let reward_model = arrow_value(cols.reward_model.as_ref(), i)?;
@@ -307,7 +327,7 @@ fn verl_row(cols: &VerlColumns, i: usize, split_override: Option<&str>, ids: &mu
     };
     let info = |key: &str| extra_info.as_ref().and_then(|e| e.get(key)).and_then(scalar_text);
     let index = info("index").unwrap_or_else(|| i.to_string());
-    let split = split_override.map(str::to_string).or_else(|| info("split")).unwrap_or_else(|| "test".into());
+    let split = split_override.unwrap_or("test").to_string();
     let difficulty = info("difficulty").filter(|d| !d.is_empty());
     let task_id = ids.unique(format!("{}-{}", id_part(&data_source), id_part(&index)));
 
@@ -327,6 +347,37 @@ fn verl_row(cols: &VerlColumns, i: usize, split_override: Option<&str>, ids: &mu
     Ok(task)
 }
 
+/// A prompt carrying AFM's instruction block (or our own prompt's instruction), split into (the
+/// block, the task): the block
+/// describes the structured functions (`'think'`, `'plan'`, …, `'answer'`) and ends at the last
+/// line starting `Task:`; a trailing `Answer format:` paragraph belongs to the block too (our own
+/// prompts say how to answer). Any other prompt is the question as it is.
+pub fn split_instruction(content: &str) -> (Option<String>, String) {
+    // Our own prompt (a verl file `coa-convert` wrote): the suite's instruction, then the question.
+    if let Some(q) = coa_format::prompt::question_of(content) {
+        return (Some(content[..content.len() - q.len()].trim_end().trim_end_matches("Question:").trim_end().to_string()), q.to_string());
+    }
+    let describes_functions = ["'think'", "'plan'", "'answer'"].iter().all(|w| content.contains(w))
+        && (content.contains("structured functions") || content.contains("Always follow"));
+    let task_line = content.match_indices("Task:").map(|(i, _)| i).filter(|&i| i == 0 || content[..i].ends_with('\n')).last();
+    let (true, Some(at)) = (describes_functions, task_line) else { return (None, content.to_string()) };
+    let mut question = content[at + "Task:".len()..].trim();
+    let mut tail = "";
+    if let Some(k) = question.rfind("\nAnswer format:") {
+        tail = question[k..].trim();
+        question = question[..k].trim_end();
+    }
+    if question.is_empty() {
+        return (None, content.to_string());
+    }
+    let mut block = content[..at].trim_end().to_string();
+    if !tail.is_empty() {
+        block.push_str("\n\n");
+        block.push_str(tail);
+    }
+    (Some(block), question.to_string())
+}
+
 /// Sets suite, tools, answers and tests of a verl task from its ground truth (module docs).
 fn classify(task: &mut Task, ground_truth: &Value, labels: &[&str]) -> Result<()> {
     let data_source = labels[0];
@@ -342,6 +393,11 @@ fn classify(task: &mut Task, ground_truth: &Value, labels: &[&str]) -> Result<()
         task.tools = strings(&TOOLS_CODE);
         task.answers = match ground_truth {
             Value::Array(_) | Value::Object(_) => answer_items(ground_truth)?,
+            // several golds as AFM writes them: `{"target": [...]}` in the string
+            Value::String(s) if s.trim_start().starts_with("{\"target\"") => match serde_json::from_str::<Value>(s) {
+                Ok(obj @ Value::Object(_)) => answer_items(&obj)?,
+                _ => vec![s.clone()],
+            },
             other => vec![scalar_text(other)
                 .ok_or_else(|| anyhow!("`ground_truth` must be a string, found {}", json_kind(other)))?],
         };
@@ -358,6 +414,8 @@ fn classify(task: &mut Task, ground_truth: &Value, labels: &[&str]) -> Result<()
                 Ok(list @ Value::Array(_)) if list.as_array().is_some_and(|a| a.iter().all(Value::is_string)) => {
                     answer_items(&list)?
                 }
+                // AFM's QA layout: `{"target": [...], "question": ...}`
+                Ok(obj @ Value::Object(_)) if obj.get("target").is_some() => answer_items(&obj)?,
                 _ => vec![s.clone()],
             },
             other => answer_items(other)?,
@@ -505,43 +563,34 @@ fn list_value(items: &dyn Array) -> Result<Value> {
 // ---------------------------------------------------------------------------------------------
 // JSON lines
 
-fn import_jsonl(shown: &str, bytes: &[u8], split_override: Option<&str>) -> Result<(Layout, Vec<Task>)> {
+/// JSON records: one object per line (JSON lines) or one array of objects.
+fn import_json(shown: &str, bytes: &[u8], split_override: Option<&str>, default_source: &str) -> Result<(Layout, Vec<Task>)> {
+    let records = json_records(shown, bytes)?;
     let mut layout = None;
     let mut ids = Ids::default();
     let mut tasks = Vec::new();
-    for (k, line) in bytes.split(|&b| b == b'\n').enumerate() {
-        let lineno = k + 1;
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
+    for (place, value) in records {
         let expected = match layout {
-            None => "one JSON object per line".to_string(),
-            Some(l) => format!("one JSON object per line ({l}, as detected from the first record)"),
+            None => "a JSON object".to_string(),
+            Some(l) => format!("a JSON object ({l}, as detected from the first record)"),
         };
-        let text = std::str::from_utf8(line)
-            .map_err(|e| anyhow!("{shown}: line {lineno}: not valid UTF-8 ({e}); expected {expected}"))?;
-        let value: Value = serde_json::from_str(text).map_err(|e| {
-            // serde's own "at line 1 column N" would contradict the file's line number.
-            let msg = e.to_string();
-            let msg = msg.rfind(" at line ").map_or(msg.as_str(), |k| &msg[..k]).to_string();
-            anyhow!("{shown}: line {lineno}: malformed JSON at column {} ({msg}); expected {expected}", e.column())
-        })?;
         let Value::Object(obj) = value else {
-            bail!("{shown}: line {lineno}: found {}, expected {expected}", json_kind(&value));
+            bail!("{shown}: {place}: found {}, expected {expected}", json_kind(&value));
         };
         let l = match layout {
             Some(l) => l,
             None => {
                 let has = |keys: &[&str]| keys.iter().all(|key| obj.contains_key(*key));
+                let has_any = |keys: &[&str]| keys.iter().any(|key| obj.contains_key(*key));
                 let detected = if has(&HUMANEVAL_REQUIRED) {
                     Layout::HumanEvalJsonl
-                } else if has(&NQ_REQUIRED) {
-                    Layout::NqJsonl
+                } else if has_any(&QUESTION_KEYS) && has_any(&ANSWER_KEYS) {
+                    Layout::QaJson
                 } else {
                     let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
                     keys.sort_unstable();
                     bail!(
-                        "{shown}: unknown JSON-lines layout: keys found on line {lineno}: {}.\nSupported layouts:\n{SUPPORTED_LAYOUTS}",
+                        "{shown}: unknown JSON layout: keys found in {place}: {}.\nSupported layouts:\n{SUPPORTED_LAYOUTS}",
                         if keys.is_empty() { "(none)".to_string() } else { keys.join(", ") }
                     );
                 };
@@ -550,17 +599,47 @@ fn import_jsonl(shown: &str, bytes: &[u8], split_override: Option<&str>) -> Resu
         };
         let record = tasks.len();
         let task = match l {
-            Layout::NqJsonl => nq_record(obj, record, split_override, &mut ids),
+            Layout::QaJson => qa_record(obj, record, split_override, default_source, &mut ids),
             Layout::HumanEvalJsonl => humaneval_record(obj, split_override, &mut ids),
             Layout::Verl | Layout::Tasks => unreachable!("tables are read by import_table"),
         }
-        .map_err(|e| anyhow!("{shown}: line {lineno}: {e:#} ({l} layout)"))?;
+        .map_err(|e| anyhow!("{shown}: {place}: {e:#} ({l} layout)"))?;
         tasks.push(task);
     }
     match layout {
         Some(l) => Ok((l, tasks)),
         None => bail!("{shown}: no JSON records found; expected a task file in one of the supported layouts:\n{SUPPORTED_LAYOUTS}"),
     }
+}
+
+/// The records of a JSON-lines file (`line N`) or of a JSON array (`record N`, from 0).
+fn json_records(shown: &str, bytes: &[u8]) -> Result<Vec<(String, Value)>> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+            anyhow!("{shown}: malformed JSON at line {}, column {} ({}); expected a JSON array of task objects", e.line(), e.column(), serde_message(&e))
+        })?;
+        let Value::Array(items) = value else { unreachable!("starts with [") };
+        return Ok(items.into_iter().enumerate().map(|(k, v)| (format!("record {k}"), v)).collect());
+    }
+    let mut out = Vec::new();
+    for (k, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        let lineno = k + 1;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let text = std::str::from_utf8(line).map_err(|e| anyhow!("{shown}: line {lineno}: not valid UTF-8 ({e}); expected one JSON object per line"))?;
+        let value: Value = serde_json::from_str(text).map_err(|e| {
+            anyhow!("{shown}: line {lineno}: malformed JSON at column {} ({}); expected one JSON object per line", e.column(), serde_message(&e))
+        })?;
+        out.push((format!("line {lineno}"), value));
+    }
+    Ok(out)
+}
+
+/// serde's message without its own "at line 1 column N" (which would contradict the file's).
+fn serde_message(e: &serde_json::Error) -> String {
+    let msg = e.to_string();
+    msg.rfind(" at line ").map_or(msg.as_str(), |k| &msg[..k]).to_string()
 }
 
 fn take_string(obj: &mut Map<String, Value>, key: &str, required: bool) -> Result<Option<String>> {
@@ -576,12 +655,21 @@ fn leftovers(obj: Map<String, Value>) -> Option<String> {
     (!obj.is_empty()).then(|| Value::Object(obj).to_string())
 }
 
-fn nq_record(mut obj: Map<String, Value>, record: usize, split_override: Option<&str>, ids: &mut Ids) -> Result<Task> {
-    let question = take_string(&mut obj, "question", true)?.unwrap_or_default();
+/// The value of the first of `keys` present, removed (AFM's files spell `question` / `Question`).
+fn take_any(obj: &mut Map<String, Value>, keys: &[&str]) -> Option<Value> {
+    keys.iter().find_map(|k| obj.remove(*k))
+}
+
+fn qa_record(mut obj: Map<String, Value>, record: usize, split_override: Option<&str>, default_source: &str, ids: &mut Ids) -> Result<Task> {
+    let question = match take_any(&mut obj, &QUESTION_KEYS) {
+        Some(Value::String(q)) => q,
+        Some(other) => bail!("`question` must be a string, found {}", json_kind(&other)),
+        None => bail!("missing key `question` (keys found: {})", obj.keys().cloned().collect::<Vec<_>>().join(", ")),
+    };
     if question.trim().is_empty() {
         bail!("`question` is empty");
     }
-    let answers = match obj.remove("answer") {
+    let answers = match take_any(&mut obj, &ANSWER_KEYS) {
         Some(Value::String(s)) => vec![s],
         Some(Value::Number(n)) => vec![n.to_string()],
         Some(Value::Array(items)) => items
@@ -594,19 +682,15 @@ fn nq_record(mut obj: Map<String, Value>, record: usize, split_override: Option<
     if answers.iter().all(|a| a.trim().is_empty()) {
         bail!("`answer` holds no non-empty answer");
     }
-    let source = take_string(&mut obj, "data_source", false)?.filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "nq".into());
+    let source = take_string(&mut obj, "data_source", false)?.filter(|s| !s.trim().is_empty()).unwrap_or_else(|| default_source.to_string());
     let id = match obj.remove("id") {
         None | Some(Value::Null) => record.to_string(),
         Some(v) => scalar_text(&v).ok_or_else(|| anyhow!("`id` must be a string or a number, found {}", json_kind(&v)))?,
     };
-    let split = match split_override {
-        Some(s) => s.to_string(),
-        None => take_string(&mut obj, "split", false)?.unwrap_or_else(|| "test".into()),
-    };
     Ok(Task {
         task_id: ids.unique(format!("{}-{}", id_part(&source), id_part(&id))),
         suite: "qa".into(),
-        split,
+        split: split_override.unwrap_or("test").to_string(),
         source,
         question,
         answers,

@@ -3,6 +3,7 @@
 //! - [`synth`]: the synthetic suites (`multihop` world + corpus, `math`, `code`), generated from a
 //!   seed with disjoint train/test name and number spaces. Entry point: [`generate`].
 
+pub mod external;
 pub mod import;
 pub mod synth;
 

@@ -1,9 +1,10 @@
-//! The importers against the real sample files in `shared/data/external/` (DESIGN §6), plus the
-//! unhappy paths on small files built in a temp dir.
+//! The importers against the real task files (`$COA_EXTERNAL_DATA`, default
+//! `../shared/data/external`; each test that needs one prints a `skipped:` line without it), plus
+//! the unhappy paths and AFM's other layouts on small files built in a temp dir.
 
 use std::collections::HashSet;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
@@ -12,30 +13,13 @@ use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Fields};
 use arrow::record_batch::RecordBatch;
 use coa_schemas::rows::Task;
-use coa_tasks::import::{import_file, import_file_with_layout, Layout};
+use coa_tasks::external::file_or_skip;
+use coa_tasks::import::{import_file, import_file_with_layout, split_instruction, Layout};
 
-/// `shared/data/external`, next to the workspace, or `$COA_EXTERNAL_DATA`. Missing data is a
-/// failure, not a skip: these tests are the only check that the importers read real files.
-fn external() -> PathBuf {
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/external");
-    if beside.join("aime24.parquet").exists() {
-        return beside;
-    }
-    if let Some(dir) = std::env::var_os("COA_EXTERNAL_DATA") {
-        let dir = PathBuf::from(dir);
-        assert!(dir.join("aime24.parquet").exists(), "COA_EXTERNAL_DATA={} holds no aime24.parquet", dir.display());
-        return dir;
-    }
-    panic!(
-        "real task files not found: looked in {} and $COA_EXTERNAL_DATA (unset); point COA_EXTERNAL_DATA at the \
-         directory holding aime24.parquet, math500.parquet, livecodebench_v4.parquet, nq_full.jsonl, HumanEval.jsonl.gz",
-        beside.display()
-    );
-}
-
-fn import(name: &str) -> (Layout, Vec<Task>) {
-    let path = external().join(name);
-    import_file_with_layout(&path, None).unwrap_or_else(|e| panic!("importing {}: {e:#}", path.display()))
+/// The real file `name` imported, or `None` after the test's skip line.
+fn import(test: &str, name: &str) -> Option<(Layout, Vec<Task>)> {
+    let path = file_or_skip(test, name)?;
+    Some(import_file_with_layout(&path, None).unwrap_or_else(|e| panic!("importing {}: {e:#}", path.display())))
 }
 
 fn assert_unique_ids(tasks: &[Task]) {
@@ -68,7 +52,7 @@ impl Drop for TempDir {
 
 #[test]
 fn aime24_parquet() {
-    let (layout, tasks) = import("aime24.parquet");
+    let Some((layout, tasks)) = import("aime24_parquet", "aime24.parquet") else { return };
     assert_eq!(layout, Layout::Verl);
     assert_eq!(tasks.len(), 30);
     assert_unique_ids(&tasks);
@@ -78,32 +62,40 @@ fn aime24_parquet() {
     assert_eq!(t.source, "aime24");
     assert_eq!(t.answers, vec!["204"]);
     assert_eq!(t.tools, vec!["code"]);
-    assert_eq!(t.split, "train", "split comes from extra_info.split");
-    assert!(t.question.contains("Every morning Aya"), "question is the user message: {}", &t.question[..200]);
+    assert_eq!(t.split, "test", "a benchmark is test data, whatever extra_info.split says");
+    // AFM's 3,954-character instruction block is separated from the question.
+    assert!(t.question.starts_with("Every morning Aya goes for a $9$-kilometer-long walk"), "{}", &t.question[..200]);
+    assert!(t.question.ends_with("including the $t$ minutes spent in the coffee shop."), "{}", t.question);
+    let block = t.system_prompt.as_deref().expect("the instruction block");
+    assert!(block.starts_with("Solve the given task step by step.") && block.contains("Always follow 'plan'"), "{block}");
+    assert!(!t.question.contains("'plan'") && !t.question.contains("Task:"));
+    assert!(tasks.iter().all(|t| t.system_prompt.as_deref() == Some(block) && !t.question.contains("structured functions")));
     let extra: serde_json::Value = serde_json::from_str(t.extra.as_deref().unwrap()).unwrap();
     assert_eq!(extra["index"], "0");
+    assert_eq!(extra["split"], "train", "the file's own label is kept in extra");
     assert_eq!(extra["need_tools_kwargs"], true);
     assert_eq!(extra["tools_kwargs"]["code"]["TODO"], "create_kwargs");
     assert!(tasks.iter().all(|t| t.suite == "math" && t.answers.len() == 1 && t.stdio_tests.is_empty()));
 
-    let overridden = import_file(&external().join("aime24.parquet"), Some("test")).unwrap();
-    assert!(overridden.iter().all(|t| t.split == "test"));
+    let told = import_file(&file_or_skip("aime24_parquet", "aime24.parquet").unwrap(), Some("train")).unwrap();
+    assert!(told.iter().all(|t| t.split == "train"));
 }
 
 #[test]
 fn math500_parquet() {
-    let (_, tasks) = import("math500.parquet");
+    let Some((_, tasks)) = import("math500_parquet", "math500.parquet") else { return };
     assert_eq!(tasks.len(), 500);
     assert_unique_ids(&tasks);
-    assert!(tasks.iter().all(|t| t.suite == "math" && t.source == "MATH500"));
+    assert!(tasks.iter().all(|t| t.suite == "math" && t.source == "MATH500" && t.split == "test"));
     assert_eq!(tasks[0].answers, vec![r"\left( 3, \frac{\pi}{2} \right)"]);
+    assert!(tasks[0].question.starts_with("Convert the point $(0,3)$"), "{}", tasks[0].question);
     let answers: HashSet<&str> = tasks.iter().map(|t| t.answers[0].as_str()).collect();
     assert!(answers.contains(r"\frac{14}{3}"));
 }
 
 #[test]
 fn livecodebench_parquet() {
-    let (_, tasks) = import("livecodebench_v4.parquet");
+    let Some((_, tasks)) = import("livecodebench_parquet", "livecodebench_v4.parquet") else { return };
     assert_eq!(tasks.len(), 100);
     assert_unique_ids(&tasks);
     assert!(tasks.iter().all(|t| t.suite == "code" && t.answers.is_empty() && t.tools == ["code"] && t.split == "test"));
@@ -122,16 +114,23 @@ fn livecodebench_parquet() {
 
     let lc = tasks.iter().find(|t| t.task_id == "skywork_livecodebench_v4-3543").expect("leetcode 3543");
     assert!(lc.test_code.as_deref().unwrap().contains("Solution().countKConstraintSubstrings('11111', 1)"));
+    // The question is the task with its starter code; AFM's instructions and answer format are apart.
+    assert!(lc.question.starts_with("You are given a binary string s and an integer k."), "{}", lc.question);
+    assert!(lc.question.ends_with("def countKConstraintSubstrings(self, s: str, k: int) -> int:\n        \n```"), "{:?}", lc.question);
+    let block = lc.system_prompt.as_deref().unwrap();
+    assert!(block.starts_with("You are an expert python code programmer.") && block.ends_with("return math.add(x,y)\n```"), "{block}");
+    // AtCoder rows keep their stdin note (it tells how the program reads its input).
+    assert!(b.question.contains("read the inputs from stdin"), "{}", b.question);
 }
 
 #[test]
 fn nq_jsonl() {
-    let (layout, tasks) = import("nq_full.jsonl");
-    assert_eq!(layout, Layout::NqJsonl);
+    let Some((layout, tasks)) = import("nq_jsonl", "nq_full.jsonl") else { return };
+    assert_eq!(layout, Layout::QaJson);
     assert_eq!(tasks.len(), 3610);
     assert_unique_ids(&tasks);
     let t = &tasks[0];
-    assert_eq!(t.task_id, "nq-0");
+    assert_eq!(t.task_id, "nq-0", "named after the records' data_source");
     assert_eq!(t.question, "who got the first nobel prize in physics");
     assert_eq!(t.answers, vec!["Wilhelm Conrad Röntgen"]);
     assert_eq!((t.suite.as_str(), t.source.as_str(), t.split.as_str()), ("qa", "nq", "test"));
@@ -141,7 +140,7 @@ fn nq_jsonl() {
 
 #[test]
 fn humaneval_gzipped_runs_with_python() {
-    let (layout, tasks) = import("HumanEval.jsonl.gz");
+    let Some((layout, tasks)) = import("humaneval_gzipped_runs_with_python", "HumanEval.jsonl.gz") else { return };
     assert_eq!(layout, Layout::HumanEvalJsonl);
     assert_eq!(tasks.len(), 164);
     assert_unique_ids(&tasks);
@@ -179,8 +178,58 @@ fn gzipped_nq_and_blank_lines_are_fine() {
     let tasks = import_file(&p, Some("train")).unwrap();
     assert_eq!(tasks.len(), 2);
     assert_eq!((tasks[0].task_id.as_str(), tasks[0].source.as_str(), tasks[0].split.as_str()), ("tq-7", "tq", "train"));
-    assert_eq!(tasks[1].task_id, "nq-1");
+    assert_eq!(tasks[1].task_id, "whatever-1");
     assert_eq!(tasks[1].answers, vec!["b", "3"]);
+}
+
+/// AFM's web benchmarks (GAIA, BrowseComp, HLE, WebWalker) are JSON arrays of objects with
+/// `question`, `answer` and other fields (kept in `extra`).
+#[test]
+fn json_arrays_of_question_answer_records() {
+    let dir = TempDir::new("array");
+    let hle = br#"[
+    {"id": 0, "question": "Compute the simplicial volume.", "answer": "11520", "answer_type": "exactMatch", "category": "Math"},
+    {"id": 1, "question": "Which diagnosis?\n\nAnswer Choices:\nA. Aspiration pneumonitis\nB. Achalasia", "answer": "A", "answer_type": "multipleChoice"}
+]"#;
+    let (layout, tasks) = import_file_with_layout(&dir.write("hle_test.json", hle), None).unwrap();
+    assert_eq!(layout, Layout::QaJson);
+    assert_eq!(tasks.iter().map(|t| t.task_id.as_str()).collect::<Vec<_>>(), ["hle_test-0", "hle_test-1"]);
+    let t = &tasks[1];
+    assert_eq!((t.suite.as_str(), t.source.as_str(), t.split.as_str()), ("qa", "hle_test", "test"));
+    assert_eq!(t.answers, vec!["A"]);
+    let extra: serde_json::Value = serde_json::from_str(t.extra.as_deref().unwrap()).unwrap();
+    assert_eq!(extra, serde_json::json!({"answer_type": "multipleChoice"}));
+    // WebWalker: nested fields, no id; GAIA spells `Question` / `Final answer`.
+    let walker = br#"[{"question": "Which program funded SUPPLY?", "answer": "EU4Health", "root_url": "https://ehaweb.org/", "info": {"domain": "conference", "Level": "medium"}}]"#;
+    let tasks = import_file(&dir.write("webwalker_main.json", walker), Some("train")).unwrap();
+    assert_eq!((tasks[0].task_id.as_str(), tasks[0].split.as_str()), ("webwalker_main-0", "train"));
+    assert!(tasks[0].extra.as_deref().unwrap().contains("\"Level\":\"medium\""));
+    let gaia = br#" [ {"task_id": "c61d", "Question": "How many studio albums?", "Final answer": "3", "Level": 1} ] "#;
+    let tasks = import_file(&dir.write("gaia.json", gaia), None).unwrap();
+    assert_eq!((tasks[0].question.as_str(), tasks[0].answers.clone()), ("How many studio albums?", vec!["3".to_string()]));
+
+    // Unhappy paths name the record.
+    let err = format!("{:#}", import_file(&dir.write("bad.json", b"[{\"question\": \"q\", \"answer\": \"a\"}, 7]"), None).unwrap_err());
+    assert!(err.contains("bad.json") && err.contains("record 1") && err.contains("found a number"), "{err}");
+    let err = format!("{:#}", import_file(&dir.write("cut.json", b"[{\"question\": \"q\", \"answer\": \"a\"},"), None).unwrap_err());
+    assert!(err.contains("cut.json") && err.contains("malformed JSON at line 1") && err.contains("JSON array"), "{err}");
+    let err = format!("{:#}", import_file(&dir.write("empty.json", b"[]"), None).unwrap_err());
+    assert!(err.contains("no JSON records"), "{err}");
+    let err = format!("{:#}", import_file(&dir.write("odd.json", br#"[{"q": 1}]"#), None).unwrap_err());
+    assert!(err.contains("record 0") && err.contains("keys found") && err.contains("q"), "{err}");
+}
+
+#[test]
+fn afm_instruction_blocks_are_separated_from_the_question() {
+    let math = "Solve the given task step by step. \nYou must take structured functions, including 'think', 'plan', 'code', \
+                'reflection', and 'answer' to solve the task.\nRequirements:\n1. Always follow 'plan', ('think', 'code', \
+                'observation', 'reflection')*N, 'think', 'answer' sequences\n\nTask:\nFind $x$ if $2x = 4$.";
+    let (block, question) = split_instruction(math);
+    assert_eq!(question, "Find $x$ if $2x = 4$.");
+    assert!(block.unwrap().ends_with("'answer' sequences"));
+    // A question that merely mentions a task is left alone.
+    let plain = "Task: name the capital of France.";
+    assert_eq!(split_instruction(plain), (None, plain.to_string()));
 }
 
 #[test]
@@ -190,7 +239,7 @@ fn unknown_jsonl_layout_lists_keys_and_layouts() {
     let err = format!("{:#}", import_file(&p, None).unwrap_err());
     assert!(err.contains("odd.jsonl"), "{err}");
     assert!(err.contains("a, b"), "{err}");
-    for layout in ["verl", "NQ-style", "HumanEval", "`question`", "`entry_point`", "`reward_model`"] {
+    for layout in ["verl", "question/answer JSON", "JSON array", "HumanEval", "`question`", "`entry_point`", "`reward_model`"] {
         assert!(err.contains(layout), "missing {layout}: {err}");
     }
 }
@@ -325,7 +374,7 @@ fn verl_suites_ids_and_extra_info() {
     let t = &tasks[0];
     assert_eq!(t.question, "question 0?");
     assert_eq!(t.system_prompt.as_deref(), Some("You are careful."));
-    assert_eq!(t.split, "train");
+    assert_eq!(t.split, "test");
     assert_eq!(t.difficulty, None);
     let extra: serde_json::Value = serde_json::from_str(t.extra.as_deref().unwrap()).unwrap();
     assert_eq!(extra, serde_json::json!({"index": "7", "split": "train", "difficulty": null, "flag": true, "scores": [1, null]}));

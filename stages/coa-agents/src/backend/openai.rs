@@ -1,16 +1,19 @@
 //! The `openai` backend: any OpenAI-compatible `/v1/chat/completions` endpoint.
 //!
 //! - **Requests**: `POST {base_url}/chat/completions` (or `base_url` itself when it already ends
-//!   in `/chat/completions`) with `{"model", "messages", "temperature"[, "max_tokens"]}`; the key,
-//!   if any, as `Authorization: Bearer …`. Blocking HTTP (ureq), no async runtime; loopback URLs
-//!   bypass any proxy set in the environment.
+//!   in `/chat/completions`) with `{"model", "messages", "temperature"[, "max_tokens"][, "stop"]}`;
+//!   an agent asked for a tool call is sent `"stop": ["<observation>"]`, so that a model which
+//!   goes on to imagine the tool's output is cut where the real output will go. The key, if one
+//!   was given ([`OpenAiConfig::api_key`]), as `Authorization: Bearer …`. Blocking HTTP (ureq),
+//!   no async runtime; loopback URLs bypass any proxy set in the environment.
 //! - **Concurrency**: at most [`OpenAiConfig::max_inflight`] requests at once across threads.
 //! - **Retries**: on HTTP 429 and 5xx, connection errors, timeouts and malformed responses (not
 //!   JSON, or no `choices[0].message.content`), up to [`OpenAiConfig::max_retries`] more tries,
 //!   sleeping `min(backoff_max, backoff_base · 2^attempt)` scaled by a jitter factor in
 //!   [0.5, 1] — or the server's `Retry-After` seconds when longer (still capped). The jitter is
 //!   drawn from a hash of (`jitter_seed`, request, attempt): deterministic, yet different across
-//!   requests so that parallel clients do not retry in lockstep. Other 4xx fail at once.
+//!   requests so that parallel clients do not retry in lockstep. Other 4xx fail at once. A reply's
+//!   latency is the whole time it took: every try and the waits between tries.
 //! - **Timeouts**: [`OpenAiConfig::timeout`] bounds each request (connect, send, wait, read).
 //! - **Cache**: with a cache dir, each successful response is stored as
 //!   `<dir>/<h[0..2]>/<h>.json` where `h` = SHA-256 of the exact request body, written under a
@@ -40,7 +43,8 @@ pub struct OpenAiConfig {
     /// `https://api.openai.com/v1`, `http://127.0.0.1:8000/v1`, ...
     pub base_url: String,
     pub model: String,
-    /// The bearer key (read from the environment by the caller); `None` sends none.
+    /// The bearer key (read by the caller from the environment variable the user named); `None`
+    /// sends none.
     pub api_key: Option<String>,
     /// Per-request timeout.
     pub timeout: Duration,
@@ -240,8 +244,8 @@ impl OpenAiClient {
         }
     }
 
-    /// The exact request body for `messages` (what the cache key hashes).
-    pub fn request_body(&self, messages: &[ChatMessage]) -> String {
+    /// The exact request body for `messages` with `stop` sequences (what the cache key hashes).
+    pub fn request_body(&self, messages: &[ChatMessage], stop: &[&str]) -> String {
         let mut body = json!({
             "model": self.cfg.model,
             "messages": messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect::<Vec<_>>(),
@@ -249,6 +253,9 @@ impl OpenAiClient {
         });
         if let Some(n) = self.cfg.max_tokens {
             body["max_tokens"] = json!(n);
+        }
+        if !stop.is_empty() {
+            body["stop"] = json!(stop);
         }
         body.to_string()
     }
@@ -288,7 +295,12 @@ impl OpenAiClient {
 
     /// Sends one chat request (see the module docs for retries and the cache).
     pub fn chat(&self, messages: &[ChatMessage]) -> Result<ChatResponse> {
-        let body = self.request_body(messages);
+        self.chat_until(messages, &[])
+    }
+
+    /// [`OpenAiClient::chat`] with `stop` sequences.
+    pub fn chat_until(&self, messages: &[ChatMessage], stop: &[&str]) -> Result<ChatResponse> {
+        let body = self.request_body(messages, stop);
         let key = hex(&Sha256::digest(body.as_bytes()));
         let cache = self.cache_path(&key);
         if let Some(path) = &cache {
@@ -299,9 +311,12 @@ impl OpenAiClient {
         }
         let key_bits = u64::from_str_radix(&key[..16], 16).unwrap_or(0);
         let mut last = String::new();
+        let start = Instant::now();
         for attempt in 0..=self.cfg.max_retries {
             match self.try_once(&body) {
-                Attempt::Done(resp, raw) => {
+                Attempt::Done(mut resp, raw) => {
+                    // every try and every wait counts
+                    resp.latency_ms = (start.elapsed().as_secs_f64() * 1_000_000.0).round() / 1000.0;
                     if let Some(path) = &cache {
                         self.write_cache(path, &raw, resp.latency_ms).with_context(|| format!("--cache-dir: caching the response of {}", self.url))?;
                     }
@@ -424,9 +439,13 @@ struct OpenAiMind<'a> {
     client: &'a OpenAiClient,
 }
 
+/// Where a tool's output will follow the agent's reply.
+const OBSERVATION_STOP: [&str; 1] = ["<observation>"];
+
 impl Mind for OpenAiMind<'_> {
     fn reply(&mut self, turn: &Turn<'_>) -> Result<Reply> {
-        let r = self.client.chat(turn.messages)?;
+        let stop: &[&str] = if turn.action.is_some_and(Action::is_tool) { &OBSERVATION_STOP } else { &[] };
+        let r = self.client.chat_until(turn.messages, stop)?;
         Ok(Reply { text: r.content, usage: r.usage, latency_ms: r.latency_ms })
     }
 }

@@ -44,6 +44,7 @@
 //! 500 ms per URL, a code run 250 ms; a routing decision forced by the protocol 0 ms.
 
 use anyhow::{bail, Context, Result};
+use coa_format::ThinkRule;
 use coa_schemas::rows::Task;
 use coa_tasks::{Hop, MathSolution, MultihopSolution};
 use serde::Deserialize;
@@ -298,7 +299,9 @@ impl Mind for ScriptedMind {
         let text = if turn.agent == AgentRole::Manager {
             manager_reply(intent.action, &intent.reason)
         } else {
-            render_output(Some(&intent.think), intent.action, &intent.body)
+            // A think block only where the grammar has one before this action.
+            let think = (intent.action.think_rule(turn.flavor) != ThinkRule::Forbidden).then_some(intent.think.as_str());
+            render_output(think, intent.action, &intent.body)
         };
         let (tin, tout) = (estimate_messages(turn.messages), estimate_text(&text));
         let latency_ms = SIM_BASE_MS + SIM_MS_PER_PROMPT_TOKEN * tin as f64 + SIM_MS_PER_OUTPUT_TOKEN * tout as f64;

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use coa_agents::{Backend, MasRun, Noise, RunConfig, Runner, ScriptedBackend, ToolConfig, Tools};
-use coa_format::{Flavor, Step as FStep, Tag};
+use coa_format::{think_rule, Flavor, Step as FStep, Tag, ThinkRule};
 use coa_schemas::rows::Task;
 use coa_tasks::{Split, Suite};
 use coa_tools::Corpus;
@@ -42,13 +42,21 @@ pub fn check_run(run: &MasRun) {
             continue;
         }
         let segs = coa_format::parse(&e.output).unwrap_or_else(|err| panic!("{} event {i}: {err}\n{}", run.task_id, e.output));
-        // think + exactly one action (the think is optional before an answer only)
-        let segs = if segs.len() == 1 && segs[0].tag == Tag::Answer { segs } else {
-            assert_eq!(segs.len(), 2, "{} event {i}: think + one action: {}", run.task_id, e.output);
-            assert_eq!(segs[0].tag, Tag::Think, "{} event {i}", run.task_id);
+        // exactly one action, with a think block exactly where the grammar's think rule has one
+        let action = segs.last().unwrap_or_else(|| panic!("{} event {i}: empty output", run.task_id)).tag;
+        let thought = segs.len() == 2;
+        assert!(segs.len() <= 2 && (!thought || segs[0].tag == Tag::Think), "{} event {i}: [think] + one action: {}", run.task_id, e.output);
+        match think_rule(flavor, action) {
+            ThinkRule::Required => assert!(thought, "{} event {i}: {action} needs a think: {}", run.task_id, e.output),
+            ThinkRule::Forbidden => assert!(!thought, "{} event {i}: {action} takes no think ({flavor:?}): {}", run.task_id, e.output),
+            ThinkRule::Optional => {}
+        }
+        let segs = if thought {
             assert!(!segs[0].content.trim().is_empty());
             steps.push(FStep::new(Tag::Think, segs[0].content));
             segs[1..].to_vec()
+        } else {
+            segs
         };
         let tag = segs[0].tag;
         assert_eq!(tag.name(), e.role, "{} event {i}: role is the action tag", run.task_id);

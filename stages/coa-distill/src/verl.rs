@@ -1,0 +1,207 @@
+//! The verl RL layout, as AFM's own RL files have it (one row per task; verl reads the Parquet
+//! with pandas / `datasets` and hands `reward_model` and `extra_info` to the reward and the tools):
+//!
+//! - `data_source`: `coa-<suite>`; `ability`: the suite;
+//! - `prompt`: `[{content, role: "user"}]`, the content being our prompt (the suite's instruction
+//!   then the question, `coa_format::build_prompt`);
+//! - `reward_model`: `{ground_truth, style: "rule"}`. The ground truth is, as AFM writes it: for
+//!   QA suites (`qa`, `multihop`) the JSON `{"target": [every gold answer], "question": …}`;
+//!   for math the gold answer itself (or `{"target": [...]}` when a task has several); for code
+//!   the test spec JSON (`{"stdin": [...], "expected_output": [...]}` or `{"functional": test
+//!   program}`);
+//! - `extra_info`: `index`, `split`, `task_id`, `question`, `answer` (every gold answer),
+//!   `need_tools_kwargs: true` and `tools_kwargs`: for every tool (`web_search`, `crawl_page`,
+//!   `code`) `{create_kwargs: {ground_truth: [golds or the test spec], question, data_source}}`,
+//!   so that verl's tool-agent loop finds the arguments of whichever tool it creates.
+//!
+//! `coa-generate tasks --import` reads the layout back.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use coa_schemas::rows::Task;
+use serde::Serialize;
+use serde_json::json;
+
+/// What one verl row is made of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerlTask {
+    pub task_id: String,
+    pub suite: String,
+    pub question: String,
+    pub answers: Vec<String>,
+    /// The test spec JSON of a code task.
+    pub code_spec: Option<String>,
+}
+
+impl VerlTask {
+    /// A task of the `tasks` table (its code spec from its own tests).
+    pub fn from_task(t: &Task) -> VerlTask {
+        VerlTask {
+            task_id: t.task_id.clone(),
+            suite: t.suite.clone(),
+            question: t.question.clone(),
+            answers: t.answers.clone(),
+            code_spec: code_spec(t),
+        }
+    }
+
+    fn data_source(&self) -> String {
+        format!("coa-{}", self.suite)
+    }
+
+    /// `reward_model.ground_truth` (module docs), or why there is none.
+    pub fn ground_truth(&self) -> Result<String, String> {
+        if self.suite == "code" {
+            return self
+                .code_spec
+                .clone()
+                .ok_or_else(|| format!("code task `{}` has no tests for its verl ground truth (pass the tasks table with --tasks)", self.task_id));
+        }
+        let golds: Vec<&str> = self.answers.iter().map(String::as_str).filter(|a| !a.trim().is_empty()).collect();
+        match (self.suite.as_str(), golds.as_slice()) {
+            (_, []) => Err("no gold answer for the verl ground truth".into()),
+            ("math", [one]) => Ok(one.to_string()),
+            ("math", many) => Ok(json!({ "target": many }).to_string()),
+            (_, many) => Ok(json!({ "target": many, "question": self.question }).to_string()),
+        }
+    }
+}
+
+/// A code task's test spec: `{"stdin", "expected_output"}` for stdio tests, else
+/// `{"functional": test_code}` (the layouts the importer reads).
+pub fn code_spec(t: &Task) -> Option<String> {
+    if t.suite != "code" {
+        return None;
+    }
+    if !t.stdio_tests.is_empty() {
+        let ins: Vec<&str> = t.stdio_tests.iter().map(|s| s.stdin.as_str()).collect();
+        let outs: Vec<&str> = t.stdio_tests.iter().map(|s| s.expected_stdout.as_str()).collect();
+        return Some(json!({ "stdin": ins, "expected_output": outs }).to_string());
+    }
+    t.test_code.as_deref().filter(|c| !c.trim().is_empty()).map(|c| json!({ "functional": c }).to_string())
+}
+
+#[derive(Serialize)]
+struct Message {
+    content: String,
+    role: &'static str,
+}
+
+#[derive(Serialize)]
+struct RewardModel {
+    ground_truth: String,
+    style: &'static str,
+}
+
+#[derive(Serialize, Clone)]
+struct CreateKwargs {
+    ground_truth: Vec<String>,
+    question: String,
+    data_source: String,
+}
+
+#[derive(Serialize, Clone)]
+struct ToolKwargs {
+    create_kwargs: CreateKwargs,
+}
+
+#[derive(Serialize)]
+struct ToolsKwargs {
+    web_search: ToolKwargs,
+    crawl_page: ToolKwargs,
+    code: ToolKwargs,
+}
+
+#[derive(Serialize)]
+struct ExtraInfo {
+    index: i64,
+    split: String,
+    task_id: String,
+    question: String,
+    answer: Vec<String>,
+    need_tools_kwargs: bool,
+    tools_kwargs: ToolsKwargs,
+}
+
+#[derive(Serialize)]
+struct Row {
+    data_source: String,
+    prompt: Vec<Message>,
+    ability: String,
+    reward_model: RewardModel,
+    extra_info: ExtraInfo,
+}
+
+fn utf8(name: &str) -> Field {
+    Field::new(name, DataType::Utf8, false)
+}
+
+fn list_of(name: &str, item: Field) -> Field {
+    Field::new(name, DataType::List(Arc::new(item)), false)
+}
+
+fn structure(name: &str, fields: Vec<Field>) -> Field {
+    Field::new(name, DataType::Struct(Fields::from(fields)), false)
+}
+
+/// The schema of the verl export.
+pub fn verl_schema() -> SchemaRef {
+    let create = structure("create_kwargs", vec![list_of("ground_truth", utf8("item")), utf8("question"), utf8("data_source")]);
+    let tool = |name: &str| structure(name, vec![create.clone()]);
+    Arc::new(Schema::new(vec![
+        utf8("data_source"),
+        list_of("prompt", structure("item", vec![utf8("content"), utf8("role")])),
+        utf8("ability"),
+        structure("reward_model", vec![utf8("ground_truth"), utf8("style")]),
+        structure(
+            "extra_info",
+            vec![
+                Field::new("index", DataType::Int64, false),
+                utf8("split"),
+                utf8("task_id"),
+                utf8("question"),
+                list_of("answer", utf8("item")),
+                Field::new("need_tools_kwargs", DataType::Boolean, false),
+                structure("tools_kwargs", vec![tool("web_search"), tool("crawl_page"), tool("code")]),
+            ],
+        ),
+    ]))
+}
+
+/// The verl rows of `tasks`, `extra_info.index` counting from `first_index`. Every task must have
+/// a ground truth (callers check [`VerlTask::ground_truth`] first, to name the bad row).
+pub fn verl_batch(tasks: &[VerlTask], first_index: i64, split: &str) -> Result<RecordBatch> {
+    let mut rows = Vec::with_capacity(tasks.len());
+    for (k, t) in tasks.iter().enumerate() {
+        let ground_truth = t.ground_truth().map_err(anyhow::Error::msg).with_context(|| format!("task `{}`", t.task_id))?;
+        let data_source = t.data_source();
+        let kwargs = ToolKwargs {
+            create_kwargs: CreateKwargs {
+                ground_truth: if t.suite == "code" { vec![ground_truth.clone()] } else { t.answers.clone() },
+                question: t.question.clone(),
+                data_source: data_source.clone(),
+            },
+        };
+        rows.push(Row {
+            data_source,
+            prompt: vec![Message { content: coa_format::build_prompt(&t.suite, &t.question), role: "user" }],
+            ability: t.suite.clone(),
+            reward_model: RewardModel { ground_truth, style: "rule" },
+            extra_info: ExtraInfo {
+                index: first_index + k as i64,
+                split: split.to_string(),
+                task_id: t.task_id.clone(),
+                question: t.question.clone(),
+                answer: t.answers.clone(),
+                need_tools_kwargs: true,
+                tools_kwargs: ToolsKwargs { web_search: kwargs.clone(), crawl_page: kwargs.clone(), code: kwargs },
+            },
+        });
+    }
+    let schema = verl_schema();
+    let batch = serde_arrow::to_record_batch(schema.fields(), &rows).context("building the verl rows")?;
+    Ok(batch.with_schema(schema)?)
+}

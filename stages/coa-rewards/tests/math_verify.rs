@@ -1,0 +1,89 @@
+//! `math_equal` against HF math-verify (the checker AFM's math reward calls) on the committed
+//! table `tests/math_verify/table.jsonl`: 1,004 (gold, answer) pairs built from MATH-500's golds
+//! (each gold boxed, model-style rewrites meant to be equal, near misses meant to differ, and the
+//! cases the issue named), each with math-verify's verdict. `table.py` built the table and
+//! computed the verdicts (`make math-verify-table` recomputes them in the bench venv).
+//!
+//! `math_verify_agreement` needs no Python: it reads the stored verdicts. The pairs on which we
+//! disagree are listed (and justified in the README, "Math answers"); they must stay within 2%.
+//! `stored_verdicts_are_math_verify_s` re-runs math-verify on every pair where the bench venv
+//! exists (`.venv/bin/python` with math-verify, or `$COA_MATH_VERIFY_PYTHON`), and otherwise
+//! skips with one line saying how to run it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use coa_rewards::math_equal;
+use serde_json::Value;
+
+fn table_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/math_verify/table.jsonl")
+}
+
+struct Pair {
+    id: u64,
+    kind: String,
+    gold: String,
+    answer: String,
+    math_verify: bool,
+}
+
+fn table() -> Vec<Pair> {
+    let text = std::fs::read_to_string(table_path()).expect("the committed table");
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("a JSON line");
+            Pair {
+                id: v["id"].as_u64().expect("id"),
+                kind: v["kind"].as_str().expect("kind").to_string(),
+                gold: v["gold"].as_str().expect("gold").to_string(),
+                answer: v["answer"].as_str().expect("answer").to_string(),
+                math_verify: v["math_verify"].as_i64().expect("a stored verdict") == 1,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn math_verify_agreement() {
+    let pairs = table();
+    assert!(pairs.len() >= 300, "the table must hold at least 300 pairs, it holds {}", pairs.len());
+    assert!(pairs.iter().any(|p| p.math_verify) && pairs.iter().any(|p| !p.math_verify), "both verdicts occur");
+    let mut disagreements = Vec::new();
+    for p in &pairs {
+        let ours = math_equal(&p.answer, &p.gold);
+        if ours != p.math_verify {
+            disagreements.push(format!("  id {:4} {:9} gold {:?} answer {:?}: ours {} math-verify {}", p.id, p.kind, p.gold, p.answer, ours, p.math_verify));
+        }
+    }
+    let agreement = 1.0 - disagreements.len() as f64 / pairs.len() as f64;
+    eprintln!("math_equal agrees with math-verify on {} of {} pairs ({:.2}%); disagreements:", pairs.len() - disagreements.len(), pairs.len(), 100.0 * agreement);
+    for d in &disagreements {
+        eprintln!("{d}");
+    }
+    assert!(agreement >= 0.98, "agreement {:.2}% is below 98% ({} disagreements)", 100.0 * agreement, disagreements.len());
+}
+
+/// The Python that has math-verify: `$COA_MATH_VERIFY_PYTHON`, else the bench venv's.
+fn math_verify_python() -> Option<PathBuf> {
+    let candidate = match std::env::var_os("COA_MATH_VERIFY_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"),
+    };
+    let ok = Command::new(&candidate).args(["-c", "import math_verify"]).output().is_ok_and(|o| o.status.success());
+    ok.then_some(candidate)
+}
+
+#[test]
+fn stored_verdicts_are_math_verify_s() {
+    let Some(python) = math_verify_python() else {
+        eprintln!("skipped: math-verify not installed (run `make math-verify-table`, or set COA_MATH_VERIFY_PYTHON to a python with math-verify)");
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/math_verify/table.py");
+    let out = Command::new(&python).arg(&script).arg("check").arg(table_path()).output().expect("running table.py check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprint!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "stored verdicts differ from math-verify's:\n{stdout}");
+}
