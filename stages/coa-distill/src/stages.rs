@@ -14,12 +14,13 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use arrow::record_batch::RecordBatch;
 use coa_schemas::io::{Format, TableWriter};
+use coa_schemas::output::AtomicFile;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{COA_TEXT, MAS_RUNS, TASKS, TRAJECTORIES};
 
 use crate::convert::{self, ConvertOptions, Target};
 use crate::extract;
-use crate::util::{self, AtomicFile};
+use crate::util;
 
 /// Writes rejected rows, if `--skip-bad` was given.
 struct Rejects {

@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::AsArray;
 use arrow::record_batch::RecordBatch;
+use coa_schemas::output::TempFile;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{COA_TEXT, TOKENS};
 use rayon::prelude::*;
@@ -66,41 +67,6 @@ pub struct TokenizeArgs {
     pub threads: Option<usize>,
 }
 
-/// A file written under a temporary name, renamed into place by [`PendingFile::commit`], removed
-/// if dropped uncommitted (a failing run leaves no partial output).
-struct PendingFile {
-    tmp: PathBuf,
-    dest: PathBuf,
-    done: bool,
-}
-
-impl PendingFile {
-    fn tokenizer(dest: &Path, vocab: &Vocab) -> Result<PendingFile> {
-        if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = dest.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-        let file = PendingFile { tmp, dest: dest.to_path_buf(), done: false };
-        vocab.save(&file.tmp)?;
-        Ok(file)
-    }
-
-    fn commit(mut self) -> Result<()> {
-        std::fs::rename(&self.tmp, &self.dest).with_context(|| format!("writing {}", self.dest.display()))?;
-        self.done = true;
-        Ok(())
-    }
-}
-
-impl Drop for PendingFile {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
-}
-
 struct RowResult {
     enc: Encoded,
     joined_differs: bool,
@@ -146,7 +112,15 @@ pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs) -> Result<()> {
         stage.add_input_file(path);
         Vocab::load(path, &args.bos, &args.eos)?
     };
-    let pending = args.save_tokenizer.as_deref().map(|p| PendingFile::tokenizer(p, &vocab)).transpose()?;
+    // Written now (a bad path fails before the rows are encoded), committed with the tokens.
+    let pending = match args.save_tokenizer.as_deref() {
+        Some(path) => {
+            let (tmp, _file) = TempFile::create(path)?;
+            vocab.save(tmp.tmp_path())?;
+            Some(tmp)
+        }
+        None => None,
+    };
 
     let schema = TOKENS.schema();
     let mut writer = stage.create(io.output.as_deref(), io.format, &schema)?;
