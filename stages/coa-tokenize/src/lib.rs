@@ -17,4 +17,4 @@ pub mod vocab;
 pub use encode::{check_spans, encode_joined, encode_row, Encoded, PROMPT_SEPARATOR};
 pub use pack::{apply_max_len, Fate, OutRow, Overlong, Packer};
 pub use run::{run, TokenizeArgs};
-pub use vocab::{tag_strings, SpecialChoice, Vocab, ENDOFTEXT};
+pub use vocab::{tag_strings, SpecialChoice, Vocab, ENDOFTEXT, MAX_WORD_CHARS};
