@@ -46,8 +46,12 @@ pub fn at_least_one<T: FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, St
 }
 
 /// A whole number, 0 or more.
-pub fn whole<T: FromStr>(s: &str) -> Result<T, String> {
-    parse_number(s, "a whole number (0 or more)")
+pub fn whole<T: FromStr + PartialOrd + Default>(s: &str) -> Result<T, String> {
+    const WHAT: &str = "a whole number (0 or more)";
+    match parse_number::<T>(s, WHAT) {
+        Ok(v) if v >= T::default() => Ok(v),
+        _ => Err(format!("`{s}`: expected {WHAT}")),
+    }
 }
 
 /// A finite number greater than 0.
@@ -110,6 +114,8 @@ mod tests {
         lr: Option<f64>,
         #[arg(long, value_parser = finite::<f32>)]
         penalty: Option<f32>,
+        #[arg(long, value_parser = whole::<i64>)]
+        min_hops: Option<i64>,
         #[command(subcommand)]
         sub: Option<Sub>,
     }
@@ -137,6 +143,8 @@ mod tests {
         let e = error(&["run", "--steps", "-3"]);
         assert!(e.contains("--steps") && e.contains("expected a whole number (0 or more)"), "{e}");
         assert!(!e.contains("unexpected argument"), "{e}");
+        let e = error(&["--min-hops", "-2"]);
+        assert!(e.contains("`-2`: expected a whole number (0 or more)"), "{e}");
     }
 
     #[test]

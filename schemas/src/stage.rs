@@ -248,7 +248,15 @@ fn without_flags(args: impl Iterator<Item = String>, flags: &[&str]) -> Vec<Stri
 /// `--stats` summary) succeeded, then all are renamed into place; on failure all are removed.
 pub fn run(stage: &mut Stage, body: impl FnOnce(&mut Stage) -> Result<()>) -> ExitCode {
     output::defer_commits();
-    let result = body(stage).and_then(|_| stage.finish()).and_then(|line| output::commit_deferred().map(|_| line));
+    // A panic is a bug, but it must not leave finished outputs waiting under temporary names.
+    let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(stage))) {
+        Ok(result) => result,
+        Err(panic) => {
+            output::discard_deferred();
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let result = result.and_then(|_| stage.finish()).and_then(|line| output::commit_deferred().map(|_| line));
     match result {
         Ok(line) => {
             eprintln!("{line}");

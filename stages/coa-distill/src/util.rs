@@ -1,9 +1,6 @@
 //! Shared plumbing of the distillation stages: work units for rayon, column access with clear
-//! errors, reject tables (`--skip-bad`), and an atomic streaming file for non-Arrow exports.
+//! errors and reject tables (`--skip-bad`).
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};

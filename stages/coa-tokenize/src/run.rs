@@ -1,10 +1,10 @@
 //! The stage body: read `coa_text`, (train a vocabulary,) encode rows in parallel batch by batch,
 //! apply the length policy and packing, write `tokens`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use arrow::array::AsArray;
 use arrow::record_batch::RecordBatch;
 use coa_schemas::output::TempFile;
