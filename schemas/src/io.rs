@@ -7,7 +7,11 @@
 //!
 //! Writing: IPC stream (zstd) by default (the only Arrow format a pipe can carry), Parquet (zstd)
 //! for `*.parquet`, IPC file for `*.arrow`/`*.feather`. A file is written under a temporary name
-//! and renamed on success; if the writer is dropped unfinished, the temporary file is removed.
+//! ([`crate::output::TempFile`]) and committed on finish (inside a stage, with its other outputs
+//! when it succeeds); if the writer is dropped unfinished, the temporary file is removed.
+//!
+//! An input whose metadata names one of our tables is checked against that table even when any
+//! table is accepted: nulls in a non-nullable column are refused naming the stage that writes it.
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Cursor, Read, Seek, SeekFrom, Write};
