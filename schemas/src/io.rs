@@ -7,11 +7,15 @@
 //!
 //! Writing: IPC stream (zstd) by default (the only Arrow format a pipe can carry), Parquet (zstd)
 //! for `*.parquet`, IPC file for `*.arrow`/`*.feather`. A file is written under a temporary name
-//! and renamed on success; if the writer is dropped unfinished, the temporary file is removed.
+//! ([`crate::output::TempFile`]) and committed on finish (inside a stage, with its other outputs
+//! when it succeeds); if the writer is dropped unfinished, the temporary file is removed.
+//!
+//! An input whose metadata names one of our tables is checked against that table even when any
+//! table is accepted: nulls in a non-nullable column are refused naming the stage that writes it.
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Cursor, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -33,6 +37,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
+use crate::output::{self, TempFile};
 use crate::tables::{compatible, type_name, Derived, Table, META_PROVENANCE, META_TABLE};
 
 /// Rows per batch when reading Parquet and when stages build batches.
@@ -176,8 +181,8 @@ impl TableReader {
     fn conform(&self, batch: RecordBatch) -> Result<RecordBatch> {
         let batch = if self.prune.is_empty() { batch } else { prune_batch(&batch, &self.prune, &self.found)? };
         if !self.needs_cast {
-            // Same columns and types: only the schema (metadata, nullability) is swapped, which
-            // still checks that required columns hold no nulls.
+            // Same columns and types: only the schema (metadata, nullability) is swapped.
+            self.check_nulls(batch.columns())?;
             return RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec()).map_err(|e| anyhow!("{}: {e}", self.source));
         }
         let mut columns = Vec::with_capacity(self.schema.fields().len());
@@ -199,7 +204,26 @@ impl TableReader {
                 })?);
             }
         }
+        self.check_nulls(&columns)?;
         RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| anyhow!("{}: {e}", self.source))
+    }
+
+    /// Refuses nulls in a column the table declares non-nullable, naming the column, the row and
+    /// the stage that writes the table (arrow's own check says none of that).
+    fn check_nulls(&self, columns: &[ArrayRef]) -> Result<()> {
+        for (field, column) in self.schema.fields().iter().zip(columns) {
+            if field.is_nullable() || column.null_count() == 0 {
+                continue;
+            }
+            let first = (0..column.len()).find(|&i| column.is_null(i)).unwrap_or(0);
+            let row = self.rows - column.len() as u64 + first as u64;
+            let whose = match self.expected {
+                Some(t) => format!("the `{}` table does not allow nulls there; it is written by `{}`", t.name, t.produced_by),
+                None => "the input's own schema declares it non-nullable".to_string(),
+            };
+            bail!("{}: column `{}` holds {} null value(s), the first in row {row} ({whose})", self.source, field.name(), column.null_count());
+        }
+        Ok(())
     }
 }
 
@@ -349,6 +373,9 @@ fn finish_open(
     } else {
         (prune_schema(&found, &omit), omit.clone())
     };
+    // An input of any table that names one of ours in its metadata is held to that table: its
+    // types, and no nulls where the table allows none (coa-filter passes tables on unchanged).
+    let expected = expected.or_else(|| found.metadata().get(META_TABLE).and_then(|name| crate::tables::by_name(name)));
     let (schema, needs_cast) = match expected {
         Some(t) => check_schema(&source, &found, t, &omit)?,
         None => (found.clone(), false),
@@ -772,11 +799,11 @@ fn stdout_is_regular_file() -> bool {
     }
 }
 
-/// Writes one table to stdout or a file (temp name + rename on [`TableWriter::finish`]).
+/// Writes one table to stdout or a file (a [`TempFile`] committed by [`TableWriter::finish`]).
 pub struct TableWriter {
     sink: Option<Sink>,
     target: String,
-    tmp: Option<(PathBuf, PathBuf)>,
+    tmp: Option<TempFile>,
     rows: u64,
 }
 
@@ -785,11 +812,6 @@ pub fn with_provenance(schema: &Schema, provenance: &Provenance) -> Result<Schem
     let mut meta = schema.metadata().clone();
     meta.insert(META_PROVENANCE.to_string(), serde_json::to_string(provenance)?);
     Ok(Arc::new(schema.clone().with_metadata(meta)))
-}
-
-fn temp_path_for(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
 /// Creates a writer; `path` `None` or `-` means stdout. `format` overrides the path's default.
@@ -806,17 +828,13 @@ pub fn create(path: Option<&Path>, format: Option<Format>, schema: &Schema, prov
         }
         // A device or FIFO (`-o /dev/null`, `-o /dev/stdout`, a named pipe) is written in place:
         // renaming a temporary file onto it would replace the device with a regular file.
-        Some(p) if std::fs::metadata(p).is_ok_and(|m| !m.file_type().is_file() && !m.is_dir()) => {
+        Some(p) if output::is_written_in_place(p) => {
             let f = std::fs::OpenOptions::new().write(true).open(p).with_context(|| format!("opening {}", p.display()))?;
             (Box::new(BufWriter::with_capacity(1 << 20, f)), None)
         }
         Some(p) => {
-            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).with_context(|| format!("creating output directory {}", dir.display()))?;
-            }
-            let tmp = temp_path_for(p);
-            let f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-            (Box::new(BufWriter::with_capacity(1 << 20, f)), Some((tmp, p.to_path_buf())))
+            let (tmp, f) = TempFile::create(p)?;
+            (Box::new(BufWriter::with_capacity(1 << 20, f)), Some(tmp))
         }
     };
     let mut writer = TableWriter { sink: None, target, tmp, rows: 0 };
@@ -868,7 +886,8 @@ impl TableWriter {
         self.rows
     }
 
-    /// Closes the table, flushes, and renames a file output into place. Returns rows written.
+    /// Closes the table, flushes, and commits a file output (renamed into place now, or with the
+    /// stage's other outputs when it succeeds: see [`crate::output`]). Returns rows written.
     pub fn finish(mut self) -> Result<u64> {
         let target = self.target.clone();
         let flushed: Result<()> = match self.sink.take().expect("finish called twice") {
@@ -877,8 +896,8 @@ impl TableWriter {
             Sink::Parquet(w) => w.into_inner().map_err(Into::into).and_then(flush),
         };
         flushed.map_err(|e| io_context(e, &target))?;
-        if let Some((tmp, path)) = self.tmp.take() {
-            std::fs::rename(&tmp, &path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+        if let Some(tmp) = self.tmp.take() {
+            tmp.commit()?;
         }
         Ok(self.rows)
     }
@@ -898,11 +917,10 @@ fn io_context(e: anyhow::Error, target: &str) -> anyhow::Error {
 
 impl Drop for TableWriter {
     fn drop(&mut self) {
-        // An unfinished output is never left behind under its final (or temporary) name.
-        if let Some((tmp, _)) = self.tmp.take() {
-            drop(self.sink.take());
-            let _ = std::fs::remove_file(tmp);
-        }
+        // An unfinished output is never left behind under its final (or temporary) name: the
+        // sink (which holds the file open) goes first, then the temporary file.
+        drop(self.sink.take());
+        drop(self.tmp.take());
     }
 }
 

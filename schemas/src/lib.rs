@@ -4,9 +4,15 @@
 //! - [`rows`]: typed rows for tables built row by row (tasks, corpus).
 //! - [`io`]: reading (stdin or file; IPC stream, IPC file or Parquet, sniffed) and writing
 //!   (IPC stream to pipes, Parquet for `.parquet`, temp name + rename), with provenance.
+//! - [`output`]: output paths checked before the work, temporary files, all-or-none commits.
+//! - [`cleanup`]: what is undone on SIGTERM/SIGINT/SIGHUP (temporary files, sandboxed code).
+//! - [`flags`]: argument parsing with clear messages for bad numbers (negative, zero, NaN).
 //! - [`stage`]: the shared command-line harness: common flags, summary line, broken pipes.
 
+pub mod cleanup;
+pub mod flags;
 pub mod io;
+pub mod output;
 pub mod rows;
 pub mod stage;
 pub mod tables;

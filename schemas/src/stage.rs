@@ -2,17 +2,18 @@
 //! writes, the one-line JSON summary on stderr (and `--stats FILE`), progress bars only on a
 //! terminal, error reporting, and a quiet exit on a closed stdout pipe.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use arrow::datatypes::Schema;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Map, Value};
 
 use crate::io::{self, Format, InputProvenance, Provenance, TableReader, TableWriter};
+use crate::output;
 use crate::tables::Table;
 
 /// The global allocator every stage binary installs (`#[global_allocator] static ALLOC: Allocator =
@@ -54,6 +55,13 @@ pub struct IoArgs {
     pub stats: Option<PathBuf>,
 }
 
+impl IoArgs {
+    /// The output flags, for [`Stage::outputs`].
+    pub fn outputs(&self) -> [(&'static str, Option<&Path>); 2] {
+        [("-o", self.output.as_deref()), ("--stats", self.stats.as_deref())]
+    }
+}
+
 /// A running stage: what it read, what it wrote, and its summary.
 pub struct Stage {
     name: String,
@@ -65,6 +73,8 @@ pub struct Stage {
     rows_out: u64,
     summary: Map<String, Value>,
     stats_path: Option<PathBuf>,
+    /// Flags naming outputs: left out of the provenance (where a table went is not what it is).
+    output_flags: Vec<&'static str>,
 }
 
 impl Stage {
@@ -80,6 +90,7 @@ impl Stage {
             rows_out: 0,
             summary: Map::new(),
             stats_path: None,
+            output_flags: vec!["-o", "--stats"],
         }
     }
 
@@ -97,12 +108,26 @@ impl Stage {
         self.stats_path = path;
     }
 
-    /// The provenance written into outputs: this stage, its arguments, seed and inputs.
+    /// Checks every output path before any work (see [`output::check_outputs`]): a path that is
+    /// a directory, or two outputs naming one file, fail here rather than after the work. The
+    /// flags are also left out of the provenance. Call it first thing with every output flag.
+    pub fn outputs(&mut self, outputs: &[(&'static str, Option<&Path>)]) -> Result<()> {
+        for &(flag, _) in outputs {
+            if !self.output_flags.contains(&flag) {
+                self.output_flags.push(flag);
+            }
+        }
+        output::check_outputs(outputs)
+    }
+
+    /// The provenance written into outputs: this stage, the arguments that determine the data
+    /// (every argument but the output paths), seed and inputs. The same run written to two file
+    /// names gives the same bytes.
     pub fn provenance(&self) -> Provenance {
         Provenance {
             stage: self.name.clone(),
             version: self.version.clone(),
-            args: std::env::args().skip(1).collect(),
+            args: without_flags(std::env::args().skip(1), &self.output_flags),
             seed: self.seed,
             inputs: self.inputs.clone(),
         }
@@ -185,48 +210,70 @@ impl Stage {
         Value::Object(m)
     }
 
-    fn finish(&self) -> Result<()> {
+    /// The summary line, also written to `--stats` (printed once the outputs are in place).
+    fn finish(&self) -> Result<String> {
         let line = serde_json::to_string(&self.summary())?;
-        eprintln!("{line}");
         if let Some(path) = &self.stats_path {
             write_atomically(path, format!("{line}\n").as_bytes())?;
         }
-        Ok(())
+        Ok(line)
     }
 }
 
-/// Writes a small file under a temporary name and renames it into place.
-pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+pub use crate::output::write_atomically;
+
+/// `args` without the given flags and their values (`-o X`, `-oX`, `--output X`, `--output=X`;
+/// `-o` also stands for `--output`).
+fn without_flags(args: impl Iterator<Item = String>, flags: &[&str]) -> Vec<String> {
+    let spellings: Vec<&str> = flags.iter().flat_map(|&f| if f == "-o" { vec!["-o", "--output"] } else { vec![f] }).collect();
+    let mut kept = Vec::new();
+    let mut skip_value = false;
+    for arg in args {
+        if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        if spellings.contains(&arg.as_str()) {
+            skip_value = true;
+        } else if !spellings.iter().any(|f| (f.starts_with("--") && arg.starts_with(&format!("{f}="))) || (f.len() == 2 && !f.starts_with("--") && arg.starts_with(f) && arg.len() > 2)) {
+            kept.push(arg);
+        }
     }
-    // A device or FIFO (`--stats /dev/stderr`) is written in place, never replaced.
-    if std::fs::metadata(path).is_ok_and(|m| !m.file_type().is_file() && !m.is_dir()) {
-        return std::fs::OpenOptions::new().write(true).open(path).and_then(|mut f| f.write_all(contents)).with_context(|| format!("writing {}", path.display()));
-    }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(contents)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("writing {}", path.display()))
+    kept
 }
 
 /// Runs a stage body and turns its result into an exit code: the summary on success, one clear
 /// error line (with its chain of causes) on failure, and a quiet exit 0 when stdout was closed.
+///
+/// File outputs are all-or-none: each waits under its temporary name until the body (and the
+/// `--stats` summary) succeeded, then all are renamed into place; on failure all are removed.
 pub fn run(stage: &mut Stage, body: impl FnOnce(&mut Stage) -> Result<()>) -> ExitCode {
-    let result = body(stage).and_then(|_| stage.finish());
+    output::defer_commits();
+    // A panic is a bug, but it must not leave finished outputs waiting under temporary names.
+    let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(stage))) {
+        Ok(result) => result,
+        Err(panic) => {
+            output::discard_deferred();
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let result = result.and_then(|_| stage.finish()).and_then(|line| output::commit_deferred().map(|_| line));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if io::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Ok(line) => {
+            eprintln!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) if io::is_broken_pipe(&e) => {
+            // The reader went away: whatever was piped is what it wanted; files still commit.
+            match output::commit_deferred() {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{}: error: {e:#}", stage.name());
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Err(e) => {
+            output::discard_deferred();
             eprintln!("{}: error: {e:#}", stage.name());
             ExitCode::FAILURE
         }

@@ -10,7 +10,7 @@ use std::sync::{Arc, LazyLock};
 use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
 
 /// Bumped whenever any table changes shape; written into every output's metadata.
-pub const SCHEMA_VERSION: &str = "1";
+pub const SCHEMA_VERSION: &str = "2";
 
 /// Metadata key naming the table an Arrow stream or file holds.
 pub const META_TABLE: &str = "coa.table";
@@ -286,6 +286,12 @@ fn score_columns() -> Vec<Column> {
         col("format_ok", DataType::Boolean, false, "Whether the response follows the CoA tag grammar."),
         col("overlong", DataType::Float32, false, "Overlong shaping term (0 inside the budget, down to -1)."),
         col("advantage", DataType::Float32, false, "Group-normalised advantage (R - mean) / (std + 1e-6)."),
+        col(
+            "sandbox",
+            utf8(),
+            true,
+            "Code tasks: the sandbox's verdict on the answer's program: `passed`, `failed` (an assertion, an error, wrong output, or an exit before the tests finished), `timed_out`, `killed` (a signal: CPU or memory limit, a crash) or `output_limit`. Null when no code ran (other suites, no answer).",
+        ),
     ]
 }
 

@@ -129,6 +129,10 @@ fn same_seed_gives_byte_identical_files_and_provenance_is_recorded() {
         let (x, y) = (std::fs::read(d.join("r1").join(f)).unwrap(), std::fs::read(d.join("r2").join(f)).unwrap());
         assert!(!x.is_empty() && x == y, "{f} differs between two runs with the same seed");
     }
+    // Where it went is not what it is: the same run under other file names, same bytes.
+    ok(d, "mkdir r3 && cd r3 && coa-generate tasks --suite multihop --n 40 --suite code --n 10 --seed 9 --corpus-out corpus.parquet --output=tasks.parquet --stats s.json 2>/dev/null");
+    assert_eq!(std::fs::read(d.join("r1/a.parquet")).unwrap(), std::fs::read(d.join("r3/tasks.parquet")).unwrap(), "the output path changed the bytes");
+    assert_eq!(std::fs::read(d.join("r1/c.parquet")).unwrap(), std::fs::read(d.join("r3/corpus.parquet")).unwrap());
     ok(d, "coa-generate tasks --suite multihop --n 40 --suite code --n 10 --seed 10 -o other.parquet 2>/dev/null");
     assert_ne!(read_parquet(&d.join("r1/a.parquet")), read_parquet(&d.join("other.parquet")));
     ok(d, "coa-generate tasks --suite math --n 50 --seed 3 > x.ipc && coa-generate tasks --suite math --n 50 --seed 3 > y.ipc");

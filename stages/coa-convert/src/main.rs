@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
+use coa_schemas::flags;
 use coa_distill::Target;
 use coa_schemas::stage::{self, IoArgs, Stage};
 
@@ -68,7 +69,7 @@ struct Cli {
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = flags::parse();
     let mut stage = Stage::new("coa-convert", env!("CARGO_PKG_VERSION"));
     stage.set_stats_path(cli.io.stats.clone());
     let target = match cli.to {
@@ -83,5 +84,9 @@ fn main() -> ExitCode {
         tasks: cli.tasks.as_deref(),
         split: &cli.split,
     };
-    stage::run(&mut stage, |s| coa_distill::stages::run_convert(s, &cli.io, &args))
+    stage::run(&mut stage, |s| {
+        let [out, stats] = cli.io.outputs();
+        s.outputs(&[out, stats, ("--skip-bad", cli.skip_bad.as_deref())])?;
+        coa_distill::stages::run_convert(s, &cli.io, &args)
+    })
 }

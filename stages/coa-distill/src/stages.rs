@@ -14,13 +14,14 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use arrow::record_batch::RecordBatch;
 use coa_schemas::io::{Format, TableReader, TableWriter};
+use coa_schemas::output::AtomicFile;
 use coa_schemas::rows::{self, Task};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{COA_TEXT, MAS_RUNS, TASKS, TRAJECTORIES};
 
 use crate::convert::{self, ConvertOptions, Target};
 use crate::extract;
-use crate::util::{self, AtomicFile};
+use crate::util;
 use crate::verl;
 
 /// Writes rejected rows, if `--skip-bad` was given.

@@ -1,9 +1,6 @@
 //! Shared plumbing of the distillation stages: work units for rayon, column access with clear
-//! errors, reject tables (`--skip-bad`), and an atomic streaming file for non-Arrow exports.
+//! errors and reject tables (`--skip-bad`).
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
@@ -147,50 +144,3 @@ pub fn reject_batch(schema: &SchemaRef, batch: &RecordBatch, rows: &[(u32, Strin
     RecordBatch::try_new(schema.clone(), columns).context("building the reject table")
 }
 
-/// A file written under a temporary name and renamed into place by [`AtomicFile::finish`]; dropped
-/// unfinished, the temporary file is removed (the same contract as the table writers).
-pub struct AtomicFile {
-    out: Option<BufWriter<File>>,
-    /// `None` when writing a device or FIFO in place.
-    tmp: Option<PathBuf>,
-    path: PathBuf,
-}
-
-impl AtomicFile {
-    pub fn create(path: &Path) -> Result<AtomicFile> {
-        // A device or FIFO (`-o /dev/null`, a named pipe) is written in place: renaming a temporary
-        // file onto it would replace the device with a regular file.
-        if std::fs::metadata(path).is_ok_and(|m| !m.file_type().is_file() && !m.is_dir()) {
-            let f = std::fs::OpenOptions::new().write(true).open(path).with_context(|| format!("opening {}", path.display()))?;
-            return Ok(AtomicFile { out: Some(BufWriter::with_capacity(1 << 20, f)), tmp: None, path: path.to_path_buf() });
-        }
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-        let f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        Ok(AtomicFile { out: Some(BufWriter::with_capacity(1 << 20, f)), tmp: Some(tmp), path: path.to_path_buf() })
-    }
-
-    pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
-        let out = self.out.as_mut().ok_or_else(|| anyhow!("{} already finished", self.path.display()))?;
-        out.write_all(bytes).with_context(|| format!("writing {}", self.path.display()))
-    }
-
-    pub fn finish(mut self) -> Result<()> {
-        let out = self.out.take().ok_or_else(|| anyhow!("{} already finished", self.path.display()))?;
-        let f = out.into_inner().map_err(|e| e.into_error()).with_context(|| format!("writing {}", self.path.display()))?;
-        let Some(tmp) = self.tmp.take() else { return Ok(()) };
-        f.sync_all().with_context(|| format!("writing {}", self.path.display()))?;
-        std::fs::rename(&tmp, &self.path).with_context(|| format!("renaming {} to {}", tmp.display(), self.path.display()))
-    }
-}
-
-impl Drop for AtomicFile {
-    fn drop(&mut self) {
-        if let (Some(_), Some(tmp)) = (self.out.take(), self.tmp.take()) {
-            let _ = std::fs::remove_file(tmp);
-        }
-    }
-}

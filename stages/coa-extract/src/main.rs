@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use coa_schemas::flags;
 use coa_schemas::stage::{self, IoArgs, Stage};
 
 #[derive(Parser)]
@@ -37,8 +38,12 @@ struct Cli {
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = flags::parse();
     let mut stage = Stage::new("coa-extract", env!("CARGO_PKG_VERSION"));
     stage.set_stats_path(cli.io.stats.clone());
-    stage::run(&mut stage, |s| coa_distill::stages::run_extract(s, &cli.io, cli.skip_bad.as_deref()))
+    stage::run(&mut stage, |s| {
+        let [out, stats] = cli.io.outputs();
+        s.outputs(&[out, stats, ("--skip-bad", cli.skip_bad.as_deref())])?;
+        coa_distill::stages::run_extract(s, &cli.io, cli.skip_bad.as_deref())
+    })
 }

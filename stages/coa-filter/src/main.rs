@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
+use coa_schemas::flags;
 use coa_filter::{render_stats, Filter, Options, RuleSet};
 use coa_schemas::io::TableWriter;
 use coa_schemas::stage::{self, IoArgs, Stage};
@@ -58,10 +59,10 @@ struct Cli {
     #[arg(long = "no-rule", value_name = "NAME")]
     no_rule: Vec<String>,
     /// complexity: trajectories with fewer agent/tool interactions (`hops`) are dropped.
-    #[arg(long, default_value_t = 5, value_name = "N")]
+    #[arg(long, default_value_t = 5, value_name = "N", value_parser = flags::whole::<i64>)]
     min_hops: i64,
     /// reflection: fraction of reflection-less trajectories kept (outside the required suites).
-    #[arg(long, default_value_t = 0.3, value_name = "FRACTION")]
+    #[arg(long, default_value_t = 0.3, value_name = "FRACTION", value_parser = flags::fraction)]
     no_reflection_keep: f64,
     /// reflection: suites where a trajectory without reflection is always dropped (comma-separated;
     /// empty for none).
@@ -69,7 +70,7 @@ struct Cli {
     reflection_required_suites: Vec<String>,
     /// error_correction: how many times a trajectory that doubted its answer (first double_check
     /// score <= 2) and ended correct appears in the output.
-    #[arg(long, default_value_t = 2, value_name = "N")]
+    #[arg(long, default_value_t = 2, value_name = "N", value_parser = flags::at_least_one::<u32>)]
     error_correction_copies: u32,
     /// Seed of the reflection down-sampling: same input + seed = same output.
     #[arg(long, default_value_t = 0)]
@@ -105,7 +106,7 @@ struct Cli {
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = flags::parse();
     let mut stage = Stage::new("coa-filter", env!("CARGO_PKG_VERSION"));
     stage.set_stats_path(cli.io.stats.clone());
     stage::run(&mut stage, |s| filter(s, &cli))
@@ -130,6 +131,8 @@ fn options(cli: &Cli, source: &str) -> Options {
 
 
 fn filter(stage: &mut Stage, cli: &Cli) -> Result<()> {
+    let [out, stats] = cli.io.outputs();
+    stage.outputs(&[out, stats, ("--keep-dropped", cli.keep_dropped.as_deref())])?;
     stage.set_seed(cli.seed);
     let reader = stage.open_any(cli.io.input.as_deref())?;
     let schema = reader.schema();

@@ -35,6 +35,7 @@ impl WhereRule {
         if text.trim().is_empty() {
             bail!("{}: empty expression", context());
         }
+        check_one_expression(text).map_err(|e| anyhow!("{}: {e}", context()))?;
         let expr = polars::sql::sql_expr(text).map_err(|e| anyhow!("{}: not a valid SQL expression: {e}", context()))?;
         let mut names = BTreeSet::new();
         let mut all = false;
@@ -108,6 +109,21 @@ impl WhereRule {
     }
 }
 
+/// The whole text must be one condition: polars reads the first expression (or `expr alias`)
+/// and silently ignores whatever follows (`hops > 100; garbage`, `hops > 100 garbage`).
+fn check_one_expression(text: &str) -> Result<()> {
+    use sqlparser::dialect::GenericDialect;
+    use sqlparser::parser::Parser;
+    use sqlparser::tokenizer::Token;
+    let dialect = GenericDialect {};
+    let mut parser = Parser::new(&dialect).try_with_sql(text).map_err(|e| anyhow!("not a valid SQL expression: {e}"))?;
+    parser.parse_expr().map_err(|e| anyhow!("not a valid SQL expression: {e}"))?;
+    match parser.peek_token().token {
+        Token::EOF => Ok(()),
+        next => bail!("unexpected `{next}` after the condition; give one condition per --where (join conditions with AND / OR)"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -167,6 +183,15 @@ mod tests {
         assert!(e.contains("--where `hops <= AND`"), "{e}");
         let e = eval("").unwrap_err().to_string();
         assert!(e.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn trailing_text_is_refused() {
+        for text in ["hops > 100; garbage", "hops > 100 garbage", "hops > 1 AND suite = 'math' extra", "hops > 1;"] {
+            let e = eval(text).unwrap_err().to_string();
+            assert!(e.contains("after the condition") && e.contains(text), "{text}: {e}");
+        }
+        assert_eq!(eval("hops > 100 -- a comment").unwrap(), vec![false; 4]);
     }
 
     #[test]

@@ -61,7 +61,7 @@ struct TasksArgs {
     #[arg(long, value_parser = parse_suite, required_unless_present = "import", conflicts_with = "import")]
     suite: Vec<Suite>,
     /// Number of tasks: one value for every suite, or one per --suite, in order.
-    #[arg(long, default_value = "100")]
+    #[arg(long, default_value = "100", value_parser = positive)]
     n: Vec<usize>,
     /// Seed: the same seed gives byte-identical output.
     #[arg(long, default_value_t = 0)]
@@ -86,10 +86,7 @@ struct TasksArgs {
 
 /// Flag parser: a whole number of at least 1.
 fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) | Err(_) => Err(format!("`{s}`: expected a whole number of at least 1")),
-        Ok(n) => Ok(n),
-    }
+    coa_schemas::flags::at_least_one(s)
 }
 
 /// Flag parser: a positive, finite number of seconds.
@@ -122,7 +119,7 @@ fn parse_split(s: &str) -> Result<Split, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = coa_schemas::flags::parse();
     match cli.command {
         Command::Tasks(args) => {
             let mut stage = Stage::new("coa-generate tasks", env!("CARGO_PKG_VERSION"));
@@ -132,17 +129,25 @@ fn main() -> ExitCode {
         Command::Mas(args) => {
             let mut stage = Stage::new("coa-generate mas", env!("CARGO_PKG_VERSION"));
             stage.set_stats_path(args.io.stats.clone());
-            stage::run(&mut stage, |s| mas::run(s, &args))
+            stage::run(&mut stage, |s| {
+                s.outputs(&args.io.outputs())?;
+                mas::run(s, &args)
+            })
         }
         Command::Policy(args) => {
             let mut stage = Stage::new("coa-generate policy", env!("CARGO_PKG_VERSION"));
             stage.set_stats_path(args.io.stats.clone());
-            stage::run(&mut stage, |s| policy::run(s, &args))
+            stage::run(&mut stage, |s| {
+                s.outputs(&args.io.outputs())?;
+                policy::run(s, &args)
+            })
         }
     }
 }
 
 fn tasks(stage: &mut Stage, args: &TasksArgs) -> Result<()> {
+    let [out, stats] = args.io.outputs();
+    stage.outputs(&[out, stats, ("--corpus-out", args.corpus_out.as_deref())])?;
     if args.io.input.is_some() {
         bail!("`coa-generate tasks` reads no table: use --import FILE for a task file, or --suite to synthesize");
     }

@@ -2,13 +2,20 @@
 //!
 //! Two styles, decided by the task:
 //! - **function** (`test_code` set: synthetic code suite, HumanEval, LiveCodeBench functional):
-//!   the program followed by the test program runs once; exit status 0 is a pass.
+//!   the program runs once, then its tests in the same namespace (compiled apart, so the
+//!   program's text cannot swallow them). A pass is exit status 0 *and* the sandbox's proof that
+//!   the tests ran to their last statement (the harness's per-run token, see
+//!   [`coa_tools::CodeRun::finished`]): `os._exit(0)` or `sys.exit(0)` before the assertions fails.
 //! - **stdio** (`stdio_tests` non-empty: LiveCodeBench AtCoder): the program runs once per test
-//!   with its stdin; the output is compared as LiveCodeBench's judge compares it
-//!   ([`stdout_matches`]): both sides stripped, the same number of lines, each pair of lines
-//!   equal once stripped, or equal token by token as decimal numbers (`1.50` = `1.5`, `1e3` =
-//!   `1000`). Tests run in order and stop at the first failure (the verdict is already decided),
-//!   so `tests_run` may be smaller than `tests_total`.
+//!   with its stdin; the test passes when the program ended cleanly (its last statement, or
+//!   `sys.exit()` with status 0, proven by the same token) and its output is what LiveCodeBench's
+//!   judge accepts ([`stdout_matches`]): both sides stripped, the same number of lines, each pair
+//!   of lines equal once stripped, or equal token by token as decimal numbers (`1.50` = `1.5`,
+//!   `1e3` = `1000`). Tests run in order and stop at the first failure (the verdict is already
+//!   decided), so `tests_run` may be smaller than `tests_total`.
+//!
+//! Each check also gives the sandbox's [`SandboxVerdict`] (passed, failed, timed out, killed,
+//! output limit), which `coa-score` records per rollout.
 //!
 //! A task from LiveCodeBench (`source` naming it) runs with the harness's prelude first
 //! ([`LIVECODEBENCH_PRELUDE`]: `from typing import *` and the usual standard-library imports), as
@@ -20,7 +27,7 @@
 
 use anyhow::{bail, Context, Result};
 use coa_schemas::rows::Task;
-use coa_tools::{run_python, SandboxLimits};
+use coa_tools::{run_program, CodeRun, Ending, Program, RunStatus, SandboxLimits};
 
 /// How a code task is tested.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,10 +37,61 @@ pub enum TestStyle {
     Both,
 }
 
+/// How the sandbox judged a program against its tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxVerdict {
+    /// Every test run exited 0 after reaching its end, with the expected output.
+    Passed,
+    /// A test failed: an assertion or exception, a non-zero exit, wrong output, or an exit
+    /// before the tests finished.
+    Failed,
+    /// A run hit its wall-clock limit.
+    TimedOut,
+    /// A run was killed by a signal (CPU limit, memory, a crash).
+    Killed,
+    /// A run wrote more output than the sandbox keeps or allows.
+    OutputLimit,
+}
+
+impl SandboxVerdict {
+    /// The name written into the `scores` table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxVerdict::Passed => "passed",
+            SandboxVerdict::Failed => "failed",
+            SandboxVerdict::TimedOut => "timed_out",
+            SandboxVerdict::Killed => "killed",
+            SandboxVerdict::OutputLimit => "output_limit",
+        }
+    }
+
+    /// The verdict on one finished run, before any output comparison.
+    fn of(run: &CodeRun) -> SandboxVerdict {
+        match run.status {
+            RunStatus::Timeout(_) => SandboxVerdict::TimedOut,
+            RunStatus::OutputLimit(_) => SandboxVerdict::OutputLimit,
+            RunStatus::Signal(_) => SandboxVerdict::Killed,
+            RunStatus::Exit(_) if run.passed() => SandboxVerdict::Passed,
+            RunStatus::Exit(_) => SandboxVerdict::Failed,
+        }
+    }
+}
+
+/// What went wrong in a run that did not pass, for the verdict's `failure` text.
+fn describe_failure(run: &CodeRun) -> String {
+    if run.success() && !run.finished {
+        format!("exited with status 0 before reaching its end (its tests did not finish)\n{}", run.render())
+    } else {
+        run.render()
+    }
+}
+
 /// The outcome of [`code_passes`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct CodeVerdict {
     pub passed: bool,
+    /// The sandbox's verdict (of the first failing run, or `Passed`).
+    pub sandbox: SandboxVerdict,
     pub style: TestStyle,
     /// Test runs available: 1 for the function-style program, plus one per stdio test.
     pub tests_total: usize,
@@ -166,37 +224,43 @@ pub fn code_passes(task: &Task, program: &str, limits: &SandboxLimits) -> Result
         (false, false) => bail!("task {}: code task has neither `test_code` nor `stdio_tests`; nothing to check the program with", task.task_id),
     };
     let tests_total = usize::from(function.is_some()) + stdio.len();
-    let mut verdict = CodeVerdict { passed: false, style, tests_total, tests_run: 0, tests_passed: 0, failure: None };
-    let prelude = prelude(task);
+    let mut verdict = CodeVerdict { passed: false, sandbox: SandboxVerdict::Failed, style, tests_total, tests_run: 0, tests_passed: 0, failure: None };
+    let program = format!("{}{program}", prelude(task));
     if let Some(test_code) = function {
-        let full = format!("{prelude}{}\n\n{}\n", program.trim_end(), test_code);
-        let run = run_python(&full, None, limits).with_context(|| format!("task {}: running the unit tests", task.task_id))?;
+        let run = run_program(&Program { code: &program, tests: Some(test_code), stdin: None, ending: Ending::LastStatement }, limits)
+            .with_context(|| format!("task {}: running the unit tests", task.task_id))?;
         verdict.tests_run += 1;
-        if !run.success() {
-            verdict.failure = Some(run.render());
+        if !run.passed() {
+            verdict.sandbox = SandboxVerdict::of(&run);
+            verdict.failure = Some(describe_failure(&run));
             return Ok(verdict);
         }
         verdict.tests_passed += 1;
     }
-    let program = format!("{prelude}{program}");
     for (i, test) in stdio.iter().enumerate() {
-        let run = run_python(&program, Some(&test.stdin), limits)
+        // Keep enough output to compare: twice the expected output plus slack.
+        let limits = SandboxLimits { max_output_bytes: limits.max_output_bytes.max(2 * test.expected_stdout.len() + 4096), ..*limits };
+        let run = run_program(&Program { code: &program, tests: None, stdin: Some(&test.stdin), ending: Ending::CleanExit }, &limits)
             .with_context(|| format!("task {}: running stdio test {i}", task.task_id))?;
         verdict.tests_run += 1;
-        if !run.success() {
-            verdict.failure = Some(format!("stdio test {i}: {}", run.render()));
+        if !run.passed() {
+            verdict.sandbox = SandboxVerdict::of(&run);
+            verdict.failure = Some(format!("stdio test {i}: {}", describe_failure(&run)));
             return Ok(verdict);
         }
-        if run.truncated || !stdout_matches(&run.stdout, &test.expected_stdout) {
-            let (got, want) = (normalize_stdout(&run.stdout), normalize_stdout(&test.expected_stdout));
-            verdict.failure = Some(format!(
-                "stdio test {i}: wrong output{}\n[EXPECTED]\n{want}\n[GOT]\n{got}",
-                if run.truncated { " (output truncated)" } else { "" }
-            ));
+        let (got, want) = (normalize_stdout(&run.stdout), normalize_stdout(&test.expected_stdout));
+        if run.truncated {
+            verdict.sandbox = SandboxVerdict::OutputLimit;
+            verdict.failure = Some(format!("stdio test {i}: wrong output (more than the {} bytes kept)\n[EXPECTED]\n{want}\n[GOT]\n{got}", limits.max_output_bytes));
+            return Ok(verdict);
+        }
+        if !stdout_matches(&run.stdout, &test.expected_stdout) {
+            verdict.failure = Some(format!("stdio test {i}: wrong output\n[EXPECTED]\n{want}\n[GOT]\n{got}"));
             return Ok(verdict);
         }
         verdict.tests_passed += 1;
     }
+    verdict.sandbox = SandboxVerdict::Passed;
     verdict.passed = true;
     Ok(verdict)
 }

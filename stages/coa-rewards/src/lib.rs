@@ -25,7 +25,7 @@ use anyhow::{bail, Result};
 use coa_schemas::rows::Task;
 use coa_tools::SandboxLimits;
 
-pub use code::{code_passes, extract_program, CodeVerdict, TestStyle};
+pub use code::{code_passes, extract_program, CodeVerdict, SandboxVerdict, TestStyle};
 pub use math::{extract_boxed, math_equal, normalize_math};
 pub use qa::{comparable_answer, exact_match, f1, normalize_answer, split_answers};
 pub use shaping::{group_advantages, overlong_penalty, pass_at_k, total_reward, RewardConfig};

@@ -9,9 +9,9 @@ pub mod report;
 use std::collections::HashMap;
 
 use anyhow::{anyhow, bail, Context, Result};
-use arrow::array::{ArrayRef, BooleanArray, Float32Array, RecordBatch};
+use arrow::array::{ArrayRef, BooleanArray, Float32Array, RecordBatch, StringArray};
 use coa_format::{steps_from_text, validate, Flavor, Tag};
-use coa_rewards::{check_answer, f1, group_advantages, overlong_penalty, total_reward, RewardConfig};
+use coa_rewards::{check_answer, code_passes, extract_program, f1, group_advantages, overlong_penalty, total_reward, RewardConfig, SandboxVerdict};
 use coa_schemas::rows::{Rollout, Task};
 use coa_schemas::tables::SCORES;
 use coa_tools::SandboxLimits;
@@ -27,6 +27,8 @@ pub struct Verdict {
     /// The first grammar violation, when `format_ok` is false.
     pub format_error: Option<String>,
     pub overlong: f32,
+    /// Code tasks with an answer: the sandbox's verdict on its program.
+    pub sandbox: Option<SandboxVerdict>,
     pub reward: f32,
     /// Filled in per group once every verdict is known.
     pub advantage: f32,
@@ -51,9 +53,14 @@ pub fn judge(task: &Task, rollout: &Rollout, config: &RewardConfig, limits: &San
         Ok(steps) => validate(&steps, flavor).err().map(|v| v.to_string()),
     };
     let answer = final_answer(&rollout.response_text);
-    let correct = match answer {
-        Some(a) => check_answer(task, a.trim(), limits).with_context(|| format!("task {}: checking the answer", task.task_id))?,
-        None => false,
+    let checked = || format!("task {}: checking the answer", task.task_id);
+    let (correct, sandbox) = match answer {
+        Some(a) if task.suite == "code" => {
+            let v = code_passes(task, &extract_program(a.trim()), limits).with_context(checked)?;
+            (v.passed, Some(v.sandbox))
+        }
+        Some(a) => (check_answer(task, a.trim(), limits).with_context(checked)?, None),
+        None => (false, None),
     };
     let f1 = match task.suite.as_str() {
         "multihop" | "qa" => Some(answer.map_or(0.0, |a| f1(a.trim(), &task.answers) as f32)),
@@ -62,7 +69,7 @@ pub fn judge(task: &Task, rollout: &Rollout, config: &RewardConfig, limits: &San
     let format_ok = format_error.is_none();
     let overlong = overlong_penalty(rollout.response_ids.len(), config.max_len, config.cache_len);
     let reward = total_reward(correct, format_ok, overlong, config);
-    Ok(Verdict { correct, f1, format_ok, format_error, overlong, reward, advantage: 0.0 })
+    Ok(Verdict { correct, f1, format_ok, format_error, overlong, sandbox, reward, advantage: 0.0 })
 }
 
 /// Judges every rollout (in parallel: code tasks run their tests) and fills in the group
@@ -97,7 +104,7 @@ pub fn score(rollouts: &[Rollout], tasks: &HashMap<String, Task>, config: &Rewar
 /// The `scores` batch: the rollout columns of `batch` (canonical order) plus the verdicts.
 pub fn scores_batch(batch: &RecordBatch, verdicts: &[Verdict]) -> Result<RecordBatch> {
     let schema = SCORES.schema();
-    let n_rollout_cols = schema.fields().len() - 6;
+    let n_rollout_cols = schema.fields().len() - 7;
     if batch.num_rows() != verdicts.len() {
         return Err(anyhow!("internal: {} rows but {} verdicts", batch.num_rows(), verdicts.len()));
     }
@@ -108,5 +115,6 @@ pub fn scores_batch(batch: &RecordBatch, verdicts: &[Verdict]) -> Result<RecordB
     columns.push(std::sync::Arc::new(BooleanArray::from_iter(verdicts.iter().map(|v| Some(v.format_ok)))));
     columns.push(std::sync::Arc::new(Float32Array::from_iter_values(verdicts.iter().map(|v| v.overlong))));
     columns.push(std::sync::Arc::new(Float32Array::from_iter_values(verdicts.iter().map(|v| v.advantage))));
+    columns.push(std::sync::Arc::new(StringArray::from_iter(verdicts.iter().map(|v| v.sandbox.map(SandboxVerdict::as_str)))));
     Ok(RecordBatch::try_new(schema, columns)?)
 }

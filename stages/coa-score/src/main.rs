@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use coa_schemas::flags;
 use coa_rewards::RewardConfig;
 use coa_schemas::rows::{self, Rollout, Task};
 use coa_schemas::stage::{self, IoArgs, Stage};
@@ -34,16 +35,16 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     tasks: PathBuf,
     /// Lmax of the overlong shaping: responses longer than this many tokens get -1.
-    #[arg(long, default_value_t = RewardConfig::default().max_len)]
+    #[arg(long, default_value_t = RewardConfig::default().max_len, value_parser = flags::at_least_one::<usize>)]
     max_response_len: usize,
     /// Lcache: the band before Lmax where the length penalty grows from 0 to -1 (0: none).
-    #[arg(long, default_value_t = RewardConfig::default().cache_len)]
+    #[arg(long, default_value_t = RewardConfig::default().cache_len, value_parser = flags::whole::<usize>)]
     overlong_cache: usize,
     /// Subtracted from the reward of a response that breaks the CoA grammar.
-    #[arg(long, default_value_t = RewardConfig::default().format_penalty)]
+    #[arg(long, default_value_t = RewardConfig::default().format_penalty, value_parser = flags::finite::<f32>)]
     format_penalty: f32,
-    /// Wall-clock limit of one code test run, in seconds.
-    #[arg(long, default_value_t = 10)]
+    /// Wall-clock limit of one code test run, in seconds (at least 1).
+    #[arg(long, default_value_t = 10, value_parser = flags::at_least_one::<u64>)]
     code_timeout: u64,
     /// Also write the eval table (per suite and model) here: markdown, or JSON for *.json. It is
     /// printed on stderr either way.
@@ -57,13 +58,15 @@ struct Cli {
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = flags::parse();
     let mut stage = Stage::new("coa-score", env!("CARGO_PKG_VERSION"));
     stage.set_stats_path(cli.io.stats.clone());
     stage::run(&mut stage, |s| run(s, &cli))
 }
 
 fn run(stage: &mut Stage, cli: &Cli) -> Result<()> {
+    let [out, stats] = cli.io.outputs();
+    stage.outputs(&[out, stats, ("--report", cli.report.as_deref())])?;
     let config = RewardConfig { max_len: cli.max_response_len, cache_len: cli.overlong_cache, format_penalty: cli.format_penalty };
     if config.cache_len > config.max_len {
         anyhow::bail!("--overlong-cache {} is larger than --max-response-len {}", config.cache_len, config.max_len);

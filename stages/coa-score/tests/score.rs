@@ -133,6 +133,45 @@ fn rewards_advantages_and_report_on_real_tasks() {
 }
 
 #[test]
+fn the_sandbox_verdict_is_recorded_and_early_exits_do_not_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let code = Task {
+        task_id: "code-1".into(),
+        suite: "code".into(),
+        question: "Write add(a, b).".into(),
+        test_code: Some("assert add(2, 3) == 5\nassert add(-1, 1) == 0\n".into()),
+        ..Default::default()
+    };
+    let math = Task { task_id: "math-1".into(), suite: "math".into(), question: "1 + 1?".into(), answers: vec!["2".into()], ..Default::default() };
+    write(&dir.path().join("tasks.parquet"), &[code.clone(), math.clone()], &TASKS);
+    let program = |body: &str| code_text(&format!("```python\n{body}\n```"));
+    let rollouts = vec![
+        rollout(&code, 0, program("def add(a, b):\n    return a + b"), 50),
+        rollout(&code, 1, program("import os\nos._exit(0)"), 50),
+        rollout(&code, 2, program("def add(a, b):\n    raise SystemExit(0)"), 50),
+        rollout(&code, 3, program("import time\nwhile True:\n    time.sleep(1)"), 50),
+        rollout(&code, 4, program("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"), 50),
+        rollout(&code, 5, program("import sys\nwhile True:\n    sys.stdout.write('y' * 65536)"), 50),
+        rollout(&code, 6, program("def add(a, b):\n    return a - b"), 50),
+        rollout(&math, 0, code_text("\\boxed{2}"), 50),
+    ];
+    write(&dir.path().join("rollouts.parquet"), &rollouts, &ROLLOUTS);
+    let out = score(dir.path(), &["--code-timeout", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let batches: Vec<RecordBatch> = io::open(Some(&dir.path().join("scores.parquet")), &SCORES).unwrap().collect::<anyhow::Result<_>>().unwrap();
+    let b = &batches[0];
+    let correct: Vec<bool> = b.column_by_name("correct").unwrap().as_boolean().iter().map(|v| v.unwrap()).collect();
+    let sandbox: Vec<Option<&str>> = b.column_by_name("sandbox").unwrap().as_string::<i32>().iter().collect();
+    assert_eq!(correct, [true, false, false, false, false, false, false, true], "{stderr}");
+    assert_eq!(
+        sandbox,
+        [Some("passed"), Some("failed"), Some("failed"), Some("timed_out"), Some("killed"), Some("output_limit"), Some("failed"), None],
+        "{stderr}"
+    );
+}
+
+#[test]
 fn unknown_tasks_and_ragged_rows_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let Some(math) = first_task("unknown_tasks_and_ragged_rows_are_named", "aime24.parquet") else { return };

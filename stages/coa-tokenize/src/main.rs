@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use coa_schemas::flags;
 use coa_schemas::stage::{self, IoArgs, Stage};
 use coa_tokenize::TokenizeArgs;
 
@@ -43,8 +44,12 @@ struct Cli {
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = flags::parse();
     let mut stage = Stage::new("coa-tokenize", env!("CARGO_PKG_VERSION"));
     stage.set_stats_path(cli.io.stats.clone());
-    stage::run(&mut stage, |s| coa_tokenize::run(s, &cli.args, &cli.io))
+    stage::run(&mut stage, |s| {
+        let [out, stats] = cli.io.outputs();
+        s.outputs(&[out, stats, ("--save-tokenizer", cli.args.save_tokenizer.as_deref())])?;
+        coa_tokenize::run(s, &cli.args, &cli.io)
+    })
 }

@@ -1,10 +1,10 @@
 //! The stage body: read `coa_text`, (train a vocabulary,) encode rows in parallel batch by batch,
 //! apply the length policy and packing, write `tokens`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use arrow::array::AsArray;
 use arrow::record_batch::RecordBatch;
 use coa_schemas::stage::{IoArgs, Stage};
@@ -72,50 +72,6 @@ pub struct TokenizeArgs {
     pub threads: Option<usize>,
 }
 
-/// The tokenizer files (`tokenizer.json` at the `--save-tokenizer` path, `tokenizer_config.json`
-/// beside it) written under temporary names, renamed into place by [`PendingFiles::commit`],
-/// removed if dropped uncommitted (a failing run leaves no partial output).
-struct PendingFiles {
-    /// (temporary, destination)
-    files: Vec<(PathBuf, PathBuf)>,
-    done: bool,
-}
-
-impl PendingFiles {
-    fn tokenizer(dest: &Path, vocab: &Vocab) -> Result<PendingFiles> {
-        if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let mut pending = PendingFiles { files: Vec::new(), done: false };
-        let [(_, tokenizer), (config_name, config)] = vocab.hf_files()?;
-        for (dest, text) in [(dest.to_path_buf(), tokenizer), (dest.with_file_name(config_name), config)] {
-            let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let tmp = dest.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-            pending.files.push((tmp.clone(), dest));
-            std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-        }
-        Ok(pending)
-    }
-
-    fn commit(mut self) -> Result<()> {
-        for (tmp, dest) in &self.files {
-            std::fs::rename(tmp, dest).with_context(|| format!("writing {}", dest.display()))?;
-        }
-        self.done = true;
-        Ok(())
-    }
-}
-
-impl Drop for PendingFiles {
-    fn drop(&mut self) {
-        if !self.done {
-            for (tmp, _) in &self.files {
-                let _ = std::fs::remove_file(tmp);
-            }
-        }
-    }
-}
-
 struct RowResult {
     enc: Encoded,
     joined_differs: bool,
@@ -161,7 +117,11 @@ pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs) -> Result<()> {
         stage.add_input_file(path);
         Vocab::load(path, &args.bos, &args.eos, &args.chat_template)?
     };
-    let pending = args.save_tokenizer.as_deref().map(|p| PendingFiles::tokenizer(p, &vocab)).transpose()?;
+    // Written now (a bad path fails before the rows are encoded); inside a stage the files are
+    // committed with the tokens, when the stage succeeds.
+    if let Some(path) = args.save_tokenizer.as_deref() {
+        vocab.save(path)?;
+    }
 
     let schema = TOKENS.schema();
     let mut writer = stage.create(io.output.as_deref(), io.format, &schema)?;
@@ -220,9 +180,6 @@ pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs) -> Result<()> {
     }
     writer.finish()?;
     bar.finish_and_clear();
-    if let Some(p) = pending {
-        p.commit()?;
-    }
 
     let secs = started.elapsed().as_secs_f64();
     stage.note("tokenizer", vocab.source.clone());

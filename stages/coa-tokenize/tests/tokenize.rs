@@ -266,6 +266,32 @@ fn training_is_deterministic() {
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
 }
 
+#[test]
+fn training_on_one_huge_word_is_linear() {
+    // 512 KB of letters and no space: one pre-tokenized word unless words are bounded, and a
+    // BPE merge costs time linear in every word it touches (this took minutes before).
+    let mut x = 12345u64;
+    let word: String = (0..512 * 1024)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (b'a' + ((x >> 33) % 26) as u8) as char
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let v = Vocab::train([word.as_str()].into_iter(), 400, 2).expect("trains");
+    let secs = started.elapsed().as_secs_f64();
+    assert!(secs < 30.0, "training on one 512 KB word took {secs:.1} s");
+    // The bound is part of the saved tokenizer, so encoding cuts words the same way.
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+    let mut pieces = PreTokenizedString::from(&word[..1000]);
+    v.tokenizer.get_pre_tokenizer().expect("a pre-tokenizer").pre_tokenize(&mut pieces).unwrap();
+    let lens: Vec<usize> = pieces.get_splits(OffsetReferential::Original, OffsetType::Char).iter().map(|(_, (a, b), _)| b - a).collect();
+    assert_eq!(lens.iter().sum::<usize>(), 1000);
+    assert!(lens.iter().all(|&n| n <= coa_tokenize::MAX_WORD_CHARS), "{lens:?}");
+    let ids = v.tokenizer.encode(word.as_str(), false).unwrap().get_ids().to_vec();
+    assert_eq!(v.tokenizer.decode(&ids, false).unwrap(), word, "the cut word still round-trips");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The binary on files.
 

@@ -5,7 +5,9 @@
 //! - [`search`] has [`Bm25Index`], [`SearchHit`] and [`render_search`];
 //! - [`corpus`] has [`Corpus`], the pages + URL map + index, built once and shared;
 //! - [`crawl`] has [`crawl_page`];
-//! - [`code`] has [`run_python`], [`SandboxLimits`] and [`CodeRun`].
+//! - [`code`] has [`run_python`] (the agents' tool), [`run_program`] (a program with unit tests
+//!   or stdin, as the rewards run it), [`SandboxLimits`], [`CodeRun`] and [`isolation`] (what
+//!   this machine's kernel lets the sandbox enforce).
 //!
 //! Nothing here panics on bad input: bad data is an `Err` with context, and bad *agent*
 //! behaviour (unknown URL, failing code) is an observation for the agent to read.
@@ -15,7 +17,7 @@ pub mod corpus;
 pub mod crawl;
 pub mod search;
 
-pub use code::{find_python, run_python, run_python_with, CodeRun, RunStatus, SandboxLimits};
+pub use code::{find_python, isolation, run_program, run_program_with, run_python, run_python_with, CodeRun, Ending, Isolation, Program, RunStatus, SandboxLimits};
 pub use corpus::{Corpus, PageLookup};
 pub use crawl::crawl_page;
 pub use search::{render_search, Bm25Index, SearchHit};

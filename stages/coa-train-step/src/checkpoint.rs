@@ -185,17 +185,35 @@ fn replaceable(dir: &Path) -> Result<bool> {
     Ok(dir.join("config.json").exists() || dir.join(STATE_FILE).exists())
 }
 
-/// Writes a checkpoint directory atomically: `fill` writes the files into a fresh temporary
-/// directory beside `dir`, which then replaces `dir`.
-pub fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+/// Checks `--save DIR` before any training: a directory that may be replaced (see
+/// [`write_dir_atomically`]) in a place where it can be created.
+pub fn check_save_dir(dir: &Path) -> Result<()> {
     if !replaceable(dir)? {
         bail!("--save {}: the directory holds files that are not a checkpoint; refusing to replace it", dir.display());
     }
+    coa_schemas::output::check_output_path("--save", &dir.join(STATE_FILE))
+}
+
+/// Writes a checkpoint directory atomically: `fill` writes the files into a fresh temporary
+/// directory beside `dir`, which then replaces `dir`. A checkpoint is committed when written (it
+/// is the point a `--resume` restarts from), not with the stage's other outputs; on
+/// SIGTERM/SIGINT/SIGHUP the temporary directory is removed.
+pub fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    check_save_dir(dir)?;
     let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+    let _on_signal = {
+        let (tmp, old, dir) = (tmp.clone(), old.clone(), dir.to_path_buf());
+        coa_schemas::cleanup::on_signal(move || {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if old.exists() && !dir.exists() {
+                let _ = std::fs::rename(&old, &dir);
+            }
+        })
+    };
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let result = fill(&tmp).and_then(|_| {

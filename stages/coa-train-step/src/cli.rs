@@ -37,13 +37,13 @@ pub struct TrainArgs {
     #[arg(long, value_name = "NAME")]
     pub objective: Option<String>,
     /// DAPO: lower clip of the ratio (1 - clip_low).
-    #[arg(long, value_name = "EPS", default_value_t = 0.2)]
+    #[arg(long, value_name = "EPS", default_value_t = 0.2, value_parser = coa_schemas::flags::positive::<f32>)]
     pub clip_low: f32,
     /// DAPO: upper clip of the ratio (1 + clip_high; "clip-higher").
-    #[arg(long, value_name = "EPS", default_value_t = 0.28)]
+    #[arg(long, value_name = "EPS", default_value_t = 0.28, value_parser = coa_schemas::flags::positive::<f32>)]
     pub clip_high: f32,
     /// DAPO: weight of a KL(policy || reference) term (k3 estimator); needs --ref. 0: none.
-    #[arg(long, value_name = "BETA", default_value_t = 0.0)]
+    #[arg(long, value_name = "BETA", default_value_t = 0.0, value_parser = coa_schemas::flags::non_negative::<f32>)]
     pub kl_coef: f32,
     /// DAPO: the reference checkpoint of the KL term.
     #[arg(long = "ref", value_name = "DIR")]
@@ -55,7 +55,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "tiny|small|FILE", conflicts_with = "resume")]
     pub init_config: Option<String>,
     /// Vocabulary size of a preset model (default: from --tokenizer).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = coa_schemas::flags::at_least_one::<usize>)]
     pub vocab_size: Option<usize>,
     /// The tokenizer the tokens were made with (a tokenizer.json as `coa-tokenize
     /// --save-tokenizer` writes it, with its tokenizer_config.json beside it, or a directory or
@@ -72,38 +72,38 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DIR")]
     pub save: Option<PathBuf>,
     /// Also save every N steps.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = coa_schemas::flags::at_least_one::<u64>)]
     pub save_every: Option<u64>,
     /// dtype of model.safetensors: f32 (default) or bf16 (exact f32 masters then go into optimizer.safetensors).
     #[arg(long, value_enum, default_value = "f32")]
     pub save_dtype: SaveDtypeArg,
     /// Optimizer steps of the whole run (the schedule's length). Default: one epoch.
-    #[arg(long, value_name = "N", conflicts_with = "epochs")]
+    #[arg(long, value_name = "N", conflicts_with = "epochs", value_parser = coa_schemas::flags::at_least_one::<u64>)]
     pub steps: Option<u64>,
     /// Length of the run in epochs over the input (fractions allowed), instead of --steps.
-    #[arg(long, value_name = "E")]
+    #[arg(long, value_name = "E", value_parser = coa_schemas::flags::positive::<f64>)]
     pub epochs: Option<f64>,
     /// Stop this invocation once the run reaches step S (then --save; a --resume continues).
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", value_parser = coa_schemas::flags::at_least_one::<u64>)]
     pub stop_at_step: Option<u64>,
     /// Tokens per optimizer step (rows are added while they fit; at least one row). Default 4096.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = coa_schemas::flags::at_least_one::<usize>)]
     pub batch_tokens: Option<usize>,
     /// Tokens per micro-batch (rows computed concurrently); default: --batch-tokens. Does not change the update
     /// (on the GPU: one packed pass, and the size of its activation buffers; the update then changes only by rounding).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = coa_schemas::flags::at_least_one::<usize>)]
     pub micro_batch_tokens: Option<usize>,
     /// Peak learning rate. Default 3e-4.
-    #[arg(long, value_name = "LR")]
+    #[arg(long, value_name = "LR", value_parser = coa_schemas::flags::positive::<f64>)]
     pub lr: Option<f64>,
     /// Final learning rate of the cosine decay. Default: --lr / 10.
-    #[arg(long, value_name = "LR")]
+    #[arg(long, value_name = "LR", value_parser = coa_schemas::flags::non_negative::<f64>)]
     pub min_lr: Option<f64>,
     /// Linear warmup steps. Default 0.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = coa_schemas::flags::whole::<u64>)]
     pub warmup_steps: Option<u64>,
     /// Decoupled weight decay (matrices only). Default 0.01.
-    #[arg(long, value_name = "W")]
+    #[arg(long, value_name = "W", value_parser = coa_schemas::flags::non_negative::<f64>)]
     pub weight_decay: Option<f64>,
     /// AdamW beta1. Default 0.9.
     #[arg(long, value_name = "B")]
@@ -112,10 +112,10 @@ pub struct TrainArgs {
     #[arg(long, value_name = "B")]
     pub beta2: Option<f64>,
     /// AdamW epsilon. Default 1e-8.
-    #[arg(long, value_name = "E")]
+    #[arg(long, value_name = "E", value_parser = coa_schemas::flags::positive::<f64>)]
     pub eps: Option<f64>,
     /// Clip gradients to this global L2 norm (0: no clipping). Default 1.0.
-    #[arg(long, value_name = "NORM")]
+    #[arg(long, value_name = "NORM", value_parser = coa_schemas::flags::non_negative::<f64>)]
     pub grad_clip: Option<f64>,
     /// Seed of the model init and the data shuffle. Default 0.
     #[arg(long, value_name = "N")]
@@ -133,10 +133,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub no_share_prompts: bool,
     /// Worker threads (default: all cores). Does not change the result.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = coa_schemas::flags::at_least_one::<usize>)]
     pub threads: Option<usize>,
     /// Print a log line every K steps (default: about 20 lines per run).
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", value_parser = coa_schemas::flags::at_least_one::<u64>)]
     pub log_every: Option<u64>,
     /// Write the loss curve (of the whole run, resumes included) as a PNG.
     #[arg(long, value_name = "FILE.png")]
@@ -242,6 +242,13 @@ fn metrics_batch(objective: &str, reports: &[StepReport]) -> Result<RecordBatch>
 
 /// `coa-train-step` (training).
 pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
+    // Every output path is checked before any work (a --plot that is a directory used to fail
+    // after the whole training).
+    let [out, stats] = args.io.outputs();
+    stage.outputs(&[out, stats, ("--plot", args.plot.as_deref())])?;
+    if let Some(dir) = &args.save {
+        checkpoint::check_save_dir(dir)?;
+    }
     if let Some(t) = args.threads {
         if t == 0 {
             bail!("--threads must be at least 1");
@@ -386,6 +393,15 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     };
     let stop_at = args.stop_at_step.unwrap_or(total_steps).min(total_steps);
     let start_step = trainer.state.step;
+    if stop_at <= start_step {
+        bail!(
+            "nothing to train: the run is at step {start_step} of {total_steps}{}",
+            match args.stop_at_step {
+                Some(s) if s < total_steps => format!(" and --stop-at-step is {s}"),
+                _ => String::new(),
+            }
+        );
+    }
     let todo = stop_at.saturating_sub(start_step);
     let log_every = args.log_every.unwrap_or((todo / 20).max(1)).max(1);
     eprintln!(

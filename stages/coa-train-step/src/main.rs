@@ -75,13 +75,16 @@ struct PlotArgs {
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = coa_schemas::flags::parse();
     match cli.command {
         Some(Command::Plot(p)) => {
             let mut stage = Stage::new("coa-train-step plot", env!("CARGO_PKG_VERSION"));
-            stage::run(&mut stage, |s| match &p.bars {
-                Some(json) => coa_train_step::cli::run_bars(s, json, &p.output),
-                None => plot(s, p.input.as_deref(), &p.output, &p.title, &p.column),
+            stage::run(&mut stage, |s| {
+                s.outputs(&[("-o", Some(&p.output))])?;
+                match &p.bars {
+                    Some(json) => coa_train_step::cli::run_bars(s, json, &p.output),
+                    None => plot(s, p.input.as_deref(), &p.output, &p.title, &p.column),
+                }
             })
         }
         None => {

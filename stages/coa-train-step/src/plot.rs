@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use coa_schemas::output::TempFile;
 use font8x8::{UnicodeFonts, BASIC_FONTS};
 use plotters::prelude::*;
 
@@ -101,11 +102,9 @@ pub fn write_curve_png(path: &Path, points: &[(f64, f64)], title: &str, ylabel: 
     y0 = (y0 - pad).max(if finite.iter().all(|p| p.1 >= 0.0) { 0.0 } else { f64::MIN });
     y1 += pad;
 
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp.png", std::process::id()));
+    // The temporary name keeps `.png`: the bitmap backend picks the format from it.
+    let (pending, _file) = TempFile::create_keeping_extension(path)?;
+    let tmp = pending.tmp_path().to_path_buf();
     let drawn = (|| -> Result<()> {
         let root = BitMapBackend::new(&tmp, (WIDTH, HEIGHT)).into_drawing_area();
         let err = |e: DrawingAreaErrorKind<_>| anyhow::anyhow!("drawing the plot: {e}");
@@ -146,11 +145,8 @@ pub fn write_curve_png(path: &Path, points: &[(f64, f64)], title: &str, ylabel: 
         root.present().map_err(err)?;
         Ok(())
     })();
-    if let Err(e) = drawn {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e.context(format!("writing --plot {}", path.display())));
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("writing --plot {}", path.display()))
+    drawn.with_context(|| format!("writing --plot {}", path.display()))?;
+    pending.commit()
 }
 
 /// One panel of a bar chart: its title and (label, value) bars.
@@ -167,11 +163,9 @@ pub fn write_bars_png(path: &Path, title: &str, panels: &[BarPanel]) -> Result<(
     if panels.is_empty() || panels.iter().any(|p| p.bars.is_empty()) {
         bail!("{}: nothing to plot (a panel without bars)", path.display());
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp.png", std::process::id()));
+    // The temporary name keeps `.png`: the bitmap backend picks the format from it.
+    let (pending, _file) = TempFile::create_keeping_extension(path)?;
+    let tmp = pending.tmp_path().to_path_buf();
     let colors = [RGBColor(127, 127, 127), RGBColor(31, 119, 180), RGBColor(214, 39, 40), RGBColor(44, 160, 44)];
     let black = RGBColor(0, 0, 0);
     let drawn = (|| -> Result<()> {
@@ -201,11 +195,8 @@ pub fn write_bars_png(path: &Path, title: &str, panels: &[BarPanel]) -> Result<(
         root.present().map_err(err)?;
         Ok(())
     })();
-    if let Err(e) = drawn {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e.context(format!("writing {}", path.display())));
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    drawn.with_context(|| format!("writing {}", path.display()))?;
+    pending.commit()
 }
 
 /// A small fixed-width table of (step, loss, lr, grad_norm, tokens/s) rows, for stderr.

@@ -532,6 +532,7 @@ fn write_scores(path: &Path, groups: usize, ragged_row: Option<usize>) {
     cols.push(Arc::new(arrow::array::BooleanArray::from(vec![true; n])));
     cols.push(Arc::new(Float32Array::from(vec![0.0f32; n])));
     cols.push(Arc::new(Float32Array::from(adv)));
+    cols.push(Arc::new(arrow::array::StringArray::from(vec![None::<&str>; n])));
     let batch = RecordBatch::try_new(coa_schemas::tables::SCORES.schema(), cols).unwrap();
     io::write_all(Some(path), None, &batch.schema(), &[batch], &provenance()).unwrap();
 }

@@ -1,96 +1,399 @@
-//! The unsafe, Linux-specific part of the sandbox: what the child does between fork and exec,
-//! and how the parent watches and kills the child's process group.
+//! The unsafe, Linux-specific part of the sandbox: what happens between fork and exec, and how
+//! the parent watches and kills a run.
+//!
+//! With namespaces a run is three processes (plus whatever the code starts):
+//!
+//! ```text
+//! stage ── M (outside, waits) ── I (pid 1 of the run's namespaces, reaps) ── P (python, pid 2)
+//! ```
+//!
+//! `M` is the process std's `Command` forked: it enters fresh namespaces (`unshare`), forks `I`,
+//! closes every descriptor and waits. `unshare(CLONE_NEWPID)` puts only the *children* of the
+//! caller into the new PID namespace, which is why `M` exists. `I` is that namespace's init:
+//! it mounts the private `/tmp`, `/dev/shm` and `/proc`, makes the rest read-only, writes the
+//! program, forks `P` and reaps everything until `P` exits; then it reports `P`'s wait status
+//! on the status pipe and exits, and the kernel kills every process left in the namespace. `P`
+//! sets the limits, drops to the run's uid and returns to std, which executes python.
+//! `PR_SET_PDEATHSIG` chains the three to the stage: kill the stage (even with SIGKILL) and `M`
+//! dies, so `I` dies, so the whole namespace dies.
+//!
+//! Without namespaces `P` is std's child itself (the same limits and uid, a process group).
+//!
+//! Everything between fork and exec runs in the child of a possibly multi-threaded parent, where
+//! only async-signal-safe calls are allowed: raw syscalls on data prepared beforehand, no
+//! allocation, no locks.
 
+use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 
-/// uid/gid of `nobody`/`nogroup`, the user code runs as when we are root.
-pub(crate) const NOBODY: u32 = 65534;
+/// The namespaces of a run: processes, mounts, network, System V IPC, hostname.
+pub(crate) const NAMESPACE_FLAGS: libc::c_int = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
 
-/// Everything the child applies to itself before exec. Plain numbers only: `apply` runs in
-/// the forked child of a possibly multi-threaded parent, where only async-signal-safe calls
-/// are allowed (no allocation, no locks), so everything is computed beforehand.
-#[derive(Debug, Clone, Copy)]
+/// A setup step, reported with its errno when it fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub(crate) enum Step {
+    Parent = 1,
+    MountPrivate,
+    MountTmp,
+    WriteProgram,
+    Chdir,
+    Fork,
+    Limits,
+    DropPrivileges,
+    NoNewPrivs,
+    Payload,
+}
+
+impl Step {
+    fn from_i32(v: i32) -> Option<Step> {
+        use Step::*;
+        [Parent, MountPrivate, MountTmp, WriteProgram, Chdir, Fork, Limits, DropPrivileges, NoNewPrivs, Payload].into_iter().find(|s| *s as i32 == v)
+    }
+
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Step::Parent => "the stage died while the sandbox started",
+            Step::MountPrivate => "making the run's mounts private",
+            Step::MountTmp => "mounting the run's tmpfs on /tmp",
+            Step::WriteProgram => "writing the program into the run's /tmp",
+            Step::Chdir => "entering /tmp",
+            Step::Fork => "starting the program under the namespace's init",
+            Step::Limits => "setting the resource limits",
+            Step::DropPrivileges => "switching to the run's user",
+            Step::NoNewPrivs => "setting no_new_privs",
+            Step::Payload => "passing the harness its token",
+        }
+    }
+}
+
+/// What the status pipe carries: 12-byte records written with one write(2) each.
+const MSG_SETUP_FAILED: i32 = 1;
+const MSG_EXITED: i32 = 2;
+
+/// One report of a namespaced run, read by the parent once the run is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// `P`'s raw wait status.
+    Exited(libc::c_int),
+    SetupFailed(Step, i32),
+}
+
+/// Reads the reports a finished run left in its status pipe (non-blocking: every writer is gone).
+pub(crate) fn read_reports(pipe: &OwnedFd) -> Vec<Report> {
+    let _ = set_nonblocking(pipe);
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 256];
+    loop {
+        // SAFETY: read into a valid buffer.
+        let n = unsafe { libc::read(pipe.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buf[..n as usize]);
+    }
+    bytes
+        .chunks_exact(12)
+        .filter_map(|m| {
+            let word = |i: usize| i32::from_ne_bytes(m[i * 4..i * 4 + 4].try_into().unwrap());
+            match word(0) {
+                MSG_EXITED => Some(Report::Exited(word(1))),
+                MSG_SETUP_FAILED => Some(Report::SetupFailed(Step::from_i32(word(1))?, word(2))),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// What the namespaced path needs beyond the common setup.
+pub(crate) struct Namespaces {
+    /// Write end of the status pipe (close-on-exec: `P`'s copy closes when python starts).
+    pub status_fd: RawFd,
+    /// tmpfs options of `/tmp` and `/dev/shm` (size, inodes, mode).
+    pub tmp_options: CString,
+    /// Files written into the run's `/tmp` before the program starts (path, contents).
+    pub files: Vec<(CString, Vec<u8>)>,
+}
+
+/// Everything the child applies to itself before exec, computed beforehand.
 pub(crate) struct ChildSetup {
     pub cpu_secs: u64,
     pub mem_bytes: u64,
     pub file_bytes: u64,
     /// RLIMIT_NPROC: counts every task (process or thread) of the target uid, system-wide.
     pub nproc: u64,
-    /// Switch to this uid/gid (only when we are root).
+    /// Switch to this uid and gid (only when we are root).
     pub drop_to: Option<u32>,
+    /// The harness's token (and tests): close-on-exec in the parent, inherited by python.
+    pub payload_fd: RawFd,
+    /// The stage's pid: a child whose parent changed before PR_SET_PDEATHSIG took hold is an
+    /// orphan that must not run.
+    pub stage_pid: libc::pid_t,
+    pub namespaces: Option<Namespaces>,
 }
 
 /// Sets soft and hard limit, clamped to the current hard limit (an unprivileged process may
 /// lower its limits but not raise them; failing because CI already has a lower cap would be
 /// absurd).
-macro_rules! set_limit {
-    ($resource:expr, $soft:expr, $hard:expr) => {{
-        let mut cur = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit($resource, &mut cur) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let hard = (($hard) as libc::rlim_t).min(cur.rlim_max);
-        let soft = (($soft) as libc::rlim_t).min(hard);
-        let lim = libc::rlimit {
-            rlim_cur: soft,
-            rlim_max: hard,
-        };
-        if libc::setrlimit($resource, &lim) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }};
+unsafe fn set_limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> bool {
+    let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    if libc::getrlimit(resource, &mut cur) != 0 {
+        return false;
+    }
+    let hard = (hard as libc::rlim_t).min(cur.rlim_max);
+    let lim = libc::rlimit { rlim_cur: (soft as libc::rlim_t).min(hard), rlim_max: hard };
+    libc::setrlimit(resource, &lim) == 0
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
 impl ChildSetup {
-    /// Runs in the child after fork (std has already moved it into its own process group and
-    /// into the sandbox dir). Any error aborts the spawn; the parent gets it from `spawn()`.
+    /// Runs in the child std forked (std has already set up its stdio, its own process group
+    /// and its working directory). Returns to std, which executes python, in `P` only.
     ///
     /// # Safety
     /// Only to be called from `CommandExt::pre_exec`.
     pub(crate) unsafe fn apply(&self) -> io::Result<()> {
-        // No network: a fresh network namespace has only a downed loopback. Needs
-        // CAP_SYS_ADMIN (root here); elsewhere it fails and the code keeps the host network,
-        // which is why this is best effort and must come before dropping privileges.
-        libc::unshare(libc::CLONE_NEWNET);
+        coa_schemas::cleanup::reset_in_child();
+        let Some(ns) = &self.namespaces else {
+            // No network: a fresh network namespace has only a downed loopback. Best effort
+            // (needs CAP_SYS_ADMIN) and before dropping privileges.
+            libc::unshare(libc::CLONE_NEWNET);
+            self.tie_to_parent(libc::getppid() == self.stage_pid).map_err(io::Error::from_raw_os_error)?;
+            return self.restrict().map_err(|(_, e)| io::Error::from_raw_os_error(e));
+        };
+        // M.
+        if libc::unshare(NAMESPACE_FLAGS) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.tie_to_parent(libc::getppid() == self.stage_pid).map_err(io::Error::from_raw_os_error)?;
+        let mut alive = [0 as libc::c_int; 2];
+        if libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let init = libc::fork();
+        if init < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if init > 0 {
+            close_fds_except(&[alive[1]]);
+            wait_for(init);
+            libc::_exit(0);
+        }
+        // I: pid 1 of the new namespaces. It learns of M's death by the alive pipe closing.
+        libc::close(alive[1]);
+        let mut pfd = libc::pollfd { fd: alive[0], events: libc::POLLIN, revents: 0 };
+        let m_alive = libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 && libc::poll(&mut pfd, 1, 0) == 0;
+        libc::close(alive[0]);
+        if !m_alive {
+            report(ns.status_fd, MSG_SETUP_FAILED, Step::Parent as i32, 0);
+            libc::_exit(127);
+        }
+        if let Err((step, e)) = self.prepare_namespace(ns) {
+            report(ns.status_fd, MSG_SETUP_FAILED, step as i32, e);
+            libc::_exit(127);
+        }
+        let program = libc::fork();
+        if program < 0 {
+            report(ns.status_fd, MSG_SETUP_FAILED, Step::Fork as i32, errno());
+            libc::_exit(127);
+        }
+        if program > 0 {
+            run_init(program, ns.status_fd);
+        }
+        // P.
+        if let Err((step, e)) = self.restrict() {
+            report(ns.status_fd, MSG_SETUP_FAILED, step as i32, e);
+            return Err(io::Error::from_raw_os_error(e));
+        }
+        Ok(())
+    }
 
-        set_limit!(libc::RLIMIT_CORE, 0, 0);
-        // SIGXCPU at the soft limit (Python dies of it), SIGKILL one second later regardless.
-        set_limit!(
-            libc::RLIMIT_CPU,
-            self.cpu_secs,
-            self.cpu_secs.saturating_add(1)
-        );
-        set_limit!(libc::RLIMIT_AS, self.mem_bytes, self.mem_bytes);
-        set_limit!(libc::RLIMIT_FSIZE, self.file_bytes, self.file_bytes);
-        set_limit!(libc::RLIMIT_NPROC, self.nproc, self.nproc);
+    /// PR_SET_PDEATHSIG, then a check that the parent did not die before it took hold.
+    unsafe fn tie_to_parent(&self, parent_is_stage: bool) -> Result<(), i32> {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(errno());
+        }
+        if !parent_is_stage || libc::getppid() != self.stage_pid {
+            return Err(libc::ESRCH);
+        }
+        Ok(())
+    }
 
+    /// In I: the run's own mounts and its program files.
+    unsafe fn prepare_namespace(&self, ns: &Namespaces) -> Result<(), (Step, i32)> {
+        let fail = |step| (step, errno());
+        // Nothing mounted here propagates back to the host.
+        if libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+            return Err(fail(Step::MountPrivate));
+        }
+        make_read_only(c"/");
+        let tmpfs = |target: &std::ffi::CStr| {
+            libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, ns.tmp_options.as_ptr().cast())
+        };
+        if tmpfs(c"/tmp") != 0 {
+            return Err(fail(Step::MountTmp));
+        }
+        // Best effort: POSIX semaphores and shared memory live here (multiprocessing needs it).
+        tmpfs(c"/dev/shm");
+        // Best effort: a procfs of this PID namespace shows only the run's processes (a
+        // container may refuse a fresh procfs; the host's then stays, read-only).
+        libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, std::ptr::null());
+        for (path, contents) in &ns.files {
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o644);
+            if fd < 0 {
+                return Err(fail(Step::WriteProgram));
+            }
+            let mut rest: &[u8] = contents;
+            while !rest.is_empty() {
+                let n = libc::write(fd, rest.as_ptr().cast(), rest.len());
+                if n < 0 && errno() == libc::EINTR {
+                    continue;
+                }
+                if n <= 0 {
+                    return Err(fail(Step::WriteProgram));
+                }
+                rest = &rest[n as usize..];
+            }
+            if let Some(id) = self.drop_to {
+                libc::fchown(fd, id, id);
+            }
+            libc::close(fd);
+        }
+        if libc::chdir(c"/tmp".as_ptr()) != 0 {
+            return Err(fail(Step::Chdir));
+        }
+        Ok(())
+    }
+
+    /// In P (or the only child without namespaces): limits, user, no new privileges, the payload.
+    unsafe fn restrict(&self) -> Result<(), (Step, i32)> {
+        let limits = [
+            (libc::RLIMIT_CORE, 0, 0),
+            // SIGXCPU at the soft limit (Python dies of it), SIGKILL one second later regardless.
+            (libc::RLIMIT_CPU, self.cpu_secs, self.cpu_secs.saturating_add(1)),
+            (libc::RLIMIT_AS, self.mem_bytes, self.mem_bytes),
+            (libc::RLIMIT_FSIZE, self.file_bytes, self.file_bytes),
+            (libc::RLIMIT_NPROC, self.nproc, self.nproc),
+        ];
+        for (resource, soft, hard) in limits {
+            if !set_limit(resource, soft, hard) {
+                return Err((Step::Limits, errno()));
+            }
+        }
         if let Some(id) = self.drop_to {
-            // Linux does not apply RLIMIT_NPROC to root, and root can write everywhere, so
-            // root must not run the code. Supplementary groups first (needs root), then gid,
-            // then uid (after which none of this could be undone).
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(id) != 0
-                || libc::setuid(id) != 0
-            {
-                return Err(io::Error::last_os_error());
+            // Linux does not apply RLIMIT_NPROC to root, and root can write everywhere, so root
+            // must not run the code. Supplementary groups first (needs root), then gid, then
+            // uid (after which none of this could be undone).
+            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(id) != 0 || libc::setuid(id) != 0 {
+                return Err((Step::DropPrivileges, errno()));
             }
             if libc::getuid() != id || libc::geteuid() != id {
-                return Err(io::Error::from_raw_os_error(libc::EPERM));
+                return Err((Step::DropPrivileges, libc::EPERM));
             }
         }
         // No setuid binary (su, sudo, ping) can give privileges back.
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-            return Err(io::Error::last_os_error());
+            return Err((Step::NoNewPrivs, errno()));
         }
-        // If our process dies, the child dies too (set after the uid change, which clears it).
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        // Nothing the stage holds open reaches the code: every inherited descriptor above
+        // stdio closes at exec (best effort: Linux >= 5.11), but the harness's payload, which it
+        // reads its token from (then closes).
+        libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
+        if libc::fcntl(self.payload_fd, libc::F_SETFD, 0) != 0 {
+            return Err((Step::Payload, errno()));
+        }
         Ok(())
+    }
+}
+
+/// I's life once P runs: reap every process of the namespace until P exits, report P's status,
+/// exit (the kernel then kills whatever is left in the namespace).
+unsafe fn run_init(program: libc::pid_t, status_fd: RawFd) -> ! {
+    close_fds_except(&[status_fd]);
+    loop {
+        let mut status = 0;
+        let pid = libc::waitpid(-1, &mut status, 0);
+        if pid == program {
+            report(status_fd, MSG_EXITED, status, 0);
+            libc::_exit(0);
+        }
+        if pid < 0 && errno() != libc::EINTR {
+            libc::_exit(127);
+        }
+    }
+}
+
+/// Waits for one child, retrying on EINTR.
+unsafe fn wait_for(pid: libc::pid_t) {
+    let mut status = 0;
+    while libc::waitpid(pid, &mut status, 0) < 0 && errno() == libc::EINTR {}
+}
+
+unsafe fn report(fd: RawFd, kind: i32, a: i32, b: i32) {
+    let mut msg = [0u8; 12];
+    msg[..4].copy_from_slice(&kind.to_ne_bytes());
+    msg[4..8].copy_from_slice(&a.to_ne_bytes());
+    msg[8..].copy_from_slice(&b.to_ne_bytes());
+    libc::write(fd, msg.as_ptr().cast(), msg.len());
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+const AT_RECURSIVE: libc::c_int = 0x8000;
+
+/// Makes every mount under `root` read-only in this mount namespace (Linux >= 5.12; on older
+/// kernels only `root` itself). Best effort: what cannot be made read-only keeps its file
+/// permissions, which the run's unprivileged user meets.
+unsafe fn make_read_only(root: &std::ffi::CStr) {
+    let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let rc = libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, root.as_ptr(), AT_RECURSIVE as libc::c_uint, &attr as *const MountAttr, std::mem::size_of::<MountAttr>());
+    if rc != 0 {
+        libc::mount(std::ptr::null(), root.as_ptr(), std::ptr::null(), libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY, std::ptr::null());
+    }
+}
+
+/// Closes every descriptor but `keep` (close_range(2), or one by one on old kernels).
+unsafe fn close_fds_except(keep: &[RawFd]) {
+    let mut sorted = [RawFd::MAX; 4];
+    let n = keep.len().min(sorted.len());
+    sorted[..n].copy_from_slice(&keep[..n]);
+    sorted[..n].sort_unstable();
+    let mut from: libc::c_uint = 0;
+    for &k in &sorted[..n] {
+        if k >= 0 && k as libc::c_uint >= from {
+            if k as libc::c_uint > from {
+                close_range(from, k as libc::c_uint - 1);
+            }
+            from = k as libc::c_uint + 1;
+        }
+    }
+    close_range(from, libc::c_uint::MAX);
+}
+
+unsafe fn close_range(first: libc::c_uint, last: libc::c_uint) {
+    if libc::syscall(libc::SYS_close_range, first, last, 0) == 0 {
+        return;
+    }
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 { lim.rlim_cur.min(1 << 16) as libc::c_uint } else { 1024 };
+    let mut fd = first;
+    while fd <= last && fd < max {
+        libc::close(fd as libc::c_int);
+        fd += 1;
     }
 }
 
@@ -99,6 +402,9 @@ impl ChildSetup {
 /// Callers do this before reaping the group leader: while the leader is an unreaped zombie
 /// its pid, and so the group id, cannot be reused by an unrelated process.
 pub(crate) fn kill_group(pgid: libc::pid_t) {
+    if pgid <= 0 {
+        return;
+    }
     // SAFETY: plain syscall; a wrong or dead group only yields ESRCH.
     unsafe {
         libc::killpg(pgid, libc::SIGKILL);
@@ -111,14 +417,7 @@ pub(crate) fn has_exited(pid: libc::pid_t) -> io::Result<bool> {
     loop {
         // SAFETY: siginfo_t is plain data; zeroed is its documented initial state for WNOHANG.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let rc = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            )
-        };
+        let rc = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
         if rc == 0 {
             // SAFETY: filled by waitid (or still zero when the child is running).
             return Ok(unsafe { info.si_pid() } != 0);
@@ -156,22 +455,58 @@ pub(crate) fn set_nonblocking(fd: &impl AsRawFd) -> io::Result<()> {
     Ok(())
 }
 
-pub(crate) fn effective_uid() -> u32 {
-    // SAFETY: always succeeds.
-    unsafe { libc::geteuid() }
+/// A pipe whose both ends are close-on-exec: (read, write).
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 fills the array on success; the fds are new and ours.
+    unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
+    }
 }
 
-pub(crate) fn real_uid() -> u32 {
-    // SAFETY: always succeeds.
-    unsafe { libc::getuid() }
+/// An anonymous in-memory file (close-on-exec) holding `bytes`, positioned at its start.
+pub(crate) fn memfd_with(bytes: &[u8]) -> io::Result<OwnedFd> {
+    use std::io::{Seek, Write};
+    // SAFETY: memfd_create with a static name; the fd is new and ours.
+    let fd = unsafe { libc::memfd_create(c"coa-sandbox-payload".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.write_all(bytes)?;
+    file.rewind()?;
+    Ok(OwnedFd::from(file))
+}
+
+/// `n` random bytes from the kernel.
+pub(crate) fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
+    let mut buf = [0u8; N];
+    let mut got = 0;
+    while got < N {
+        // SAFETY: getrandom into the unfilled part of a valid buffer.
+        let n = unsafe { libc::getrandom(buf[got..].as_mut_ptr().cast(), N - got, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += n as usize;
+    }
+    Ok(buf)
 }
 
 /// Tasks (processes + threads) that `uid` owns right now, as RLIMIT_NPROC counts them.
 ///
-/// The limit is per user, not per process tree, so a child's process budget is "what the
-/// user already runs + max_procs": otherwise a normal user with 300 processes could not start
-/// Python at all, and concurrent sandboxes (all `nobody`) would share one budget, letting one
-/// fork bomb stop the others from starting. Unreadable entries count as nothing.
+/// For runs that share a uid (no per-run uid): the limit is per user, not per process tree, so
+/// a child's process budget is "what the user already runs + max_procs": otherwise a normal
+/// user with 300 processes could not start Python at all, and concurrent sandboxes would share
+/// one budget, letting one fork bomb stop the others from starting. Unreadable entries count as
+/// nothing.
 pub(crate) fn count_tasks_of_uid(uid: u32) -> u64 {
     let Ok(entries) = fs::read_dir("/proc") else {
         return 0;
@@ -197,7 +532,8 @@ pub(crate) fn count_tasks_of_uid(uid: u32) -> u64 {
 
 /// Kills every process of `uid` whose initial environment contains `marker` (a `KEY=value`
 /// unique to one run): the processes of that run that left its process group with `setsid()`
-/// or `setpgid()`, which the group kill misses.
+/// or `setpgid()`, which the group kill misses. The last resort when runs share a uid and no
+/// namespace holds them.
 ///
 /// Best effort: a process that re-executes itself with a new environment loses the marker.
 /// Race-free against pid reuse: the pidfd pins the process before its environment is read.
@@ -221,13 +557,7 @@ pub(crate) fn kill_marked_processes(uid: u32, marker: &[u8]) {
         if environ.split(|&b| b == 0).any(|var| var == marker) {
             // SAFETY: plain syscall on a pidfd we own.
             unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    pidfd.as_raw_fd(),
-                    libc::SIGKILL,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                );
+                libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0);
             }
         }
     }

@@ -1,40 +1,59 @@
 //! `code` offline backend: run Python 3 code in a sandbox and render the observation.
 //!
 //! Model-written code is hostile by accident (infinite loops, fork bombs, memory hogs, floods
-//! of output) and occasionally on purpose, and the pipeline runs it ~10^4-10^5 times, so a run
-//! must always end, within its limits, leaving nothing behind. Layers, strongest first:
+//! of output) and occasionally on purpose (exiting early to fake a pass, killing other runs),
+//! and the pipeline runs it ~10^4-10^5 times, often many runs at once, so a run must always
+//! end, within its limits, leaving nothing behind, and must not touch other runs. Layers,
+//! strongest first (what this machine allows is probed once: [`isolation`]):
 //!
-//! 1. **An unprivileged user.** When we are root (CI, the GPU machine), the child drops to
-//!    `nobody` (uid/gid 65534, no supplementary groups) before exec. Linux does not enforce
-//!    RLIMIT_NPROC for root, and root may write anywhere; as `nobody` the process limit bites
-//!    and most of the filesystem is read-only. As a normal user the uid is kept.
-//! 2. **rlimits** set in the child before exec: CPU seconds (SIGXCPU, then SIGKILL one second
-//!    later), address space (allocations fail: Python raises `MemoryError`), file size, number
-//!    of tasks, no core dumps. `PR_SET_NO_NEW_PRIVS` keeps setuid binaries from undoing them.
-//! 3. **A process group** per run: on the wall-clock deadline, and after every normal exit,
-//!    the whole group gets SIGKILL before the leader is reaped, so no stray child survives.
-//!    A process that leaves the group (`setsid`) escapes that kill, so the run also kills the
-//!    processes of its uid whose environment carries the run's unique marker
-//!    (`COA_SANDBOX_RUN`); one that also re-execs with a clean environment escapes both but
-//!    keeps its rlimits. cgroups would be the real fix and are not assumed available.
-//! 4. **No network** where the kernel lets us: `unshare(CLONE_NEWNET)` (root only in practice;
-//!    ignored on failure).
-//! 5. **A fresh temp dir** per run as cwd, HOME and TMPDIR, removed afterwards.
-//! 6. **An audit-hook prelude** (`prelude.py`) that refuses writes outside that dir. Defence
-//!    in depth only: `/tmp` is world-writable even for `nobody`, and the hook catches ordinary
-//!    `open()`/`os.*` calls there, but ctypes or a subprocess get past it.
+//! 1. **Namespaces** (root or CAP_SYS_ADMIN): each run has its own PID namespace (it sees and can
+//!    signal only its own processes; when its main process exits, or the stage dies, even of
+//!    SIGKILL, every process of the run dies), its own mount namespace (a size-limited tmpfs as
+//!    `/tmp`, its working directory, and as `/dev/shm`; every other mount read-only; a procfs
+//!    of its own), no network, its own IPC and hostname. See `child.rs` for the process layout.
+//! 2. **An unprivileged user per concurrent run** (root): uid/gid from a reserved range, no
+//!    supplementary groups. Linux does not enforce RLIMIT_NPROC for root and root may write
+//!    anywhere; with its own uid a run's process limit is its own, `kill(-1, 9)` reaches only
+//!    its own processes, and every process it started can be killed by uid. Without the uid
+//!    range, user `nobody`; as a normal user the uid is kept.
+//! 3. **rlimits** set before exec: CPU seconds (SIGXCPU, then SIGKILL one second later),
+//!    address space (allocations fail: Python raises `MemoryError`), file size, number of
+//!    tasks, no core dumps. `PR_SET_NO_NEW_PRIVS` keeps setuid binaries from undoing them.
+//! 4. **Kills**: on the wall-clock deadline, when the output passes its limit, after every
+//!    normal exit, and when the stage gets SIGTERM/SIGINT/SIGHUP, the run's process group gets
+//!    SIGKILL (with namespaces that takes the whole namespace); without namespaces also every
+//!    process of the run's uid, or, with a shared uid, those carrying the run's environment
+//!    marker (`COA_SANDBOX_RUN`).
+//! 5. **A proof of completion**: the harness (`prelude.py`) reads a per-run random token from
+//!    an inherited in-memory file before the program runs and prints it on its own line only
+//!    after the program's last statement (and after its unit tests, which it runs itself,
+//!    compiled apart from the program); [`CodeRun::finished`] says whether it appeared, and the
+//!    line is removed from the captured stdout. `os._exit(0)`, `sys.exit(0)` before the tests,
+//!    a kill or a crash cannot produce it; the token is in no file, argument or environment
+//!    variable, and the interpreter features that could dig it out of the harness (gc
+//!    introspection, trace, profile and monitoring hooks, raw memory access through ctypes,
+//!    `/proc/*/mem`) are refused. Code that reads its interpreter's memory from another process
+//!    (a subprocess reading `/proc/PID/mem`) is not prevented.
+//! 6. **An audit-hook prelude** that refuses Python writes outside the working directory.
+//!    Defence in depth only, for the fallback without namespaces where `/tmp` is the host's.
+//!
+//! Without namespaces a run's working directory is a fresh host temp dir (removed afterwards,
+//! and on SIGTERM/SIGINT/SIGHUP), and files written elsewhere through a subprocess or ctypes
+//! land in the host's `/tmp`; the README lists what holds where.
 //!
 //! Output is captured without threads: one poll() loop reads stdout and stderr (and feeds
 //! stdin) as data arrives, so neither pipe can fill up and deadlock the child, and the loop
 //! can stop waiting on a pipe still held open by an escaped grandchild. Each stream keeps its
-//! first and last bytes only (see `output::HeadTail`), so memory stays bounded.
+//! first and last bytes only (see `output::HeadTail`), so memory stays bounded, and a run that
+//! writes more than [`SandboxLimits::max_output_total`] bytes is stopped.
 //!
-//! Linux only (prctl, pidfd, /proc).
+//! Linux only (prctl, pidfd, namespaces, /proc).
 
 mod child;
+mod isolation;
 mod output;
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
@@ -42,16 +61,19 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use child::{ChildSetup, NOBODY};
+use child::{ChildSetup, Namespaces, Report};
+use isolation::{claim_uid, effective_uid, kill_uid, real_uid, NOBODY};
+pub use isolation::{isolation, Isolation};
 use output::HeadTail;
 
-/// The Python that installs the sandbox's audit hook and then runs `main.py` as `__main__`.
+/// The Python that installs the sandbox's audit hook, reads the run's token, runs `main.py` as
+/// `__main__` (then the tests, if any) and prints the token if the program reached its end.
 const PRELUDE: &str = include_str!("prelude.py");
 /// The user's code, written into the sandbox dir; tracebacks show this relative name, which
 /// keeps them identical from run to run (the temp dir's name is random).
@@ -63,11 +85,15 @@ const DRAIN_GRACE: Duration = Duration::from_millis(200);
 const FALLBACK_TICK: Duration = Duration::from_millis(5);
 /// Reads per stream per wake-up, so a flood on one pipe cannot starve the deadline check.
 const MAX_READS_PER_WAKE: usize = 16;
+/// The harness's token line, `\n` + 32 hex digits + `\n`: always kept at the end of stdout.
+const TOKEN_LINE_BYTES: usize = 34;
+/// Inodes of a run's tmpfs: plenty for a program, not for an inode flood.
+const TMP_INODES: u64 = 16384;
 
 /// Resource limits of one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SandboxLimits {
-    /// Wall-clock limit; then the whole process group is killed.
+    /// Wall-clock limit; then the whole run is killed.
     pub wall: Duration,
     /// CPU seconds (RLIMIT_CPU), summed over the process's threads; each forked process gets
     /// its own. At least 1.
@@ -80,10 +106,15 @@ pub struct SandboxLimits {
     pub max_procs: u64,
     /// Output kept per stream (head + tail); the rest is counted and replaced by a marker.
     pub max_output_bytes: usize,
+    /// Output (stdout + stderr) after which the run is stopped: [`RunStatus::OutputLimit`].
+    pub max_output_total: u64,
+    /// Size of the run's private `/tmp` (and of its `/dev/shm`), where namespaces are available.
+    pub tmp_bytes: u64,
 }
 
 impl Default for SandboxLimits {
-    /// 10 s wall, 10 CPU s, 1 GiB address space, 16 MiB files, 64 tasks, 8 KiB of output.
+    /// 10 s wall, 10 CPU s, 1 GiB address space, 16 MiB files, 64 tasks, 8 KiB of output kept,
+    /// stopped after 64 MiB of output, a 64 MiB `/tmp`.
     fn default() -> Self {
         Self {
             wall: Duration::from_secs(10),
@@ -92,6 +123,8 @@ impl Default for SandboxLimits {
             file_bytes: 16 << 20,
             max_procs: 64,
             max_output_bytes: 8 << 10,
+            max_output_total: 64 << 20,
+            tmp_bytes: 64 << 20,
         }
     }
 }
@@ -103,8 +136,50 @@ pub enum RunStatus {
     Exit(i32),
     /// Killed by this signal (not by us): SIGXCPU/SIGKILL from the CPU limit, SIGSEGV, ...
     Signal(i32),
-    /// Still running at the wall-clock limit (this long), so its group was killed.
+    /// Still running at the wall-clock limit (this long), so it was killed.
     Timeout(Duration),
+    /// Stopped for writing more than this many bytes of output.
+    OutputLimit(u64),
+}
+
+/// What counts as a program having run to its end (when the harness prints the run's token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Its last statement (and the last statement of its tests) ran. `sys.exit()` anywhere
+    /// is not an end: unit tests after it would not have run.
+    LastStatement,
+    /// Its last statement ran, or it called `sys.exit()` / `exit()` with status 0 or none: a
+    /// stdin/stdout program may stop early on purpose.
+    CleanExit,
+}
+
+impl Ending {
+    fn as_arg(self) -> &'static str {
+        match self {
+            Ending::LastStatement => "last-statement",
+            Ending::CleanExit => "clean-exit",
+        }
+    }
+}
+
+/// A program to run, with optional unit tests and stdin.
+#[derive(Debug, Clone, Copy)]
+pub struct Program<'a> {
+    pub code: &'a str,
+    /// Test code run after `code` in the same `__main__` namespace (assertions calling its
+    /// functions). Compiled on its own, so the program's text cannot swallow it (an unclosed
+    /// string), and handed to the harness without a file the program could read.
+    pub tests: Option<&'a str>,
+    /// Fed to stdin (otherwise stdin is /dev/null).
+    pub stdin: Option<&'a str>,
+    pub ending: Ending,
+}
+
+impl<'a> Program<'a> {
+    /// A plain program, as the agents' `code` tool runs it.
+    pub fn script(code: &'a str, stdin: Option<&'a str>) -> Program<'a> {
+        Program { code, tests: None, stdin, ending: Ending::CleanExit }
+    }
 }
 
 /// The outcome of one sandboxed run.
@@ -119,6 +194,9 @@ pub struct CodeRun {
     pub stderr_bytes: u64,
     /// Whether either stream was cut.
     pub truncated: bool,
+    /// Whether the harness printed the run's token: the program (and its tests) reached the
+    /// end as [`Ending`] defines it. The token line itself is not in `stdout`.
+    pub finished: bool,
     /// From spawn to reap.
     pub wall: Duration,
 }
@@ -129,14 +207,20 @@ impl CodeRun {
         self.status == RunStatus::Exit(0)
     }
 
+    /// Exited with status 0 after reaching its end: what a passing test run must show.
+    pub fn passed(&self) -> bool {
+        self.success() && self.finished
+    }
+
     /// The observation text, in the reference tool's format:
     ///
     /// - success: `[EXECUTED] Code exited with status 0.\n[STDOUT:BEGIN]\n…\n[STDOUT:END]`
     ///   (or `... status 0 (no output).`);
     /// - failure: `[FAILED] Code exited with status N.` then a `[STDERR:BEGIN]…[STDERR:END]`
     ///   block, a stdout block, both (`... with mixed output:`), or `(no output).`;
-    /// - `[FAILED] Code timed out after N s` / `[FAILED] Code was killed by signal N (…)` with
-    ///   the same output blocks, so an agent sees what a looping program printed.
+    /// - `[FAILED] Code timed out after N s` / `[FAILED] Code was killed by signal N (…)` /
+    ///   `[FAILED] Code was stopped after more than N bytes of output` with the same output
+    ///   blocks, so an agent sees what a looping program printed.
     ///
     /// Output is trimmed, as the reference does.
     pub fn render(&self) -> String {
@@ -151,15 +235,9 @@ impl CodeRun {
                 };
             }
             RunStatus::Exit(code) => format!("[FAILED] Code exited with status {code}"),
-            RunStatus::Signal(sig) => {
-                format!(
-                    "[FAILED] Code was killed by signal {sig} ({})",
-                    describe_signal(sig)
-                )
-            }
-            RunStatus::Timeout(after) => {
-                format!("[FAILED] Code timed out after {} s", format_secs(after))
-            }
+            RunStatus::Signal(sig) => format!("[FAILED] Code was killed by signal {sig} ({})", describe_signal(sig)),
+            RunStatus::Timeout(after) => format!("[FAILED] Code timed out after {} s", format_secs(after)),
+            RunStatus::OutputLimit(limit) => format!("[FAILED] Code was stopped after more than {limit} bytes of output"),
         };
         match (out.is_empty(), err.is_empty()) {
             (true, true) => format!("{head} (no output)."),
@@ -201,47 +279,90 @@ fn describe_signal(sig: i32) -> String {
     }
 }
 
+
 /// Runs `code` with `python3` (see [`find_python`]) in a fresh sandbox; `stdin` is fed to it
-/// (otherwise stdin is /dev/null).
+/// (otherwise stdin is /dev/null). The agents' `code` tool.
 ///
-/// `Err` means the sandbox itself failed (no interpreter, no temp dir, spawn refused); all
-/// behaviour of the code, however bad, is an `Ok(CodeRun)` to render for the agent.
+/// `Err` means the sandbox itself failed (no interpreter, spawn refused, a namespace that could
+/// not be set up); all behaviour of the code, however bad, is an `Ok(CodeRun)` to render.
 pub fn run_python(code: &str, stdin: Option<&str>, limits: &SandboxLimits) -> Result<CodeRun> {
-    let python = find_python()?;
-    run_python_with(&python, code, stdin, limits)
+    run_program(&Program::script(code, stdin), limits)
 }
 
 /// [`run_python`] with an explicit interpreter.
-pub fn run_python_with(
-    python: &Path,
-    code: &str,
-    stdin: Option<&str>,
-    limits: &SandboxLimits,
-) -> Result<CodeRun> {
-    let as_root = child::effective_uid() == 0;
-    let dir = tempfile::Builder::new()
-        .prefix("coa-sandbox-")
-        .tempdir()
-        .context("creating the sandbox temp dir")?;
-    let script = dir.path().join(SCRIPT_NAME);
-    fs::write(&script, code).with_context(|| format!("writing {}", script.display()))?;
-    let drop_to = if as_root {
-        std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY))
-            .with_context(|| format!("giving {} to user nobody", dir.path().display()))?;
-        Some(NOBODY)
-    } else {
-        None
+pub fn run_python_with(python: &Path, code: &str, stdin: Option<&str>, limits: &SandboxLimits) -> Result<CodeRun> {
+    run_program_with(python, &Program::script(code, stdin), limits)
+}
+
+/// Runs a [`Program`] (with its tests, if any) with `python3` in a fresh sandbox.
+pub fn run_program(program: &Program, limits: &SandboxLimits) -> Result<CodeRun> {
+    let python = find_python()?;
+    run_program_with(&python, program, limits)
+}
+
+/// [`run_program`] with an explicit interpreter.
+pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits) -> Result<CodeRun> {
+    let iso = isolation();
+    let slot = if iso.uid_per_run { Some(claim_uid(!iso.namespaces).context("claiming a user id for the sandbox")?) } else { None };
+    let run_uid = match (&slot, iso.root) {
+        (Some(s), _) => s.uid,
+        (None, true) => NOBODY,
+        (None, false) => real_uid(),
     };
-    let target_uid = drop_to.unwrap_or_else(child::real_uid);
+    let drop_to = iso.root.then_some(run_uid);
+    let token = hex(&child::random_bytes::<16>().context("drawing the run's token")?);
+    let payload = child::memfd_with(format!("{token}\n{}", program.tests.unwrap_or_default()).as_bytes()).context("passing the harness its token")?;
     let marker = run_marker();
+    // What finds the run's processes that left its process group.
+    let escapees = match (iso.namespaces, &slot) {
+        (true, _) => Escapees::None,
+        (false, Some(s)) => Escapees::Uid(s.uid),
+        (false, None) => Escapees::Marker { uid: run_uid, marker: marker.clone().into_bytes() },
+    };
+    let pid_cell = Arc::new(AtomicI32::new(0));
+    let (workdir, home, namespaces, status_read, status_write) = if iso.namespaces {
+        let (read, write) = child::pipe().context("creating the sandbox's status pipe")?;
+        let files = vec![(CString::new(format!("/tmp/{SCRIPT_NAME}")).expect("no NUL"), program.code.as_bytes().to_vec())];
+        let tmp_options = CString::new(format!("size={},nr_inodes={TMP_INODES},mode=1777", limits.tmp_bytes.max(1 << 20))).expect("no NUL");
+        let ns = Namespaces { status_fd: write.as_raw_fd(), tmp_options, files };
+        (None, PathBuf::from("/tmp"), Some(ns), Some(read), Some(write))
+    } else {
+        let dir = tempfile::Builder::new().prefix("coa-sandbox-").tempdir().context("creating the sandbox temp dir")?;
+        let script = dir.path().join(SCRIPT_NAME);
+        fs::write(&script, program.code).with_context(|| format!("writing {}", script.display()))?;
+        if let Some(id) = drop_to {
+            for p in [dir.path(), script.as_path()] {
+                std::os::unix::fs::chown(p, Some(id), Some(id)).with_context(|| format!("giving {} to the run's user", p.display()))?;
+            }
+        }
+        let home = dir.path().to_path_buf();
+        (Some(dir), home, None, None, None)
+    };
+    // SIGTERM/SIGINT/SIGHUP of the stage: kill the run, remove its dir.
+    let _on_signal = {
+        let (pid, escapees, dir) = (pid_cell.clone(), escapees.clone(), workdir.as_ref().map(|d| d.path().to_path_buf()));
+        coa_schemas::cleanup::on_signal(move || {
+            child::kill_group(pid.load(Ordering::Relaxed));
+            escapees.kill();
+            if let Some(dir) = &dir {
+                let _ = fs::remove_dir_all(dir);
+            }
+        })
+    };
+    let nproc = match &slot {
+        // Its own uid: the run's processes, the first included, are all it counts.
+        Some(_) => limits.max_procs.saturating_add(1),
+        None => limits.max_procs.saturating_add(child::count_tasks_of_uid(run_uid)),
+    };
     let setup = ChildSetup {
         cpu_secs: limits.cpu_secs.max(1),
         mem_bytes: limits.mem_bytes,
         file_bytes: limits.file_bytes,
-        nproc: limits
-            .max_procs
-            .saturating_add(child::count_tasks_of_uid(target_uid)),
+        nproc,
         drop_to,
+        payload_fd: payload.as_raw_fd(),
+        stage_pid: std::process::id() as libc::pid_t,
+        namespaces,
     };
 
     let mut cmd = Command::new(python);
@@ -253,38 +374,78 @@ pub fn run_python_with(
         .arg("-c")
         .arg(PRELUDE)
         .arg(SCRIPT_NAME)
-        .current_dir(dir.path())
+        .arg(program.ending.as_arg())
+        .arg(payload.as_raw_fd().to_string())
+        .current_dir(workdir.as_ref().map_or(Path::new("/"), |d| d.path()))
         .env_clear()
-        .envs(sandbox_env(dir.path()))
+        .envs(sandbox_env(&home))
         .env(MARKER_VAR, &marker[MARKER_VAR.len() + 1..])
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .stdin(if program.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    // SAFETY: `apply` only makes async-signal-safe syscalls on plain data copied into it.
+    // SAFETY: `apply` only makes async-signal-safe syscalls on data prepared beforehand.
     unsafe {
         cmd.pre_exec(move || setup.apply());
     }
 
     let start = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| spawn_error(e, python, as_root))?;
-    let escapees = Escapees {
-        uid: target_uid,
-        marker: marker.as_bytes(),
+    let spawned = cmd.spawn();
+    drop(status_write); // the run's processes hold the write end now
+    drop(payload);
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            let reports = status_read.as_ref().map(child::read_reports).unwrap_or_default();
+            return Err(spawn_error(e, python, iso.root, &reports));
+        }
     };
-    let result = supervise(
-        &mut child,
-        stdin.map(str::as_bytes),
-        limits,
-        start,
-        &escapees,
-    );
-    remove_sandbox_dir(dir);
-    result
+    pid_cell.store(child.id() as i32, Ordering::Relaxed);
+    let result = supervise(&mut child, program.stdin.map(str::as_bytes), limits, start, &escapees);
+    // Nothing of the run may survive its slot: a later run gets the same uid.
+    escapees.kill();
+    if let Some(dir) = workdir {
+        remove_sandbox_dir(dir);
+    }
+    drop(slot);
+    let (ended, exit, mut run) = result?;
+    let status = if let Some(read) = &status_read {
+        match (child::read_reports(read).into_iter().next(), ended) {
+            (Some(Report::SetupFailed(step, e)), _) => bail!("sandbox: {}: {}", step.describe(), io::Error::from_raw_os_error(e)),
+            (_, Ended::Timeout) => RunStatus::Timeout(limits.wall),
+            (_, Ended::OutputLimit) => RunStatus::OutputLimit(limits.max_output_total),
+            (Some(Report::Exited(raw)), Ended::Exited) => status_from_raw(raw)?,
+            (None, Ended::Exited) => bail!("sandbox: the run's init ended without reporting the program's status ({exit})"),
+        }
+    } else {
+        match ended {
+            Ended::Timeout => RunStatus::Timeout(limits.wall),
+            Ended::OutputLimit => RunStatus::OutputLimit(limits.max_output_total),
+            Ended::Exited => status_from_raw(exit.into_raw())?,
+        }
+    };
+    run.status = status;
+    let line = format!("\n{token}\n");
+    if let Some(at) = run.stdout.rfind(&line) {
+        run.stdout.replace_range(at..at + line.len(), "");
+        run.stdout_bytes = run.stdout_bytes.saturating_sub(line.len() as u64);
+        run.finished = true;
+    }
+    Ok(run)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn status_from_raw(raw: libc::c_int) -> Result<RunStatus> {
+    if libc::WIFEXITED(raw) {
+        Ok(RunStatus::Exit(libc::WEXITSTATUS(raw)))
+    } else if libc::WIFSIGNALED(raw) {
+        Ok(RunStatus::Signal(libc::WTERMSIG(raw)))
+    } else {
+        bail!("sandboxed process ended with an unknown wait status {raw:#x}")
+    }
 }
 
 /// Environment variable that tags every process of one run (see `Escapees`).
@@ -294,27 +455,32 @@ const MARKER_VAR: &str = "COA_SANDBOX_RUN";
 fn run_marker() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("{MARKER_VAR}={}-{n}-{nanos}", std::process::id())
 }
 
-/// How to find a run's processes that left its process group: their uid and the marker
-/// `KEY=value` in their initial environment.
-struct Escapees<'a> {
-    uid: u32,
-    marker: &'a [u8],
+/// How to find a run's processes that left its process group.
+#[derive(Clone)]
+enum Escapees {
+    /// None can: the PID namespace holds them all.
+    None,
+    /// Every process of the run's own uid.
+    Uid(u32),
+    /// Processes of a shared uid with the run's marker `KEY=value` in their initial environment.
+    Marker { uid: u32, marker: Vec<u8> },
 }
 
-impl Escapees<'_> {
+impl Escapees {
     fn kill(&self) {
-        child::kill_marked_processes(self.uid, self.marker);
+        match self {
+            Escapees::None => {}
+            Escapees::Uid(uid) => kill_uid(*uid),
+            Escapees::Marker { uid, marker } => child::kill_marked_processes(*uid, marker),
+        }
     }
 }
 
-fn sandbox_env(dir: &Path) -> Vec<(&'static str, OsString)> {
+fn sandbox_env(home: &Path) -> Vec<(&'static str, OsString)> {
     let fixed = [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
         ("LANG", "C.UTF-8"),
@@ -328,104 +494,92 @@ fn sandbox_env(dir: &Path) -> Vec<(&'static str, OsString)> {
         ("OPENBLAS_NUM_THREADS", "1"),
         ("MKL_NUM_THREADS", "1"),
     ];
-    let mut env: Vec<(&'static str, OsString)> =
-        fixed.iter().map(|&(k, v)| (k, OsString::from(v))).collect();
-    env.push(("HOME", dir.as_os_str().to_owned()));
-    env.push(("TMPDIR", dir.as_os_str().to_owned()));
+    let mut env: Vec<(&'static str, OsString)> = fixed.iter().map(|&(k, v)| (k, OsString::from(v))).collect();
+    env.push(("HOME", home.as_os_str().to_owned()));
+    env.push(("TMPDIR", home.as_os_str().to_owned()));
     env
 }
 
-/// A spawn failure, explained.
-fn spawn_error(e: io::Error, python: &Path, as_root: bool) -> anyhow::Error {
-    let who = if as_root { "user nobody" } else { "this user" };
+/// A spawn failure, explained (with the failed setup step, when a namespaced run reported one).
+fn spawn_error(e: io::Error, python: &Path, as_root: bool, reports: &[Report]) -> anyhow::Error {
+    if let Some(Report::SetupFailed(step, errno)) = reports.first() {
+        return anyhow!("sandbox: {}: {}", step.describe(), io::Error::from_raw_os_error(*errno));
+    }
+    let who = if as_root { "the run's user" } else { "this user" };
     match (e.kind(), e.raw_os_error()) {
-        (io::ErrorKind::NotFound, _) => {
-            anyhow!(
-                "python interpreter {} not found (set COA_PYTHON)",
-                python.display()
-            )
-        }
+        (io::ErrorKind::NotFound, _) => anyhow!("python interpreter {} not found (set COA_PYTHON)", python.display()),
         (io::ErrorKind::PermissionDenied, _) => anyhow!(
             "{who} may not execute the python interpreter {} (set COA_PYTHON to one it can run)",
             python.display()
         ),
-        (_, Some(libc::EAGAIN)) => anyhow!(
-            "could not start {}: {who} is at its process limit (another sandbox's fork bomb?)",
-            python.display()
-        ),
+        (_, Some(libc::EAGAIN)) => anyhow!("could not start {}: {who} is at its process limit (another sandbox's fork bomb?)", python.display()),
         _ => anyhow::Error::new(e).context(format!("starting {} in the sandbox", python.display())),
     }
 }
 
-/// Pumps the child's pipes until it exits (or is killed at the deadline), kills its group,
-/// reaps it and assembles the result. Never returns with the child still running.
+/// How the poll loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Exited,
+    Timeout,
+    OutputLimit,
+}
+
+/// Pumps the child's pipes until it exits (or is killed at the deadline or the output limit),
+/// kills its group, reaps it and assembles the output. Never returns with the child running.
 fn supervise(
     child: &mut Child,
     input: Option<&[u8]>,
     limits: &SandboxLimits,
     start: Instant,
     escapees: &Escapees,
-) -> Result<CodeRun> {
+) -> Result<(Ended, std::process::ExitStatus, CodeRun)> {
     // The child leads its own group (process_group(0)), so its pid is the group id.
     let pid = child.id() as libc::pid_t;
-    let mut out = HeadTail::new(limits.max_output_bytes);
+    let mut out = HeadTail::with_tail_reserve(limits.max_output_bytes, TOKEN_LINE_BYTES);
     let mut err = HeadTail::new(limits.max_output_bytes);
-    let pumped = pump(child, pid, input, limits.wall, escapees, &mut out, &mut err);
+    let pumped = pump(child, pid, input, limits, escapees, &mut out, &mut err);
     // Whatever happened: no process of the run outlives it, and the leader is reaped.
     child::kill_group(pid);
     escapees.kill();
-    let status = child.wait().context("waiting for the sandboxed process")?;
+    let exit = child.wait().context("waiting for the sandboxed process")?;
     let wall = start.elapsed();
-    let timed_out = pumped?;
-
-    let status = if timed_out {
-        RunStatus::Timeout(limits.wall)
-    } else if let Some(code) = status.code() {
-        RunStatus::Exit(code)
-    } else if let Some(sig) = status.signal() {
-        RunStatus::Signal(sig)
-    } else {
-        bail!("sandboxed process ended with an unknown status: {status:?}");
-    };
+    let ended = pumped?;
     let (stdout_bytes, stderr_bytes) = (out.total(), err.total());
     let (stdout, cut_out) = out.finish();
     let (stderr, cut_err) = err.finish();
-    Ok(CodeRun {
-        status,
+    let run = CodeRun {
+        status: RunStatus::Exit(0), // set by the caller
         stdout,
         stderr,
         stdout_bytes,
         stderr_bytes,
         truncated: cut_out || cut_err,
+        finished: false,
         wall,
-    })
+    };
+    Ok((ended, exit, run))
 }
 
-/// The poll loop. Returns whether the wall-clock limit was hit. On return the child has
-/// exited (not yet reaped) and its group has been killed, unless an error is returned.
+/// The poll loop. On return the child has exited (not yet reaped) and its group has been
+/// killed, unless an error is returned.
 fn pump(
     child: &mut Child,
     pid: libc::pid_t,
     input: Option<&[u8]>,
-    wall: Duration,
+    limits: &SandboxLimits,
     escapees: &Escapees,
     out: &mut HeadTail,
     err: &mut HeadTail,
-) -> Result<bool> {
-    let deadline = Instant::now() + wall;
+) -> Result<Ended> {
+    let deadline = Instant::now() + limits.wall;
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
-    let mut stdin = child
-        .stdin
-        .take()
-        .map(|pipe| (pipe, input.unwrap_or_default()));
-    for fd in [
-        stdout.as_ref().map(|p| p.as_fd()),
-        stderr.as_ref().map(|p| p.as_fd()),
-    ]
-    .into_iter()
-    .flatten()
-    .chain(stdin.as_ref().map(|(p, _)| p.as_fd()))
+    let mut stdin = child.stdin.take().map(|pipe| (pipe, input.unwrap_or_default()));
+    for fd in [stdout.as_ref().map(|p| p.as_fd()), stderr.as_ref().map(|p| p.as_fd())]
+        .into_iter()
+        .flatten()
+        .chain(stdin.as_ref().map(|(p, _)| p.as_fd()))
     {
         child::set_nonblocking(&fd).context("making the child's pipes non-blocking")?;
     }
@@ -434,7 +588,7 @@ fn pump(
     }
     let pidfd = child::pidfd_open(pid);
     let mut buf = vec![0u8; 64 << 10];
-    let mut timed_out = false;
+    let mut killed: Option<Ended> = None;
     let mut drain_until: Option<Instant> = None;
 
     loop {
@@ -446,20 +600,25 @@ fn pump(
                 escapees.kill();
                 drain_until = Some(now + DRAIN_GRACE);
                 stdin = None;
-            } else if !timed_out && now >= deadline {
+            } else if killed.is_none() && now >= deadline {
                 child::kill_group(pid);
-                timed_out = true;
+                escapees.kill();
+                killed = Some(Ended::Timeout);
+            } else if killed.is_none() && out.total() + err.total() > limits.max_output_total {
+                child::kill_group(pid);
+                escapees.kill();
+                killed = Some(Ended::OutputLimit);
             }
         }
         if let Some(until) = drain_until {
             if (stdout.is_none() && stderr.is_none()) || now >= until {
-                return Ok(timed_out);
+                return Ok(killed.unwrap_or(Ended::Exited));
             }
         }
 
         let mut wait = match drain_until {
             Some(until) => until - now,
-            None if timed_out => Duration::from_millis(50), // killed; exit is imminent
+            None if killed.is_some() => Duration::from_millis(50), // killed; exit is imminent
             None => deadline - now,
         };
         if pidfd.is_none() && drain_until.is_none() {
@@ -468,11 +627,7 @@ fn pump(
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
         let mut add = |fd: Option<i32>, events: libc::c_short| -> Option<usize> {
             fd.map(|fd| {
-                fds.push(libc::pollfd {
-                    fd,
-                    events,
-                    revents: 0,
-                });
+                fds.push(libc::pollfd { fd, events, revents: 0 });
                 fds.len() - 1
             })
         };
@@ -587,8 +742,8 @@ fn restore_permissions(dir: &Path) {
 ///   (a pyenv shim is a script that would need the invoking user's pyenv);
 /// - else `/usr/local/bin/python3`, `/usr/bin/python3`.
 ///
-/// When we are root the code runs as `nobody`, so the interpreter must be executable by
-/// others along its whole path: a pyenv Python under `/root` (mode 700) is skipped in favour
+/// When we are root the code runs as an unprivileged user, so the interpreter must be executable
+/// by others along its whole path: a pyenv Python under `/root` (mode 700) is skipped in favour
 /// of the system one. Point `COA_PYTHON` at a world-readable install if the code needs its
 /// packages.
 pub fn find_python() -> Result<PathBuf> {
@@ -600,14 +755,14 @@ pub fn find_python() -> Result<PathBuf> {
 }
 
 fn discover_python() -> Result<PathBuf> {
-    let for_nobody = child::effective_uid() == 0;
+    let unprivileged = effective_uid() == 0;
     if let Some(explicit) = std::env::var_os("COA_PYTHON") {
         let path = PathBuf::from(&explicit);
         let real =
             real_interpreter(&path).with_context(|| format!("COA_PYTHON={}", path.display()))?;
-        if for_nobody && !others_can_execute(&real) {
+        if unprivileged && !others_can_execute(&real) {
             bail!(
-                "COA_PYTHON={}: user nobody cannot execute {}",
+                "COA_PYTHON={}: the sandbox's unprivileged user cannot execute {}",
                 path.display(),
                 real.display()
             );
@@ -626,9 +781,9 @@ fn discover_python() -> Result<PathBuf> {
     let mut rejected = Vec::new();
     for cand in candidates.iter().filter(|c| c.is_file()) {
         match real_interpreter(cand) {
-            Ok(real) if !for_nobody || others_can_execute(&real) => return Ok(real),
+            Ok(real) if !unprivileged || others_can_execute(&real) => return Ok(real),
             Ok(real) => rejected.push(format!(
-                "{} (user nobody cannot execute it)",
+                "{} (the sandbox's unprivileged user cannot execute it)",
                 real.display()
             )),
             Err(e) => rejected.push(format!("{} ({e:#})", cand.display())),
@@ -685,6 +840,7 @@ mod tests {
             stdout_bytes: stdout.len() as u64,
             stderr_bytes: stderr.len() as u64,
             truncated: false,
+            finished: true,
             wall: Duration::from_millis(30),
         }
     }

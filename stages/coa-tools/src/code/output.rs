@@ -17,12 +17,18 @@ pub(crate) struct HeadTail {
 
 impl HeadTail {
     pub(crate) fn new(cap: usize) -> Self {
+        Self::with_tail_reserve(cap, 0)
+    }
+
+    /// Like [`HeadTail::new`] with `reserve` more bytes of tail: room for a trailer the caller
+    /// removes afterwards (the harness's token line), so what remains is still `cap` bytes.
+    pub(crate) fn with_tail_reserve(cap: usize, reserve: usize) -> Self {
         let head_cap = cap / 2;
         Self {
             head: Vec::new(),
             head_cap,
             tail: Vec::new(),
-            tail_cap: cap - head_cap,
+            tail_cap: cap - head_cap + reserve,
             tail_pos: 0,
             total: 0,
         }

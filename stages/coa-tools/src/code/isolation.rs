@@ -1,0 +1,187 @@
+//! What this kernel lets the sandbox do, probed once per process, and the per-run user ids.
+//!
+//! - **Namespaces** (`unshare` of PID, mount, network, IPC and UTS namespaces, a tmpfs on `/tmp`):
+//!   a run then cannot see or signal other runs, has a private size-limited `/tmp` and
+//!   `/dev/shm` and a read-only view of everything else, and all its processes die with it
+//!   (the PID namespace's init is ours). Needs CAP_SYS_ADMIN (root here and in CI); a container
+//!   without it, or a normal user, gets the fallback below. `COA_SANDBOX_NAMESPACES=0` forces
+//!   the fallback (its tests use it).
+//! - **A user id per concurrent run** (root only): uid/gid `SLOT_BASE + k`, in a range no
+//!   distribution assigns, claimed by binding the abstract socket `coa-sandbox-uid-<uid>` (the
+//!   kernel releases it when the process dies, even by SIGKILL). With its own uid a run's
+//!   `kill(-1, 9)` reaches only its own processes, its process limit is its own, and every
+//!   process it started can be found and killed by uid, even one that left its process group
+//!   and dropped its environment. Without root, every run is the invoking user.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::OnceLock;
+
+/// uid/gid of `nobody`/`nogroup`: the shared fallback user when per-run uids are unavailable.
+pub(crate) const NOBODY: u32 = 65534;
+/// First per-run uid: systemd documents 1879048192..2147352575 as unused by every allocator.
+pub(crate) const SLOT_BASE: u32 = 1_879_048_192;
+/// Concurrent runs per machine (all processes together) before a run waits for a free slot.
+pub(crate) const SLOTS: u32 = 4096;
+
+/// What the sandbox can use here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Isolation {
+    /// Each run in its own PID, mount, network, IPC and UTS namespaces with a private tmpfs.
+    pub namespaces: bool,
+    /// Each concurrent run under its own unprivileged uid (else `nobody` as root, or this user).
+    pub uid_per_run: bool,
+    /// Running as root (privileges are dropped for the code).
+    pub root: bool,
+}
+
+impl Isolation {
+    /// One line for logs and the README: what holds on this machine.
+    pub fn describe(&self) -> String {
+        let ns = if self.namespaces {
+            "PID/mount/network namespaces per run (private /tmp, read-only root, every process killed with the run)"
+        } else {
+            "no namespaces (runs share the host's /tmp and process table; process-group and uid kills)"
+        };
+        let uid = match (self.uid_per_run, self.root) {
+            (true, _) => "a uid per concurrent run",
+            (false, true) => "every run as user nobody",
+            (false, false) => "every run as the invoking user",
+        };
+        format!("{ns}; {uid}")
+    }
+}
+
+/// The isolation available to this process (probed once).
+pub fn isolation() -> Isolation {
+    static PROBED: OnceLock<Isolation> = OnceLock::new();
+    *PROBED.get_or_init(|| {
+        let root = effective_uid() == 0;
+        let forced_off = std::env::var("COA_SANDBOX_NAMESPACES").is_ok_and(|v| v == "0");
+        Isolation { namespaces: !forced_off && probe_namespaces(), uid_per_run: root && slots_are_mapped(), root }
+    })
+}
+
+pub(crate) fn effective_uid() -> u32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::geteuid() }
+}
+
+pub(crate) fn real_uid() -> u32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::getuid() }
+}
+
+/// Whether a forked child can enter fresh namespaces and mount a tmpfs and a procfs there.
+fn probe_namespaces() -> bool {
+    // SAFETY: the child makes raw syscalls only, then _exit.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return false;
+        }
+        if pid == 0 {
+            let ok = libc::unshare(crate::code::child::NAMESPACE_FLAGS) == 0
+                && libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) == 0
+                && libc::mount(c"tmpfs".as_ptr(), c"/tmp".as_ptr(), c"tmpfs".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, c"size=65536".as_ptr().cast()) == 0;
+            if !ok {
+                libc::_exit(1);
+            }
+            // The PID namespace takes effect for children: the first one is its init.
+            let init = libc::fork();
+            if init == 0 {
+                libc::_exit(if libc::getpid() == 1 { 0 } else { 1 });
+            }
+            let mut status = 0;
+            let ok = init > 0 && libc::waitpid(init, &mut status, 0) == init && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+        let mut status = 0;
+        loop {
+            let r = libc::waitpid(pid, &mut status, 0);
+            if r == pid {
+                return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+            }
+            if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return false;
+            }
+        }
+    }
+}
+
+/// Whether the per-run uid range exists in this user namespace (a container may map fewer ids).
+fn slots_are_mapped() -> bool {
+    let Ok(map) = std::fs::read_to_string("/proc/self/uid_map") else { return false };
+    map.lines().any(|line| {
+        let v: Vec<u64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        v.len() == 3 && v[0] <= SLOT_BASE as u64 && SLOT_BASE as u64 + SLOTS as u64 <= v[0] + v[2]
+    })
+}
+
+/// A uid held by one run: its abstract socket keeps other runs (of any process) off it.
+pub(crate) struct UidSlot {
+    pub uid: u32,
+    _claim: OwnedFd,
+}
+
+/// Claims a free per-run uid. Without namespaces, processes an earlier holder left under it
+/// (it was killed with SIGKILL, so it could not clean up) are killed first; with namespaces a
+/// run's processes cannot outlive it.
+pub(crate) fn claim_uid(kill_leftovers: bool) -> io::Result<UidSlot> {
+    for k in 0..SLOTS {
+        let uid = SLOT_BASE + k;
+        if let Some(claim) = bind_abstract(&format!("coa-sandbox-uid-{uid}"))? {
+            if kill_leftovers {
+                kill_uid(uid);
+            }
+            return Ok(UidSlot { uid, _claim: claim });
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::WouldBlock, format!("all {SLOTS} sandbox uids are in use")))
+}
+
+/// Binds a Unix socket to an abstract name: `Some` if it was free, `None` if taken.
+fn bind_abstract(name: &str) -> io::Result<Option<OwnedFd>> {
+    // SAFETY: socket/bind on a zeroed sockaddr_un whose path starts with NUL (abstract).
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_un = std::mem::zeroed();
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let bytes = name.as_bytes();
+        for (i, &b) in bytes.iter().enumerate().take(addr.sun_path.len() - 1) {
+            addr.sun_path[i + 1] = b as libc::c_char;
+        }
+        let len = (std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len()) as libc::socklen_t;
+        if libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) == 0 {
+            return Ok(Some(fd));
+        }
+        match io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::EADDRINUSE) => Ok(None),
+            e => Err(e),
+        }
+    }
+}
+
+/// SIGKILL to every process of `uid` (root only): a helper becomes `uid` and sends
+/// `kill(-1, SIGKILL)`, which reaches exactly the processes that uid may signal, i.e. its own,
+/// in this PID namespace and those below it.
+pub(crate) fn kill_uid(uid: u32) {
+    // SAFETY: the child makes raw syscalls only, then _exit.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            if libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(uid) == 0 && libc::setuid(uid) == 0 {
+                libc::kill(-1, libc::SIGKILL);
+            }
+            libc::_exit(0);
+        }
+        if pid > 0 {
+            let mut status = 0;
+            while libc::waitpid(pid, &mut status, 0) < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {}
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Stages stopped mid-run: SIGTERM or SIGINT while `coa-generate mas` is writing its output
+//! (and running code in the sandbox) removes the temporary file and every sandbox run, and the
+//! stage still dies of the signal, as a caller expects.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin(name: &str) -> PathBuf {
+    // target/<profile>/deps/e2e_signals-<hash> -> target/<profile>
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().and_then(Path::parent).unwrap().join(name);
+    assert!(bin.exists(), "{} is missing: run `make test` (it builds the stage binaries before the tests)", bin.display());
+    bin
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_stage_told_to_stop_leaves_no_temporary_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let gen = Command::new(bin("coa-generate"))
+        .args(["tasks", "--suite", "multihop", "--n", "400", "--suite", "code", "--n", "200", "--seed", "1", "--corpus-out", "corpus.parquet", "-o", "tasks.parquet"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let mut mas = Command::new(bin("coa-generate"))
+            .args(["mas", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "-o", "mas_out.parquet"])
+            .current_dir(d)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Wait for the temporary output, then a little longer: batches are being written.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !names(d).iter().any(|n| n.starts_with(".mas_out.parquet.")) {
+            assert!(Instant::now() < deadline, "no temporary output appeared: {:?}", names(d));
+            assert!(mas.try_wait().unwrap().is_none(), "mas finished before it could be stopped; give it more tasks");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        unsafe { libc::kill(mas.id() as i32, signal) };
+        let status = mas.wait().unwrap();
+        assert_eq!(status.signal(), Some(signal), "the stage should die of the signal: {status:?}");
+        assert_eq!(names(d), ["corpus.parquet", "tasks.parquet"], "after signal {signal}");
+    }
+}
