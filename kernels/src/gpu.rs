@@ -20,13 +20,15 @@ use half::bf16;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// The GPU: context, stream, cuBLAS, NVRTC and the modules compiled so far.
+/// The GPU: context, stream, cuBLAS, NVRTC and the modules compiled so far. On the emulated device
+/// (`info.emulated`) the same, without NVRTC: its modules are compiled into it (see [`crate::emu`]).
 pub struct Gpu {
     pub info: GpuInfo,
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub blas: CudaBlas,
-    pub compiler: Compiler,
+    /// NVRTC; `None` on the emulated device.
+    pub compiler: Option<Compiler>,
     arch: String,
     max_smem_optin: i32,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
@@ -200,12 +202,36 @@ impl Gpu {
     pub fn new(ordinal: usize) -> Result<Self> {
         let info = probe_ordinal(ordinal).map_err(|e| Error(e.0))?;
         let compiler = Compiler::new()?;
+        Self::with_context(info, Some(compiler))
+    }
+
+    /// Opens the emulated CUDA device ([`crate::emu`]): the same host code on the CPU.
+    pub fn emulated() -> Result<Self> {
+        Self::with_context(crate::emu::info()?, None)
+    }
+
+    /// Opens the device `info` describes (as [`crate::select_device`] found it): a GPU or the
+    /// emulated device.
+    pub fn open(info: &GpuInfo) -> Result<Self> {
+        match info.emulated {
+            Some(_) => Self::emulated(),
+            None => Self::new(info.ordinal),
+        }
+    }
+
+    /// Whether this is the emulated device.
+    pub fn is_emulated(&self) -> bool {
+        self.info.emulated.is_some()
+    }
+
+    fn with_context(info: GpuInfo, compiler: Option<Compiler>) -> Result<Self> {
+        let ordinal = info.ordinal;
         let ctx = CudaContext::new(ordinal)?;
         let stream = ctx.new_stream()?;
         let blas = CudaBlas::new(stream.clone())?;
         let max_smem_optin =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
-        let arch = info.arch();
+        let arch = if compiler.is_some() { info.arch() } else { "emu".to_string() };
         Ok(Gpu {
             info,
             ctx,
@@ -235,12 +261,18 @@ impl Gpu {
         if let Some(m) = mods.get(src.name) {
             return Ok(m.clone());
         }
-        let ptx = self.compiler.compile(src, &self.arch)?;
+        let Some(compiler) = &self.compiler else {
+            // The emulated device: the module is compiled into it, named by its file stem.
+            let m = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(format!("coa-emu:{}", src.name)))?;
+            mods.insert(src.name, m.clone());
+            return Ok(m);
+        };
+        let ptx = compiler.compile(src, &self.arch)?;
         let m = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx)).map_err(|e| {
             let mut err = Error::from(e);
             err.0.push_str(&format!(
                 " (loading kernels/{}.cu PTX from NVRTC {}.{} for {}; a driver older than the NVRTC rejects its PTX: pin nvidia-cuda-nvrtc to the driver's CUDA version)",
-                src.name, self.compiler.nvrtc_version.0, self.compiler.nvrtc_version.1, self.arch
+                src.name, compiler.nvrtc_version.0, compiler.nvrtc_version.1, self.arch
             ));
             err
         })?;

@@ -1,22 +1,38 @@
-//! Helpers of the GPU tests (this crate's and coa-train-step's): a visible skip where there is no
-//! GPU, and seeded randomness that a failing run can replay.
+//! Helpers of the GPU tests (this crate's and coa-train-step's): the device to run on (the GPU, or
+//! the emulated CUDA device where there is none), and seeded randomness that a failing run can
+//! replay.
 
 use crate::rng::Rng;
 use crate::Gpu;
 
-/// The GPU, or `None` after printing `<test>: skipped: no CUDA device (<why>)` to stdout and to the
-/// real stderr (the test harness captures `eprintln!`). A GPU that probes fine but cannot be
-/// opened is a failure, not a skip.
+/// The device the GPU tests run on: the GPU where one is usable, else the emulated CUDA device
+/// (the same kernels and host code on the CPU; a line says which and why). `COA_TEST_DEVICE=emu`
+/// picks the emulated device even where a GPU exists, `COA_TEST_DEVICE=cuda` requires the GPU.
+/// Returns `None` (after printing `<test>: skipped: ...`) only with `COA_TEST_DEVICE=cuda` and no
+/// GPU. A device that is found but cannot be opened is a failure, not a skip.
 pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
+    let say = |line: String| {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{line}");
+        println!("{line}");
+    };
+    let wanted = std::env::var("COA_TEST_DEVICE").unwrap_or_default();
+    let emulated = |why: &str| {
+        say(format!("{test}: on the emulated CUDA device ({why})"));
+        Some(Gpu::emulated().unwrap_or_else(|e| panic!("{test}: the emulated CUDA device cannot be opened: {e}")))
+    };
+    match wanted.as_str() {
+        "emu" => return emulated("COA_TEST_DEVICE=emu"),
+        "" | "auto" | "cuda" => {}
+        other => panic!("{test}: COA_TEST_DEVICE={other}: expected emu, cuda or auto"),
+    }
     match crate::probe() {
-        Err(e) => {
-            let line = format!("{test}: skipped: no CUDA device ({e})");
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "{line}");
-            println!("{line}");
+        Ok(_) => Some(Gpu::new(0).unwrap_or_else(|e| panic!("{test}: GPU found but unusable: {e}"))),
+        Err(e) if wanted == "cuda" => {
+            say(format!("{test}: skipped: no CUDA device ({e})"));
             None
         }
-        Ok(_) => Some(Gpu::new(0).unwrap_or_else(|e| panic!("{test}: GPU found but unusable: {e}"))),
+        Err(e) => emulated(&format!("no CUDA device: {e}")),
     }
 }
 
