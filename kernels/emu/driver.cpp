@@ -497,14 +497,16 @@ COA_API int coa_emu_set_order(const char* order) {
 // The schedule of launches from the calling thread, as COA_EMU_ORDER spells it.
 COA_API const char* coa_emu_order() { return coa_emu::order_name(coa_emu::schedule_for_caller().order); }
 
-// Field `index` of struct `strct` as compiled for the kernels: 1 and its name, offset and size,
-// or 0 past the last field.
-COA_API int coa_emu_struct_field(const char* strct, int index, const char** name, std::size_t* offset, std::size_t* size) {
+// Field `index` of struct `strct` as compiled for the kernels: 1 and its name, offset and size
+// (and the struct's size), or 0 past the last field.
+COA_API int coa_emu_struct_field(const char* strct, int index, const char** name, std::size_t* offset, std::size_t* size,
+                                 std::size_t* struct_size) {
     const coa_emu::Field* f = coa_emu::struct_field(strct, index);
     if (!f) return 0;
     *name = f->name;
     *offset = f->offset;
     *size = f->size;
+    *struct_size = f->struct_size;
     return 1;
 }
 

@@ -25,6 +25,7 @@ struct Field {
     const char* name;
     std::size_t offset;
     std::size_t size;
+    std::size_t struct_size;
 };
 
 void register_kernel(const Kernel* k);
@@ -87,5 +88,5 @@ unsigned worker_threads();
     static ::coa_emu::Registrar COA_EMU_CAT(coa_emu_reg_, fn)(&COA_EMU_CAT(coa_emu_kernel_, fn));
 #define COA_EMU_FIELD(S, f)                                                                        \
     static const ::coa_emu::Field COA_EMU_CAT(coa_emu_field_##S##_, f) = {#S, #f, offsetof(S, f), \
-                                                                         sizeof(((S*)nullptr)->f)}; \
+                                                                         sizeof(((S*)nullptr)->f), sizeof(S)}; \
     static ::coa_emu::Registrar COA_EMU_CAT(coa_emu_freg_##S##_, f)(&COA_EMU_CAT(coa_emu_field_##S##_, f));

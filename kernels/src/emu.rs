@@ -83,7 +83,7 @@ struct Emulator {
     set_order: unsafe extern "C" fn(*const c_char) -> c_int,
     order: unsafe extern "C" fn() -> *const c_char,
     worker_threads: unsafe extern "C" fn() -> u32,
-    struct_field: unsafe extern "C" fn(*const c_char, c_int, *mut *const c_char, *mut usize, *mut usize) -> c_int,
+    struct_field: unsafe extern "C" fn(*const c_char, c_int, *mut *const c_char, *mut usize, *mut usize, *mut usize) -> c_int,
     blas_last_error: unsafe extern "C" fn() -> *const c_char,
 }
 
@@ -263,20 +263,28 @@ pub fn order() -> Result<String> {
     Ok(unsafe { CStr::from_ptr((emu.order)()) }.to_string_lossy().into_owned())
 }
 
-/// The fields of `strct` (a struct of `kernels/*.cu`) as the C++ compiler laid them out: (name,
-/// offset, size) in declaration order.
-pub fn struct_fields(strct: &str) -> Result<Vec<(String, usize, usize)>> {
+/// A struct of `kernels/*.cu` as the C++ compiler laid it out for the kernels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StructLayout {
+    pub size: usize,
+    /// (name, offset, size) in declaration order.
+    pub fields: Vec<(String, usize, usize)>,
+}
+
+/// The layout of `strct` (a struct declared in `kernels/*.cu`); no fields if there is none.
+pub fn struct_layout(strct: &str) -> Result<StructLayout> {
     let emu = load()?;
     let s = CString::new(strct).unwrap();
-    let mut out = Vec::new();
+    let mut out = StructLayout { size: 0, fields: Vec::new() };
     loop {
         let (mut name, mut offset, mut size) = (std::ptr::null(), 0usize, 0usize);
         // SAFETY: valid out pointers; `name` points at a static string of the library.
-        if unsafe { (emu.struct_field)(s.as_ptr(), out.len() as c_int, &mut name, &mut offset, &mut size) } == 0 {
+        let found = unsafe { (emu.struct_field)(s.as_ptr(), out.fields.len() as c_int, &mut name, &mut offset, &mut size, &mut out.size) };
+        if found == 0 {
             return Ok(out);
         }
         // SAFETY: non-null static C string (returned with 1).
-        out.push((unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned(), offset, size));
+        out.fields.push((unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned(), offset, size));
     }
 }
 

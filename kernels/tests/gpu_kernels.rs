@@ -12,7 +12,8 @@
 //! Without a CUDA device each test prints `skipped: no CUDA device (...)` on stdout and stderr and
 //! returns: these tests need the GPU machine (bench/gpu/run.sh runs them there).
 
-use coa_kernels::gpu::{AdamWArgs, AttnLayout, AttnShape};
+use coa_kernels::ops::adamw::AdamWArgs;
+use coa_kernels::ops::attention::{AttnLayout, AttnShape};
 use coa_kernels::rng::Rng;
 use coa_kernels::testing::{gpu_or_skip, seeded};
 use coa_kernels::{bf16, Gpu};
@@ -453,7 +454,7 @@ fn gemm_and_elementwise_match_cpu() {
 /// sequence (one segment): row p of it equals the decode output at position p.
 #[test]
 fn decode_attention_matches_cpu() {
-    use coa_kernels::decode::CacheShape;
+    use coa_kernels::ops::decode_attention::CacheShape;
     let test = "decode_attention_matches_cpu";
     let Some(gpu) = gpu_or_skip(test) else { return };
     let mut rng = seeded(test);

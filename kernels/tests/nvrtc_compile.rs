@@ -83,20 +83,20 @@ fn ptx_cache_round_trip() {
     let dir = std::env::temp_dir().join(format!("coa-ptx-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let c = Compiler { cache_dir: Some(dir.clone()), ..c };
-    let first = c.compile(&sources::ADAMW, "sm_90").unwrap();
+    let first = c.compile(&coa_kernels::ops::adamw::SOURCE, "sm_90").unwrap();
     assert!(!first.from_cache);
     let file = first.cache_file.clone().expect("cache file written");
     assert!(file.starts_with(&dir));
-    let second = c.compile(&sources::ADAMW, "sm_90").unwrap();
+    let second = c.compile(&coa_kernels::ops::adamw::SOURCE, "sm_90").unwrap();
     assert!(second.from_cache, "second compile did not hit the cache");
     assert_eq!(first.ptx, second.ptx);
     // Another architecture is another key.
-    let other = c.compile(&sources::ADAMW, "sm_80").unwrap();
+    let other = c.compile(&coa_kernels::ops::adamw::SOURCE, "sm_80").unwrap();
     assert!(!other.from_cache);
     assert_ne!(other.cache_file, first.cache_file);
     // A corrupted cache file is recompiled, not used.
     std::fs::write(&file, "garbage").unwrap();
-    let third = c.compile(&sources::ADAMW, "sm_90").unwrap();
+    let third = c.compile(&coa_kernels::ops::adamw::SOURCE, "sm_90").unwrap();
     assert!(!third.from_cache);
     assert_eq!(third.ptx, first.ptx);
     // No temporary files are left behind.
