@@ -56,6 +56,8 @@ void invoke_with(void (*f)(A...), void** params) {
 //   random:    a seeded random pick at every switch, blocks in a seeded random order;
 //   max-drift: always the lowest runnable thread: warp 0 runs as far as it can (to the next
 //              block barrier) before warp 1 starts, so warps drift as far apart as they may.
+// cp.async copies land at their wait_group in forward and reverse order, at their issue in
+// max-drift order (a buffer refilled while another warp still reads it shows), either in random.
 enum class Order : int { Forward = 0, Reverse = 1, Random = 2, MaxDrift = 3 };
 struct Schedule {
     Order order;

@@ -560,12 +560,14 @@ void release_barrier(Block& b) {
     release(b, 0, b.n, State::AtBarrier, 0xffffffffu);
 }
 
+void perform(const Copy& c) {
+    std::memcpy(c.dst, c.src, c.bytes);
+    std::memset(c.dst + c.bytes, 0, 16 - c.bytes);
+}
+
 void finish_copies(Fiber* f, std::size_t keep_groups) {
     while (f->pending_groups.size() > keep_groups) {
-        for (const Copy& c : f->pending_groups.front()) {
-            std::memcpy(c.dst, c.src, c.bytes);
-            std::memset(c.dst + c.bytes, 0, 16 - c.bytes);
-        }
+        for (const Copy& c : f->pending_groups.front()) perform(c);
         f->pending_groups.pop_front();
     }
 }
@@ -852,7 +854,18 @@ void cp_async16(void* shared_dst, const void* global_src, int bytes) {
         fail_fiber(f, kErrIllegalAddress, "cp.async " + where_() + ": the destination is not in the block's shared memory");
     if (bytes < 0 || bytes > 16)
         fail_fiber(f, kErrLaunchFailed, "cp.async source size " + std::to_string(bytes) + " is outside 0..16");
-    f->open_copies.push_back(Copy{static_cast<unsigned char*>(shared_dst), static_cast<const unsigned char*>(global_src), bytes});
+    const Copy c{static_cast<unsigned char*>(shared_dst), static_cast<const unsigned char*>(global_src), bytes};
+    // When the copy lands is a schedule choice too: at its wait (the latest the hardware may: a
+    // read before the wait sees old data) in forward and reverse order; at issue (the earliest: a
+    // buffer refilled while another warp still reads it shows) in max-drift order; either, at
+    // random, in random order.
+    Block& b = *f->block;
+    const Order order = b.ready.order;
+    if (order == Order::MaxDrift || (order == Order::Random && (b.ready.next_random() & 1))) {
+        perform(c);
+    } else {
+        f->open_copies.push_back(c);
+    }
 }
 
 void cp_async_commit() {

@@ -70,8 +70,8 @@ void ldmatrix_x4(bool trans, const void* row, unsigned out[4]);
 void mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]);
 
 // cp.async.cg.shared.global (16 bytes, the first `bytes` from global, the rest zero), and its
-// commit / wait_group. Copies complete at the wait that covers them (as late as the hardware may
-// complete them), so a read before the wait sees the old shared memory.
+// commit / wait_group. A copy lands at the wait that covers it (as late as the hardware may) or at
+// its issue (as early), depending on the schedule order (see emu.h).
 void cp_async16(void* shared_dst, const void* global_src, int bytes);
 void cp_async_commit();
 void cp_async_wait(int pending_groups);

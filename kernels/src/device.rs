@@ -156,13 +156,13 @@ pub fn probe_ordinal(ordinal: usize) -> Result<GpuInfo, NoGpu> {
 
 fn probe_inner(ordinal: usize) -> Result<GpuInfo, NoGpu> {
     use cudarc::driver::{result, sys};
-    if crate::emu::is_loaded() {
-        return Err(NoGpu("this process runs on the emulated CUDA device (loaded in place of the driver)".into()));
-    }
     let driver = match locate::ensure_loaded(locate::DRIVER_SONAME) {
         Ok(path) => path,
         Err(e) => return Err(NoGpu(format!("no NVIDIA driver: {e}"))),
     };
+    if crate::emu::is_loaded() {
+        return Err(NoGpu("this process runs on the emulated CUDA device (loaded in place of the driver)".into()));
+    }
     // SAFETY: a dlopen probe only.
     if !unsafe { sys::is_culib_present() } {
         return Err(NoGpu("no NVIDIA driver: libcuda cannot be opened".into()));

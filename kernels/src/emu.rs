@@ -29,7 +29,9 @@ use crate::error::{Error, Result};
 static CUDA_LIBRARY: &[u8] = include_bytes!(env!("COA_EMU_CUDA_SO"));
 static CUBLAS_LIBRARY: &[u8] = include_bytes!(env!("COA_EMU_CUBLAS_SO"));
 
-/// The order in which a block's runnable threads run (and a grid's blocks are started).
+/// The order in which a block's runnable threads run (and a grid's blocks are started), and when
+/// `cp.async` copies land: at their wait in forward and reverse order, at their issue in max-drift
+/// order, either (at random) in random order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Order {
     /// Index order, round robin: a thread runs until it waits; released threads queue behind the
