@@ -327,9 +327,9 @@ fn top(logits: &[f32], pick: Option<usize>) -> (usize, f32, f32) {
 /// several passes by a small row budget), then more decoding. Both sides are fed the CPU's greedy
 /// tokens, so every step compares the two decoders on the same context: the GPU's greedy pick
 /// equals the CPU's wherever the CPU's top two logits are more than `TIE` apart (bf16 noise is
-/// 0.04-0.08 on these logits: a closer pair may flip), and the log-
-/// prob of the chosen token agrees within 5e-2 nats + 1% at every step. A GPU decoding on its own
-/// therefore emits exactly the CPU's tokens up to the first near tie.
+/// 0.04-0.08 on these logits: a closer pair may flip), and the log-prob of the chosen token agrees
+/// within 5e-2 nats + 1% at every step. A GPU decoding on its own therefore emits exactly the CPU's
+/// tokens up to the first near tie.
 #[test]
 fn decoder_greedy_rollouts_match_cpu() {
     use coa_kernels::decode::GpuDecoder;
