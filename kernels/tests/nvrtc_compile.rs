@@ -3,10 +3,12 @@
 //!
 //! NVRTC comes from the pinned pip wheels (`make cuda-deps`, pipelines/cuda.mk). When it cannot be
 //! found the test FAILS under `CI=true` (CI installs it, so a missing NVRTC there is a broken
-//! setup) and elsewhere prints a visible `skipped:` line and returns.
+//! setup) and under `COA_TEST_DEVICE=cuda` (a GPU run), and elsewhere prints a visible `skipped:`
+//! line and returns.
 
 use coa_kernels::compile::Compiler;
 use coa_kernels::sources;
+use coa_kernels::testing::TestDevice;
 
 fn compiler_or_skip(test: &str) -> Option<Compiler> {
     match Compiler::new() {
@@ -15,6 +17,9 @@ fn compiler_or_skip(test: &str) -> Option<Compiler> {
             let ci = std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false);
             if ci {
                 panic!("{test}: NVRTC is required in CI (run `make cuda-deps`): {e}");
+            }
+            if TestDevice::from_env() == TestDevice::Cuda {
+                panic!("{test}: NVRTC is required with COA_TEST_DEVICE=cuda: {e}");
             }
             let line = format!("{test}: skipped: NVRTC not found ({e})");
             // Written to the real stderr (the test harness captures eprintln!), and to stdout.

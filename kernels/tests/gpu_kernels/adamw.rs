@@ -7,7 +7,7 @@ use coa_kernels::ops::adamw::AdamWArgs;
 #[test]
 fn adamw_matches_cpu() {
     let test = "adamw_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     case(&gpu, &mut rng, 100_003);
 }

@@ -8,7 +8,7 @@ use coa_kernels::ops::attention::{AttnLayout, AttnShape};
 #[test]
 fn attention_fwd_bwd_matches_cpu() {
     let test = "attention_fwd_bwd_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     for (hd, hq, hkv) in [(64usize, 4usize, 4usize), (64, 4, 2), (128, 6, 2), (128, 8, 1), (64, 2, 1), (128, 2, 2)] {
         let b = 1 + rng.below(2);

@@ -8,7 +8,7 @@ use super::*;
 #[test]
 fn cross_entropy_matches_cpu() {
     let test = "cross_entropy_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     for (n, v) in [(37usize, 4096usize), (16, 1001), (9, 32003), (5, 151_936), (64, 512)] {
         case(&gpu, &mut rng, n, v);
@@ -18,7 +18,7 @@ fn cross_entropy_matches_cpu() {
 #[test]
 fn xent_entropy_matches_cpu() {
     let test = "xent_entropy_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     for (n, v) in [(37usize, 4096usize), (16, 1001), (5, 151_936)] {
         entropy_case(&gpu, &mut rng, n, v);

@@ -10,7 +10,7 @@ use coa_kernels::ops::decode_attention::CacheShape;
 #[test]
 fn decode_attention_matches_cpu() {
     let test = "decode_attention_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     for (hd, hq, hkv) in [(64usize, 4usize, 4usize), (64, 4, 2), (128, 8, 2), (32, 2, 1), (80, 6, 3), (256, 2, 2)] {
         case(&gpu, &mut rng, hd, hq, hkv, 300);

@@ -6,7 +6,7 @@ use super::*;
 #[test]
 fn elementwise_matches_cpu() {
     let test = "elementwise_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     case(&gpu, &mut rng, 70_001);
 }

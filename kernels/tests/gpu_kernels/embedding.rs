@@ -6,7 +6,7 @@ use super::*;
 #[test]
 fn embedding_matches_cpu() {
     let test = "embedding_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     for (n, vocab, d) in [(1usize, 10usize, 8usize), (500, 97, 768), (64, 5000, 36)] {
         case(&gpu, &mut rng, n, vocab, d);

@@ -7,7 +7,7 @@ use super::*;
 #[test]
 fn gemm_matches_cpu() {
     let test = "gemm_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     for (m, n, k) in [(1usize, 1usize, 1usize), (33, 65, 129), (256, 768, 512)] {
         case(&gpu, &mut rng, m, n, k);

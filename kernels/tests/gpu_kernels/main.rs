@@ -18,7 +18,7 @@
 
 use coa_kernels::emu::{self, Order};
 use coa_kernels::rng::Rng;
-use coa_kernels::testing::{gpu_or_skip, seeded};
+use coa_kernels::testing::{seeded, test_gpu};
 use coa_kernels::{bf16, Gpu};
 use coa_model::ops;
 
@@ -102,7 +102,7 @@ pub fn random_segments(rng: &mut Rng, t: usize) -> Option<Vec<i32>> {
 #[test]
 fn every_op_passes_in_every_schedule_order() {
     let test = "every_op_passes_in_every_schedule_order";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     if !gpu.is_emulated() {
         println!("{test}: skipped: schedule orders are the emulated device's (this run has a GPU)");
         return;

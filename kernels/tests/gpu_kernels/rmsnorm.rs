@@ -6,7 +6,7 @@ use super::*;
 #[test]
 fn rmsnorm_matches_cpu() {
     let test = "rmsnorm_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     for (n, d) in [(1usize, 64usize), (77, 768), (300, 1024), (5, 4098)] {
         case(&gpu, &mut rng, n, d);

@@ -6,7 +6,7 @@ use super::*;
 #[test]
 fn rope_matches_cpu() {
     let test = "rope_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     for (t, h, hd, theta) in [(50usize, 4usize, 64usize, 10_000.0f64), (129, 2, 128, 1_000_000.0), (3, 8, 32, 500_000.0)] {
         case(&gpu, &mut rng, t, h, hd, theta);

@@ -6,7 +6,7 @@ use super::*;
 #[test]
 fn swiglu_matches_cpu() {
     let test = "swiglu_matches_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let mut rng = seeded(test);
     for (n, f) in [(1usize, 8usize), (93, 2048), (16, 3001)] {
         case(&gpu, &mut rng, n, f);

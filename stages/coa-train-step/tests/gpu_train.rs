@@ -45,10 +45,10 @@ use coa_train_step::train::{Settings, StepReport, Trainer};
 
 const VOCAB: usize = 64;
 
-fn gpu_or_skip(test: &str) -> Option<Arc<Gpu>> {
-    let gpu = coa_kernels::testing::gpu_or_skip(test)?;
+fn test_gpu(test: &str) -> Arc<Gpu> {
+    let gpu = coa_kernels::testing::test_gpu(test);
     gpu.warm_up().unwrap_or_else(|e| panic!("{test}: compiling the kernels: {e}"));
-    Some(Arc::new(gpu))
+    Arc::new(gpu)
 }
 
 // ---- data --------------------------------------------------------------------------------------
@@ -162,7 +162,7 @@ fn mean(v: &[f64]) -> f64 {
 #[test]
 fn gpu_tracks_the_cpu_loss_curve_for_200_steps() {
     let test = "gpu_tracks_the_cpu_loss_curve_for_200_steps";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     // lr 3e-4: the CPU loss falls from ~3.8 to ~0.6 over the 200 steps, all in the range where
     // a relative tolerance means something. On the emulated device (what CI runs: the same code,
     // slowly) 20 steps at lr 3e-3, in windows of 5.
@@ -215,7 +215,7 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
 #[test]
 fn checkpoints_move_between_cpu_and_gpu() {
     let test = "checkpoints_move_between_cpu_and_gpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let tmp = tempfile::tempdir().unwrap();
     let dir = |n: &str| tmp.path().join(n);
     let data = dataset(20, 5);
@@ -270,7 +270,7 @@ fn dapo_dataset(n: usize) -> Dataset {
 #[test]
 fn dapo_on_the_gpu_matches_the_cpu() {
     let test = "dapo_on_the_gpu_matches_the_cpu";
-    let Some(gpu) = gpu_or_skip(test) else { return };
+    let gpu = test_gpu(test);
     let st = settings(Objective::Dapo(DapoConfig::default()), 6, 1e-3);
     let model = Model::init(config(), 4).unwrap();
     let (mut dc, mut dg) = (dapo_dataset(24), dapo_dataset(24));
