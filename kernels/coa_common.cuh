@@ -69,6 +69,9 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 // ---- tensor-core and async-copy primitives (sm_80+; all present on sm_90) ----------------------
 
+#ifdef COA_EMU
+#include "emu/ptx.h"  // the emulated device (kernels/emu): the same primitives without inline PTX
+#else
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -115,3 +118,4 @@ __device__ __forceinline__ void mma_bf16_16816(float* c, unsigned a0, unsigned a
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+#endif

@@ -76,6 +76,9 @@ device() {
     COA_PYTHON_SITE=$(python3 -c 'import site; print(":".join(site.getsitepackages()))')
     export COA_PYTHON_SITE
     export COA_CACHE_DIR=/tmp/coa-ptx PYTHONUNBUFFERED=1
+    # The tests must run on this GPU: without a working driver they fail rather than pass on the
+    # emulated device (kernels/src/testing.rs).
+    export COA_TEST_DEVICE=cuda
     local status=0
     : > "$OUT/tests.log"
     # gpu_train runs the stage binary too: the one carried here, not the build machine's path.

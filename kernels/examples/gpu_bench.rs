@@ -5,7 +5,7 @@
 //!   device-to-device copy bandwidth (bytes read + written).
 //! Medians of event-timed runs after a warm-up; inputs random (never zeros).
 
-use coa_kernels::gpu::{AttnLayout, AttnShape};
+use coa_kernels::ops::attention::{AttnLayout, AttnShape};
 use coa_kernels::rng::Rng;
 use coa_kernels::Gpu;
 

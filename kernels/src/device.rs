@@ -1,4 +1,5 @@
-//! `--device auto|cpu|cuda`: probing for a usable GPU without ever panicking.
+//! `--device auto|cpu|cuda|emu`: probing for a usable GPU without ever panicking, and the emulated
+//! CUDA device ([`crate::emu`]) on request.
 //!
 //! cudarc panics when a CUDA library cannot be opened, so every library is probed first
 //! ([`crate::locate::ensure_loaded`] / `is_culib_present`) and the driver is initialised through the
@@ -19,6 +20,9 @@ pub enum DeviceChoice {
     Cpu,
     /// GPU `ordinal` (`cuda` = `cuda:0`); an error when none is usable.
     Cuda(usize),
+    /// The emulated CUDA device: the GPU path (kernels, cuBLAS calls, host code) run on the CPU,
+    /// for checking it, not for speed (see [`crate::emu`]).
+    Emu,
 }
 
 impl FromStr for DeviceChoice {
@@ -28,9 +32,10 @@ impl FromStr for DeviceChoice {
             "auto" => Ok(DeviceChoice::Auto),
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" | "gpu" => Ok(DeviceChoice::Cuda(0)),
+            "emu" => Ok(DeviceChoice::Emu),
             _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
                 Some(Ok(n)) => Ok(DeviceChoice::Cuda(n)),
-                _ => Err(format!("unknown device {s:?}: expected auto, cpu, cuda or cuda:N")),
+                _ => Err(format!("unknown device {s:?}: expected auto, cpu, cuda or cuda:N, or emu (the CUDA device emulated on the CPU)")),
             },
         }
     }
@@ -43,6 +48,7 @@ impl fmt::Display for DeviceChoice {
             DeviceChoice::Cpu => f.write_str("cpu"),
             DeviceChoice::Cuda(0) => f.write_str("cuda"),
             DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceChoice::Emu => f.write_str("emu"),
         }
     }
 }
@@ -59,6 +65,8 @@ pub struct GpuInfo {
     /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
     pub driver_version: i32,
     pub nvrtc_version: (i32, i32),
+    /// `Some(worker threads)` on the emulated device ([`crate::emu`]), `None` on a GPU.
+    pub emulated: Option<usize>,
 }
 
 impl GpuInfo {
@@ -70,6 +78,9 @@ impl GpuInfo {
 
 impl fmt::Display for GpuInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(workers) = self.emulated {
+            return write!(f, "emu: {} ({} SMs, {workers} worker threads; a correctness device, not a fast one)", self.name, self.multiprocessors);
+        }
         write!(
             f,
             "cuda:{} {} (sm_{}{}, {} SMs, {:.1} GiB, driver {}.{}, NVRTC {}.{})",
@@ -102,6 +113,7 @@ impl std::error::Error for NoGpu {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Device {
     Cpu,
+    /// A CUDA device: a GPU, or the emulated one (`info.emulated`); the host code is the same.
     Cuda(GpuInfo),
 }
 
@@ -144,12 +156,25 @@ pub fn probe_ordinal(ordinal: usize) -> Result<GpuInfo, NoGpu> {
 
 fn probe_inner(ordinal: usize) -> Result<GpuInfo, NoGpu> {
     use cudarc::driver::{result, sys};
-    if let Err(e) = locate::ensure_loaded(locate::DRIVER_SONAME) {
-        return Err(NoGpu(format!("no NVIDIA driver: {e}")));
+    let driver = match locate::ensure_loaded(locate::DRIVER_SONAME) {
+        Ok(path) => path,
+        Err(e) => return Err(NoGpu(format!("no NVIDIA driver: {e}"))),
+    };
+    if crate::emu::is_loaded() {
+        return Err(NoGpu("this process runs on the emulated CUDA device (loaded in place of the driver)".into()));
     }
     // SAFETY: a dlopen probe only.
     if !unsafe { sys::is_culib_present() } {
         return Err(NoGpu("no NVIDIA driver: libcuda cannot be opened".into()));
+    }
+    // cudarc binds the first driver it opens for the whole process; count the devices through the
+    // library directly first, so that a driver without a GPU leaves cudarc unbound (the emulated
+    // device can then still be loaded).
+    let driver = if driver == "<by name>" { locate::DRIVER_SONAME.to_string() } else { driver };
+    match devices_visible(&driver) {
+        Ok(0) => return Err(NoGpu("the NVIDIA driver sees no GPU".into())),
+        Ok(_) => {}
+        Err(e) => return Err(NoGpu(format!("the NVIDIA driver is installed but {e} (no GPU visible?)"))),
     }
     let err = |what: &str, e: cudarc::driver::DriverError| {
         NoGpu(format!("{what}: {}", crate::error::Error::from(e)))
@@ -199,14 +224,47 @@ fn probe_inner(ordinal: usize) -> Result<GpuInfo, NoGpu> {
         multiprocessors: sms,
         driver_version,
         nvrtc_version,
+        emulated: None,
     })
 }
 
+/// `cuInit` and `cuDeviceGetCount` through the driver at `path` (already loaded), without cudarc.
+fn devices_visible(path: &str) -> Result<i32, String> {
+    let c = std::ffi::CString::new(path).map_err(|e| e.to_string())?;
+    // SAFETY: the library is loaded (ensure_loaded); NOLOAD only returns its handle.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if h.is_null() {
+        return Err(format!("{path} is not loaded"));
+    }
+    // SAFETY: symbol lookups in a live handle; the driver API's C signatures.
+    unsafe {
+        let init = libc::dlsym(h, c"cuInit".as_ptr());
+        let count = libc::dlsym(h, c"cuDeviceGetCount".as_ptr());
+        if init.is_null() || count.is_null() {
+            return Err(format!("{path} lacks cuInit or cuDeviceGetCount"));
+        }
+        let init: unsafe extern "C" fn(u32) -> i32 = std::mem::transmute(init);
+        let count: unsafe extern "C" fn(*mut i32) -> i32 = std::mem::transmute(count);
+        let r = init(0);
+        if r != 0 {
+            return Err(format!("cuInit failed (CUresult {r})"));
+        }
+        let mut n = 0;
+        let r = count(&mut n);
+        if r != 0 {
+            return Err(format!("cuDeviceGetCount failed (CUresult {r})"));
+        }
+        Ok(n)
+    }
+}
+
 /// Resolves `--device`. `cuda` without a usable GPU is an error naming the reason; `auto` falls
-/// back to the CPU with a one-line note on stderr.
+/// back to the CPU with a one-line note on stderr (never to the emulated device: `emu` is asked
+/// for by name).
 pub fn select_device(choice: DeviceChoice) -> Result<Device, NoGpu> {
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Emu => crate::emu::info().map(Device::Cuda).map_err(|e| NoGpu(format!("--device emu: {e}"))),
         DeviceChoice::Cuda(n) => probe_ordinal(n)
             .map(Device::Cuda)
             .map_err(|e| NoGpu(format!("--device {choice}: {e}"))),

@@ -29,7 +29,10 @@ impl From<cudarc::driver::DriverError> for Error {
 
 impl From<cudarc::cublas::result::CublasError> for Error {
     fn from(e: cudarc::cublas::result::CublasError) -> Self {
-        Error(format!("cuBLAS error: {e:?}"))
+        match crate::emu::last_blas_error() {
+            Some(detail) => Error(format!("cuBLAS error: {e:?}: {detail}")),
+            None => Error(format!("cuBLAS error: {e:?}")),
+        }
     }
 }
 

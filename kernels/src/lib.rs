@@ -2,7 +2,8 @@
 //! through cudarc (dynamic loading, CUDA 13.0 bindings) with the PTX cached on disk, and their host
 //! side: device selection that never panics, launchers, cuBLAS matmuls (bf16 in, fp32 accumulate).
 //!
-//! - [`device`]: `--device auto|cpu|cuda` ([`select_device`], [`probe`]).
+//! - [`device`]: `--device auto|cpu|cuda|emu` ([`select_device`], [`probe`]).
+//! - [`emu`]: the emulated CUDA device: the same kernels, host code and cudarc calls, on the CPU.
 //! - [`locate`]: finding libnvrtc / libcublas / `cuda_bf16.h` (pip wheels, CUDA toolkit, env).
 //! - [`compile`]: NVRTC compile + on-disk PTX cache.
 //! - [`sources`]: the embedded `.cu` sources and their entry points.
@@ -20,10 +21,13 @@
 pub mod compile;
 pub mod decode;
 pub mod device;
+pub mod emu;
 pub mod error;
 pub mod gpu;
+pub mod layout;
 pub mod locate;
 pub mod model;
+pub mod ops;
 pub mod rng;
 pub mod sources;
 pub mod testing;

@@ -1,6 +1,9 @@
-//! The kernel sources, embedded at build time (`kernels/*.cu`), and the entry points each one must
-//! export. `coa_common.cuh` is inlined where a source includes it, so NVRTC sees one
-//! self-contained program and the PTX cache key covers the helper header too.
+//! The kernel sources, embedded at build time (`kernels/*.cu`; each declared with the entry points
+//! it must export beside its launchers, as `SOURCE` in `src/ops/<op>.rs`). `coa_common.cuh` is
+//! inlined where a source includes it, so NVRTC sees one self-contained program and the PTX cache
+//! key covers the helper header too.
+
+use crate::ops;
 
 /// One `.cu` file of `kernels/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -16,44 +19,19 @@ pub struct KernelSource {
 /// The helper header inlined into every source.
 pub const COMMON_HEADER: &str = include_str!("../coa_common.cuh");
 
-macro_rules! src {
-    ($name:literal, [$($e:literal),* $(,)?]) => {
-        KernelSource {
-            name: $name,
-            text: include_str!(concat!("../", $name, ".cu")),
-            entry_points: &[$($e),*],
-        }
-    };
-}
-
-pub const ATTENTION: KernelSource = src!(
-    "attention",
-    [
-        "flash_attn_fwd_d64",
-        "flash_attn_fwd_d128",
-        "flash_attn_bwd_pre",
-        "flash_attn_bwd_d64",
-        "flash_attn_bwd_d128",
-        "flash_attn_dq_convert",
-    ]
-);
-pub const CROSS_ENTROPY: KernelSource =
-    src!("cross_entropy", ["xent_fwd_bwd", "xent_weights_from_mask", "xent_loss_sum", "xent_entropy"]);
-pub const RMSNORM: KernelSource = src!("rmsnorm", ["rmsnorm_fwd", "rmsnorm_bwd", "sum_rows_f32_add"]);
-pub const ROPE: KernelSource = src!("rope", ["rope_apply"]);
-pub const SWIGLU: KernelSource = src!("swiglu", ["swiglu_fwd", "swiglu_bwd"]);
-pub const EMBEDDING: KernelSource = src!("embedding", ["embedding_fwd", "embedding_bwd_sorted"]);
-pub const ADAMW: KernelSource = src!("adamw", ["adamw_step"]);
-pub const DECODE_ATTENTION: KernelSource = src!("decode_attention", ["kv_append", "attn_extend"]);
-pub const ELEMENTWISE: KernelSource = src!(
-    "elementwise",
-    ["cast_f32_bf16", "cast_bf16_f32", "add_bf16", "accum_bf16_f32", "sumsq_f32"]
-);
-
-/// Every kernel source of `kernels/`. The NVRTC test checks this list against the directory, so a
-/// new `.cu` file cannot be forgotten here.
-pub const ALL: &[KernelSource] =
-    &[ATTENTION, CROSS_ENTROPY, RMSNORM, ROPE, SWIGLU, EMBEDDING, ADAMW, ELEMENTWISE, DECODE_ATTENTION];
+/// Every kernel source of `kernels/`, each declared beside its launchers (`src/ops/<op>.rs`). The
+/// NVRTC test checks this list against the directory, so a new `.cu` file cannot be forgotten here.
+pub const ALL: &[KernelSource] = &[
+    ops::attention::SOURCE,
+    ops::cross_entropy::SOURCE,
+    ops::rmsnorm::SOURCE,
+    ops::rope::SOURCE,
+    ops::swiglu::SOURCE,
+    ops::embedding::SOURCE,
+    ops::adamw::SOURCE,
+    ops::elementwise::SOURCE,
+    ops::decode_attention::SOURCE,
+];
 
 impl KernelSource {
     /// The program NVRTC compiles: the source with `#include "coa_common.cuh"` replaced by the

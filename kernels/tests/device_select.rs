@@ -1,6 +1,7 @@
 //! `--device auto|cpu|cuda` never panics: on a machine without a GPU `cuda` is a clear error and
 //! `auto` falls back to the CPU; on a GPU machine both give the GPU.
 
+use coa_kernels::testing::TestDevice;
 use coa_kernels::{probe, select_device, Device, DeviceChoice};
 
 #[test]
@@ -23,6 +24,7 @@ fn cpu_is_always_available() {
 fn cuda_and_auto_follow_the_probe() {
     match probe() {
         Err(reason) => {
+            assert!(TestDevice::from_env() != TestDevice::Cuda, "COA_TEST_DEVICE=cuda requires a CUDA device, found none: {reason}");
             assert!(!reason.0.is_empty());
             let e = select_device(DeviceChoice::Cuda(0)).unwrap_err();
             assert!(e.0.starts_with("--device cuda: "), "{e}");

@@ -3,10 +3,12 @@
 //!
 //! NVRTC comes from the pinned pip wheels (`make cuda-deps`, pipelines/cuda.mk). When it cannot be
 //! found the test FAILS under `CI=true` (CI installs it, so a missing NVRTC there is a broken
-//! setup) and elsewhere prints a visible `skipped:` line and returns.
+//! setup) and under `COA_TEST_DEVICE=cuda` (a GPU run), and elsewhere prints a visible `skipped:`
+//! line and returns.
 
 use coa_kernels::compile::Compiler;
 use coa_kernels::sources;
+use coa_kernels::testing::TestDevice;
 
 fn compiler_or_skip(test: &str) -> Option<Compiler> {
     match Compiler::new() {
@@ -15,6 +17,9 @@ fn compiler_or_skip(test: &str) -> Option<Compiler> {
             let ci = std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false);
             if ci {
                 panic!("{test}: NVRTC is required in CI (run `make cuda-deps`): {e}");
+            }
+            if TestDevice::from_env() == TestDevice::Cuda {
+                panic!("{test}: NVRTC is required with COA_TEST_DEVICE=cuda: {e}");
             }
             let line = format!("{test}: skipped: NVRTC not found ({e})");
             // Written to the real stderr (the test harness captures eprintln!), and to stdout.
@@ -83,20 +88,20 @@ fn ptx_cache_round_trip() {
     let dir = std::env::temp_dir().join(format!("coa-ptx-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let c = Compiler { cache_dir: Some(dir.clone()), ..c };
-    let first = c.compile(&sources::ADAMW, "sm_90").unwrap();
+    let first = c.compile(&coa_kernels::ops::adamw::SOURCE, "sm_90").unwrap();
     assert!(!first.from_cache);
     let file = first.cache_file.clone().expect("cache file written");
     assert!(file.starts_with(&dir));
-    let second = c.compile(&sources::ADAMW, "sm_90").unwrap();
+    let second = c.compile(&coa_kernels::ops::adamw::SOURCE, "sm_90").unwrap();
     assert!(second.from_cache, "second compile did not hit the cache");
     assert_eq!(first.ptx, second.ptx);
     // Another architecture is another key.
-    let other = c.compile(&sources::ADAMW, "sm_80").unwrap();
+    let other = c.compile(&coa_kernels::ops::adamw::SOURCE, "sm_80").unwrap();
     assert!(!other.from_cache);
     assert_ne!(other.cache_file, first.cache_file);
     // A corrupted cache file is recompiled, not used.
     std::fs::write(&file, "garbage").unwrap();
-    let third = c.compile(&sources::ADAMW, "sm_90").unwrap();
+    let third = c.compile(&coa_kernels::ops::adamw::SOURCE, "sm_90").unwrap();
     assert!(!third.from_cache);
     assert_eq!(third.ptx, first.ptx);
     // No temporary files are left behind.

@@ -119,8 +119,9 @@ pub struct PolicyArgs {
     /// Where to decode: `cpu` (f32, deterministic for any --batch and thread count); `cuda` or
     /// `cuda:N` (bf16 weights and KV cache with fp32 accumulation: an error when no GPU is
     /// usable); `auto` (the GPU when one is usable, else the CPU with a note on stderr). Sampling
-    /// and tools run on the CPU either way.
-    #[arg(long, value_name = "auto|cpu|cuda[:N]", default_value = "cpu")]
+    /// and tools run on the CPU either way. `emu`: the GPU decoder on the CPU's emulated CUDA
+    /// device (a correctness check of the GPU code, not a fast device).
+    #[arg(long, value_name = "auto|cpu|cuda[:N]|emu", default_value = "cpu")]
     device: DeviceChoice,
     /// Keep taking tasks until --groups informative groups (rewards not all equal) exist.
     #[arg(long, requires = "groups")]
@@ -681,7 +682,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     let (policy, device_name): (&mut dyn Policy, String) = match gpu_for_model(device, args.device, supported, "decodes this model").map_err(|e| anyhow!("{e}"))? {
         Some(info) => {
             let at = |e: coa_kernels::Error| anyhow!("--device {}: {e}", args.device);
-            let gpu = Gpu::new(info.ordinal).map_err(at)?;
+            let gpu = Gpu::open(&info).map_err(at)?;
             gpu.warm_up().map_err(at)?;
             let decoder = GpuDecoder::new(std::sync::Arc::new(gpu), &model.config, &model.params, slots, max_len, GPU_PASS_ROWS).map_err(at)?;
             eprintln!(

@@ -124,8 +124,9 @@ pub struct TrainArgs {
     /// GPU path cannot train this model); `auto` (the GPU when it can, else the CPU with a note on
     /// stderr). GPU runs use bf16 weights and activations with fp32 masters, gradients and
     /// optimizer state: close to the CPU's f32 run, not bit-identical. The checkpoint format is
-    /// the same, so a run can resume on either device.
-    #[arg(long, value_name = "auto|cpu|cuda[:N]", default_value = "cpu")]
+    /// the same, so a run can resume on either device. `emu`: the GPU path on the CPU's emulated
+    /// CUDA device (a correctness check of the GPU code, not a fast device).
+    #[arg(long, value_name = "auto|cpu|cuda[:N]|emu", default_value = "cpu")]
     pub device: DeviceChoice,
     /// Compute every row alone. By default (CPU), rows of a micro-batch that begin with the same
     /// prompt (a suite's instruction, the G rollouts of a task) run as one sequence with the
@@ -361,7 +362,7 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let supported = coa_kernels::model::check_supported(&trainer.model.config);
     let device = match gpu_for_model(device, args.device, supported, "trains this model").map_err(|e| anyhow!("{e}"))? {
         Some(info) => {
-            let gpu = Gpu::new(info.ordinal).map_err(|e| anyhow!("--device {}: {e}", args.device))?;
+            let gpu = Gpu::open(&info).map_err(|e| anyhow!("--device {}: {e}", args.device))?;
             // Compile (or load from the PTX cache) every kernel now, not inside the first step.
             gpu.warm_up().map_err(|e| anyhow!("--device {}: {e}", args.device))?;
             trainer.to_cuda(Arc::new(gpu), &data)?;

@@ -1,0 +1,101 @@
+//! Casts, the residual add, bf16 -> f32 gradient accumulation and Σx² for clipping
+//! (`kernels/elementwise.cu`). Test: `tests/gpu_kernels/elementwise.rs`.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
+use half::bf16;
+
+use crate::error::Result;
+use crate::gpu::{check_len, Gpu};
+use crate::sources::KernelSource;
+
+/// `kernels/elementwise.cu` and the kernels it must export.
+pub const SOURCE: KernelSource = KernelSource {
+    name: "elementwise",
+    text: include_str!("../../elementwise.cu"),
+    entry_points: &["cast_f32_bf16", "cast_bf16_f32", "add_bf16", "accum_bf16_f32", "sumsq_f32"],
+};
+
+impl Gpu {
+    fn unary<A, B>(&self, name: &'static str, x: &impl DevicePtr<A>, y: &mut impl DevicePtrMut<B>, n: usize) -> Result<()> {
+        check_len(name, x.len(), n)?;
+        check_len(name, y.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (xp, _g1) = x.device_ptr(&self.stream);
+        let (yp, _g2) = y.device_ptr_mut(&self.stream);
+        let ni = n as i64;
+        let f = self.func(&SOURCE, name)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&xp).arg(&yp).arg(&ni);
+        // SAFETY: lengths checked.
+        unsafe { b.launch(Self::cfg1(self.grid_for(n, 256), 256, 0)) }?;
+        Ok(())
+    }
+
+    /// `y = bf16(x)`.
+    pub fn cast_f32_bf16(&self, x: &impl DevicePtr<f32>, y: &mut impl DevicePtrMut<bf16>, n: usize) -> Result<()> {
+        self.unary("cast_f32_bf16", x, y, n)
+    }
+    /// `y = f32(x)`.
+    pub fn cast_bf16_f32(&self, x: &impl DevicePtr<bf16>, y: &mut impl DevicePtrMut<f32>, n: usize) -> Result<()> {
+        self.unary("cast_bf16_f32", x, y, n)
+    }
+    /// `acc += f32(x)`.
+    pub fn accum_bf16_f32(&self, x: &impl DevicePtr<bf16>, acc: &mut impl DevicePtrMut<f32>, n: usize) -> Result<()> {
+        self.unary("accum_bf16_f32", x, acc, n)
+    }
+
+    /// `y = a + b` (bf16; `y` distinct from the inputs under Rust's borrow rules — for an in-place
+    /// residual add pass the residual as `y` and use [`Gpu::add_bf16_inplace`]).
+    pub fn add_bf16(&self, a: &impl DevicePtr<bf16>, b: &impl DevicePtr<bf16>, y: &mut impl DevicePtrMut<bf16>, n: usize) -> Result<()> {
+        check_len("add a", a.len(), n)?;
+        check_len("add b", b.len(), n)?;
+        check_len("add y", y.len(), n)?;
+        let (ap, _g1) = a.device_ptr(&self.stream);
+        let (bp, _g2) = b.device_ptr(&self.stream);
+        let (yp, _g3) = y.device_ptr_mut(&self.stream);
+        self.launch_add(ap, bp, yp, n)
+    }
+    /// `y += b` (residual stream).
+    pub fn add_bf16_inplace(&self, y: &mut impl DevicePtrMut<bf16>, b: &impl DevicePtr<bf16>, n: usize) -> Result<()> {
+        check_len("add b", b.len(), n)?;
+        check_len("add y", y.len(), n)?;
+        let (bp, _g2) = b.device_ptr(&self.stream);
+        let (yp, _g3) = y.device_ptr_mut(&self.stream);
+        self.launch_add(yp, bp, yp, n)
+    }
+    fn launch_add(&self, ap: u64, bp: u64, yp: u64, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let ni = n as i64;
+        let f = self.func(&SOURCE, "add_bf16")?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&ap).arg(&bp).arg(&yp).arg(&ni);
+        // SAFETY: lengths checked by the callers.
+        unsafe { b.launch(Self::cfg1(self.grid_for(n, 256), 256, 0)) }?;
+        Ok(())
+    }
+
+    /// Σ x² over `n` f32 elements (f32 per block, f64 across blocks; synchronises): the squared
+    /// global gradient norm for clipping.
+    pub fn sumsq(&self, x: &impl DevicePtr<f32>, n: usize) -> Result<f64> {
+        check_len("sumsq", x.len(), n)?;
+        if n == 0 {
+            return Ok(0.0);
+        }
+        let grid = self.grid_for(n, 256);
+        let mut part: CudaSlice<f32> = self.zeros(grid as usize)?;
+        let (xp, _g1) = x.device_ptr(&self.stream);
+        let (pp, _g2) = part.device_ptr_mut(&self.stream);
+        let ni = n as i64;
+        let f = self.func(&SOURCE, "sumsq_f32")?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&xp).arg(&pp).arg(&ni);
+        // SAFETY: lengths checked; part has grid elements.
+        unsafe { b.launch(Self::cfg1(grid, 256, 0)) }?;
+        drop((_g1, _g2));
+        Ok(self.download(&part)?.iter().map(|&v| v as f64).sum())
+    }
+}

@@ -1,0 +1,379 @@
+//! The emulated CUDA device itself (`coa_kernels::emu`): `--device emu` selects it; its warp
+//! primitives follow the PTX ISA (mma.sync m16n8k16 and ldmatrix .x4 / .trans fragment layouts);
+//! its four schedule orders run a block's threads as documented; it refuses what a GPU refuses,
+//! with an error naming the kernel, block and thread, and keeps working afterwards; barriers and
+//! cp.async waits are enforced (shared memory is poisoned, so a read that comes too early is NaN);
+//! its cuBLAS has cuBLAS's semantics (column-major, op(A)/op(B), leading dimensions, alpha/beta)
+//! and rejections; every entry point the CUDA path loads is compiled into it.
+//!
+//! The kernels launched here are `kernels/emu/hazards.cu`, compiled into the emulated device only.
+//! This test process loads the emulated device in place of the CUDA driver, GPU or not.
+
+use std::sync::Arc;
+
+use coa_kernels::cudarc::cublas::result as blas;
+use coa_kernels::cudarc::cublas::sys as blas_sys;
+use coa_kernels::cudarc::driver::{CudaFunction, CudaModule, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg};
+use coa_kernels::cudarc::nvrtc::Ptx;
+use coa_kernels::emu::{self, Order};
+use coa_kernels::rng::Rng;
+use coa_kernels::testing::seeded;
+use coa_kernels::{bf16, select_device, sources, Device, DeviceChoice, Error, Gpu};
+
+fn emulated() -> Gpu {
+    Gpu::emulated().expect("the emulated CUDA device")
+}
+
+fn hazards(gpu: &Gpu) -> Arc<CudaModule> {
+    gpu.ctx.load_module(Ptx::from_src("coa-emu:emu_hazards".to_string())).expect("the emulator's test kernels")
+}
+
+fn cfg(grid: u32, block: u32, smem: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem }
+}
+
+/// Launches and turns the driver's answer into this crate's error (with the emulator's message).
+fn run(mut b: LaunchArgs<'_>, c: LaunchConfig) -> Result<(), Error> {
+    // SAFETY: the test kernels index only the buffers each call passes, within their lengths.
+    unsafe { b.launch(c) }.map(drop).map_err(Error::from)
+}
+
+#[test]
+fn device_emu_is_selectable() {
+    assert_eq!("emu".parse::<DeviceChoice>().unwrap(), DeviceChoice::Emu);
+    assert_eq!(DeviceChoice::Emu.to_string(), "emu");
+    let Device::Cuda(info) = select_device(DeviceChoice::Emu).unwrap() else { panic!("--device emu must give a CUDA device") };
+    assert!(info.emulated.is_some_and(|w| w >= 1), "{info:?}");
+    assert_eq!(info.compute_capability, (9, 0));
+    let shown = info.to_string();
+    assert!(shown.starts_with("emu: ") && shown.contains("not a fast one"), "{shown}");
+    let gpu = Gpu::open(&info).unwrap();
+    assert!(gpu.is_emulated() && gpu.compiler.is_none());
+    // Once loaded, the process has no real GPU: the probe never takes the emulator for one.
+    let e = coa_kernels::probe().unwrap_err();
+    assert!(e.0.contains("no NVIDIA driver") || e.0.contains("emulated"), "{e}");
+}
+
+/// Every entry point the CUDA path loads (sources::ALL) is compiled into the emulated device.
+#[test]
+fn every_entry_point_is_compiled_in() {
+    let gpu = emulated();
+    for s in sources::ALL {
+        for e in s.entry_points {
+            gpu.func(s, e).unwrap_or_else(|err| panic!("kernels/{}.cu: {e}: {err}", s.name));
+        }
+    }
+    let e = gpu.ctx.load_module(Ptx::from_src("coa-emu:no_such_file".to_string())).unwrap_err();
+    assert!(Error::from(e).0.contains("no module no_such_file"));
+}
+
+fn bf16_bits(x: f32) -> u16 {
+    bf16::from_f32(x).to_bits()
+}
+
+/// One mma.sync with fragments gathered by the ISA's layout rules (hazards.cu `mma_probe`) equals
+/// the f32 product; ldmatrix.x4 of a tile gives each lane the elements the ISA assigns it.
+#[test]
+fn mma_and_ldmatrix_follow_the_ptx_isa() {
+    let gpu = emulated();
+    let m = hazards(&gpu);
+    let mut rng = seeded("mma_and_ldmatrix_follow_the_ptx_isa");
+    let round = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect() };
+    let a = round(rng.normals(256, 1.0)); // [16, 16] row-major
+    let bt = round(rng.normals(128, 1.0)); // B transposed: [8, 16], row n = column n of B
+    let c = rng.normals(128, 1.0); // [16, 8]
+    let (ad, bd, cd) = (gpu.upload_bf16(&a).unwrap(), gpu.upload_bf16(&bt).unwrap(), gpu.upload(&c).unwrap());
+    let mut dd = gpu.upload(&vec![f32::NAN; 128]).unwrap();
+    let f = m.load_function("mma_probe").unwrap();
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&ad).arg(&bd).arg(&cd).arg(&mut dd);
+    run(b, cfg(1, 32, 0)).unwrap();
+    let d = gpu.download(&dd).unwrap();
+    for i in 0..16 {
+        for j in 0..8 {
+            let want: f64 = (0..16).map(|k| a[i * 16 + k] as f64 * bt[j * 16 + k] as f64).sum::<f64>() + c[i * 8 + j] as f64;
+            assert!((d[i * 8 + j] as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()), "D[{i}][{j}] = {} want {want}", d[i * 8 + j]);
+        }
+    }
+
+    // A 16x16 tile of distinct values; lane l addresses row l % 16, column 8 (l / 16): the four
+    // 8x8 matrices are the quadrants (rows 0-7 | 8-15) x (columns 0-7 | 8-15), in the order the
+    // lanes' addresses give them.
+    let tile: Vec<f32> = (0..256).map(|i| i as f32).collect();
+    let td = gpu.upload_bf16(&tile).unwrap();
+    let mut od = gpu.upload(&vec![0u32; 256]).unwrap();
+    let f = m.load_function("ldmatrix_probe").unwrap();
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&td).arg(&mut od);
+    run(b, cfg(1, 32, 512)).unwrap();
+    let o = gpu.download(&od).unwrap();
+    let at = |mat: usize, r: usize, col: usize| -> u16 {
+        let (r0, c0) = ((mat % 2) * 8, (mat / 2) * 8);
+        bf16_bits(tile[(r0 + r) * 16 + c0 + col])
+    };
+    for lane in 0..32 {
+        for mat in 0..4 {
+            // Plain: row lane/4, columns 2(lane%4), +1. Transposed: column lane/4, rows 2(lane%4), +1.
+            let plain = at(mat, lane / 4, 2 * (lane % 4)) as u32 | (at(mat, lane / 4, 2 * (lane % 4) + 1) as u32) << 16;
+            let trans = at(mat, 2 * (lane % 4), lane / 4) as u32 | (at(mat, 2 * (lane % 4) + 1, lane / 4) as u32) << 16;
+            assert_eq!(o[lane * 8 + mat], plain, "ldmatrix lane {lane} matrix {mat}");
+            assert_eq!(o[lane * 8 + 4 + mat], trans, "ldmatrix.trans lane {lane} matrix {mat}");
+        }
+    }
+}
+
+/// The order in which one block of 64 threads logs itself, meets its warp at __syncwarp, and logs
+/// again (hazards.cu `order_probe`).
+fn order_log(gpu: &Gpu, f: &CudaFunction, order: Order) -> Vec<i32> {
+    emu::set_order(Some(order)).unwrap();
+    let mut log = gpu.zeros::<i32>(128).unwrap();
+    let mut count = gpu.zeros::<i32>(1).unwrap();
+    let mut b = gpu.stream.launch_builder(f);
+    b.arg(&mut log).arg(&mut count);
+    run(b, cfg(1, 64, 0)).unwrap();
+    emu::set_order(None).unwrap();
+    gpu.download(&log).unwrap()
+}
+
+#[test]
+fn schedule_orders_run_threads_as_documented() {
+    let gpu = emulated();
+    let f = hazards(&gpu).load_function("order_probe").unwrap();
+    let seq = |r: std::ops::Range<i32>| r.collect::<Vec<i32>>();
+    let cat = |parts: Vec<Vec<i32>>| parts.concat();
+    // Round robin: each thread runs until it waits; released warps queue behind the others.
+    assert_eq!(order_log(&gpu, &f, Order::Forward), cat(vec![seq(0..64), seq(1000..1064)]));
+    assert_eq!(
+        order_log(&gpu, &f, Order::Reverse),
+        cat(vec![seq(0..64).into_iter().rev().collect(), seq(1032..1064).into_iter().rev().collect(), seq(1000..1032).into_iter().rev().collect()])
+    );
+    // Warp 0 runs to its end before warp 1 starts.
+    assert_eq!(order_log(&gpu, &f, Order::MaxDrift), cat(vec![seq(0..32), seq(1000..1032), seq(32..64), seq(1032..1064)]));
+    let r1 = order_log(&gpu, &f, Order::Random(1));
+    assert_eq!(r1, order_log(&gpu, &f, Order::Random(1)), "a seed replays its order");
+    assert_ne!(r1, order_log(&gpu, &f, Order::Random(2)), "another seed, another order");
+    let mut sorted = r1.clone();
+    sorted.sort();
+    assert_eq!(sorted, cat(vec![seq(0..64), seq(1000..1064)]), "every thread logs twice");
+    assert_ne!(r1[..64].to_vec(), seq(0..64), "random is not index order");
+    for t in 0..64 {
+        let first = r1.iter().position(|&x| x == t).unwrap();
+        let second = r1.iter().position(|&x| x == 1000 + t).unwrap();
+        assert!(first < second, "thread {t} logged its second entry first");
+    }
+    assert_eq!(emu::order().unwrap(), "forward", "set_order(None) restores COA_EMU_ORDER's (unset here)");
+}
+
+/// Every kernel fault and launch the emulator refuses, its CUresult and the words of its message;
+/// the device works normally afterwards.
+#[test]
+fn what_a_gpu_refuses_is_an_error() {
+    let gpu = emulated();
+    let m = hazards(&gpu);
+    let mut out = gpu.zeros::<f32>(1024).unwrap();
+    let g = gpu.upload_bf16(&vec![1.0f32; 1024]).unwrap();
+    let fails = |name: &str, e: Result<(), Error>, code: &str, words: &[&str]| {
+        let e = e.expect_err(name).0;
+        assert!(e.contains(code), "{name}: {e}");
+        for w in words {
+            assert!(e.contains(w), "{name}: the message must say {w:?}: {e}");
+        }
+    };
+    // Launch configurations.
+    let bounded = m.load_function("bounded").unwrap();
+    let mut b = gpu.stream.launch_builder(&bounded);
+    b.arg(&mut out);
+    fails("1025 threads in x", run(b, cfg(1, 1025, 0)), "CUDA_ERROR_INVALID_VALUE", &["bounded", "block (1025,1,1)", "outside the device's limits"]);
+    let mut b = gpu.stream.launch_builder(&bounded);
+    b.arg(&mut out);
+    let c = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 33, 1), shared_mem_bytes: 0 };
+    fails("1056 threads", run(b, c), "CUDA_ERROR_INVALID_VALUE", &["bounded", "1056 threads", "at most 1024"]);
+    let mut b = gpu.stream.launch_builder(&bounded);
+    b.arg(&mut out);
+    fails("over __launch_bounds__", run(b, cfg(1, 65, 0)), "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", &["65 threads", "__launch_bounds__", "at most 64"]);
+    let mut b = gpu.stream.launch_builder(&bounded);
+    b.arg(&mut out);
+    fails("dynamic shared memory over the limit", run(b, cfg(1, 32, 64 * 1024)), "CUDA_ERROR_INVALID_VALUE", &["dynamic shared memory", "allows 49152"]);
+    let f = gpu.func(&coa_kernels::ops::elementwise::SOURCE, "sumsq_f32").unwrap(); // raised to the device's opt-in limit
+    let (n, mut part) = (8i64, gpu.zeros::<f32>(1).unwrap());
+    let x = gpu.zeros::<f32>(8).unwrap();
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&x).arg(&mut part).arg(&n);
+    fails("over the device's shared memory", run(b, cfg(1, 32, 232448 + 16)), "CUDA_ERROR_INVALID_VALUE", &["sumsq_f32", "at most 232448"]);
+    let mut b = gpu.stream.launch_builder(&bounded);
+    b.arg(&mut out);
+    fails("empty grid", run(b, LaunchConfig { grid_dim: (0, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 }), "CUDA_ERROR_INVALID_VALUE", &["grid (0,1,1)"]);
+
+    // Faults inside kernels.
+    let k = |name: &str| m.load_function(name).unwrap();
+    let mut o32 = gpu.zeros::<u32>(64).unwrap();
+    let f = k("ldmatrix_misaligned");
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut o32);
+    fails("ldmatrix misaligned", run(b, cfg(1, 32, 1024)), "CUDA_ERROR_MISALIGNED_ADDRESS", &["ldmatrix_misaligned, block (0,0,0), thread (0,0,0)", "not 16-byte aligned"]);
+    let f = k("ldmatrix_from_global");
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&g).arg(&mut o32);
+    fails("ldmatrix from global", run(b, cfg(1, 32, 0)), "CUDA_ERROR_ILLEGAL_ADDRESS", &["ldmatrix_from_global", "not in the block's shared memory"]);
+    let f = k("cp_async_misaligned");
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&g).arg(&mut out);
+    fails("cp.async misaligned", run(b, cfg(1, 32, 64)), "CUDA_ERROR_MISALIGNED_ADDRESS", &["cp.async", "16-byte aligned"]);
+    let f = k("shuffle_some_lanes_skip");
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut out);
+    fails("a shuffle some lanes skip", run(b, cfg(2, 64, 0)), "CUDA_ERROR_LAUNCH_FAILED", &["shuffle_some_lanes_skip", "some lanes of its mask skip"]);
+    let f = k("deadlock");
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut out);
+    fails("deadlock", run(b, cfg(1, 64, 0)), "CUDA_ERROR_LAUNCH_FAILED", &["deadlock", "wait at __syncthreads", "warp 0"]);
+    let f = k("divergent_collectives");
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut out);
+    fails("divergent collectives", run(b, cfg(1, 32, 0)), "CUDA_ERROR_LAUNCH_FAILED", &["divergent warp collectives"]);
+
+    // Still a working device.
+    let mut b = gpu.stream.launch_builder(&bounded);
+    b.arg(&mut out);
+    run(b, cfg(2, 64, 0)).unwrap();
+    assert_eq!(gpu.download(&out).unwrap()[..64], vec![1.0f32; 64][..]);
+}
+
+/// A read of a neighbour's shared slot without the barrier between write and read gets the
+/// poison (NaN) in every schedule order, and the right value with it; a cp.async lands at its
+/// wait_group in forward order (a read before the wait sees the poison), at its issue in max-drift.
+#[test]
+fn barriers_and_async_copies_are_enforced() {
+    let gpu = emulated();
+    let m = hazards(&gpu);
+    let f = m.load_function("neighbour_read").unwrap();
+    let n = 256usize;
+    for order in Order::all(5) {
+        emu::set_order(Some(order)).unwrap();
+        for barrier in [1i32, 0] {
+            let mut out = gpu.zeros::<f32>(n).unwrap();
+            let mut b = gpu.stream.launch_builder(&f);
+            b.arg(&mut out).arg(&barrier);
+            run(b, cfg(3, n as u32, 0)).unwrap();
+            let got = gpu.download(&out).unwrap();
+            if barrier == 1 {
+                let want: Vec<f32> = (0..n).map(|i| ((i + 1) % n) as f32).collect();
+                assert_eq!(got, want, "{order}: with the barrier");
+            } else {
+                assert!(got.iter().any(|x| x.is_nan()), "{order}: a missing barrier must show: {got:?}");
+            }
+        }
+    }
+    let f = m.load_function("cp_async_read_before_wait").unwrap();
+    let src: Vec<f32> = (0..128).map(|i| i as f32).collect();
+    let gd = gpu.upload(&src).unwrap();
+    let data: Vec<f32> = (0..32).map(|t| (4 * t) as f32).collect();
+    for order in [Order::Forward, Order::MaxDrift] {
+        emu::set_order(Some(order)).unwrap();
+        let mut out = gpu.zeros::<f32>(64).unwrap();
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&gd).arg(&mut out);
+        run(b, cfg(1, 32, 512)).unwrap();
+        let got = gpu.download(&out).unwrap();
+        if order == Order::Forward {
+            // Copies land at their wait: the read before it sees the poison.
+            assert!(got[..32].iter().all(|x| x.is_nan()), "before the wait: {:?}", &got[..32]);
+        } else {
+            // Copies land at their issue.
+            assert_eq!(got[..32].to_vec(), data, "max-drift: before the wait");
+        }
+        assert_eq!(got[32..].to_vec(), data, "{order}: after the wait");
+    }
+    emu::set_order(None).unwrap();
+}
+
+/// `cublasGemmEx` called directly, column-major with padded leading dimensions and every
+/// transpose: C = alpha op(A) op(B) + beta C, against a reference written from cuBLAS's
+/// definition; beta = 0 does not read C; too-small leading dimensions and operands outside their
+/// allocation are errors.
+#[test]
+fn gemm_has_cublas_semantics() {
+    use blas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+    use blas_sys::cudaDataType::{CUDA_R_16BF, CUDA_R_32F};
+    let gpu = emulated();
+    let mut rng = seeded("gemm_has_cublas_semantics");
+    let (m, n, k) = (5usize, 7usize, 9usize);
+    let round = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect() };
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        // Stored shapes (column-major): A is m x k (lda >= m) or k x m (lda >= k) transposed.
+        let (ar, ac) = if ta { (k, m) } else { (m, k) };
+        let (br, bc) = if tb { (n, k) } else { (k, n) };
+        let (lda, ldb, ldc) = (ar + 3, br + 2, m + 1);
+        let a = round(rng.normals(lda * ac, 1.0));
+        let b = round(rng.normals(ldb * bc, 1.0));
+        let c0 = rng.normals(ldc * n, 1.0);
+        let (alpha, beta) = (0.5f32, 2.0f32);
+        let opa = |i: usize, l: usize| if ta { a[l + i * lda] } else { a[i + l * lda] };
+        let opb = |l: usize, j: usize| if tb { b[j + l * ldb] } else { b[l + j * ldb] };
+        let mut want = c0.clone();
+        for j in 0..n {
+            for i in 0..m {
+                let dot: f64 = (0..k).map(|l| opa(i, l) as f64 * opb(l, j) as f64).sum();
+                want[i + j * ldc] = (alpha as f64 * dot + beta as f64 * c0[i + j * ldc] as f64) as f32;
+            }
+        }
+        let (ad, bd) = (gpu.upload_bf16(&a).unwrap(), gpu.upload_bf16(&b).unwrap());
+        let mut cd = gpu.upload(&c0).unwrap();
+        let half_b = gpu.upload_bf16(&b[..b.len() / 2]).unwrap();
+        let call = |lda: usize, bd: &coa_kernels::cudarc::driver::CudaSlice<bf16>, c: &mut coa_kernels::cudarc::driver::CudaSlice<f32>, beta: f32| -> Result<(), Error> {
+            let (ap, _g1) = ad.device_ptr(&gpu.stream);
+            let (bp, _g2) = bd.device_ptr(&gpu.stream);
+            let (cp, _g3) = c.device_ptr_mut(&gpu.stream);
+            let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+            // SAFETY: the emulated cuBLAS checks every operand against its allocation.
+            unsafe {
+                blas::gemm_ex(
+                    *gpu.blas.handle(), op(ta), op(tb), m as i32, n as i32, k as i32,
+                    (&alpha) as *const f32 as *const _, ap as *const _, CUDA_R_16BF, lda as i32,
+                    bp as *const _, CUDA_R_16BF, ldb as i32, (&beta) as *const f32 as *const _,
+                    cp as *mut _, CUDA_R_32F, ldc as i32,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(Error::from)
+        };
+        call(lda, &bd, &mut cd, beta).unwrap();
+        let got = gpu.download(&cd).unwrap();
+        for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "ta {ta} tb {tb}: C[{idx}] = {g}, want {w}");
+        }
+        // beta = 0: C is written, not read (NaN there does not survive).
+        let mut cn = gpu.upload(&vec![f32::NAN; ldc * n]).unwrap();
+        call(lda, &bd, &mut cn, 0.0).unwrap();
+        let got = gpu.download(&cn).unwrap();
+        assert!((0..n).all(|j| (0..m).all(|i| got[i + j * ldc].is_finite())), "beta 0 must not read C");
+        assert!(got[m].is_nan(), "the padding rows of C are not written");
+        // cuBLAS's rejections.
+        let e = call(ar - 1, &bd, &mut cd, beta).unwrap_err();
+        assert!(e.0.contains("CUBLAS_STATUS_INVALID_VALUE") && e.0.contains("leading dimensions"), "{e}");
+        let e = call(lda, &half_b, &mut cd, beta).unwrap_err();
+        assert!(e.0.contains("CUBLAS_STATUS_EXECUTION_FAILED") && e.0.contains("outside its device allocation"), "{e}");
+    }
+}
+
+/// The poison is visible to a kernel that reads shared memory it never wrote, in every block (not
+/// only the first one a worker runs).
+#[test]
+fn shared_memory_is_poisoned_per_block() {
+    let gpu = emulated();
+    let m = hazards(&gpu);
+    let f = m.load_function("neighbour_read").unwrap();
+    let mut rng = Rng::new(3);
+    let n = 64usize;
+    let blocks = 2 + rng.below(30) as u32;
+    let mut out = gpu.zeros::<f32>(n).unwrap();
+    let no_barrier = 0i32;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut out).arg(&no_barrier);
+    emu::set_order(Some(Order::Forward)).unwrap();
+    run(b, cfg(blocks, n as u32, 0)).unwrap();
+    emu::set_order(None).unwrap();
+    // Forward order: thread i reads slot i + 1 before thread i + 1 writes it, in every block.
+    let got = gpu.download(&out).unwrap();
+    assert!(got[..n - 1].iter().all(|x| x.is_nan()) && got[n - 1] == 0.0, "{got:?}");
+}

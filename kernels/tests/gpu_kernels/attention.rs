@@ -1,0 +1,88 @@
+//! `kernels/attention.cu` (launchers: `src/ops/attention.rs`) against the CPU reference
+//! `coa_model::ops::attention_forward` / `attention_backward`: GQA ratios, both head dims, tails,
+//! packed segments, batches of two.
+
+use super::*;
+use coa_kernels::ops::attention::{AttnLayout, AttnShape};
+
+#[test]
+fn attention_fwd_bwd_matches_cpu() {
+    let test = "attention_fwd_bwd_matches_cpu";
+    let gpu = test_gpu(test);
+    let mut rng = seeded(test);
+    for (hd, hq, hkv) in [(64usize, 4usize, 4usize), (64, 4, 2), (128, 6, 2), (128, 8, 1), (64, 2, 1), (128, 2, 2)] {
+        let b = 1 + rng.below(2);
+        let t = [1usize, 17, 64, 65, 127, 200, 333][rng.below(7)];
+        case(&gpu, &mut rng, AttnShape { batch: b, seq: t, q_heads: hq, kv_heads: hkv, head_dim: hd });
+    }
+}
+
+/// For the schedule-order test: two query blocks (the diagonal and the one before it), GQA, both
+/// head dims.
+pub fn small(gpu: &Gpu, rng: &mut Rng) {
+    case(gpu, rng, AttnShape { batch: 1, seq: 70, q_heads: 4, kv_heads: 2, head_dim: 64 });
+    case(gpu, rng, AttnShape { batch: 2, seq: 40, q_heads: 2, kv_heads: 1, head_dim: 128 });
+}
+
+fn case(gpu: &Gpu, rng: &mut Rng, s: AttnShape) {
+    let AttnShape { batch: b, seq: t, q_heads: hq, kv_heads: hkv, head_dim: hd } = s;
+
+    let segs: Vec<Option<Vec<i32>>> = (0..b).map(|_| random_segments(rng, t)).collect();
+    let use_seg = segs.iter().any(|x| x.is_some());
+    eprintln!(" shape {s:?}, segments {use_seg}");
+    let (qw, kw) = (hq * hd, hkv * hd);
+    let q = round_bf16(&rng.normals(b * t * qw, 1.0));
+    let k = round_bf16(&rng.normals(b * t * kw, 1.0));
+    let v = round_bf16(&rng.normals(b * t * kw, 1.0));
+    let dout = round_bf16(&rng.normals(b * t * qw, 1.0));
+
+    // CPU reference, one sequence at a time.
+    let mut o_ref = vec![0f32; b * t * qw];
+    let mut lse_ref = vec![0f32; b * t * hq];
+    let (mut dq_ref, mut dk_ref, mut dv_ref) = (vec![0f32; b * t * qw], vec![0f32; b * t * kw], vec![0f32; b * t * kw]);
+    let mut seg_start_all = Vec::with_capacity(b * t);
+    for bi in 0..b {
+        let (_, start) = ops::segment_layout(t, segs[bi].as_deref());
+        seg_start_all.extend(start.iter().map(|&x| x as i32));
+        let (qs, ks) = (bi * t * qw..(bi + 1) * t * qw, bi * t * kw..(bi + 1) * t * kw);
+        ops::attention_forward(&mut o_ref[qs.clone()], &mut lse_ref[bi * t * hq..(bi + 1) * t * hq], &q[qs.clone()], &k[ks.clone()], &v[ks.clone()], &start, hq, hkv, hd);
+        // The GPU's backward reads the bf16 o it wrote; give the reference the same rounding.
+        let o_b = round_bf16(&o_ref[qs.clone()]);
+        ops::attention_backward(
+            &mut dq_ref[qs.clone()],
+            &mut dk_ref[ks.clone()],
+            &mut dv_ref[ks.clone()],
+            &dout[qs.clone()],
+            &q[qs.clone()],
+            &k[ks.clone()],
+            &v[ks.clone()],
+            &o_b,
+            &lse_ref[bi * t * hq..(bi + 1) * t * hq],
+            &start,
+            hq,
+            hkv,
+            hd,
+        );
+    }
+
+    let l = AttnLayout::contiguous(&s);
+    let (qd, kd, vd, dod) = (gpu.upload_bf16(&q).unwrap(), gpu.upload_bf16(&k).unwrap(), gpu.upload_bf16(&v).unwrap(), gpu.upload_bf16(&dout).unwrap());
+    let seg_d = if use_seg { Some(gpu.upload(&seg_start_all).unwrap()) } else { None };
+    let mut od = poison_bf16(gpu, q.len());
+    let mut lsed = poison_f32(gpu, b * t * hq);
+    gpu.attention_fwd(&s, &l, &qd, &kd, &vd, seg_d.as_ref(), &mut od, &mut lsed).unwrap();
+    let (mut dqd, mut dkd, mut dvd) = (poison_bf16(gpu, q.len()), poison_bf16(gpu, k.len()), poison_bf16(gpu, v.len()));
+    gpu.attention_bwd(&s, &l, &qd, &kd, &vd, &od, &lsed, seg_d.as_ref(), &dod, &mut dqd, &mut dkd, &mut dvd).unwrap();
+    let o = gpu.download_bf16(&od).unwrap();
+    let lse = gpu.download(&lsed).unwrap();
+    let vmax = max_abs(&v);
+    // o: P rounded to bf16 inside (2^-9 relative per weight) plus the output rounding.
+    check("attention o", &o, &o_ref, BF16_ULP * vmax, BF16_ULP, 1e-2);
+    check("attention lse", &lse, &lse_ref, 1e-3, 1e-4, 1e-4);
+    // Gradients go through bf16 P and dS and two bf16 products: 1/64 of the largest value
+    // element-wise, and 2% in L2.
+    for (name, d, r) in [("attention dq", &dqd, &dq_ref), ("attention dk", &dkd, &dk_ref), ("attention dv", &dvd, &dv_ref)] {
+        let got = gpu.download_bf16(d).unwrap();
+        check(name, &got, r, max_abs(r) / 64.0, 2.0 * BF16_ULP, 2e-2);
+    }
+}
