@@ -231,7 +231,7 @@ impl GpuDecoder {
             }
         }
         let n = tokens.len();
-        let (cos, sin) = ops::rope_tables(&positions, c.hd, self.config.rope_theta);
+        let (cos, sin) = self.config.rope_tables(&positions);
         let GpuDecoder { gpu, flat, w, k, v, x, h, rstd, qkv, att, gu, a, last, logits, ones, .. } = self;
         let st = &gpu.stream;
         st.memcpy_htod(&tokens, &mut self.tokens.slice_mut(..n))?;

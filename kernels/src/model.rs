@@ -220,7 +220,7 @@ impl GpuModel {
         gpu.stream.memcpy_htod(&vec![bf16::ONE; t], &mut io.ones)?;
         // RoPE tables by position: row p for position p (positions restart per segment, < T).
         let positions: Vec<u32> = (0..t as u32).collect();
-        let (cos, sin) = ops::rope_tables(&positions, c.hd, config.rope_theta);
+        let (cos, sin) = config.rope_tables(&positions);
         gpu.stream.memcpy_htod(&cos, &mut io.cos)?;
         gpu.stream.memcpy_htod(&sin, &mut io.sin)?;
         let device_bytes = al.bytes;

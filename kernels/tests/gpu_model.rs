@@ -27,7 +27,7 @@ fn test_gpu(test: &str) -> Arc<Gpu> {
     Arc::new(coa_kernels::testing::test_gpu(test))
 }
 
-/// (label, config): GQA + tied head (llama); q/k/v biases + untied head + head_dim 128 (qwen2);
+/// (label, config): GQA + tied head + Llama 3 RoPE scaling (llama); q/k/v biases + untied head + head_dim 128 (qwen2);
 /// o and MLP biases (llama attention_bias / mlp_bias).
 fn configs() -> Vec<(&'static str, ModelConfig)> {
     let base = |vocab: usize, hidden: usize, heads: usize, kv: usize, inter: usize| {
@@ -41,7 +41,12 @@ fn configs() -> Vec<(&'static str, ModelConfig)> {
         c.initializer_range = 0.08;
         c
     };
-    let llama = base(211, 256, 4, 2, 512);
+    let mut llama = base(211, 256, 4, 2, 512);
+    // Llama 3 RoPE scaling, with an original context short enough that positions here are scaled.
+    llama.extra.insert(
+        "rope_scaling".into(),
+        serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    );
     let mut qwen = base(160, 256, 2, 1, 384);
     qwen.model_type = "qwen2".into();
     qwen.architectures = vec!["Qwen2ForCausalLM".into()];
@@ -50,7 +55,7 @@ fn configs() -> Vec<(&'static str, ModelConfig)> {
     let mut biased = base(96, 128, 2, 2, 256);
     biased.attention_bias = true;
     biased.mlp_bias = true;
-    vec![("llama GQA tied", llama), ("qwen2 qkv-bias untied hd128", qwen), ("llama o/mlp bias", biased)]
+    vec![("llama GQA tied llama3-rope", llama), ("qwen2 qkv-bias untied hd128", qwen), ("llama o/mlp bias", biased)]
 }
 
 /// A random model whose weights are exactly representable in bf16 (norm weights and biases
