@@ -42,7 +42,7 @@ help:
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))
 
-test: cuda-deps model-optional
+test: cuda-deps model-optional hf-venv-optional
 	@command -v $(PYTHON) >/dev/null || { echo "make test: python3 is needed (the code sandbox runs it)"; exit 1; }
 	$(CARGO) build $(addprefix -p ,$(STAGES))
 	$(CARGO) test --workspace --no-fail-fast

