@@ -16,8 +16,15 @@ fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let emu = manifest.join("emu");
+    // Rebuilt when the emulator (a directory: cargo scans all of it), the common header, a kernel
+    // source (each `.cu` below) or the list of sources changes. Not on all of kernels/: cargo's
+    // scan of a directory is recursive, so every edit under src/ and tests/ would recompile the
+    // emulator. A new `.cu` file must be added to `sources::ALL` (the NVRTC test holds the list
+    // against the directory), and that edit reruns this script.
+    println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=emu");
     println!("cargo:rerun-if-changed=coa_common.cuh");
+    println!("cargo:rerun-if-changed=src/sources.rs");
     println!("cargo:rerun-if-env-changed=COA_EMU_KERNELS_DIR");
     let (cuda_so, blas_so) = (out.join("libcoa_emu_cuda.so"), out.join("libcoa_emu_cublas.so"));
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
@@ -30,6 +37,9 @@ fn main() {
     }
     // The kernel sources: kernels/*.cu, or a copy of them (the planted-bug check builds mutants).
     let src_dir = std::env::var_os("COA_EMU_KERNELS_DIR").map(PathBuf::from).unwrap_or_else(|| manifest.clone());
+    if src_dir != manifest {
+        println!("cargo:rerun-if-changed={}", src_dir.display()); // a copy holds only the sources
+    }
     let mut units = Vec::new();
     let mut cu: Vec<PathBuf> = std::fs::read_dir(&src_dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", src_dir.display()))
@@ -81,8 +91,16 @@ fn module_unit(out: &Path, source: &Path, module: &str) -> PathBuf {
     if kernels.is_empty() {
         panic!("{}: no extern \"C\" __global__ function found", source.display());
     }
+    // Static shared memory is counted over the kernel's own function and every function it
+    // reaches, the common header's included.
+    let header = source.with_file_name("coa_common.cuh");
+    let mut program = std::fs::read_to_string(&header).unwrap_or_default();
+    program.push_str(&text);
+    let functions = functions(&program);
     for (name, bound) in kernels {
-        unit.push_str(&format!("COA_EMU_KERNEL(\"{module}\", {name}, {})\n", bound.unwrap_or_else(|| "1024".into())));
+        let shared = static_shared(&functions, &name);
+        let size = if shared.is_empty() { "0".to_string() } else { shared.join(" + ") };
+        unit.push_str(&format!("COA_EMU_KERNEL(\"{module}\", {name}, {}, {size})\n", bound.unwrap_or_else(|| "1024".into())));
     }
     for (strct, fields) in structs(&text) {
         for f in fields {
@@ -156,6 +174,148 @@ fn entry_points(text: &str) -> Vec<(String, Option<String>)> {
         }
     }
     found
+}
+
+/// A function defined in a kernel source: its name, body, and the sizes of its static
+/// `__shared__` variables as C++ expressions (`sizeof(float[32])`).
+struct Function {
+    name: String,
+    body: String,
+    shared: Vec<String>,
+}
+
+/// The functions defined in `text` (at file scope or inside namespaces, `extern "C"` blocks and
+/// structs): a `{` that follows a parameter list `name(...)` opens a body.
+fn functions(text: &str) -> Vec<Function> {
+    let text = strip_comments(text);
+    let bytes = text.as_bytes();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'{' {
+            i += 1;
+            continue;
+        }
+        let before = text[..i].trim_end();
+        let close = matching(bytes, i, b'{', b'}');
+        if before.ends_with(')') {
+            let open = opening(bytes, before.len() - 1);
+            let name = open.map(|j| {
+                let head = text[..j].trim_end();
+                let start = head.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |k| k + 1);
+                head[start..].to_string()
+            });
+            if let Some(name) = name.filter(|n| !n.is_empty() && !["if", "for", "while", "switch"].contains(&n.as_str())) {
+                let body = text[i + 1..close].to_string();
+                let shared = shared_declarations(&body);
+                found.push(Function { name, body, shared });
+                i = close + 1;
+                continue;
+            }
+        }
+        i += 1; // a namespace, extern "C" block or struct: look inside
+    }
+    found
+}
+
+/// The index of the bracket closing the one at `at` (the text's end if unbalanced).
+fn matching(bytes: &[u8], at: usize, open: u8, close: u8) -> usize {
+    if bytes[at] != open {
+        return usize::MAX;
+    }
+    let mut depth = 0;
+    for (j, &c) in bytes.iter().enumerate().skip(at) {
+        if c == open {
+            depth += 1;
+        } else if c == close {
+            depth -= 1;
+            if depth == 0 {
+                return j;
+            }
+        }
+    }
+    bytes.len()
+}
+
+/// The index of the `(` that the `)` at `at` closes.
+fn opening(bytes: &[u8], at: usize) -> Option<usize> {
+    let mut depth = 0;
+    for j in (0..=at).rev() {
+        match bytes[j] {
+            b')' => depth += 1,
+            b'(' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(j);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `__shared__ T a[N][M], b;` (not `extern __shared__`, which is the dynamic part): the size of
+/// each variable declared, as `sizeof(T[N][M])`, `sizeof(T)`.
+fn shared_declarations(body: &str) -> Vec<String> {
+    let mut sizes = Vec::new();
+    let mut at = 0;
+    while let Some(i) = body[at..].find("__shared__") {
+        let start = at + i;
+        at = start + "__shared__".len();
+        let statement = &body[body[..start].rfind([';', '{', '}']).map_or(0, |j| j + 1)..start];
+        if statement.contains("extern") {
+            continue;
+        }
+        let end = body[at..].find(';').map_or(body.len(), |j| at + j);
+        let mut decl = body[at..end].to_string();
+        while let Some(a) = decl.find("__align__") {
+            let close = decl[a..].find(')').map_or(decl.len(), |j| a + j + 1);
+            decl.replace_range(a..close, "");
+        }
+        // `T a[N], *b`: the base type, then declarators (pointer stars, name, array bounds).
+        let decl = decl.trim();
+        let first = decl.split(',').next().unwrap();
+        let name_end = first.find('[').unwrap_or(first.len());
+        let name_start = first[..name_end].trim_end().rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |k| k + 1);
+        let base = first[..name_start].trim_end_matches(|c: char| c == '*' || c.is_whitespace());
+        for declarator in decl[base.len()..].split(',') {
+            let declarator = declarator.split('=').next().unwrap().trim();
+            let stars = declarator.chars().take_while(|&c| c == '*' || c.is_whitespace()).filter(|&c| c == '*').count();
+            let dims = declarator.find('[').map_or("", |j| &declarator[j..]);
+            sizes.push(format!("sizeof({base}{}{dims})", "*".repeat(stars)));
+        }
+    }
+    sizes
+}
+
+/// The static shared memory of kernel `name`: the sizes declared in it and in every function it
+/// reaches by name (a call graph by mention, so an overload or an uncalled mention counts too).
+fn static_shared(functions: &[Function], name: &str) -> Vec<String> {
+    let mentions = |body: &str, f: &str| {
+        body.match_indices(f).any(|(j, _)| {
+            let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+            !body[..j].ends_with(ident) && !body[j + f.len()..].starts_with(ident)
+        })
+    };
+    let mut reached = vec![name.to_string()];
+    let mut k = 0;
+    while k < reached.len() {
+        let caller = reached[k].clone();
+        for f in functions.iter().filter(|f| f.name == caller) {
+            for g in functions {
+                if !reached.contains(&g.name) && mentions(&f.body, &g.name) {
+                    reached.push(g.name.clone());
+                }
+            }
+        }
+        k += 1;
+    }
+    let mut sizes = Vec::new();
+    for f in functions.iter().filter(|f| reached.contains(&f.name)) {
+        sizes.extend(f.shared.iter().cloned());
+    }
+    sizes
 }
 
 /// `struct Name { type a; type b, c; ... };` at file scope: (Name, field names).

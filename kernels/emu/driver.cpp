@@ -408,8 +408,8 @@ COA_API CUresult cuFuncGetAttribute(int* v, int attr, CUfunction f) {
         case 0: *v = int(fn->kernel->max_threads); break;  // MAX_THREADS_PER_BLOCK
         case 8: *v = fn->max_dynamic_smem; break;          // MAX_DYNAMIC_SHARED_SIZE_BYTES
         case 5: case 6: *v = 90; break;                    // PTX_VERSION, BINARY_VERSION
-        // SHARED_SIZE_BYTES (static shared memory is not measured per kernel), CONST, LOCAL, NUM_REGS
-        case 1: case 2: case 3: case 4: *v = 0; break;
+        case 1: *v = int(fn->kernel->static_smem); break;  // SHARED_SIZE_BYTES (static)
+        case 2: case 3: case 4: *v = 0; break;             // CONST, LOCAL, NUM_REGS: not measured
         default: return errorf(CUDA_ERROR_INVALID_VALUE, "function attribute %d is not emulated", attr);
     }
     return CUDA_SUCCESS;
@@ -418,9 +418,11 @@ COA_API CUresult cuFuncSetAttribute(CUfunction f, int attr, int v) {
     auto* fn = static_cast<Function*>(f);
     if (!fn) return CUDA_ERROR_INVALID_HANDLE;
     if (attr == 8) {  // MAX_DYNAMIC_SHARED_SIZE_BYTES
-        if (v < 0 || v > int(coa_emu::kSharedPerBlockOptin))
-            return errorf(CUDA_ERROR_INVALID_VALUE, "%s: %d bytes of dynamic shared memory requested, the device allows at most %u",
-                          fn->kernel->name, v, coa_emu::kSharedPerBlockOptin);
+        // As the driver: this plus the kernel's static shared memory may not exceed the opt-in limit.
+        const unsigned st = fn->kernel->static_smem;
+        if (v < 0 || unsigned(v) + st > coa_emu::kSharedPerBlockOptin)
+            return errorf(CUDA_ERROR_INVALID_VALUE, "%s: %d bytes of dynamic shared memory requested, with its %u bytes of static shared memory over the %u a block may use",
+                          fn->kernel->name, v, st, coa_emu::kSharedPerBlockOptin);
         fn->max_dynamic_smem = v;
         return CUDA_SUCCESS;
     }
@@ -445,6 +447,10 @@ COA_API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned
                       name, threads, fn->kernel->max_threads);
     if (gx == 0 || gy == 0 || gz == 0 || gx > 2147483647u || gy > 65535 || gz > 65535)
         return errorf(CUDA_ERROR_INVALID_VALUE, "%s: grid (%u,%u,%u) is outside the device's limits", name, gx, gy, gz);
+    const unsigned long long total = 0ull + fn->kernel->static_smem + smem;
+    if (total > coa_emu::kSharedPerBlockOptin)
+        return errorf(CUDA_ERROR_INVALID_VALUE, "%s: %u bytes of static + %u bytes of dynamic shared memory = %llu; a block may use at most %u",
+                      name, fn->kernel->static_smem, smem, total, coa_emu::kSharedPerBlockOptin);
     if (smem > unsigned(fn->max_dynamic_smem))
         return errorf(CUDA_ERROR_INVALID_VALUE, "%s: %u bytes of dynamic shared memory requested, the kernel allows %d (cuFuncSetAttribute MAX_DYNAMIC_SHARED_SIZE_BYTES; the device at most %u)",
                       name, smem, fn->max_dynamic_smem, coa_emu::kSharedPerBlockOptin);

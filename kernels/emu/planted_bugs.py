@@ -17,6 +17,7 @@ device, then the tests). Exits non-zero if any bug goes unnoticed.
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ ORDERS = ["forward", "reverse", "random:1", "max-drift"]
 # The tests run against each mutant in each order (COA_EMU_ORDER): the attention test (random
 # shapes, fixed seed) and every op's small cases (two query blocks, where a rescale or a mask slip
 # first shows).
-TESTS = ["attention_fwd_bwd_matches_cpu", "every_op_passes_in_every_schedule_order"]
+TESTS = ["attention::attention_fwd_bwd_matches_cpu", "every_op_passes_in_every_schedule_order"]
 SEED = "7"
 
 # name: (file, text, replacement, what it breaks)
@@ -86,6 +87,11 @@ def run_tests(root, kernels_dir, order):
     p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if "error[" in p.stderr or "could not compile" in p.stderr:
         sys.exit(f"planted_bugs.py: the mutant did not build:\n{p.stderr[-3000:]}")
+    # A renamed test would match nothing under --exact and "pass": every test must have run.
+    counts = re.findall(r"test result: \w+\. (\d+) passed; (\d+) failed", p.stdout)
+    ran = sum(int(passed) + int(failed) for passed, failed in counts)
+    if ran != len(TESTS):
+        sys.exit(f"planted_bugs.py: {ran} tests ran, expected {len(TESTS)} ({TESTS}):\n{p.stdout[-3000:]}")
     return p.returncode == 0
 
 

@@ -200,6 +200,27 @@ fn what_a_gpu_refuses_is_an_error() {
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&x).arg(&mut part).arg(&n);
     fails("over the device's shared memory", run(b, cfg(1, 32, 232448 + 16)), "CUDA_ERROR_INVALID_VALUE", &["sumsq_f32", "at most 232448"]);
+    // Static shared memory counts too (its size measured per kernel at build time, over the
+    // functions the kernel reaches): sumsq_f32 declares `__shared__ float scratch[32]` (128 bytes),
+    // so 232448 - 128 dynamic bytes fit and 16 more do not.
+    use coa_kernels::cudarc::driver::sys::CUfunction_attribute as attr;
+    let static_smem = |src, name| gpu.func(src, name).unwrap().get_attribute(attr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES).unwrap();
+    assert_eq!(static_smem(&coa_kernels::ops::elementwise::SOURCE, "sumsq_f32"), 128);
+    // `__shared__ int first_key` in the template the entry point instantiates
+    assert_eq!(static_smem(&coa_kernels::ops::attention::SOURCE, "flash_attn_fwd_d64"), 4);
+    // `__shared__ float qs[DEC_WARPS][DEC_MAX_D]`: 4 x 256 floats
+    assert_eq!(static_smem(&coa_kernels::ops::decode_attention::SOURCE, "attn_extend"), 4096);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&x).arg(&mut part).arg(&n);
+    fails("static + dynamic over the device's shared memory", run(b, cfg(1, 32, 232448 - 128 + 16)), "CUDA_ERROR_INVALID_VALUE",
+        &["sumsq_f32", "128 bytes of static + 232336 bytes of dynamic shared memory = 232464", "at most 232448"]);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&x).arg(&mut part).arg(&n);
+    run(b, cfg(1, 32, 232448 - 128)).expect("static + dynamic at the limit");
+    let neighbour_read = m.load_function("neighbour_read").unwrap(); // `__shared__ float slot[1024]`
+    assert_eq!(neighbour_read.get_attribute(attr::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES).unwrap(), 4096);
+    let raised = neighbour_read.set_attribute(attr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 232448 - 4096 + 1);
+    fails("dynamic limit raised past static", raised.map_err(Error::from), "CUDA_ERROR_INVALID_VALUE", &["neighbour_read", "4096 bytes of static shared memory"]);
     let mut b = gpu.stream.launch_builder(&bounded);
     b.arg(&mut out);
     fails("empty grid", run(b, LaunchConfig { grid_dim: (0, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 }), "CUDA_ERROR_INVALID_VALUE", &["grid (0,1,1)"]);

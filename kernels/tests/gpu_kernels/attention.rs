@@ -80,9 +80,15 @@ fn case(gpu: &Gpu, rng: &mut Rng, s: AttnShape) {
     check("attention o", &o, &o_ref, BF16_ULP * vmax, BF16_ULP, 1e-2);
     check("attention lse", &lse, &lse_ref, 1e-3, 1e-4, 1e-4);
     // Gradients go through bf16 P and dS and two bf16 products: 1/64 of the largest value
-    // element-wise, and 2% in L2.
+    // element-wise, and 2% in L2. The terms of dS = P (dP - delta) are of order |dO| |V|; where
+    // they cancel (one key: P = 1, dS = 0, so dq = dk = 0) the f32 reference holds only rounding
+    // noise (~1e-7), so the scale is at least a thousandth of |dO| |V| and the L2 check needs a
+    // gradient above that.
+    let floor = 1e-3 * max_abs(&dout) * vmax;
     for (name, d, r) in [("attention dq", &dqd, &dq_ref), ("attention dk", &dkd, &dk_ref), ("attention dv", &dvd, &dv_ref)] {
         let got = gpu.download_bf16(d).unwrap();
-        check(name, &got, r, max_abs(r) / 64.0, 2.0 * BF16_ULP, 2e-2);
+        let scale = max_abs(r).max(floor);
+        let rel_l2 = if max_abs(r) > floor { 2e-2 } else { f64::INFINITY };
+        check(name, &got, r, scale / 64.0, 2.0 * BF16_ULP, rel_l2);
     }
 }
