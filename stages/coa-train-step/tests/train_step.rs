@@ -587,3 +587,44 @@ fn dapo_trains_on_scored_rollouts_and_reports_rl_metrics() {
     let err = fails(&["-i", s(&scores), "--objective", "dapo", "--init", s(&init), "-o", s(&m)]);
     assert!(err.contains("row 5") && err.contains("logprobs"), "{err}");
 }
+
+/// Rows that begin with the same prompt are computed as one sequence with the prompt once
+/// (`share.rs`); the step is the same as computing every row alone (`--no-share-prompts`), up to
+/// f32 summation order.
+#[test]
+fn shared_prompts_train_as_rows_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<i32> = (0..40).map(|i| 2 + (i * 7 % (VOCAB as i32 - 2))).collect();
+    let rows: Vec<Row> = dataset(12, 3)
+        .into_iter()
+        .map(|(ids, mask, _)| {
+            let mut all = prompt.clone();
+            all.extend(&ids);
+            let mut m = vec![0u8; prompt.len()];
+            m.extend(&mask);
+            (all, m, None)
+        })
+        .collect();
+    let tokens = dir.path().join("tokens.parquet");
+    write_tokens(&tokens, &rows);
+    let config = write_config(dir.path());
+    let run_with = |name: &str, extra: &[&str]| {
+        let (ck, m) = (dir.path().join(name), dir.path().join(format!("{name}.parquet")));
+        let mut a = vec!["-i", s(&tokens), "--init-config", s(&config), "--seed", "5", "--batch-tokens", "400", "--lr", "3e-3", "--steps", "3", "--threads", "2", "--save", s(&ck), "-o", s(&m)];
+        a.extend_from_slice(extra);
+        ok(&a);
+        (read_metrics(&m), load_params(&ck))
+    };
+    let (shared, p_shared) = run_with("shared", &[]);
+    let (alone, p_alone) = run_with("alone", &["--no-share-prompts"]);
+    assert_eq!(shared.len(), 3);
+    for (a, b) in shared.iter().zip(&alone) {
+        assert_eq!((a.0, a.4), (b.0, b.4), "same steps and tokens");
+        assert!((a.1 - b.1).abs() <= 1e-5 * b.1.abs().max(1.0), "loss {} vs {}", a.1, b.1);
+        assert!((a.3 - b.3).abs() <= 1e-4 * b.3.abs().max(1.0), "grad_norm {} vs {}", a.3, b.3);
+    }
+    for (x, y) in p_shared.tensors.iter().zip(&p_alone.tensors) {
+        let diff = x.data.iter().zip(&y.data).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff < 1e-5, "{}: max |diff| {diff}", x.name);
+    }
+}
