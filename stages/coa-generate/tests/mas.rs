@@ -227,6 +227,18 @@ fn endpoint(n: usize, reply: fn(&str, &serde_json::Value) -> (u16, String)) -> (
     (url, handle)
 }
 
+/// The request heads `endpoint` saw, once it has served all its requests. The stage has exited by
+/// then, so an endpoint still waiting got fewer requests than the test expects: a failure after
+/// 30 s, not a hang.
+fn served(server: std::thread::JoinHandle<Vec<String>>) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !server.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "the endpoint got fewer requests than the test expects");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    server.join().unwrap()
+}
+
 /// A model for math tasks: plan, then answer 2 (task `m-fail` gets HTTP 400, which is not retried).
 fn math_model(_: &str, req: &serde_json::Value) -> (u16, String) {
     let msgs = req["messages"].as_array().unwrap();
@@ -271,7 +283,7 @@ fn the_api_key_is_sent_only_where_api_key_env_names_it() {
         }
         let o = cmd.output().unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
-        let heads = server.join().unwrap();
+        let heads = served(server);
         assert_eq!(heads.len(), 3, "plan, routing, answer");
         for head in &heads {
             assert!(!head.contains("sk-from-the-environment"), "OPENAI_API_KEY leaked:\n{head}");
@@ -291,7 +303,7 @@ fn a_task_that_fails_is_recorded_and_skipped_up_to_max_failed() {
     let o = bin().args(args).args(["-o", out.to_str().unwrap(), "--stats", stats.to_str().unwrap()]).output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("task m-fail failed and is left out") && stderr(&o).contains("HTTP 400"), "{}", stderr(&o));
-    server.join().unwrap();
+    served(server);
     let runs = read_runs(&out);
     assert_eq!(runs.iter().map(|r| r.task_id.as_str()).collect::<Vec<_>>(), ["m-1", "m-3"]);
     assert!(runs.iter().all(|r| r.success));

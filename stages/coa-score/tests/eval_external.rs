@@ -122,6 +122,9 @@ fn gold_answers_score_100_and_perturbed_ones_0_on_every_real_file() {
         io::write_all(Some(&rollouts_path), None, &ROLLOUTS.schema(), &[rows::to_batch(&rollouts).unwrap()], &prov).unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_coa-score"))
             .args(["-i", rollouts_path.to_str().unwrap(), "--tasks", tasks_path.to_str().unwrap(), "-o", scores_path.to_str().unwrap()])
+            // Verdicts, not speed: a slow gold (LiveCodeBench abc372_f) passed the default 10 s
+            // alone but not on two loaded cores. No perturbed answer runs long.
+            .args(["--code-timeout", "60"])
             .output()
             .unwrap();
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));

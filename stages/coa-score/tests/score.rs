@@ -174,7 +174,17 @@ fn the_sandbox_verdict_is_recorded_and_early_exits_do_not_pass() {
 #[test]
 fn unknown_tasks_and_ragged_rows_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(math) = first_task("unknown_tasks_and_ragged_rows_are_named", "aime24.parquet") else { return };
+    // A made-up task: these are checks of the input, which need no real file.
+    let math = Task {
+        task_id: "math-0".into(),
+        suite: "math".into(),
+        split: "test".into(),
+        source: "synthetic".into(),
+        question: "What is 1 + 1?".into(),
+        answers: vec!["2".into()],
+        tools: vec!["code".into()],
+        ..Task::default()
+    };
     write(&dir.path().join("tasks.parquet"), std::slice::from_ref(&math), &TASKS);
     let mut stranger = rollout(&math, 0, code_text("\\boxed{1}"), 5);
     stranger.task_id = "who-is-this".into();

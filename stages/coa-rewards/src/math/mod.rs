@@ -14,7 +14,7 @@
 //!    expressions by evaluation at random points, sets unordered, equations by their solutions).
 //!    An answer that does not parse is only equal to the same normalised text.
 //!
-//! An empty answer is never equal to anything. `tests/math_verify/` holds a table of 1,004
+//! An empty answer is never equal to anything. `tests/math_verify/` holds a table of 1,291
 //! (gold, answer) pairs built from MATH-500's golds, with math-verify's verdict on each; the
 //! `math_verify_agreement` test measures how often `math_equal` agrees (README: "Math answers").
 

@@ -292,6 +292,10 @@ ISSUE_CASES = [
     ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
 ]
 
+# Cases named in the issue, written as a model might without a box (rule `unboxed`): math-verify's
+# extraction reads a bare `1e3` differently from a boxed one.
+ISSUE_CASES_UNBOXED = [("1000", "1e3")]
+
 
 # Harder rewrites of real MATH-500 golds, written by hand: (gold, answer).
 HANDWRITTEN = [
@@ -359,6 +363,8 @@ def build(math500, out_path, n_integers):
         push("issue", "issue", g, f"\\boxed{{{a}}}")
     for g, a in HANDWRITTEN:
         push("handwritten", "handwritten", g, f"\\boxed{{{a}}}")
+    for g, a in ISSUE_CASES_UNBOXED:
+        push("issue", "unboxed", g, a)
     with open(out_path, "w") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
