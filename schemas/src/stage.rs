@@ -73,8 +73,11 @@ pub struct Stage {
     rows_out: u64,
     summary: Map<String, Value>,
     stats_path: Option<PathBuf>,
-    /// Flags naming outputs: left out of the provenance (where a table went is not what it is).
-    output_flags: Vec<&'static str>,
+    /// Flags (with a value) left out of the provenance: outputs (where a table went is not what
+    /// it is) and flags that do not change the data.
+    unrecorded_flags: Vec<&'static str>,
+    /// Switches (no value) that do not change the data, also left out of the provenance.
+    unrecorded_switches: Vec<&'static str>,
 }
 
 impl Stage {
@@ -90,7 +93,8 @@ impl Stage {
             rows_out: 0,
             summary: Map::new(),
             stats_path: None,
-            output_flags: vec!["-o", "--stats"],
+            unrecorded_flags: vec!["-o", "--stats"],
+            unrecorded_switches: Vec::new(),
         }
     }
 
@@ -112,22 +116,40 @@ impl Stage {
     /// a directory, or two outputs naming one file, fail here rather than after the work. The
     /// flags are also left out of the provenance. Call it first thing with every output flag.
     pub fn outputs(&mut self, outputs: &[(&'static str, Option<&Path>)]) -> Result<()> {
-        for &(flag, _) in outputs {
-            if !self.output_flags.contains(&flag) {
-                self.output_flags.push(flag);
-            }
-        }
+        let flags: Vec<&'static str> = outputs.iter().map(|&(flag, _)| flag).collect();
+        self.not_recorded(&flags);
         output::check_outputs(outputs)
     }
 
+    /// Leaves flags that take a value out of the provenance: those that change how the work is
+    /// done or what else is written, not the table (worker threads, log cadence, a checkpoint
+    /// directory). Output paths are left out by [`Stage::outputs`] already.
+    pub fn not_recorded(&mut self, flags: &[&'static str]) {
+        for &flag in flags {
+            if !self.unrecorded_flags.contains(&flag) {
+                self.unrecorded_flags.push(flag);
+            }
+        }
+    }
+
+    /// Like [`Stage::not_recorded`], for switches that take no value.
+    pub fn not_recorded_switches(&mut self, switches: &[&'static str]) {
+        for &switch in switches {
+            if !self.unrecorded_switches.contains(&switch) {
+                self.unrecorded_switches.push(switch);
+            }
+        }
+    }
+
     /// The provenance written into outputs: this stage, the arguments that determine the data
-    /// (every argument but the output paths), seed and inputs. The same run written to two file
-    /// names gives the same bytes.
+    /// (every argument but the output paths and the flags of [`Stage::not_recorded`]), seed and
+    /// inputs. The same run written to two file names, or on another thread count, gives the
+    /// same provenance.
     pub fn provenance(&self) -> Provenance {
         Provenance {
             stage: self.name.clone(),
             version: self.version.clone(),
-            args: without_flags(std::env::args().skip(1), &self.output_flags),
+            args: without_flags(std::env::args().skip(1), &self.unrecorded_flags, &self.unrecorded_switches),
             seed: self.seed,
             inputs: self.inputs.clone(),
         }
@@ -223,13 +245,16 @@ impl Stage {
 pub use crate::output::write_atomically;
 
 /// `args` without the given flags and their values (`-o X`, `-oX`, `--output X`, `--output=X`;
-/// `-o` also stands for `--output`).
-fn without_flags(args: impl Iterator<Item = String>, flags: &[&str]) -> Vec<String> {
+/// `-o` also stands for `--output`) and without the given switches.
+fn without_flags(args: impl Iterator<Item = String>, flags: &[&str], switches: &[&str]) -> Vec<String> {
     let spellings: Vec<&str> = flags.iter().flat_map(|&f| if f == "-o" { vec!["-o", "--output"] } else { vec![f] }).collect();
     let mut kept = Vec::new();
     let mut skip_value = false;
     for arg in args {
         if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        if switches.contains(&arg.as_str()) {
             continue;
         }
         if spellings.contains(&arg.as_str()) {
@@ -277,5 +302,22 @@ pub fn run(stage: &mut Stage, body: impl FnOnce(&mut Stage) -> Result<()>) -> Ex
             eprintln!("{}: error: {e:#}", stage.name());
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_flags;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn unrecorded_flags_and_switches_are_dropped_in_every_spelling() {
+        let args = strings(&["-i", "in.parquet", "-o", "a", "-ob", "--output=c", "--output", "d", "--threads", "4", "--threads=2", "--save-every", "1", "--verify-joined", "--lr", "3e-4", "--save", "ck"]);
+        let kept = without_flags(args.into_iter(), &["-o", "--threads", "--save"], &["--verify-joined"]);
+        // --save-every is another flag than --save: it stays.
+        assert_eq!(kept, strings(&["-i", "in.parquet", "--save-every", "1", "--lr", "3e-4"]));
     }
 }

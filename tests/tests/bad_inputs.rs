@@ -371,5 +371,13 @@ fn coa_train_step() {
     refuses("--stop-at-step 0", &with(&["--stop-at-step", "0"]), &["--stop-at-step", "`0`: expected a whole number of at least 1"]);
     refuses("a run already past --stop-at-step", &s(&["coa-train-step", "-i", &input, "--resume", &fx.path("ckpt"), "--stop-at-step", "1"]), &["nothing to train", "at step 1"]);
     refuses("NaN epochs", &s(&["coa-train-step", "--init-config", "tiny", "--tokenizer", &tok, "--epochs", "NaN", "-i", &input]), &["--epochs", "`NaN`: expected a number greater than 0"]);
-    directory_outputs(&["coa-train-step", "plot", "-i", &fx.path("metrics.parquet")], &["-o"]);
+}
+
+#[test]
+fn coa_train_step_plot() {
+    let fx = fixtures();
+    table_cases(&["coa-train-step", "plot", "-i", "{IN}", "-o", "out.png"], "metrics.parquet", &tables::METRICS, "tokens.parquet");
+    let metrics = fx.path("metrics.parquet");
+    directory_outputs(&["coa-train-step", "plot", "-i", &metrics], &["-o"]);
+    refuses("--column naming no float column", &s(&["coa-train-step", "plot", "-i", &metrics, "--column", "objective", "-o", "out.png"]), &["--column objective", "not a float32 column"]);
 }

@@ -131,6 +131,9 @@ fn main() -> ExitCode {
             stage.set_stats_path(args.io.stats.clone());
             stage::run(&mut stage, |s| {
                 s.outputs(&args.io.outputs())?;
+                // The output does not depend on how many tasks run at once, nor on where
+                // replies are cached or which variable holds the key.
+                s.not_recorded(&["--concurrency", "--max-inflight", "--cache-dir", "--api-key-env"]);
                 mas::run(s, &args)
             })
         }
@@ -139,6 +142,7 @@ fn main() -> ExitCode {
             stage.set_stats_path(args.io.stats.clone());
             stage::run(&mut stage, |s| {
                 s.outputs(&args.io.outputs())?;
+                s.not_recorded(&["--threads"]);
                 policy::run(s, &args)
             })
         }

@@ -50,6 +50,9 @@ fn main() -> ExitCode {
     stage::run(&mut stage, |s| {
         let [out, stats] = cli.io.outputs();
         s.outputs(&[out, stats, ("--save-tokenizer", cli.args.save_tokenizer.as_deref())])?;
+        // Neither changes the tokens: --verify-joined only adds a count to the summary.
+        s.not_recorded(&["--threads"]);
+        s.not_recorded_switches(&["--verify-joined"]);
         coa_tokenize::run(s, &cli.args, &cli.io)
     })
 }

@@ -247,6 +247,9 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     // after the whole training).
     let [out, stats] = args.io.outputs();
     stage.outputs(&[out, stats, ("--plot", args.plot.as_deref())])?;
+    // The checkpoint directory is an output too (checked below, as a directory); the others
+    // change how the run is done or logged, not its metrics.
+    stage.not_recorded(&["--save", "--save-every", "--threads", "--log-every"]);
     if let Some(dir) = &args.save {
         checkpoint::check_save_dir(dir)?;
     }

@@ -334,6 +334,35 @@ fn checkpoint_holds_hf_files_tokenizer_and_state() {
     assert!(err.contains("--vocab-size"), "{err}");
 }
 
+/// The arguments recorded in the provenance of a metrics table.
+fn recorded_args(path: &Path) -> Vec<String> {
+    io::open(Some(path), &METRICS).unwrap().provenance().expect("provenance").args
+}
+
+#[test]
+fn provenance_records_what_determines_the_metrics_not_where_or_how_fast() {
+    let e = env(6);
+    // Two runs of the same training: other outputs, checkpoint directories, thread counts and
+    // log cadence, in both spellings of a flag.
+    ok(&args(&base(&e, &["--steps", "2", "--save", s(&e.p("ck1")), "--save-every", "1", "--log-every", "1", "-o", s(&e.p("a.parquet"))])));
+    let mut second = base(&e, &["--steps", "2", &format!("--save={}", s(&e.p("ck2"))), "--output", s(&e.p("b.parquet"))]);
+    let threads = second.iter().position(|a| a == "--threads").unwrap();
+    second.splice(threads..threads + 2, ["--threads=1".to_string()]);
+    ok(&args(&second));
+    let (a, b) = (recorded_args(&e.p("a.parquet")), recorded_args(&e.p("b.parquet")));
+    assert_eq!(a, b, "the provenance differs between runs that train the same");
+    for dropped in ["--save", "--save-every", "--log-every", "--threads", "-o", "ck1", "a.parquet"] {
+        assert!(!a.iter().any(|x| x == dropped || x.ends_with(dropped)), "{dropped} recorded in {a:?}");
+    }
+    // What changes the data is kept.
+    for kept in ["--seed", "--lr", "--steps", "--batch-tokens", "--init-config"] {
+        assert!(a.iter().any(|x| x == kept), "{kept} missing from {a:?}");
+    }
+    // And a setting that changes the run gives another provenance.
+    ok(&args(&base(&e, &["--steps", "2", "--lr", "1e-3", "-o", s(&e.p("c.parquet"))])));
+    assert_ne!(recorded_args(&e.p("c.parquet")), a);
+}
+
 #[test]
 fn corrupt_optimizer_state_names_the_tensor() {
     let e = env(6);

@@ -31,14 +31,18 @@
 //!    line is removed from the captured stdout. `os._exit(0)`, `sys.exit(0)` before the tests,
 //!    a kill or a crash cannot produce it; the token is in no file, argument or environment
 //!    variable, and the interpreter features that could dig it out of the harness (gc
-//!    introspection, trace, profile and monitoring hooks, raw memory access through ctypes,
-//!    `/proc/*/mem`) are refused. Code that reads its interpreter's memory from another process
-//!    (a subprocess reading `/proc/PID/mem`) is not prevented.
+//!    introspection, trace, profile and monitoring hooks, ctypes and cffi, `/proc/<pid>/mem`
+//!    under any name the path resolves from, directory descriptors outside the working
+//!    directory) are refused. The tests run in an audit hook that only the harness's own frame
+//!    can start, and the hook holding the token answers only that hook's frame. Not prevented:
+//!    a subprocess reading its interpreter's `/proc/PID/mem`, and `os.open(name, dir_fd=fd)`
+//!    with a directory fd inside the working directory where a subprocess left a symlink into
+//!    `/proc` (the audit event does not carry the dir_fd).
 //! 6. **An audit-hook prelude** that refuses Python writes outside the working directory.
 //!    Defence in depth only, for the fallback without namespaces where `/tmp` is the host's.
 //!
 //! Without namespaces a run's working directory is a fresh host temp dir (removed afterwards,
-//! and on SIGTERM/SIGINT/SIGHUP), and files written elsewhere through a subprocess or ctypes
+//! and on SIGTERM/SIGINT/SIGHUP), and files written elsewhere through a subprocess
 //! land in the host's `/tmp`; the README lists what holds where.
 //!
 //! Output is captured without threads: one poll() loop reads stdout and stderr (and feeds
@@ -327,7 +331,8 @@ pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits
         let ns = Namespaces { status_fd: write.as_raw_fd(), tmp_options, files };
         (None, PathBuf::from("/tmp"), Some(ns), Some(read), Some(write))
     } else {
-        let dir = tempfile::Builder::new().prefix("coa-sandbox-").tempdir().context("creating the sandbox temp dir")?;
+        // The stage's pid in the name says whose a dir is (and whether its stage still lives).
+        let dir = tempfile::Builder::new().prefix(&format!("coa-sandbox-{}-", std::process::id())).tempdir().context("creating the sandbox temp dir")?;
         let script = dir.path().join(SCRIPT_NAME);
         fs::write(&script, program.code).with_context(|| format!("writing {}", script.display()))?;
         if let Some(id) = drop_to {

@@ -71,12 +71,14 @@ pub fn survivors(tag: &str) -> Vec<(i32, String)> {
     }
 }
 
-/// `coa-sandbox-*` entries in the host's temp dir.
-pub fn sandbox_dirs() -> BTreeSet<PathBuf> {
+/// The sandbox dirs (`coa-sandbox-<pid>-*`) in the host's temp dir of the stage process `pid`
+/// (other people's sandboxes may come and go there meanwhile).
+pub fn sandbox_dirs(pid: u32) -> BTreeSet<PathBuf> {
+    let prefix = format!("coa-sandbox-{pid}-");
     std::fs::read_dir(std::env::temp_dir())
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("coa-sandbox-"))
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
         .map(|e| e.path())
         .collect()
 }
