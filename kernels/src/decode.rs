@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use coa_model::{ops, ModelConfig, Params};
+use coa_model::{ModelConfig, Params};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 

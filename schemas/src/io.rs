@@ -373,15 +373,34 @@ fn finish_open(
     } else {
         (prune_schema(&found, &omit), omit.clone())
     };
-    // An input of any table that names one of ours in its metadata is held to that table: its
-    // types, and no nulls where the table allows none (coa-filter passes tables on unchanged).
-    let expected = expected.or_else(|| found.metadata().get(META_TABLE).and_then(|name| crate::tables::by_name(name)));
-    let (schema, needs_cast) = match expected {
-        Some(t) => check_schema(&source, &found, t, &omit)?,
-        None => (found.clone(), false),
+    // An input of any table (coa-filter passes tables on unchanged) that names one of ours in its
+    // metadata keeps its own columns, but no nulls where that table allows none.
+    let (schema, needs_cast, expected) = match expected {
+        Some(t) => {
+            let (schema, needs_cast) = check_schema(&source, &found, t, &omit)?;
+            (schema, needs_cast, Some(t))
+        }
+        None => match found.metadata().get(META_TABLE).and_then(|name| crate::tables::by_name(name)) {
+            Some(t) => (with_nullability_of(&found, t), false, Some(t)),
+            None => (found.clone(), false, None),
+        },
     };
     let inner = prefetch(inner);
     Ok(TableReader { source, format, expected, found, schema, needs_cast, prune, inner, batches: 0, rows: 0 })
+}
+
+/// `found` with the nullability `table` declares for the columns they share (the rest as found).
+fn with_nullability_of(found: &SchemaRef, table: &Table) -> SchemaRef {
+    let declared = table.schema();
+    let fields: Vec<Field> = found
+        .fields()
+        .iter()
+        .map(|f| match declared.field_with_name(f.name()) {
+            Ok(d) if !d.is_nullable() => f.as_ref().clone().with_nullable(false),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new(fields).with_metadata(found.metadata().clone()))
 }
 
 /// A Parquet reader without the leaves under the omitted fields; batches sized by [`parquet_batch_rows`].

@@ -397,14 +397,10 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     };
     let stop_at = args.stop_at_step.unwrap_or(total_steps).min(total_steps);
     let start_step = trainer.state.step;
-    if stop_at <= start_step {
-        bail!(
-            "nothing to train: the run is at step {start_step} of {total_steps}{}",
-            match args.stop_at_step {
-                Some(s) if s < total_steps => format!(" and --stop-at-step is {s}"),
-                _ => String::new(),
-            }
-        );
+    // A finished run resumed again does nothing more (a pipeline may re-run it); asking to stop at
+    // a step the run has already passed is a mistake.
+    if let Some(s) = args.stop_at_step.filter(|_| stop_at <= start_step) {
+        bail!("nothing to train: the run is at step {start_step} of {total_steps} and --stop-at-step is {s}");
     }
     let todo = stop_at.saturating_sub(start_step);
     let log_every = args.log_every.unwrap_or((todo / 20).max(1)).max(1);
