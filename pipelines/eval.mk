@@ -5,10 +5,10 @@
 #   runs/<RUN>/eval/<sft|rl>/scores.parquet + report.json  the students, scored
 #   runs/<RUN>/eval/report.md, pipeline.png                the table and its plot
 
-EVAL_MAX_RESPONSE ?= $(call by_size,1408,3072)
-EVAL_MAX_TURNS    ?= $(call by_size,12,16)
+EVAL_MAX_RESPONSE ?= $(call by_size,1408,1536,3072)
+EVAL_MAX_TURNS    ?= $(call by_size,12,12,16)
 # Sequences decoded together (policy --batch); the output does not depend on it.
-EVAL_BATCH        ?= $(call by_size,32,200)
+EVAL_BATCH        ?= $(call by_size,32,50,200)
 EVAL := $(RUNDIR)/eval
 
 $(EVAL)/teacher/mas_runs.parquet: $(RUNDIR)/test/tasks.parquet $(RUNDIR)/test/corpus.parquet | build

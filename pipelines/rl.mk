@@ -8,22 +8,23 @@
 # Iteration k draws its tasks from the training split (task ids ending in the digit k mod 10), so
 # ten iterations in a row see different tasks; --oversample keeps generating until RL_GROUPS groups
 # have unequal rewards.
-# These defaults are SIZE=smoke's (the tiny CPU model); SIZE=full's are set in pipelines/default.mk.
+# Each size's values: $(call by_size,SMOKE,DEFAULT,FULL) (see pipelines/default.mk).
 
-RL_ITERS        ?= $(call by_size,2,10)
-RL_SUITE        ?= multihop
-RL_N            ?= $(call by_size,4,8)
-RL_GROUPS       ?= $(call by_size,8,32)
+RL_ITERS        ?= $(call by_size,2,2,10)
+RL_SUITE        ?= $(call by_size,multihop,math,multihop)
+RL_N            ?= $(call by_size,4,4,8)
+RL_GROUPS       ?= $(call by_size,8,8,32)
 RL_TEMPERATURE  ?= 1.0
-RL_MAX_RESPONSE ?= $(call by_size,768,3072)
-RL_OVERLONG     ?= $(call by_size,96,256)
-RL_MAX_TURNS    ?= $(call by_size,12,16)
+RL_MAX_RESPONSE ?= $(call by_size,768,1536,3072)
+RL_OVERLONG     ?= $(call by_size,96,256,256)
+RL_MAX_TURNS    ?= $(call by_size,12,12,16)
 # Sequences decoded together (policy --batch): samples do not depend on it, but --oversample judges
 # whole groups as they finish, so a larger batch may draw a few more groups than needed.
-RL_BATCH        ?= $(call by_size,16,128)
-RL_LR           ?= $(call by_size,5e-5,2e-5)
-RL_BATCH_TOKENS ?= $(call by_size,16384,65536)
-RL_FLAGS        ?=
+RL_BATCH        ?= $(call by_size,16,32,128)
+RL_LR           ?= $(call by_size,5e-5,5e-5,2e-5)
+RL_BATCH_TOKENS ?= $(call by_size,16384,16384,65536)
+# The pretrained student trains the same layers as in SFT.
+RL_FLAGS        ?= $(if $(filter-out 0,$(SFT_FREEZE_LAYERS)),--freeze-layers $(SFT_FREEZE_LAYERS))
 
 RL := $(RUNDIR)/rl
 

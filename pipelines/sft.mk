@@ -1,38 +1,59 @@
-# Agentic SFT (DESIGN §8): the distilled CoA text of every suite -> tokens with loss masks -> a
-# fresh Llama (the SFT_MODEL preset) trained on DEVICE, saved as an HF checkpoint that also resumes exactly.
-#   runs/<RUN>/sft/tokenizer.json            byte-level BPE (CoA tags as special tokens), trained on
-#                                            the $(SFT_BPE_SUITE) suite's CoA text, used for every suite
+# Agentic SFT: the distilled CoA text of every suite -> tokens with loss masks -> the student,
+# trained on DEVICE and saved as an HF checkpoint that also resumes exactly.
+# The student (SFT_BASE): SIZE=default fine-tunes the pretrained SmolLM2-135M-Instruct (its GGUF,
+# `make model`): its own tokenizer and chat template, with the 12 CoA tags added as tokens (their
+# embedding rows start at the mean of their text pieces', `<code>` from `<`, `code`, `>`, and learn
+# at SFT_NEW_TOKEN_LR_MULT times the rate so the tag parts from the word), and the bottom
+# SFT_FREEZE_LAYERS of its 30 layers frozen (half the CPU cost of a step). SIZE=smoke and full
+# train a fresh Llama (the SFT_MODEL preset) with a byte-level BPE trained on the CoA text.
+#   runs/<RUN>/sft/tokenizer.json            the tokenizer, tags included (HF format)
 #   runs/<RUN>/sft/<suite>/tokens.parquet    token ids + loss masks (observations and prompt masked)
 #   runs/<RUN>/sft/checkpoint/               config.json, model.safetensors, generation_config.json,
 #                                            tokenizer.json, optimizer.safetensors, trainer_state.json
 #   runs/<RUN>/sft/metrics.parquet           one row per optimizer step (step, loss, lr, grad_norm, tokens/s)
 #   runs/<RUN>/sft/loss.png                  the loss curve
 # The trainer prints the falling loss every few steps; `make sft` then prints the summary table
-# (pipelines/sft_report.py). These defaults are SIZE=smoke's, sized to finish in under 10 minutes on
-# 2 CPU cores; SIZE=full's (the `small` model, 3584-token rows) are set in pipelines/default.mk.
+# (pipelines/sft_report.py).
 
-SFT_MODEL        ?= $(call by_size,tiny,small)
-SFT_VOCAB        ?= $(call by_size,4096,8192)
-SFT_BPE_SUITE    ?= multihop
+SFT_BASE         ?= $(call by_size,,$(SMOLLM2_GGUF),)
+SFT_MODEL        ?= $(call by_size,tiny,,small)
+SFT_VOCAB        ?= $(call by_size,4096,,8192)
+SFT_BPE_SUITE    ?= $(firstword $(SUITES))
 # Longer sequences are cut at a token boundary outside any observation (coa-tokenize --overlong).
-SFT_MAX_LEN      ?= $(call by_size,2048,3584)
+SFT_MAX_LEN      ?= $(call by_size,2048,2048,3584)
 SFT_OVERLONG     ?= truncate
-SFT_STEPS        ?= $(call by_size,300,1500)
-SFT_BATCH_TOKENS ?= $(call by_size,8192,65536)
-SFT_LR           ?= $(call by_size,2e-3,1e-3)
-SFT_MIN_LR       ?= $(call by_size,2e-4,1e-4)
-SFT_WARMUP       ?= $(call by_size,10,50)
-SFT_SAVE_EVERY   ?= $(call by_size,50,250)
+# The run's length: SFT_EPOCHS passes over the data when set, else SFT_STEPS optimizer steps.
+SFT_EPOCHS       ?= $(call by_size,,3,)
+SFT_STEPS        ?= $(call by_size,300,,1500)
+SFT_BATCH_TOKENS ?= $(call by_size,8192,8192,65536)
+SFT_LR           ?= $(call by_size,2e-3,2e-4,1e-3)
+SFT_MIN_LR       ?= $(call by_size,2e-4,2e-5,1e-4)
+SFT_WARMUP       ?= $(call by_size,10,3,50)
+SFT_SAVE_EVERY   ?= $(call by_size,50,10,250)
+SFT_NEW_TOKEN_LR_MULT ?= 10
+SFT_FREEZE_LAYERS     ?= $(call by_size,0,20,0)
 SFT_FLAGS        ?=
 
 SFT := $(RUNDIR)/sft
 SFT_TOKENS := $(foreach s,$(SUITES),$(SFT)/$(s)/tokens.parquet)
+SFT_LENGTH := $(if $(SFT_EPOCHS),--epochs $(SFT_EPOCHS),--steps $(SFT_STEPS))
 
+ifneq ($(SFT_BASE),)
+# A pretrained student: its tokenizer with the tags added, the same for every suite.
+$(SFT)/tokenizer.json $(SFT)/$(SFT_BPE_SUITE)/tokens.parquet &: $(DISTILL)/$(SFT_BPE_SUITE)/coa_text.parquet $(SFT_BASE) | build
+	@mkdir -p $(SFT)/$(SFT_BPE_SUITE)
+	$(BIN)/coa-tokenize -i $< --tokenizer $(SFT_BASE) --save-tokenizer $(SFT)/tokenizer.json \
+	    --max-len $(SFT_MAX_LEN) --overlong $(SFT_OVERLONG) --stats $(SFT)/$(SFT_BPE_SUITE)/tokenize.json \
+	    -o $(SFT)/$(SFT_BPE_SUITE)/tokens.parquet
+SFT_INIT := --init $(SFT_BASE) --new-token-lr-mult $(SFT_NEW_TOKEN_LR_MULT) --freeze-layers $(SFT_FREEZE_LAYERS)
+else
 $(SFT)/tokenizer.json $(SFT)/$(SFT_BPE_SUITE)/tokens.parquet &: $(DISTILL)/$(SFT_BPE_SUITE)/coa_text.parquet | build
 	@mkdir -p $(SFT)/$(SFT_BPE_SUITE)
 	$(BIN)/coa-tokenize -i $< --train-bpe --vocab-size $(SFT_VOCAB) --save-tokenizer $(SFT)/tokenizer.json \
 	    --max-len $(SFT_MAX_LEN) --overlong $(SFT_OVERLONG) --stats $(SFT)/$(SFT_BPE_SUITE)/tokenize.json \
 	    -o $(SFT)/$(SFT_BPE_SUITE)/tokens.parquet
+SFT_INIT := --init-config $(SFT_MODEL)
+endif
 
 $(SFT)/%/tokens.parquet: $(DISTILL)/%/coa_text.parquet $(SFT)/tokenizer.json
 	@mkdir -p $(@D)
@@ -40,8 +61,8 @@ $(SFT)/%/tokens.parquet: $(DISTILL)/%/coa_text.parquet $(SFT)/tokenizer.json
 	    --stats $(@D)/tokenize.json -o $@
 
 $(SFT)/metrics.parquet $(SFT)/loss.png &: $(SFT_TOKENS) $(SFT)/tokenizer.json
-	$(BIN)/coa-train-step $(SFT_TOKENS) --objective sft --init-config $(SFT_MODEL) --tokenizer $(SFT)/tokenizer.json \
-	    --seed $(SEED) --steps $(SFT_STEPS) --batch-tokens $(SFT_BATCH_TOKENS) --lr $(SFT_LR) --min-lr $(SFT_MIN_LR) \
+	$(BIN)/coa-train-step $(SFT_TOKENS) --objective sft $(SFT_INIT) --tokenizer $(SFT)/tokenizer.json \
+	    --seed $(SEED) $(SFT_LENGTH) --batch-tokens $(SFT_BATCH_TOKENS) --lr $(SFT_LR) --min-lr $(SFT_MIN_LR) \
 	    --warmup-steps $(SFT_WARMUP) --save $(SFT)/checkpoint --save-every $(SFT_SAVE_EVERY) \
 	    --plot $(SFT)/loss.png --stats $(SFT)/train.json --device $(DEVICE) $(SFT_FLAGS) -o $(SFT)/metrics.parquet
 

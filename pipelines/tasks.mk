@@ -4,12 +4,12 @@
 
 $(RUNDIR)/tasks.parquet $(RUNDIR)/corpus.parquet &: pipelines/default.mk | build
 	$(GENERATE) tasks --split train --seed $(SEED) \
-	  --suite multihop --n $(N_MULTIHOP) --suite math --n $(N_MATH) --suite code --n $(N_CODE) \
+	  $(call suite_flags,N) \
 	  --corpus-out $(RUNDIR)/corpus.parquet -o $(RUNDIR)/tasks.parquet --stats $(RUNDIR)/stats/tasks.json
 
 $(RUNDIR)/test/tasks.parquet $(RUNDIR)/test/corpus.parquet &: pipelines/default.mk | build
 	$(GENERATE) tasks --split test --seed $(TEST_SEED) \
-	  --suite multihop --n $(TEST_N_MULTIHOP) --suite math --n $(TEST_N_MATH) --suite code --n $(TEST_N_CODE) \
+	  $(call suite_flags,TEST_N) \
 	  --corpus-out $(RUNDIR)/test/corpus.parquet -o $(RUNDIR)/test/tasks.parquet --stats $(RUNDIR)/stats/test_tasks.json
 
 tasks: $(RUNDIR)/tasks.parquet $(RUNDIR)/test/tasks.parquet

@@ -314,19 +314,25 @@ impl GpuModel {
         Ok(self.gpu.sumsq(&self.grad, self.flat.total)?.sqrt())
     }
 
-    /// One AdamW step of every tensor, with the scalars `args(shape)` gives each (decay rule,
-    /// clipping factor), then the bf16 working copy from the updated masters. Neighbouring
-    /// tensors with equal scalars run as one launch (the padding between them is all zeros, which
-    /// AdamW keeps at zero).
-    pub fn adamw_step(&mut self, args: impl Fn(&[usize]) -> AdamWArgs) -> Result<()> {
+    /// One AdamW step of every tensor, with the scalars `args(name, shape)` gives each span of
+    /// its elements (decay rule, clipping factor, and the learning rate, which may differ by
+    /// rows: new vocabulary rows), then the bf16 working copy from the updated masters.
+    /// Neighbouring spans with equal scalars run as one launch (the padding between tensors is all
+    /// zeros, which AdamW keeps at zero).
+    pub fn adamw_step(&mut self, args: impl Fn(&str, &[usize]) -> Vec<(std::ops::Range<usize>, AdamWArgs)>) -> Result<()> {
         let mut slots: Vec<&Slot> = self.flat.slots.iter().collect();
         slots.sort_by_key(|s| s.offset);
         let mut runs: Vec<(usize, usize, AdamWArgs)> = Vec::new();
         for s in slots {
-            let a = args(&s.shape);
-            match runs.last_mut() {
-                Some(r) if r.2 == a => r.1 = s.offset + s.numel,
-                _ => runs.push((s.offset, s.offset + s.numel, a)),
+            for (span, a) in args(&s.name, &s.shape) {
+                if span.end > s.numel || span.start > span.end {
+                    return Err(Error(format!("AdamW span {span:?} outside tensor {} of {} elements", s.name, s.numel)));
+                }
+                let (lo, hi) = (s.offset + span.start, s.offset + span.end);
+                match runs.last_mut() {
+                    Some(r) if r.2 == a && r.1 <= lo => r.1 = hi,
+                    _ => runs.push((lo, hi, a)),
+                }
             }
         }
         let GpuModel { gpu, master, grad, m, v, .. } = self;

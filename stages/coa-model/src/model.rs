@@ -13,6 +13,11 @@ use crate::rng::{fnv1a, SplitMix64};
 pub struct Model {
     pub config: ModelConfig,
     pub params: Params,
+    /// Training only: the bottom `frozen_layers` decoder layers get no gradient, so the backward
+    /// pass stops above them (and the input embedding gets none either; a tied head's rows still
+    /// get the head's). With the bottom two thirds frozen a step costs about half as much. 0: all
+    /// layers train. Not saved: a property of a run, not of the weights.
+    pub frozen_layers: usize,
 }
 
 /// One sequence (or a packed row of several).
@@ -112,13 +117,13 @@ impl Model {
                 t
             })
             .collect();
-        Ok(Model { config, params: Params { tensors } })
+        Ok(Model { config, params: Params { tensors }, frozen_layers: 0 })
     }
 
     /// Wrap existing parameters; errors unless they match the config's canonical layout.
     pub fn new(config: ModelConfig, params: Params) -> Result<Model> {
         config.validate()?;
-        let m = Model { config, params };
+        let m = Model { config, params, frozen_layers: 0 };
         m.check_layout()?;
         Ok(m)
     }
@@ -228,14 +233,16 @@ impl Model {
 
     /// Embedding + all layers. Returns the final residual `[T,D]` and, if `keep`, each layer's
     /// activations.
-    fn trunk_forward(&self, lay: &Layout, ids: &[u32], cx: &SeqCtx, keep: bool) -> (Vec<f32>, Vec<LayerActs>) {
+    /// The decoder layers' output `[T, D]`, and the activations of layers `keep_from..` (for
+    /// the backward pass; `None`: none kept).
+    fn trunk_forward(&self, lay: &Layout, ids: &[u32], cx: &SeqCtx, keep_from: Option<usize>) -> (Vec<f32>, Vec<LayerActs>) {
         let d = self.config.hidden_size;
         let mut x = vec![0f32; cx.t * d];
         ops::embedding_forward(&mut x, ids, self.p(lay.embed), d);
         let mut acts = Vec::new();
-        for li in &lay.layers {
+        for (l, li) in lay.layers.iter().enumerate() {
             let (y, a) = self.layer_forward(li, x, cx);
-            if keep {
+            if keep_from.is_some_and(|k| l >= k) {
                 acts.push(a);
             }
             x = y;
@@ -253,7 +260,7 @@ impl Model {
         let cx = self.check_seq(seq)?;
         let lay = layout(&self.config);
         let (d, v) = (self.config.hidden_size, self.config.vocab_size);
-        let (x, _) = self.trunk_forward(&lay, seq.input_ids, &cx, false);
+        let (x, _) = self.trunk_forward(&lay, seq.input_ids, &cx, None);
         let mut rstd = vec![0f32; cx.t];
         let mut hf = vec![0f32; cx.t * d];
         ops::rmsnorm_forward(&mut hf, &mut rstd, &x, self.p(lay.norm), self.config.rms_norm_eps as f32, d);
@@ -275,7 +282,7 @@ impl Model {
         let lay = layout(&self.config);
         let (d, v) = (self.config.hidden_size, self.config.vocab_size);
         let head = HeadRows::new(seq.input_ids, &cx.seg_start, need)?;
-        let (x, _) = self.trunk_forward(&lay, seq.input_ids, &cx, false);
+        let (x, _) = self.trunk_forward(&lay, seq.input_ids, &cx, None);
         let mut rstd = vec![0f32; cx.t];
         let mut hf = vec![0f32; cx.t * d];
         ops::rmsnorm_forward(&mut hf, &mut rstd, &x, self.p(lay.norm), self.config.rms_norm_eps as f32, d);
@@ -329,7 +336,11 @@ impl Model {
         let head = HeadRows::new(ids, &cx.seg_start, need)?;
 
         // ---- forward
-        let (xl, acts) = self.trunk_forward(&lay, ids, &cx, true);
+        if self.frozen_layers > c.num_hidden_layers {
+            bail!("{} frozen layers, but the model has {}", self.frozen_layers, c.num_hidden_layers);
+        }
+        let frozen = self.frozen_layers;
+        let (xl, acts) = self.trunk_forward(&lay, ids, &cx, Some(frozen));
         let mut rstd_f = vec![0f32; t];
         let mut hf = vec![0f32; t * d];
         ops::rmsnorm_forward(&mut hf, &mut rstd_f, &xl, self.p(lay.norm), eps, d);
@@ -422,10 +433,12 @@ impl Model {
 
         // ---- backward: layers
         let mut bufs = BackBufs::new(c, t);
-        for (li, a) in lay.layers.iter().zip(&acts).rev() {
+        for (li, a) in lay.layers[frozen..].iter().zip(&acts).rev() {
             self.layer_backward(li, a, &cx, &mut dx, grads, &mut bufs);
         }
-        ops::embedding_backward(&mut grads.tensors[lay.embed].data, &dx, ids, d);
+        if frozen == 0 {
+            ops::embedding_backward(&mut grads.tensors[lay.embed].data, &dx, ids, d);
+        }
         Ok(stats)
     }
 

@@ -597,3 +597,29 @@ fn shared_prefix_pack_equals_its_rows_alone() {
         assert!(e.contains(what), "{e}");
     }
 }
+
+#[test]
+fn frozen_layers_get_no_gradient_and_the_layers_above_the_full_models() {
+    let mut c = small_config("llama", false);
+    c.num_hidden_layers = 3;
+    let full = Model::init(c.clone(), 9).unwrap();
+    let ids = random_ids(40, 97, 5);
+    let (g_full, loss_full) = sft_grads(&full, &ids);
+    let mut frozen = full.clone();
+    frozen.frozen_layers = 2;
+    let (g, loss) = sft_grads(&frozen, &ids);
+    assert_eq!(loss, loss_full, "freezing changes the backward pass only");
+    for (a, b) in g.tensors.iter().zip(&g_full.tensors) {
+        let below = a.name == "model.embed_tokens.weight" || a.name.starts_with("model.layers.0.") || a.name.starts_with("model.layers.1.");
+        if below {
+            assert!(a.data.iter().all(|&x| x == 0.0), "{} is frozen but got a gradient", a.name);
+        } else {
+            assert!(a.data == b.data, "{}: the gradient above the frozen layers must be the full model's", a.name);
+            assert!(a.data.iter().any(|&x| x != 0.0), "{} got no gradient", a.name);
+        }
+    }
+    frozen.frozen_layers = 4;
+    let mut g = frozen.params.zeros_like();
+    let err = frozen.forward_backward(&Seq::new(&ids), &mut g, &mut |s| vec![0.0; s.logp.len()]).unwrap_err().to_string();
+    assert!(err.contains("4 frozen layers, but the model has 3"), "{err}");
+}

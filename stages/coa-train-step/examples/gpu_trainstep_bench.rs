@@ -76,6 +76,8 @@ fn main() -> Result<()> {
         grad_clip: 1.0,
         batch_tokens: B * T,
         micro_batch_tokens: B * T,
+        new_rows: None,
+        frozen_layers: 0,
     };
     let mut trainer = Trainer::new(model, &settings, &data)?;
     trainer.to_cuda(Arc::new(gpu), &data)?;

@@ -66,9 +66,19 @@ pub struct TrainerState {
     pub grad_clip: f64,
     pub batch_tokens: usize,
     pub micro_batch_tokens: usize,
+    /// The embedding rows this run added and their learning-rate factor (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_rows: Option<crate::optim::NewRows>,
+    /// The bottom decoder layers that do not train.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub frozen_layers: usize,
     pub cursor: Cursor,
     pub data: DataInfo,
     pub history: Vec<LogPoint>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl TrainerState {

@@ -18,7 +18,7 @@ use crate::checkpoint::{self, TrainerState};
 use crate::dapo::DapoConfig;
 use crate::data;
 use crate::objective::Objective;
-use crate::optim::AdamWConfig;
+use crate::optim::{AdamWConfig, NewRows};
 use crate::plot;
 use crate::schedule::Schedule;
 use crate::train::{RlStep, Settings, StepReport, Trainer};
@@ -65,6 +65,18 @@ pub struct TrainArgs {
     /// the mean of the rows of the token's text as the base tokenizer splits it.
     #[arg(long, value_name = "FILE|DIR|GGUF")]
     pub tokenizer: Option<PathBuf>,
+    /// Learning-rate factor of the embedding rows (and untied head rows) that --init grows for
+    /// the tokenizer's new tokens (the CoA tags). Each starts at the mean of its base pieces, next
+    /// to a common word's row (`<code>` beside `code`); a larger step on these rows alone tells
+    /// the tag from the word within a short fine-tune. Default 1 (the base rate).
+    #[arg(long, value_name = "M", value_parser = coa_schemas::flags::positive::<f64>)]
+    pub new_token_lr_mult: Option<f64>,
+    /// Train only the layers above the bottom N (a fresh run's choice, kept on resume): the
+    /// backward pass stops above them, so a step of SmolLM2 (30 layers) with 20 frozen costs
+    /// about half. The input embedding then gets no gradient (a tied head's rows still train
+    /// as the head). CPU only. Default 0: every layer trains.
+    #[arg(long, value_name = "N", value_parser = coa_schemas::flags::whole::<usize>)]
+    pub freeze_layers: Option<usize>,
     /// Continue the run saved in this checkpoint directory exactly.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
@@ -336,7 +348,8 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let default_steps = data::steps_for_epochs(&data.examples, seed, batch_tokens, 1.0);
     let total_steps = pick("--steps", steps_given, s.map(|s| s.schedule.total_steps), default_steps, &args.resume)?;
     let schedule = Schedule::new(lr, min_lr, warmup, total_steps)?;
-    let settings = Settings { objective, seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens };
+    let mut settings = Settings { objective, seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens, new_rows: None, frozen_layers: 0 };
+    settings.frozen_layers = pick("--freeze-layers", args.freeze_layers, s.map(|s| s.frozen_layers), 0, &args.resume)?;
 
     // Read now: --save may replace the directory it comes from (--resume DIR --save DIR).
     let vocab = run_vocab(args)?;
@@ -344,15 +357,28 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         Some(dir) => {
             let mut t = Trainer::load(dir, &data)?;
             t.state.micro_batch_tokens = micro_batch_tokens;
+            let saved_mult = t.state.new_rows.map(|n| n.lr_mult);
+            pick("--new-token-lr-mult", args.new_token_lr_mult, saved_mult.or(Some(1.0)), 1.0, &args.resume)?;
             t.objective = objective;
             (t, format!("resume {} at step {}", dir.display(), saved.as_ref().map(|s| s.step).unwrap_or(0)))
         }
         None => {
             let (mut model, origin) = fresh_model(args, vocab.as_ref(), seed)?;
+            let base_rows = model.config.vocab_size;
+            let mut grown = false;
             if let Some(v) = &vocab {
                 if fit_model(&mut model, v, args.init.is_some())? {
-                    eprintln!("coa-train-step: vocabulary grown to the tokenizer's {} ids (new rows: the mean of each token's base pieces)", model.config.vocab_size);
+                    grown = true;
+                    let mult = args.new_token_lr_mult.unwrap_or(1.0);
+                    settings.new_rows = Some(NewRows { first: base_rows, lr_mult: mult });
+                    eprintln!(
+                        "coa-train-step: vocabulary grown to the tokenizer's {} ids (new rows {base_rows}.., each the mean of its token's base pieces; learning rate x{mult})",
+                        model.config.vocab_size
+                    );
                 }
+            }
+            if !grown && args.new_token_lr_mult.is_some_and(|m| m != 1.0) {
+                bail!("--new-token-lr-mult applies to the rows --init adds for new tokens, and this run adds none (the tokenizer has no ids past the model's {base_rows})");
             }
             (Trainer::new(model, &settings, &data)?, origin)
         }

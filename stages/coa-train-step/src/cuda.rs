@@ -36,6 +36,9 @@ impl Trainer {
     /// Moves training to the GPU: uploads the f32 masters and the AdamW moments, and allocates
     /// the buffers for passes of `max(--micro-batch-tokens, longest row)` tokens.
     pub fn to_cuda(&mut self, gpu: Arc<Gpu>, data: &Dataset) -> Result<()> {
+        if self.state.frozen_layers > 0 {
+            bail!("--freeze-layers: the GPU path trains every layer (frozen layers are a CPU saving); drop the flag with --device cuda");
+        }
         let capacity = self.state.micro_batch_tokens.max(data.max_len).max(1);
         let mut gm = GpuModel::new(gpu, &self.model.config, &self.model.params, capacity).map_err(|e| anyhow!("--device cuda: {e}"))?;
         let m: Vec<&[f32]> = self.moments.iter().map(|m| m.exp_avg.as_slice()).collect();
@@ -63,6 +66,7 @@ impl Trainer {
         let n_tokens: usize = rows.iter().map(|&r| data.examples[r].input_ids.len()).sum();
         let step = self.state.step + 1;
         let objective = self.objective;
+        let trainable = self.trainable();
         let Some(gm) = self.cuda.as_deref_mut() else { bail!("internal: step_cuda without a GPU model") };
         let gpu_err = |e: coa_kernels::Error| anyhow!("step {step}: {e}");
         gm.zero_grads().map_err(gpu_err)?;
@@ -120,7 +124,14 @@ impl Trainer {
         let clip = optim::clip_factor(grad_norm, self.state.grad_clip);
         let lr = self.state.schedule.lr_at(step);
         let a = self.state.adamw;
-        gm.adamw_step(|shape| AdamWArgs::new(lr, a.beta1, a.beta2, a.eps, a.weight_decay, step, optim::decays(shape), clip)).map_err(gpu_err)?;
+        gm.adamw_step(|name, shape| {
+            trainable
+                .lr_spans(name, shape)
+                .into_iter()
+                .map(|(span, mult)| (span, AdamWArgs::new(lr * mult, a.beta1, a.beta2, a.eps, a.weight_decay, step, optim::decays(shape), clip)))
+                .collect()
+        })
+        .map_err(gpu_err)?;
         // The step's time includes its device work.
         gm.synchronize().map_err(gpu_err)?;
         let totals = StepTotals { step, rows, n_targets, n_tokens, loss, lr, grad_norm, sums };

@@ -14,6 +14,8 @@
 //! gradient element (accumulated in f64 here), and when it exceeds `max_norm` every gradient is
 //! scaled by `max_norm / (norm + 1e-6)`. The reported norm is the one before clipping.
 
+use std::ops::Range;
+
 use anyhow::{bail, Result};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -49,6 +51,64 @@ pub fn decays(shape: &[usize]) -> bool {
     shape.len() >= 2
 }
 
+/// The embedding rows (and the rows of an untied head) that this run added for the tokenizer's
+/// new tokens, the CoA tags, and the factor their learning rate is multiplied by.
+///
+/// A new row starts as the mean of its base pieces' rows (`<code>` from `<`, `code`, `>`), so it
+/// sits next to the row of a common word; with a tied head its logit then moves with that word's,
+/// and at the base learning rate a short fine-tune does not tell the two apart (the student
+/// writes `code` where the tag belongs). A larger step on these few rows alone separates them
+/// without touching what the pretrained rows know.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NewRows {
+    /// The first new token id: rows `first..vocab_size` are new.
+    pub first: usize,
+    pub lr_mult: f64,
+}
+
+/// The tensors whose rows are vocabulary ids.
+const VOCAB_ROW_TENSORS: [&str; 2] = ["model.embed_tokens.weight", "lm_head.weight"];
+
+/// Which parameters a run updates, and at what rate.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Trainable {
+    pub new_rows: Option<NewRows>,
+    /// The bottom decoder layers that get no gradient (see `coa_model::Model::frozen_layers`);
+    /// with any frozen, an untied input embedding gets none either.
+    pub frozen_layers: usize,
+    pub tied_head: bool,
+}
+
+impl Trainable {
+    /// The element ranges of tensor `name` (shape `shape`, row-major) that are updated, and the
+    /// learning-rate factor of each: none for a frozen tensor, `[(0..numel, 1.0)]` for most, and
+    /// the new rows apart in the vocabulary-row tensors.
+    pub fn lr_spans(&self, name: &str, shape: &[usize]) -> Vec<(Range<usize>, f64)> {
+        let numel: usize = shape.iter().product();
+        if self.is_frozen(name) {
+            return Vec::new();
+        }
+        match self.new_rows {
+            Some(n) if n.lr_mult != 1.0 && shape.len() == 2 && VOCAB_ROW_TENSORS.contains(&name) && n.first < shape[0] => {
+                let split = n.first * shape[1];
+                vec![(0..split, 1.0), (split..numel, n.lr_mult)]
+            }
+            _ => vec![(0..numel, 1.0)],
+        }
+    }
+
+    pub fn is_frozen(&self, name: &str) -> bool {
+        if self.frozen_layers == 0 {
+            return false;
+        }
+        if name == "model.embed_tokens.weight" {
+            return !self.tied_head;
+        }
+        let layer = name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()).and_then(|i| i.parse::<usize>().ok());
+        layer.is_some_and(|l| l < self.frozen_layers)
+    }
+}
+
 /// The Adam moments of one tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Moments {
@@ -64,9 +124,21 @@ impl Moments {
 
 /// One AdamW update of one tensor; `t` is the 1-based optimizer step.
 pub fn adamw_update(cfg: &AdamWConfig, lr: f64, t: u64, decay: bool, param: &mut [f32], grad: &[f32], m: &mut Moments) {
+    adamw_update_span(cfg, lr, t, decay, param, grad, &mut m.exp_avg, &mut m.exp_avg_sq)
+}
+
+/// [`adamw_update`] of the elements `span` of a tensor (its moments indexed alike).
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_update_range(cfg: &AdamWConfig, lr: f64, t: u64, decay: bool, param: &mut [f32], grad: &[f32], m: &mut Moments, span: Range<usize>) {
+    let (ma, va) = (&mut m.exp_avg[span.clone()], &mut m.exp_avg_sq[span.clone()]);
+    adamw_update_span(cfg, lr, t, decay, &mut param[span.clone()], &grad[span], ma, va)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn adamw_update_span(cfg: &AdamWConfig, lr: f64, t: u64, decay: bool, param: &mut [f32], grad: &[f32], exp_avg: &mut [f32], exp_avg_sq: &mut [f32]) {
     assert_eq!(param.len(), grad.len());
-    assert_eq!(param.len(), m.exp_avg.len());
-    assert_eq!(param.len(), m.exp_avg_sq.len());
+    assert_eq!(param.len(), exp_avg.len());
+    assert_eq!(param.len(), exp_avg_sq.len());
     let b1 = cfg.beta1 as f32;
     let b2 = cfg.beta2 as f32;
     let bc1 = 1.0 - cfg.beta1.powi(t as i32);
@@ -79,7 +151,7 @@ pub fn adamw_update(cfg: &AdamWConfig, lr: f64, t: u64, decay: bool, param: &mut
     param
         .par_chunks_mut(CHUNK)
         .zip(grad.par_chunks(CHUNK))
-        .zip(m.exp_avg.par_chunks_mut(CHUNK).zip(m.exp_avg_sq.par_chunks_mut(CHUNK)))
+        .zip(exp_avg.par_chunks_mut(CHUNK).zip(exp_avg_sq.par_chunks_mut(CHUNK)))
         .for_each(|((p, g), (ma, va))| {
             for i in 0..p.len() {
                 let gi = g[i];

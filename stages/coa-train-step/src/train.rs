@@ -41,6 +41,10 @@ pub struct Settings {
     pub grad_clip: f64,
     pub batch_tokens: usize,
     pub micro_batch_tokens: usize,
+    /// The rows this run added to the vocabulary and their learning-rate factor.
+    pub new_rows: Option<optim::NewRows>,
+    /// The bottom decoder layers that do not train (0: all train).
+    pub frozen_layers: usize,
 }
 
 /// What one optimizer step did.
@@ -98,6 +102,11 @@ impl Trainer {
         if settings.batch_tokens == 0 || settings.micro_batch_tokens == 0 {
             bail!("--batch-tokens and --micro-batch-tokens must be positive");
         }
+        if settings.frozen_layers > model.config.num_hidden_layers {
+            bail!("--freeze-layers {}: the model has {} layers", settings.frozen_layers, model.config.num_hidden_layers);
+        }
+        let mut model = model;
+        model.frozen_layers = settings.frozen_layers;
         let moments = model.params.tensors.iter().map(|t| Moments::zeros(t.data.len())).collect();
         let state = TrainerState {
             format: checkpoint::FORMAT.to_string(),
@@ -110,6 +119,8 @@ impl Trainer {
             grad_clip: settings.grad_clip,
             batch_tokens: settings.batch_tokens,
             micro_batch_tokens: settings.micro_batch_tokens,
+            new_rows: settings.new_rows,
+            frozen_layers: settings.frozen_layers,
             cursor: Cursor::start(settings.seed, data.examples.len()),
             data: data_info(data),
             history: Vec::new(),
@@ -123,6 +134,7 @@ impl Trainer {
         let state = TrainerState::read(dir)?;
         let objective = Objective::parse(&state.objective).with_context(|| format!("{}/{}", dir.display(), checkpoint::STATE_FILE))?;
         let mut model = Model::load(dir).with_context(|| format!("--resume {}", dir.display()))?;
+        model.frozen_layers = state.frozen_layers;
         let specs: Vec<(String, Vec<usize>)> = model.params.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
         let opt = checkpoint::read_optimizer(dir, &specs)?;
         if let Some(master) = opt.master {
@@ -275,14 +287,22 @@ impl Trainer {
         let clip = optim::clip_factor(grad_norm, self.state.grad_clip);
         let lr = self.state.schedule.lr_at(step);
         let adamw = self.state.adamw;
+        let trainable = self.trainable();
         for ((p, g), m) in self.model.params.tensors.iter_mut().zip(grads.tensors.iter_mut()).zip(self.moments.iter_mut()) {
             if clip < 1.0 {
                 g.data.par_iter_mut().for_each(|x| *x *= clip);
             }
-            optim::adamw_update(&adamw, lr, step, optim::decays(&p.shape), &mut p.data, &g.data, m);
+            for (span, mult) in trainable.lr_spans(&p.name, &p.shape) {
+                optim::adamw_update_range(&adamw, lr * mult, step, optim::decays(&p.shape), &mut p.data, &g.data, m, span);
+            }
         }
         let totals = StepTotals { step, rows, n_targets, n_tokens, loss, lr, grad_norm, sums };
         Ok(self.finish_step(data, totals, started))
+    }
+
+    /// Which parameters this run updates, and at what rate.
+    pub fn trainable(&self) -> optim::Trainable {
+        optim::Trainable { new_rows: self.state.new_rows, frozen_layers: self.state.frozen_layers, tied_head: self.model.config.tie_word_embeddings }
     }
 
     /// Records a step taken (state, history) and reports it.

@@ -39,7 +39,7 @@ use coa_train_step::checkpoint::{self, TrainerState};
 use coa_train_step::dapo::DapoConfig;
 use coa_train_step::data::{Dataset, Example, RlRow};
 use coa_train_step::objective::Objective;
-use coa_train_step::optim::AdamWConfig;
+use coa_train_step::optim::{AdamWConfig, NewRows};
 use coa_train_step::schedule::Schedule;
 use coa_train_step::train::{Settings, StepReport, Trainer};
 
@@ -146,6 +146,8 @@ fn settings(objective: Objective, steps: u64, lr: f64) -> Settings {
         grad_clip: 1.0,
         batch_tokens: 200,
         micro_batch_tokens: 200,
+        new_rows: None,
+        frozen_layers: 0,
     }
 }
 
@@ -199,6 +201,67 @@ fn gpu_tracks_the_cpu_loss_curve_for_200_steps() {
     for w in wg.windows(2) {
         assert!(w[1] <= 1.1 * w[0] + 0.02, "the GPU loss went up between windows: {wg:?}");
     }
+}
+
+/// Rows `first..` of the tied embedding step `mult` times as far (Adam's first step is about
+/// `lr` per element), the others exactly as without new rows; the GPU path splits the update the same way.
+#[test]
+fn new_token_rows_take_larger_steps_on_cpu_and_gpu() {
+    let test = "new_token_rows_take_larger_steps_on_cpu_and_gpu";
+    let gpu = test_gpu(test);
+    let data = dataset(20, 5);
+    let model = Model::init(config(), 4).unwrap();
+    let first = VOCAB - 8;
+    let with_mult = |mult: f64| Settings { new_rows: Some(NewRows { first, lr_mult: mult }), ..settings(Objective::Sft, 5, 1e-2) };
+    let embed = |t: &Trainer| t.model.params.tensors.iter().find(|p| p.name == "model.embed_tokens.weight").unwrap().data.clone();
+    let before = embed(&Trainer::new(model.clone(), &with_mult(1.0), &data).unwrap());
+    let d = config().hidden_size;
+    // (sum of |change| over the base rows, over the new rows)
+    let moved = |after: &[f32]| {
+        let abs: Vec<f64> = after.iter().zip(&before).map(|(a, b)| (a - b).abs() as f64).collect();
+        (abs[..first * d].iter().sum::<f64>(), abs[first * d..].iter().sum::<f64>())
+    };
+    let step = |st: &Settings, on_gpu: bool| {
+        let mut t = Trainer::new(model.clone(), st, &data).unwrap();
+        if on_gpu {
+            t.to_cuda(gpu.clone(), &data).unwrap();
+        }
+        run(&mut t, &data, 1);
+        t.sync_from_cuda().unwrap();
+        embed(&t)
+    };
+    let (plain, fast) = (step(&with_mult(1.0), false), step(&with_mult(20.0), false));
+    assert!(plain[..first * d] == fast[..first * d], "the base rows must step exactly as without the factor");
+    let ((_, new1), (_, new20)) = (moved(&plain), moved(&fast));
+    assert!(new1 > 0.0 && (new20 / new1 - 20.0).abs() < 0.5, "new rows moved {new20} with x20 and {new1} with x1");
+    let on_gpu = step(&with_mult(20.0), true);
+    let ((base_c, new_c), (base_g, new_g)) = (moved(&fast), moved(&on_gpu));
+    eprintln!("  |change| base rows: cpu {base_c:.4} gpu {base_g:.4}; new rows: cpu {new_c:.4} gpu {new_g:.4}");
+    assert!((base_g - base_c).abs() <= 0.05 * base_c && (new_g - new_c).abs() <= 0.05 * new_c, "the GPU's update of the embedding differs from the CPU's");
+}
+
+/// Frozen layers keep their weights bit for bit, stay frozen across a resume, and the GPU path
+/// (which trains every layer) refuses them.
+#[test]
+fn frozen_layers_stay_put_and_resume_frozen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(20, 5);
+    let st = Settings { frozen_layers: 1, ..settings(Objective::Sft, 6, 3e-3) };
+    let model = Model::init(config(), 6).unwrap();
+    let layer = |m: &Model, l: usize| m.params.tensors.iter().filter(|t| t.name.starts_with(&format!("model.layers.{l}."))).map(|t| t.data.clone()).collect::<Vec<_>>();
+    let mut t = Trainer::new(model.clone(), &st, &data).unwrap();
+    run(&mut t, &data, 3);
+    t.save(tmp.path(), None, coa_model::SaveDtype::F32).unwrap();
+    let mut t = Trainer::load(tmp.path(), &data).unwrap();
+    assert_eq!(t.model.frozen_layers, 1);
+    run(&mut t, &data, 3);
+    assert!(layer(&t.model, 0) == layer(&model, 0), "a frozen layer changed");
+    assert!(layer(&t.model, 1) != layer(&model, 1), "the layer above the frozen one did not train");
+    let err = Trainer::new(model.clone(), &Settings { frozen_layers: 3, ..st.clone() }, &data).err().unwrap().to_string();
+    assert!(err.contains("--freeze-layers 3: the model has 2 layers"), "{err}");
+    let mut t = Trainer::new(model, &st, &data).unwrap();
+    let err = t.to_cuda(test_gpu("frozen_layers_stay_put_and_resume_frozen"), &data).err().unwrap().to_string();
+    assert!(err.contains("--freeze-layers"), "{err}");
 }
 
 /// Every file of a checkpoint directory, by name.

@@ -140,3 +140,26 @@ fn splitmix_is_the_reference_sequence() {
     assert_eq!(r.next_u64(), 6457827717110365317);
     assert_eq!(r.next_u64(), 3203168211198807973);
 }
+
+#[test]
+fn only_the_new_vocabulary_rows_get_the_factor_and_frozen_tensors_no_update() {
+    use coa_train_step::optim::{NewRows, Trainable};
+    let t = Trainable { new_rows: Some(NewRows { first: 5, lr_mult: 10.0 }), ..Default::default() };
+    assert_eq!(t.lr_spans("model.embed_tokens.weight", &[8, 4]), vec![(0..20, 1.0), (20..32, 10.0)]);
+    assert_eq!(t.lr_spans("lm_head.weight", &[8, 4]), vec![(0..20, 1.0), (20..32, 10.0)]);
+    assert_eq!(t.lr_spans("model.layers.0.mlp.up_proj.weight", &[8, 4]), vec![(0..32, 1.0)]);
+    assert_eq!(Trainable::default().lr_spans("model.embed_tokens.weight", &[8, 4]), vec![(0..32, 1.0)]);
+    let plain = Trainable { new_rows: Some(NewRows { first: 5, lr_mult: 1.0 }), ..Default::default() };
+    assert_eq!(plain.lr_spans("model.embed_tokens.weight", &[8, 4]), vec![(0..32, 1.0)]);
+    // Bottom 12 layers frozen: layers 0..=11 and (untied) the input embedding get no update.
+    let f = Trainable { frozen_layers: 12, tied_head: false, ..Default::default() };
+    assert!(f.lr_spans("model.layers.11.self_attn.q_proj.weight", &[4, 4]).is_empty());
+    assert!(f.lr_spans("model.layers.1.input_layernorm.weight", &[4]).is_empty());
+    assert_eq!(f.lr_spans("model.layers.12.self_attn.q_proj.weight", &[4, 4]), vec![(0..16, 1.0)]);
+    assert!(f.lr_spans("model.embed_tokens.weight", &[8, 4]).is_empty());
+    assert_eq!(f.lr_spans("lm_head.weight", &[8, 4]), vec![(0..32, 1.0)]);
+    assert_eq!(f.lr_spans("model.norm.weight", &[4]), vec![(0..4, 1.0)]);
+    // A tied embedding is the head: it keeps training.
+    let tied = Trainable { tied_head: true, ..f };
+    assert_eq!(tied.lr_spans("model.embed_tokens.weight", &[8, 4]), vec![(0..32, 1.0)]);
+}
