@@ -1,4 +1,4 @@
-# Agentic SFT (DESIGN §8): the distilled CoA text of every suite -> tokens with loss masks -> a
+# Agentic SFT (docs/ARCHITECTURE.md, "Training"): the distilled CoA text of every suite -> tokens with loss masks -> a
 # fresh Llama (the SFT_MODEL preset) trained on DEVICE, saved as an HF checkpoint that also resumes exactly.
 #   runs/<RUN>/sft/tokenizer.json            byte-level BPE (CoA tags as special tokens), trained on
 #                                            the $(SFT_BPE_SUITE) suite's CoA text, used for every suite
