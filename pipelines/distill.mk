@@ -1,4 +1,4 @@
-# Multi-agent distillation (DESIGN §7), per suite, every intermediate kept for inspection:
+# Multi-agent distillation (docs/ARCHITECTURE.md, "Teacher and distillation"), per suite, every intermediate kept for inspection:
 #   runs/<RUN>/distill/<suite>/mas_runs.parquet      teacher multi-agent runs (every activation)
 #   runs/<RUN>/distill/<suite>/trajectories.parquet  linear CoA steps
 #   runs/<RUN>/distill/<suite>/kept.parquet          after the filter rules (dropped.parquet: the rest, with reasons)

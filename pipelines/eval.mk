@@ -1,4 +1,4 @@
-# Evaluation on the held-out test split (DESIGN §10), the paper's comparison: the teacher
+# Evaluation on the held-out test split (docs/ARCHITECTURE.md, "Evaluation"), the paper's comparison: the teacher
 # multi-agent system vs the distilled model (SFT) vs SFT+RL, in success and tokens per solved
 # task. The students answer greedily (one sample per task) with the same real tools.
 #   runs/<RUN>/eval/teacher/mas_runs.parquet + mas.json   the teacher on the test tasks

@@ -1,4 +1,4 @@
-# Agentic RL (DESIGN §9): RL_ITERS iterations of DAPO from the SFT checkpoint. Each iteration is
+# Agentic RL (docs/ARCHITECTURE.md, "RL"): RL_ITERS iterations of DAPO from the SFT checkpoint. Each iteration is
 # one pipe of four stages, with the scored rollouts also kept (tee) for inspection:
 #   coa-generate policy | coa-score | tee scores.arrow | coa-filter --dynamic-sampling | coa-train-step --objective dapo
 #   runs/<RUN>/rl/iter<k>/scores.arrow     rollouts with rewards and group advantages (an Arrow IPC stream)

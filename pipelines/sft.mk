@@ -1,4 +1,4 @@
-# Agentic SFT: the distilled CoA text of every suite -> tokens with loss masks -> the student,
+# Agentic SFT (docs/ARCHITECTURE.md, "Training"): the distilled CoA text of every suite -> tokens with loss masks -> the student,
 # trained on DEVICE and saved as an HF checkpoint that also resumes exactly.
 # The student (SFT_BASE): SIZE=default fine-tunes the pretrained SmolLM2-135M-Instruct (its GGUF,
 # `make model`): its own tokenizer and chat template, with the 12 CoA tags added as tokens (their

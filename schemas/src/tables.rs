@@ -214,7 +214,7 @@ pub static TRAJECTORIES: LazyLock<Table> = LazyLock::new(|| {
             col("double_check_scores", list(DataType::Int32), false, "Scores (1-4) of each double_check, in order."),
             col("final_answer", utf8(), true, "The trajectory's answer, or null."),
             col("correct", DataType::Boolean, false, "Whether the final answer is correct."),
-            col("format_ok", DataType::Boolean, false, "Whether the steps follow the CoA tag grammar (DESIGN §4)."),
+            col("format_ok", DataType::Boolean, false, "Whether the steps follow the CoA tag grammar (`coa_format::validate`)."),
             col("format_error", utf8(), true, "The first grammar violation, or null."),
             col("teacher_tokens", DataType::Int64, false, "Teacher token cost (in + out) of the run."),
         ],

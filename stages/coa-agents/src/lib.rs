@@ -1,4 +1,5 @@
-//! The teacher multi-agent system of `coa-generate mas` (DESIGN §5).
+//! The teacher multi-agent system of `coa-generate mas` (docs/ARCHITECTURE.md, "Teacher and
+//! distillation").
 //!
 //! Agents — a **manager** that routes, a **planner** (plans, suggested answers, final answers), a
 //! **search agent**, a **crawl agent**, a **code agent**, a **reflector** and a **verifier** —

@@ -1,5 +1,6 @@
-//! Distillation logic behind the `coa-extract` and `coa-convert` binaries (DESIGN §7), on Arrow
-//! arrays directly (no per-row serde), in parallel over fixed-size work units with rayon.
+//! Distillation logic behind the `coa-extract` and `coa-convert` binaries (see
+//! docs/ARCHITECTURE.md, "Teacher and distillation"), on Arrow arrays directly (no per-row
+//! serde), in parallel over fixed-size work units with rayon.
 //!
 //! - [`extract`]: `mas_runs` → `trajectories` (teacher events → ordered CoA steps).
 //! - [`convert`]: `trajectories` → `coa_text`, alpaca / sharegpt JSON (LLaMA-Factory).

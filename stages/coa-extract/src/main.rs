@@ -18,7 +18,7 @@ Every non-manager event becomes a <think> step (if its output thought) and one a
 crawl_page, code, reflection, suggested_answer, double_check, answer) with the event's agent, the block's content and, \
 for tool calls, the tool input and observation. Manager (routing) events are skipped. Each trajectory gets its hop \
 count, reflections, double_check scores, final answer, correctness, teacher token cost, and format_ok/format_error from \
-the CoA grammar (DESIGN.md §4).\n\n\
+the CoA grammar (coa-format; docs/ARCHITECTURE.md).\n\n\
 A malformed event (output that does not parse, a role/tag mismatch, an unknown tool, a tag never closed, seq out of \
 order) is an error naming the row, task and event seq, and nothing is written; with --skip-bad FILE such runs go to \
 FILE (the mas_runs row plus a `reject_reason` column) and the rest is extracted.",

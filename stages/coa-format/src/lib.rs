@@ -1,6 +1,7 @@
-//! The Chain-of-Agents tag grammar (DESIGN §4), defined once. Every stage that reads or writes
-//! CoA text uses this crate: `coa-extract` parses teacher outputs, `coa-convert` renders
-//! trajectories and prompts, `coa-filter` and `coa-score` validate.
+//! The Chain-of-Agents tag grammar (docs/ARCHITECTURE.md, "The CoA format"), defined once. Every
+//! stage that reads or writes CoA text uses this crate: `coa-extract` parses teacher outputs,
+//! `coa-convert` renders trajectories and prompts, `coa-score` validates rollouts, `coa-agents`
+//! routes by the transition tables (`coa-filter` reads the `format_ok` that `coa-extract` wrote).
 //!
 //! - [`tag`]: the [`Tag`]s (think, plan, reflection, suggested_answer, double_check, web_search /
 //!   wiki_search, crawl_page, code, observation, answer) and the tool names.

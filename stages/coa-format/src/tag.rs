@@ -1,4 +1,5 @@
-//! The CoA tags (DESIGN §4): bare XML-like `<name>…</name>` blocks, lowercase, no attributes.
+//! The CoA tags (docs/ARCHITECTURE.md, "The CoA format"): bare XML-like `<name>…</name>` blocks,
+//! lowercase, no attributes.
 
 use std::fmt;
 

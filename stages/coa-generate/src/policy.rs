@@ -1,5 +1,5 @@
 //! `coa-generate policy`: sample a checkpoint G times per task, with real tool calls, into
-//! `rollouts` (DESIGN §9).
+//! `rollouts` (docs/ARCHITECTURE.md, "RL").
 //!
 //! **Prompt.** Exactly the training layout (`coa-tokenize`): `[BOS…] prompt "\n"`, the prompt built
 //! by `coa_format::build_prompt(suite, question)`, its ids taken from `coa_tokenize::encode_row`

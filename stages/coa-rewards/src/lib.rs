@@ -1,4 +1,4 @@
-//! Verifiable rewards for every suite (DESIGN §9):
+//! Verifiable rewards for every suite (docs/ARCHITECTURE.md, "RL"):
 //!
 //! - [`qa`]: SQuAD answer normalisation, [`exact_match`] and token [`f1`] against a list of gold
 //!   answers, with `|`-separated multi-answer predictions (semantics documented there);

@@ -1,6 +1,6 @@
-//! From verified outcomes to the scalar an RL step optimises (DESIGN §9), defined once: the total
-//! reward of a rollout, DAPO's overlong shaping, GRPO group advantages, and the unbiased pass@k
-//! estimator the eval report uses.
+//! From verified outcomes to the scalar an RL step optimises (docs/ARCHITECTURE.md, "RL"), defined
+//! once: the total reward of a rollout, DAPO's overlong shaping, GRPO group advantages, and the
+//! unbiased pass@k estimator the eval report uses.
 
 /// How a rollout's outcome, format and length combine into its reward.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,5 +1,5 @@
-//! The eval table per suite and model (DESIGN §10): pass@1, pass@k, tokens per task and per
-//! solved task, tool calls, format-error rate.
+//! The eval table per suite and model (docs/ARCHITECTURE.md, "Evaluation"): pass@1, pass@k, tokens
+//! per task and per solved task, tool calls, format-error rate.
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,6 @@
 //! The agents' tools, offline backends: `web_search` (BM25 over the corpus), `crawl_page`
 //! (page text by URL) and `code` (Python 3 in a sandbox), each producing the observation text
-//! in the reference tools' format (DESIGN.md §4, §6).
+//! in the reference tools' format (docs/ARCHITECTURE.md, "The CoA format", "Tasks and tools").
 //!
 //! - [`search`] has [`Bm25Index`], [`SearchHit`] and [`render_search`];
 //! - [`corpus`] has [`Corpus`], the pages + URL map + index, built once and shared;

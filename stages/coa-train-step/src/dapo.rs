@@ -1,5 +1,6 @@
-//! The DAPO policy loss of one sequence (DESIGN §9), separate from the trainer so it can be checked
-//! by hand: per target token t with ratio r = exp(logp − logp_old) and advantage A,
+//! The DAPO policy loss of one sequence (docs/ARCHITECTURE.md, "RL"), separate from the trainer so
+//! it can be checked by hand: per target token t with ratio r = exp(logp − logp_old) and
+//! advantage A,
 //!
 //!   loss_t = −min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A)   (+ β·KL_t with a reference model)
 //!

@@ -1,5 +1,5 @@
-//! `coa-train-step`: optimizer steps of a Llama/Qwen2 model on the CPU or a CUDA GPU (DESIGN.md
-//! §8, §9).
+//! `coa-train-step`: optimizer steps of a Llama/Qwen2 model on the CPU or a CUDA GPU (see
+//! docs/ARCHITECTURE.md, "Training" and "RL").
 //!
 //! - [`data`]: the `tokens` table, validated; deterministic shuffling, steps and micro-batches.
 //! - [`objective`]: per-token loss gradients (SFT, DAPO).

@@ -1,7 +1,7 @@
 //! Training objectives. An objective only decides, per sequence, the loss and its gradient with
-//! respect to each token's log-probability (`dloss/dlogp[t]`); the model's backward pass takes
-//! it from there. SFT is here; DAPO (DESIGN §9) adds a variant whose per-token gradient is the
-//! clipped-ratio policy gradient over the batch's unmasked token count.
+//! respect to each token's log-probability (`dloss/dlogp[t]`); the model's backward pass takes it
+//! from there. SFT is here; DAPO (docs/ARCHITECTURE.md, "RL") adds a variant whose per-token
+//! gradient is the clipped-ratio policy gradient over the batch's unmasked token count.
 
 use anyhow::{bail, Result};
 use coa_model::TokenStats;

@@ -70,9 +70,10 @@ pub struct Noise {
 }
 
 impl Default for Noise {
-    /// Calibrated to a realistic teacher: ~70% success, trajectories of ~6–25 actions,
-    /// reflections in about a third of the multihop runs, premature answers in ~1 in 14, so that
-    /// the DESIGN §7 filter keeps roughly a third of the runs (`make distill` prints the shares).
+    /// Calibrated to a realistic teacher: ~70% success, trajectories of ~6–25 actions, reflections
+    /// in about a third of the multihop runs, premature answers in ~1 in 14, so that the
+    /// distillation filter (`coa-filter`) keeps roughly a third of the runs (`make distill` prints
+    /// the shares).
     fn default() -> Self {
         Noise { wrong_pick: 0.1, buggy_code: 0.3, premature: 0.1, give_up: 0.3, routine_reflection: 0.05 }
     }

@@ -1,4 +1,5 @@
-//! Offline synthetic task suites (DESIGN §6): `multihop`, `math` and `code`.
+//! Offline synthetic task suites (docs/ARCHITECTURE.md, "Tasks and tools"): `multihop`, `math` and
+//! `code`.
 //!
 //! Every suite is generated from a seed and is verifiable:
 //! - [`Suite::Multihop`]: a synthetic world of people, places, organisations and products, a
