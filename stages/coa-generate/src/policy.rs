@@ -16,8 +16,8 @@
 //! training text has after a tool call: `"\n<observation>…</observation>"` (the step separator and
 //! the observation rendered by `coa_format::render`). The block is encoded on its own and appended
 //! as tokens (token-in/token-out: the history is never decoded and re-tokenized), with loss mask 0
-//! and log-prob 0; its ids equal those of the training text because every CoA tag is a special
-//! token (segments split there). The separator `"\n"` is a target in the SFT data; here the
+//! and log-prob 0; its ids equal those of the training text because every CoA tag is one added
+//! token, which the tokenizer splits the text at (an HF non-special added token). The separator `"\n"` is a target in the SFT data; here the
 //! environment writes it (mask 0), so the policy is never trained on text it did not sample.
 //!
 //! **Budget and turns.** `--max-response-tokens` counts every response token, observations
