@@ -516,16 +516,8 @@ fn pick_str(flag: &str, given: Option<&str>, saved: Option<&str>, default: &str,
 
 /// `coa-train-step plot --bars FILE.json`: bar panels as PNG (the pipeline's comparison plot).
 pub fn run_bars(stage: &mut Stage, json: &Path, output: &Path) -> Result<()> {
-    #[derive(serde::Deserialize)]
-    struct Bars {
-        title: String,
-        panels: Vec<plot::BarPanel>,
-    }
-    let text = std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
-    let bars: Bars = serde_json::from_str(&text).with_context(|| {
-        format!("{}: expected {{\"title\": ..., \"panels\": [{{\"title\": ..., \"bars\": [[label, value], ...]}}]}}", json.display())
-    })?;
-    plot::write_bars_png(output, &bars.title, &bars.panels)?;
+    let figure = plot::BarFigure::read(json)?;
+    plot::write_bars_png(output, &figure)?;
     stage.add_input_file(json);
     stage.note("plot", output.display().to_string());
     Ok(())
