@@ -7,6 +7,7 @@
 #                                            tokenizer.json, optimizer.safetensors, trainer_state.json
 #   runs/<RUN>/sft/metrics.parquet           one row per optimizer step (step, loss, lr, grad_norm, tokens/s)
 #   runs/<RUN>/sft/loss.png                  the loss curve
+#   runs/<RUN>/tensorboard/sft/              the per-step metrics for `tensorboard --logdir runs/<RUN>/tensorboard`
 # The trainer prints the falling loss every few steps; `make sft` then prints the summary table
 # (pipelines/sft_report.py). These defaults are SIZE=smoke's, sized to finish in under 10 minutes on
 # 2 CPU cores; SIZE=full's (the `small` model, 3584-token rows) are set in pipelines/default.mk.
@@ -43,7 +44,8 @@ $(SFT)/metrics.parquet $(SFT)/loss.png &: $(SFT_TOKENS) $(SFT)/tokenizer.json
 	$(BIN)/coa-train-step $(SFT_TOKENS) --objective sft --init-config $(SFT_MODEL) --tokenizer $(SFT)/tokenizer.json \
 	    --seed $(SEED) --steps $(SFT_STEPS) --batch-tokens $(SFT_BATCH_TOKENS) --lr $(SFT_LR) --min-lr $(SFT_MIN_LR) \
 	    --warmup-steps $(SFT_WARMUP) --save $(SFT)/checkpoint --save-every $(SFT_SAVE_EVERY) \
-	    --plot $(SFT)/loss.png --stats $(SFT)/train.json --device $(DEVICE) $(SFT_FLAGS) -o $(SFT)/metrics.parquet
+	    --plot $(SFT)/loss.png --tensorboard $(RUNDIR)/tensorboard/sft --stats $(SFT)/train.json --device $(DEVICE) $(SFT_FLAGS) \
+	    -o $(SFT)/metrics.parquet
 
 .PHONY: sft
 sft: $(SFT)/metrics.parquet

@@ -21,6 +21,7 @@ use crate::objective::Objective;
 use crate::optim::AdamWConfig;
 use crate::plot;
 use crate::schedule::Schedule;
+use crate::tensorboard;
 use crate::train::{RlStep, Settings, StepReport, Trainer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -142,6 +143,11 @@ pub struct TrainArgs {
     /// Write the loss curve (of the whole run, resumes included) as a PNG.
     #[arg(long, value_name = "FILE.png")]
     pub plot: Option<PathBuf>,
+    /// Also write every step's metrics (loss, lr, grad_norm, tokens/s; DAPO: reward, clip
+    /// fraction, entropy, response length, ...) as TensorBoard scalars into DIR
+    /// (`tensorboard --logdir DIR`). A resume adds a new event file beside the earlier ones.
+    #[arg(long, value_name = "DIR")]
+    pub tensorboard: Option<PathBuf>,
     /// More `tokens` tables, trained on together with -i (in this order; default: stdin).
     #[arg(value_name = "TOKENS")]
     pub inputs: Vec<PathBuf>,
@@ -247,9 +253,12 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     // after the whole training).
     let [out, stats] = args.io.outputs();
     stage.outputs(&[out, stats, ("--plot", args.plot.as_deref())])?;
+    if let Some(dir) = &args.tensorboard {
+        tensorboard::check_dir(dir)?;
+    }
     // The checkpoint directory is an output too (checked below, as a directory); the others
     // change how the run is done or logged, not its metrics.
-    stage.not_recorded(&["--save", "--save-every", "--threads", "--log-every"]);
+    stage.not_recorded(&["--save", "--save-every", "--threads", "--log-every", "--tensorboard"]);
     if let Some(dir) = &args.save {
         checkpoint::check_save_dir(dir)?;
     }
@@ -424,8 +433,12 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let mut win_n = 0u64;
     let mut win_tokens = 0usize;
     let mut win_secs = 0.0f64;
+    let mut board = args.tensorboard.as_deref().map(|dir| tensorboard::Board::open(dir, start_step)).transpose()?;
     while trainer.state.step < stop_at {
         let r = trainer.step(&data)?;
+        if let Some(board) = &mut board {
+            board.write_step(&r)?;
+        }
         win_loss += r.loss;
         win_n += 1;
         win_tokens += r.tokens;
