@@ -434,8 +434,11 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let mut win_tokens = 0usize;
     let mut win_secs = 0.0f64;
     let mut board = args.tensorboard.as_deref().map(|dir| tensorboard::Board::open(dir, start_step)).transpose()?;
+    let bar = stage.progress(Some(todo), "training");
     while trainer.state.step < stop_at {
         let r = trainer.step(&data)?;
+        bar.inc(1);
+        bar.set_message(format!("step {} of {stop_at}, loss {:.4}", r.step, r.loss));
         if let Some(board) = &mut board {
             board.write_step(&r)?;
         }
@@ -449,11 +452,11 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
             let mut lines = table.lines();
             let head = lines.next().unwrap_or_default();
             if header {
-                eprintln!("{head}   (loss: mean over the steps since the last line)");
+                Stage::log_line(&bar, &format!("{head}   (loss: mean over the steps since the last line)"));
                 header = false;
             }
             for l in lines {
-                eprintln!("{l}");
+                Stage::log_line(&bar, l);
             }
             window.push(row);
             win_loss = 0.0;
@@ -468,6 +471,7 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         }
         reports.push(r);
     }
+    bar.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
     if let Some(dir) = &args.save {
         trainer.save(dir, vocab.as_ref(), save_dtype)?;

@@ -717,3 +717,26 @@ print(json.dumps({tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in 
         assert_eq!(m.2, *lr as f32);
     }
 }
+
+#[test]
+fn progress_bar_only_on_a_terminal() {
+    let e = env(6);
+    let metrics = e.p("m.parquet");
+    let run_args = base(&e, &["--steps", "3", "--log-every", "1", "-o", s(&metrics)]);
+    // Not a terminal (a pipe, as under CI or a log file): the plain log lines, no control characters.
+    let o = ok(&args(&run_args));
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(log.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())).count() == 3, "one log line per step:\n{log}");
+    assert!(!log.contains('\x1b') && !log.contains('\r'), "control characters in a piped log:\n{log:?}");
+    // On a terminal (`script` gives the run a pseudo-terminal): the bar, with its ETA, and the same lines above it.
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("progress_bar_only_on_a_terminal: skipped the terminal half: no `script` (util-linux) to make a pseudo-terminal");
+        return;
+    }
+    let quoted: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_coa-train-step").to_string()).chain(run_args).map(|a| format!("'{a}'")).collect();
+    let out = Command::new("script").args(["-qec", &quoted.join(" "), "/dev/null"]).output().unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{tty}");
+    assert!(tty.contains("coa-train-step training") && tty.contains("eta"), "no progress bar on a terminal:\n{tty:?}");
+    assert!(tty.contains("grad_norm"), "the log table is still printed:\n{tty:?}");
+}
