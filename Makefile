@@ -57,8 +57,23 @@ include pipelines/rl.mk
 include pipelines/eval.mk
 include pipelines/external.mk
 
-pipeline: tasks distill sft rl eval
-	@echo "pipeline: done; every intermediate table is in $(RUNDIR)/ (the comparison: $(RUNDIR)/eval/report.md and pipeline.png)"
+# The phases in order, each a make of its own, timed: one line per phase as it ends (also kept in
+# runs/<RUN>/phases.tsv), then all of them with the total, then the comparison table.
+PHASES ?= tasks distill sft rl eval
+pipeline:
+	@mkdir -p $(RUNDIR) && : > $(RUNDIR)/phases.tsv
+	@for p in $(PHASES); do \
+	  t0=$$(date +%s); \
+	  $(MAKE) --no-print-directory $$p; \
+	  t=$$(( $$(date +%s) - t0 )); \
+	  printf '%s\t%s\n' $$p $$t >> $(RUNDIR)/phases.tsv; \
+	  printf 'pipeline: phase %s took %d min %02d s\n' $$p $$((t / 60)) $$((t % 60)); \
+	done
+	@echo; echo "pipeline: wall time per phase ($(RUNDIR)/phases.tsv)"
+	@awk -F'\t' '{ printf "  %-8s %3d min %02d s\n", $$1, $$2 / 60, $$2 % 60; total += $$2 } \
+	  END { printf "  %-8s %3d min %02d s\n", "total", total / 60, total % 60 }' $(RUNDIR)/phases.tsv
+	@if [ -f $(RUNDIR)/eval/report.md ]; then echo; cat $(RUNDIR)/eval/report.md; fi
+	@echo; echo "pipeline: done; every intermediate table is in $(RUNDIR)/ (the comparison: $(RUNDIR)/eval/report.md and pipeline.png)"
 
 # Python side of the benchmarks (pyarrow, pandas, polars, tokenizers, HF math-verify) in a local virtualenv.
 $(VENV)/.ok: bench/requirements.txt

@@ -30,33 +30,41 @@ def main():
     head = ("suite", "system", "tasks", "success", "tokens / task", "tokens / solved", "tokens / solved vs teacher", "format errors")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    bars_success, bars_tokens = [], []
-    for suite in sorted(teacher):
+    suites = sorted(teacher)
+    systems = (("teacher", "teacher MAS"), ("sft", "SFT"), ("rl", "SFT+RL"))
+    success = {name: [] for name, _ in systems}
+    tokens = {name: [] for name, _ in systems}
+    for suite in suites:
         t = teacher[suite]
         t_solved = t.get("tokens_per_solved")
         rows = [(suite, "teacher MAS", t["runs"], fmt(t["success_rate"], True), fmt(t["tokens_per_task"]), fmt(t_solved), "100%", "-")]
-        if suite == "multihop":
-            bars_success.append(["teacher", 100 * t["success_rate"]])
-            bars_tokens.append(["teacher", t_solved])
-        for name, label in (("sft", "SFT"), ("rl", "SFT+RL")):
+        success["teacher"].append(100 * t["success_rate"])
+        tokens["teacher"].append(t_solved)
+        for name, label in systems[1:]:
             l = students[name].get(suite)
             if l is None:
+                success[name].append(None)
+                tokens[name].append(None)
                 continue
             solved = l["tokens_per_solved"]
             ratio = f"{100 * solved / t_solved:.1f}%" if solved is not None and t_solved else "-"
             rows.append((suite, label, l["tasks"], fmt(l["pass_at_1"], True), fmt(l["tokens_per_task"]), fmt(solved), ratio,
                          fmt(l["format_error_rate"], True)))
-            if suite == "multihop":
-                bars_success.append([label, 100 * l["pass_at_1"]])
-                bars_tokens.append([label, solved])
+            success[name].append(100 * l["pass_at_1"])
+            tokens[name].append(solved)
         for r in rows:
             print("| " + " | ".join(str(x) for x in r) + " |")
     print()
     print("success = pass@1 (students: greedy, one sample per task; the teacher: one run per task).")
     print(f"Students' per-suite reports: {root}/<sft|rl>/report.json; scored answers: {root}/<sft|rl>/scores.parquet")
-    panels = [{"title": "multihop success %", "bars": bars_success}, {"title": "multihop tokens / solved", "bars": bars_tokens}]
+    def panel(title, ylabel, values, **extra):
+        series = [{"label": label, "values": values[name]} for name, label in systems]
+        return {"title": title, "ylabel": ylabel, "xlabel": "suite", "groups": suites, "series": series, **extra}
+
+    panels = [panel("Success (pass@1)", "tasks solved (%)", success, unit="%"),
+              panel("Tokens per solved task", "tokens per solved task", tokens, missing="none solved")]
     with open(os.path.join(root, "pipeline.json"), "w") as f:
-        json.dump({"title": "teacher MAS vs SFT vs SFT+RL (held-out test tasks)", "panels": panels}, f, allow_nan=False)
+        json.dump({"title": "Teacher MAS vs SFT vs SFT+RL on the held-out test tasks", "panels": panels}, f, allow_nan=False, indent=1)
 
 
 if __name__ == "__main__":

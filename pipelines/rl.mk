@@ -5,6 +5,7 @@
 #   runs/<RUN>/rl/iter<k>/checkpoint/      the policy after iteration k (HF layout)
 #   runs/<RUN>/rl/iter<k>/metrics.parquet  DAPO steps: loss, reward, clip fraction, entropy, response length, mismatch
 #   runs/<RUN>/rl/checkpoint               -> the last iteration's checkpoint
+#   runs/<RUN>/tensorboard/rl/iter<k>/     the DAPO steps for `tensorboard --logdir runs/<RUN>/tensorboard`
 # Iteration k draws its tasks from the training split (task ids ending in the digit k mod 10), so
 # ten iterations in a row see different tasks; --oversample keeps generating until RL_GROUPS groups
 # have unequal rewards.
@@ -42,7 +43,8 @@ $(RL)/checkpoint/config.json: $(SFT)/metrics.parquet $(RUNDIR)/tasks.parquet $(R
 	  | tee $$d/scores.arrow \
 	  | $(BIN)/coa-filter --rules none --dynamic-sampling --group-by task_id --value reward --stats $$d/filter.json \
 	  | $(BIN)/coa-train-step --objective dapo --init $$prev --seed $$k --lr $(RL_LR) --batch-tokens $(RL_BATCH_TOKENS) \
-	      --device $(DEVICE) $(RL_FLAGS) --save $$d/checkpoint --stats $$d/train.json -o $$d/metrics.parquet; \
+	      --device $(DEVICE) $(RL_FLAGS) --save $$d/checkpoint --tensorboard $(RUNDIR)/tensorboard/rl/iter$$k \
+	      --stats $$d/train.json -o $$d/metrics.parquet; \
 	  prev=$$d/checkpoint; \
 	done; \
 	rm -rf $(RL)/checkpoint.tmp && cp -r $$prev $(RL)/checkpoint.tmp && rm -rf $(RL)/checkpoint && mv $(RL)/checkpoint.tmp $(RL)/checkpoint

@@ -27,15 +27,21 @@ def main():
                f"{tr['reward_mean']:.3f}", f"{tr['response_len']:.0f}", f"{tr['clip_frac']:.3f}", f"{tr['entropy']:.3f}",
                f"{tr['logprob_mismatch']:.4f}", f"{tr['mean_loss']:.4f}", tr["steps"])
         print("| " + " | ".join(str(x) for x in row) + " |")
-        curves["reward"].append([f"it{k}", tr["reward_mean"]])
-        curves["length"].append([f"it{k}", tr["response_len"]])
-        curves["loss"].append([f"it{k}", tr["mean_loss"]])
+        curves["reward"].append(tr["reward_mean"])
+        curves["length"].append(tr["response_len"])
+        curves["loss"].append(tr["mean_loss"])
     print()
     print(f"Per-iteration rollouts with rewards: {root}/iter<k>/scores.arrow; DAPO steps: {root}/iter<k>/metrics.parquet; plot: {root}/curves.png")
-    panels = [{"title": "reward mean", "bars": curves["reward"]}, {"title": "response tokens", "bars": curves["length"]},
-              {"title": "DAPO loss", "bars": curves["loss"]}]
+    groups = [str(k) for k in range(1, iters + 1)]
+
+    def panel(title, ylabel, values):
+        return {"title": title, "ylabel": ylabel, "xlabel": "RL iteration", "groups": groups, "series": [{"label": "", "values": values}]}
+
+    panels = [panel("Reward", "mean reward of the trained rollouts", curves["reward"]),
+              panel("Response length", "tokens per response", curves["length"]),
+              panel("DAPO loss", "mean loss over the steps", curves["loss"])]
     with open(os.path.join(root, "curves.json"), "w") as f:
-        json.dump({"title": "RL per iteration", "panels": panels}, f)
+        json.dump({"title": "DAPO, per RL iteration", "panels": panels}, f, allow_nan=False, indent=1)
 
 
 if __name__ == "__main__":

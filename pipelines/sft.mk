@@ -12,6 +12,7 @@
 #                                            tokenizer.json, optimizer.safetensors, trainer_state.json
 #   runs/<RUN>/sft/metrics.parquet           one row per optimizer step (step, loss, lr, grad_norm, tokens/s)
 #   runs/<RUN>/sft/loss.png                  the loss curve
+#   runs/<RUN>/tensorboard/sft/              the per-step metrics for `tensorboard --logdir runs/<RUN>/tensorboard`
 # The trainer prints the falling loss every few steps; `make sft` then prints the summary table
 # (pipelines/sft_report.py).
 
@@ -64,7 +65,8 @@ $(SFT)/metrics.parquet $(SFT)/loss.png &: $(SFT_TOKENS) $(SFT)/tokenizer.json
 	$(BIN)/coa-train-step $(SFT_TOKENS) --objective sft $(SFT_INIT) --tokenizer $(SFT)/tokenizer.json \
 	    --seed $(SEED) $(SFT_LENGTH) --batch-tokens $(SFT_BATCH_TOKENS) --lr $(SFT_LR) --min-lr $(SFT_MIN_LR) \
 	    --warmup-steps $(SFT_WARMUP) --save $(SFT)/checkpoint --save-every $(SFT_SAVE_EVERY) \
-	    --plot $(SFT)/loss.png --stats $(SFT)/train.json --device $(DEVICE) $(SFT_FLAGS) -o $(SFT)/metrics.parquet
+	    --plot $(SFT)/loss.png --tensorboard $(RUNDIR)/tensorboard/sft --stats $(SFT)/train.json --device $(DEVICE) $(SFT_FLAGS) \
+	    -o $(SFT)/metrics.parquet
 
 .PHONY: sft
 sft: $(SFT)/metrics.parquet

@@ -219,6 +219,16 @@ impl Stage {
         bar
     }
 
+    /// Prints a log line on stderr: above `bar` while it is drawn (a terminal), plainly where it
+    /// is hidden, so logs in CI and make stay free of control characters.
+    pub fn log_line(bar: &ProgressBar, line: &str) {
+        if bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
+    }
+
     /// The summary line: stage, rows in/out, seconds, plus notes.
     pub fn summary(&self) -> Value {
         let mut m = Map::new();

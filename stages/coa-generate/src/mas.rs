@@ -265,7 +265,7 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
                 Ok(run) => runs.push(run),
                 Err(e) => {
                     let why = format!("{e:#}");
-                    eprintln!("coa-generate mas: task {} failed and is left out: {why}", task.task_id);
+                    Stage::log_line(&bar, &format!("coa-generate mas: task {} failed and is left out: {why}", task.task_id));
                     failed.push((task.task_id.clone(), why));
                 }
             }

@@ -73,8 +73,9 @@ pub fn judge(task: &Task, rollout: &Rollout, config: &RewardConfig, limits: &San
 }
 
 /// Judges every rollout (in parallel: code tasks run their tests) and fills in the group
-/// advantages, a group being the samples of one (task, model).
-pub fn score(rollouts: &[Rollout], tasks: &HashMap<String, Task>, config: &RewardConfig, limits: &SandboxLimits) -> Result<Vec<Verdict>> {
+/// advantages, a group being the samples of one (task, model). `judged` is called once per
+/// rollout as its verdict is in (a progress bar).
+pub fn score(rollouts: &[Rollout], tasks: &HashMap<String, Task>, config: &RewardConfig, limits: &SandboxLimits, judged: &(dyn Fn() + Sync)) -> Result<Vec<Verdict>> {
     for (row, r) in rollouts.iter().enumerate() {
         let Some(task) = tasks.get(&r.task_id) else {
             bail!("row {row}: task `{}` is not in the tasks table (pass the tasks the rollouts were generated from with --tasks)", r.task_id);
@@ -86,7 +87,11 @@ pub fn score(rollouts: &[Rollout], tasks: &HashMap<String, Task>, config: &Rewar
     let mut verdicts: Vec<Verdict> = rollouts
         .par_iter()
         .enumerate()
-        .map(|(row, r)| judge(&tasks[&r.task_id], r, config, limits).with_context(|| format!("row {row}")))
+        .map(|(row, r)| {
+            let verdict = judge(&tasks[&r.task_id], r, config, limits).with_context(|| format!("row {row}"));
+            judged();
+            verdict
+        })
         .collect::<Result<_>>()?;
     let mut groups: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
     for (i, r) in rollouts.iter().enumerate() {

@@ -97,7 +97,9 @@ fn run(stage: &mut Stage, cli: &Cli) -> Result<()> {
             );
         }
     }
-    let verdicts = coa_score::score(&all, &tasks, &config, &limits).with_context(|| source.clone())?;
+    let bar = stage.progress(Some(all.len() as u64), "judging");
+    let verdicts = coa_score::score(&all, &tasks, &config, &limits, &|| bar.inc(1)).with_context(|| source.clone())?;
+    bar.finish_and_clear();
 
     let mut out = stage.create(cli.io.output.as_deref(), cli.io.format, &SCORES.schema())?;
     let mut at = 0;

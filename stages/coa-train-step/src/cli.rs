@@ -21,6 +21,7 @@ use crate::objective::Objective;
 use crate::optim::{AdamWConfig, NewRows};
 use crate::plot;
 use crate::schedule::Schedule;
+use crate::tensorboard;
 use crate::train::{RlStep, Settings, StepReport, Trainer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -154,6 +155,11 @@ pub struct TrainArgs {
     /// Write the loss curve (of the whole run, resumes included) as a PNG.
     #[arg(long, value_name = "FILE.png")]
     pub plot: Option<PathBuf>,
+    /// Also write every step's metrics (loss, lr, grad_norm, tokens/s; DAPO: reward, clip
+    /// fraction, entropy, response length, ...) as TensorBoard scalars into DIR
+    /// (`tensorboard --logdir DIR`). A resume adds a new event file beside the earlier ones.
+    #[arg(long, value_name = "DIR")]
+    pub tensorboard: Option<PathBuf>,
     /// More `tokens` tables, trained on together with -i (in this order; default: stdin).
     #[arg(value_name = "TOKENS")]
     pub inputs: Vec<PathBuf>,
@@ -259,9 +265,12 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     // after the whole training).
     let [out, stats] = args.io.outputs();
     stage.outputs(&[out, stats, ("--plot", args.plot.as_deref())])?;
+    if let Some(dir) = &args.tensorboard {
+        tensorboard::check_dir(dir)?;
+    }
     // The checkpoint directory is an output too (checked below, as a directory); the others
     // change how the run is done or logged, not its metrics.
-    stage.not_recorded(&["--save", "--save-every", "--threads", "--log-every"]);
+    stage.not_recorded(&["--save", "--save-every", "--threads", "--log-every", "--tensorboard"]);
     if let Some(dir) = &args.save {
         checkpoint::check_save_dir(dir)?;
     }
@@ -450,8 +459,15 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let mut win_n = 0u64;
     let mut win_tokens = 0usize;
     let mut win_secs = 0.0f64;
+    let mut board = args.tensorboard.as_deref().map(|dir| tensorboard::Board::open(dir, start_step)).transpose()?;
+    let bar = stage.progress(Some(todo), "training");
     while trainer.state.step < stop_at {
         let r = trainer.step(&data)?;
+        bar.inc(1);
+        bar.set_message(format!("step {} of {stop_at}, loss {:.4}", r.step, r.loss));
+        if let Some(board) = &mut board {
+            board.write_step(&r)?;
+        }
         win_loss += r.loss;
         win_n += 1;
         win_tokens += r.tokens;
@@ -462,11 +478,11 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
             let mut lines = table.lines();
             let head = lines.next().unwrap_or_default();
             if header {
-                eprintln!("{head}   (loss: mean over the steps since the last line)");
+                Stage::log_line(&bar, &format!("{head}   (loss: mean over the steps since the last line)"));
                 header = false;
             }
             for l in lines {
-                eprintln!("{l}");
+                Stage::log_line(&bar, l);
             }
             window.push(row);
             win_loss = 0.0;
@@ -481,6 +497,7 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         }
         reports.push(r);
     }
+    bar.finish_and_clear();
     let wall = started.elapsed().as_secs_f64();
     if let Some(dir) = &args.save {
         trainer.save(dir, vocab.as_ref(), save_dtype)?;
@@ -542,16 +559,8 @@ fn pick_str(flag: &str, given: Option<&str>, saved: Option<&str>, default: &str,
 
 /// `coa-train-step plot --bars FILE.json`: bar panels as PNG (the pipeline's comparison plot).
 pub fn run_bars(stage: &mut Stage, json: &Path, output: &Path) -> Result<()> {
-    #[derive(serde::Deserialize)]
-    struct Bars {
-        title: String,
-        panels: Vec<plot::BarPanel>,
-    }
-    let text = std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
-    let bars: Bars = serde_json::from_str(&text).with_context(|| {
-        format!("{}: expected {{\"title\": ..., \"panels\": [{{\"title\": ..., \"bars\": [[label, value], ...]}}]}}", json.display())
-    })?;
-    plot::write_bars_png(output, &bars.title, &bars.panels)?;
+    let figure = plot::BarFigure::read(json)?;
+    plot::write_bars_png(output, &figure)?;
     stage.add_input_file(json);
     stage.note("plot", output.display().to_string());
     Ok(())

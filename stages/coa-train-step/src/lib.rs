@@ -10,7 +10,8 @@
 //! - [`share`]: rows that share a prompt packed behind it, computed once.
 //! - [`cuda`]: the trainer's GPU path (`--device cuda`), on `coa_kernels::GpuModel`.
 //! - [`checkpoint`]: the checkpoint directory (optimizer and trainer state, atomic writes).
-//! - [`plot`]: the loss curve as PNG and as a text table.
+//! - [`plot`]: the figures (curves, bar panels) as PNG, and the log's text table.
+//! - [`tensorboard`]: per-step metrics as TensorBoard event files (`--tensorboard DIR`).
 //! - [`cli`]: the command line.
 
 pub mod checkpoint;
@@ -23,4 +24,5 @@ pub mod optim;
 pub mod plot;
 pub mod schedule;
 pub mod share;
+pub mod tensorboard;
 pub mod train;

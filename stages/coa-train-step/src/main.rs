@@ -59,8 +59,10 @@ struct PlotArgs {
     /// reward_mean, clip_frac, entropy, response_len, logprob_mismatch.
     #[arg(long, default_value = "loss")]
     column: String,
-    /// Instead of a curve, draw bar panels from this JSON file:
-    /// {"title": "...", "panels": [{"title": "...", "bars": [["label", value], ...]}, ...]}.
+    /// Instead of a curve, draw side-by-side panels of grouped bars from this JSON file:
+    /// {"title": "...", "panels": [{"title": "...", "ylabel": "...", "xlabel": "...", "unit": "%",
+    /// "missing": "none solved", "groups": ["code", "math"], "series": [{"label": "SFT",
+    /// "values": [12.5, null]}, ...]}, ...]} (one value per group; null: no value).
     #[arg(long, value_name = "FILE.json", conflicts_with_all = ["input", "column"])]
     bars: Option<PathBuf>,
     /// The PNG to write.

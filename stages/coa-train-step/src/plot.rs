@@ -1,42 +1,54 @@
-//! The loss curve as a PNG (plotters' bitmap backend) and as a small text table.
+//! Figures as PNG: training curves (loss, reward, ... against the step) and grouped bar panels
+//! (the pipeline's teacher vs SFT vs SFT+RL comparison per suite), plus a small text table.
 //!
-//! plotters is built without its font features (they need system font libraries), so the tick
-//! labels and titles are drawn here with font8x8's public-domain 8x8 bitmap glyphs, scaled.
+//! plotters draws with its bitmap backend; text goes through ab_glyph (pure Rust, no system font
+//! libraries) in DejaVu Sans, which the `dejavu` crate embeds in the binary (DejaVu fonts
+//! license: the Bitstream Vera terms, free to embed and redistribute). So a figure looks the same
+//! on a bare machine as on a desktop.
 
 use std::path::Path;
+use std::sync::Once;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use coa_schemas::output::TempFile;
-use font8x8::{UnicodeFonts, BASIC_FONTS};
+use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::FontStyle;
 
-const WIDTH: u32 = 900;
-const HEIGHT: u32 = 540;
-const LEFT: i32 = 90;
-const RIGHT: i32 = 30;
-const TOP: i32 = 50;
-const BOTTOM: i32 = 60;
+/// The family every figure's text is set in (registered from the embedded DejaVu Sans).
+const FONT: &str = "sans-serif";
+const CURVE_SIZE: (u32, u32) = (1200, 720);
+/// Width of one bar panel; a figure is as wide as its panels.
+const PANEL_WIDTH: u32 = 800;
+const BARS_HEIGHT: u32 = 760;
 
-/// Draws `text` with its top-left corner at (x, y), each font pixel `scale` pixels wide.
-fn draw_text<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, text: &str, x: i32, y: i32, scale: i32, color: &RGBColor) -> Result<()> {
-    for (i, ch) in text.chars().enumerate() {
-        let glyph = BASIC_FONTS.get(ch).or_else(|| BASIC_FONTS.get('?')).unwrap_or([0; 8]);
-        for (row, bits) in glyph.iter().enumerate() {
-            for col in 0..8 {
-                if bits & (1 << col) != 0 {
-                    let x0 = x + (i as i32 * 8 + col) * scale;
-                    let y0 = y + row as i32 * scale;
-                    area.draw(&Rectangle::new([(x0, y0), (x0 + scale - 1, y0 + scale - 1)], color.filled()))
-                        .map_err(|e| anyhow::anyhow!("drawing text: {e}"))?;
-                }
-            }
-        }
-    }
-    Ok(())
+const BLACK: RGBColor = RGBColor(0, 0, 0);
+const GRID: RGBColor = RGBColor(225, 225, 225);
+const CURVE: RGBColor = RGBColor(31, 119, 180);
+/// One colour per series, in order (grey for the teacher, then the tab10 blue, orange, green, red).
+const SERIES: [RGBColor; 5] = [RGBColor(127, 127, 127), RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
+
+/// Registers the embedded fonts with plotters once per process.
+fn register_fonts() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // Both are valid TrueType files compiled into the binary; a failure here is a build defect.
+        let _ = plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular());
+        let _ = plotters::style::register_font(FONT, FontStyle::Bold, dejavu::sans::bold());
+    });
 }
 
-fn text_width(text: &str, scale: i32) -> i32 {
-    text.chars().count() as i32 * 8 * scale
+fn font(size: f64) -> TextStyle<'static> {
+    (FONT, size).into_font().color(&BLACK)
+}
+
+fn bold(size: f64) -> TextStyle<'static> {
+    (FONT, size, FontStyle::Bold).into_font().color(&BLACK)
+}
+
+fn draw_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("drawing the plot: {e:?}")
 }
 
 /// Up to ~`n` "nice" tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi].
@@ -57,19 +69,33 @@ pub fn nice_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     ticks
 }
 
-fn fmt_tick(v: f64) -> String {
+/// A number as a person writes it on an axis or above a bar: thousands separated from 1,000 on,
+/// otherwise at most three significant decimals, scientific only for the very small or large.
+pub fn fmt_number(v: f64) -> String {
     if v == 0.0 {
         return "0".into();
     }
     let a = v.abs();
-    if a >= 1e5 || a < 1e-3 {
-        format!("{v:.1e}")
-    } else if a >= 100.0 || (v.fract() == 0.0) {
-        format!("{v:.0}")
-    } else if a >= 1.0 {
-        format!("{v:.2}").trim_end_matches('0').trim_end_matches('.').to_string()
+    if a >= 1e9 || a < 1e-3 {
+        return format!("{v:.1e}");
+    }
+    if a >= 1000.0 {
+        let digits = format!("{:.0}", a);
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        return if v < 0.0 { format!("-{out}") } else { out };
+    }
+    let decimals = if a >= 100.0 { 0 } else if a >= 10.0 { 1 } else if a >= 1.0 { 2 } else { 3 };
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
     } else {
-        format!("{v:.3}").trim_end_matches('0').trim_end_matches('.').to_string()
+        s
     }
 }
 
@@ -78,16 +104,37 @@ pub fn write_loss_png(path: &Path, points: &[(f64, f64)], title: &str) -> Result
     write_curve_png(path, points, title, "loss")
 }
 
-/// Writes a curve (`points` = (step, value)) to `path` as a PNG, atomically; `ylabel` names
-/// the value.
+fn check_png_path(path: &Path, what: &str) -> Result<()> {
+    if path.extension().and_then(|e| e.to_str()).map(|e| e.eq_ignore_ascii_case("png")) != Some(true) {
+        bail!("{what} {}: the plot is written as PNG, give a path ending in .png", path.display());
+    }
+    Ok(())
+}
+
+/// Renders into a temporary `.png` beside `path` and renames it into place when drawing worked.
+fn write_png_atomically(path: &Path, size: (u32, u32), draw: impl FnOnce(&DrawingArea<BitMapBackend, Shift>) -> Result<()>) -> Result<()> {
+    register_fonts();
+    // The temporary name keeps `.png`: the bitmap backend picks the format from it.
+    let (pending, _file) = TempFile::create_keeping_extension(path)?;
+    let tmp = pending.tmp_path().to_path_buf();
+    let drawn = (|| -> Result<()> {
+        let root = BitMapBackend::new(&tmp, size).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_err)?;
+        draw(&root)?;
+        root.present().map_err(draw_err)
+    })();
+    drawn.with_context(|| format!("writing {}", path.display()))?;
+    pending.commit()
+}
+
+/// Writes a curve (`points` = (step, value)) to `path` as a PNG, atomically: the title above,
+/// "step" under the x axis, `ylabel` along the y axis, a light grid.
 pub fn write_curve_png(path: &Path, points: &[(f64, f64)], title: &str, ylabel: &str) -> Result<()> {
     let finite: Vec<(f64, f64)> = points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
     if finite.is_empty() {
         bail!("--plot {}: no finite {ylabel} values to plot", path.display());
     }
-    if path.extension().and_then(|e| e.to_str()).map(|e| e.eq_ignore_ascii_case("png")) != Some(true) {
-        bail!("--plot {}: the plot is written as PNG, give a path ending in .png", path.display());
-    }
+    check_png_path(path, "--plot")?;
     let (mut x0, mut x1) = finite.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
     let (mut y0, mut y1) = finite.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
     if x1 <= x0 {
@@ -99,104 +146,256 @@ pub fn write_curve_png(path: &Path, points: &[(f64, f64)], title: &str, ylabel: 
         y1 += 0.5;
     }
     let pad = (y1 - y0) * 0.05;
-    y0 = (y0 - pad).max(if finite.iter().all(|p| p.1 >= 0.0) { 0.0 } else { f64::MIN });
+    y0 = if finite.iter().all(|p| p.1 >= 0.0) { (y0 - pad).max(0.0) } else { y0 - pad };
     y1 += pad;
-
-    // The temporary name keeps `.png`: the bitmap backend picks the format from it.
-    let (pending, _file) = TempFile::create_keeping_extension(path)?;
-    let tmp = pending.tmp_path().to_path_buf();
-    let drawn = (|| -> Result<()> {
-        let root = BitMapBackend::new(&tmp, (WIDTH, HEIGHT)).into_drawing_area();
-        let err = |e: DrawingAreaErrorKind<_>| anyhow::anyhow!("drawing the plot: {e}");
-        root.fill(&WHITE).map_err(err)?;
-        let plot_area = root.margin(TOP as u32, BOTTOM as u32, LEFT as u32, RIGHT as u32);
-        let mut chart = ChartBuilder::on(&plot_area).build_cartesian_2d(x0..x1, y0..y1).map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
-        let grey = RGBColor(220, 220, 220);
-        let black = RGBColor(0, 0, 0);
-        let xt = nice_ticks(x0, x1, 8);
-        let yt = nice_ticks(y0, y1, 6);
-        for &x in &xt {
-            chart.draw_series(std::iter::once(PathElement::new(vec![(x, y0), (x, y1)], grey))).map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
-        }
-        for &y in &yt {
-            chart.draw_series(std::iter::once(PathElement::new(vec![(x0, y), (x1, y)], grey))).map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
-        }
-        // Axes box.
+    write_png_atomically(path, CURVE_SIZE, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, bold(30.0))
+            .margin(24)
+            .x_label_area_size(64)
+            .y_label_area_size(96)
+            .build_cartesian_2d(x0..x1, y0..y1)
+            .map_err(draw_err)?;
         chart
-            .draw_series(std::iter::once(PathElement::new(vec![(x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0)], black)))
-            .map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
-        chart
-            .draw_series(LineSeries::new(finite.iter().copied(), RGBColor(31, 119, 180).stroke_width(2)))
-            .map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
-        // Tick labels (backend_coord gives pixel coordinates of the whole image).
-        for &x in &xt {
-            let (px, py) = chart.backend_coord(&(x, y0));
-            let label = fmt_tick(x);
-            draw_text(&root, &label, px - text_width(&label, 2) / 2, py + 8, 2, &black)?;
-        }
-        for &y in &yt {
-            let (px, py) = chart.backend_coord(&(x0, y));
-            let label = fmt_tick(y);
-            draw_text(&root, &label, px - text_width(&label, 2) - 8, py - 8, 2, &black)?;
-        }
-        draw_text(&root, title, (WIDTH as i32 - text_width(title, 2)) / 2, 14, 2, &black)?;
-        draw_text(&root, "step", (WIDTH as i32 - text_width("step", 2)) / 2, HEIGHT as i32 - 22, 2, &black)?;
-        draw_text(&root, ylabel, 8, 14, 2, &black)?;
-        root.present().map_err(err)?;
+            .configure_mesh()
+            .light_line_style(WHITE)
+            .bold_line_style(GRID)
+            .x_labels(10)
+            .y_labels(8)
+            .x_label_formatter(&|v| fmt_number(*v))
+            .y_label_formatter(&|v| fmt_number(*v))
+            .x_desc("step")
+            .y_desc(ylabel)
+            .label_style(font(20.0))
+            .axis_desc_style(font(24.0))
+            .draw()
+            .map_err(draw_err)?;
+        chart.draw_series(LineSeries::new(finite.iter().copied(), CURVE.stroke_width(3))).map_err(draw_err)?;
         Ok(())
-    })();
-    drawn.with_context(|| format!("writing --plot {}", path.display()))?;
-    pending.commit()
+    })
 }
 
-/// One panel of a bar chart: its title and (label, value) bars.
+/// One named series of a bar panel: a value per group; `None` (JSON null) is "no value", e.g.
+/// tokens per solved task when nothing was solved.
 #[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BarSeries {
+    pub label: String,
+    pub values: Vec<Option<f64>>,
+}
+
+/// One panel of a bar figure: groups along the x axis (e.g. suites), and within each group one
+/// bar per series (e.g. teacher, SFT, SFT+RL), coloured by series and named in the legend.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BarPanel {
     pub title: String,
-    /// `None` (JSON null): no value (e.g. tokens per solved task when nothing was solved), drawn as "-".
-    pub bars: Vec<(String, Option<f64>)>,
+    /// The y-axis label (what the bars measure, with its unit).
+    #[serde(default)]
+    pub ylabel: String,
+    /// The x-axis label (what the groups are).
+    #[serde(default)]
+    pub xlabel: String,
+    /// Appended to every value label ("%" for rates).
+    #[serde(default)]
+    pub unit: String,
+    /// Written where a bar has no value (default "n/a").
+    #[serde(default)]
+    pub missing: Option<String>,
+    pub groups: Vec<String>,
+    pub series: Vec<BarSeries>,
 }
 
-/// Side-by-side bar panels (e.g. success and tokens per solved task of several systems) as a PNG,
-/// written atomically. Each panel has its own scale from 0; values are printed above the bars.
-pub fn write_bars_png(path: &Path, title: &str, panels: &[BarPanel]) -> Result<()> {
-    if panels.is_empty() || panels.iter().any(|p| p.bars.is_empty()) {
-        bail!("{}: nothing to plot (a panel without bars)", path.display());
+/// A figure of side-by-side bar panels, as `coa-train-step plot --bars FILE.json` reads it.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BarFigure {
+    pub title: String,
+    pub panels: Vec<BarPanel>,
+}
+
+/// The shape `--bars` expects, for error messages.
+pub const BARS_JSON_SHAPE: &str = "{\"title\": str, \"panels\": [{\"title\": str, \"ylabel\": str, \"xlabel\": str, \"unit\": str, \
+\"missing\": str, \"groups\": [str, ...], \"series\": [{\"label\": str, \"values\": [number or null, one per group]}, ...]}, ...]}";
+
+impl BarFigure {
+    /// Reads and checks a `--bars` JSON file: every error names the file and what was expected.
+    pub fn read(path: &Path) -> Result<BarFigure> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let fig: BarFigure = serde_json::from_str(&text).map_err(|e| anyhow!("{}: {e}; expected {BARS_JSON_SHAPE}", path.display()))?;
+        fig.check().with_context(|| format!("{}", path.display()))?;
+        Ok(fig)
     }
-    // The temporary name keeps `.png`: the bitmap backend picks the format from it.
-    let (pending, _file) = TempFile::create_keeping_extension(path)?;
-    let tmp = pending.tmp_path().to_path_buf();
-    let colors = [RGBColor(127, 127, 127), RGBColor(31, 119, 180), RGBColor(214, 39, 40), RGBColor(44, 160, 44)];
-    let black = RGBColor(0, 0, 0);
-    let drawn = (|| -> Result<()> {
-        let root = BitMapBackend::new(&tmp, (WIDTH, HEIGHT)).into_drawing_area();
-        let err = |e: DrawingAreaErrorKind<_>| anyhow::anyhow!("drawing the plot: {e}");
-        root.fill(&WHITE).map_err(err)?;
-        draw_text(&root, title, (WIDTH as i32 - text_width(title, 2)) / 2, 14, 2, &black)?;
-        let panel_w = (WIDTH as i32 - 40) / panels.len() as i32;
-        let (top, bottom) = (TOP + 40, HEIGHT as i32 - BOTTOM);
-        for (k, panel) in panels.iter().enumerate() {
-            let x0 = 20 + k as i32 * panel_w;
-            draw_text(&root, &panel.title, x0 + (panel_w - text_width(&panel.title, 2)) / 2, TOP, 2, &black)?;
-            let max = panel.bars.iter().filter_map(|b| b.1).filter(|v| v.is_finite()).fold(0.0f64, f64::max).max(1e-12);
-            let slot = (panel_w - 40) / panel.bars.len() as i32;
-            for (i, (label, v)) in panel.bars.iter().enumerate() {
-                let v = v.unwrap_or(f64::NAN);
-                let bx = x0 + 20 + i as i32 * slot + slot / 6;
-                let bw = slot * 2 / 3;
-                let h = if v.is_finite() { ((v / max) * (bottom - top - 30) as f64) as i32 } else { 0 };
-                root.draw(&Rectangle::new([(bx, bottom - h), (bx + bw, bottom)], colors[i % colors.len()].filled())).map_err(err)?;
-                let text = if v.is_finite() { fmt_tick((v * 10.0).round() / 10.0) } else { "-".into() };
-                draw_text(&root, &text, bx + (bw - text_width(&text, 2)) / 2, bottom - h - 20, 2, &black)?;
-                draw_text(&root, label, bx + (bw - text_width(label, 2)) / 2, bottom + 10, 2, &black)?;
-            }
-            root.draw(&PathElement::new(vec![(x0 + 10, bottom), (x0 + panel_w - 10, bottom)], black)).map_err(err)?;
+
+    /// Every panel has groups and series, one value per group in each series, and no value is
+    /// infinite or NaN (JSON cannot carry those, but a figure built in code can).
+    pub fn check(&self) -> Result<()> {
+        if self.panels.is_empty() {
+            bail!("no panels: nothing to plot");
         }
-        root.present().map_err(err)?;
+        for (k, p) in self.panels.iter().enumerate() {
+            let name = format!("panel {} ({:?})", k + 1, p.title);
+            if p.groups.is_empty() || p.series.is_empty() {
+                bail!("{name}: needs at least one group and one series, has {} groups and {} series", p.groups.len(), p.series.len());
+            }
+            for s in &p.series {
+                if s.values.len() != p.groups.len() {
+                    bail!("{name}: series {:?} has {} values for {} groups {:?}", s.label, s.values.len(), p.groups.len(), p.groups);
+                }
+                if let Some(v) = s.values.iter().flatten().find(|v| !v.is_finite()) {
+                    bail!("{name}: series {:?} has the value {v}; expected finite numbers or null", s.label);
+                }
+            }
+        }
         Ok(())
-    })();
-    drawn.with_context(|| format!("writing {}", path.display()))?;
-    pending.commit()
+    }
+}
+
+/// Where a bar was drawn, in pixels of the whole figure (for the tests, and nothing else).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BarRect {
+    pub panel: usize,
+    pub group: usize,
+    pub series: usize,
+    /// Left, top, right, bottom.
+    pub rect: (i32, i32, i32, i32),
+    pub color: RGBColor,
+}
+
+/// Writes the bar figure to `path` as a PNG, atomically; returns where each bar went.
+pub fn write_bars_png(path: &Path, fig: &BarFigure) -> Result<Vec<BarRect>> {
+    fig.check().with_context(|| format!("plotting {}", path.display()))?;
+    check_png_path(path, "-o")?;
+    let mut rects = Vec::new();
+    write_png_atomically(path, bars_size(fig), |root| {
+        rects = draw_bars(root, fig)?;
+        Ok(())
+    })?;
+    Ok(rects)
+}
+
+/// The figure's size in pixels: one panel width per panel.
+pub fn bars_size(fig: &BarFigure) -> (u32, u32) {
+    (PANEL_WIDTH * fig.panels.len().max(1) as u32, BARS_HEIGHT)
+}
+
+/// Draws the whole figure (title, shared legend, panels) on `root`; returns the bars' pixels.
+pub fn draw_bars<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &BarFigure) -> Result<Vec<BarRect>> {
+    register_fonts();
+    let (w, _) = root.dim_in_pixel();
+    root.draw(&Text::new(fig.title.clone(), (w as i32 / 2, 18), bold(30.0).pos(Pos::new(HPos::Center, VPos::Top)))).map_err(draw_err)?;
+    // One legend for the figure when the series are the same in every panel (the usual case),
+    // otherwise one per panel; a single unnamed series needs none.
+    let labels: Vec<&str> = fig.panels[0].series.iter().map(|s| s.label.as_str()).collect();
+    let shared = fig.panels.iter().all(|p| p.series.iter().map(|s| s.label.as_str()).eq(labels.iter().copied()));
+    let legend = labels.len() > 1 || labels.first().is_some_and(|l| !l.is_empty());
+    let top = if shared && legend {
+        draw_legend(root, &labels, w as i32 / 2, 64)?;
+        104
+    } else {
+        64
+    };
+    let (_, body) = root.split_vertically(top);
+    let mut rects = Vec::new();
+    for (k, (panel, area)) in fig.panels.iter().zip(body.split_evenly((1, fig.panels.len()))).enumerate() {
+        rects.extend(draw_panel(root, &area, k, panel, !shared && legend)?);
+    }
+    Ok(rects)
+}
+
+/// A row of coloured squares with their labels, centred on `cx`.
+fn draw_legend<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, labels: &[&str], cx: i32, y: i32) -> Result<()> {
+    let style = font(22.0);
+    let widths: Vec<i32> = labels.iter().map(|l| root.estimate_text_size(l, &style).map(|(w, _)| w as i32).unwrap_or(100)).collect();
+    let total: i32 = widths.iter().map(|w| w + 22 + 40).sum::<i32>() - 40;
+    let mut x = cx - total / 2;
+    for (i, (label, lw)) in labels.iter().zip(&widths).enumerate() {
+        root.draw(&Rectangle::new([(x, y), (x + 16, y + 16)], SERIES[i % SERIES.len()].filled())).map_err(draw_err)?;
+        root.draw(&Text::new(label.to_string(), (x + 22, y + 8), style.pos(Pos::new(HPos::Left, VPos::Center)))).map_err(draw_err)?;
+        x += lw + 22 + 40;
+    }
+    Ok(())
+}
+
+fn draw_panel<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, area: &DrawingArea<DB, Shift>, k: usize, panel: &BarPanel, own_legend: bool) -> Result<Vec<BarRect>> {
+    let values = panel.series.iter().flat_map(|s| s.values.iter().flatten().copied());
+    let (lo, hi) = values.fold((0.0f64, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
+    let span = if hi > lo { hi - lo } else { 1.0 };
+    // Room above (and below, for negative values) for the value labels.
+    let (y0, y1) = (if lo < 0.0 { lo - 0.14 * span } else { 0.0 }, if hi > 0.0 || lo >= 0.0 { hi + 0.14 * span } else { 0.0 });
+    let n_groups = panel.groups.len();
+    let mut chart = ChartBuilder::on(area)
+        .caption(&panel.title, bold(26.0))
+        .margin_left(16)
+        .margin_right(28)
+        .margin_top(8)
+        .margin_bottom(12)
+        .x_label_area_size(if panel.xlabel.is_empty() { 48 } else { 76 })
+        .y_label_area_size(96)
+        .build_cartesian_2d(0f64..n_groups as f64, y0..y1)
+        .map_err(draw_err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .light_line_style(WHITE)
+        .bold_line_style(GRID)
+        .x_labels(0)
+        .y_labels(8)
+        .y_label_formatter(&|v| fmt_number(*v))
+        .x_desc(panel.xlabel.as_str())
+        .y_desc(panel.ylabel.as_str())
+        .label_style(font(20.0))
+        .axis_desc_style(font(22.0))
+        .draw()
+        .map_err(draw_err)?;
+    // Group names under the axis, centred on their group.
+    for (g, name) in panel.groups.iter().enumerate() {
+        let (px, py) = chart.backend_coord(&(g as f64 + 0.5, y0));
+        root.draw(&Text::new(name.clone(), (px, py + 10), font(22.0).pos(Pos::new(HPos::Center, VPos::Top)))).map_err(draw_err)?;
+    }
+    let n_series = panel.series.len() as f64;
+    // Bars of a group share 80% of its width, none wider than 30% (a lone series stays a bar).
+    let width = (0.8 / n_series).min(0.3);
+    let group_pad = (1.0 - width * n_series) / 2.0;
+    let single = panel.series.len() == 1 && panel.series[0].label.is_empty();
+    let missing = panel.missing.as_deref().unwrap_or("n/a");
+    let mut rects = Vec::new();
+    for (s, series) in panel.series.iter().enumerate() {
+        let color = if single { CURVE } else { SERIES[s % SERIES.len()] };
+        for (g, v) in series.values.iter().enumerate() {
+            let left = g as f64 + group_pad + s as f64 * width;
+            let right = left + width * 0.92;
+            let mid = (left + right) / 2.0;
+            let label_style = font(17.0);
+            match v {
+                Some(v) => {
+                    chart.draw_series(std::iter::once(Rectangle::new([(left, 0.0), (right, *v)], color.filled()))).map_err(draw_err)?;
+                    let (l, t) = chart.backend_coord(&(left, v.max(0.0)));
+                    let (r, b) = chart.backend_coord(&(right, v.min(0.0)));
+                    rects.push(BarRect { panel: k, group: g, series: s, rect: (l, t, r, b), color });
+                    let text = format!("{}{}", fmt_number(*v), panel.unit);
+                    let (px, py) = chart.backend_coord(&(mid, *v));
+                    let (dy, vpos) = if *v < 0.0 { (6, VPos::Top) } else { (-6, VPos::Bottom) };
+                    root.draw(&Text::new(text, (px, py + dy), label_style.pos(Pos::new(HPos::Center, vpos)))).map_err(draw_err)?;
+                }
+                None => {
+                    // One word a line, stacked up from the zero line: it fits the bar's width.
+                    let (px, py) = chart.backend_coord(&(mid, 0.0));
+                    for (i, word) in missing.split_whitespace().rev().enumerate() {
+                        let y = py - 6 - 20 * i as i32;
+                        root.draw(&Text::new(word.to_string(), (px, y), label_style.pos(Pos::new(HPos::Center, VPos::Bottom)))).map_err(draw_err)?;
+                    }
+                }
+            }
+        }
+    }
+    if own_legend {
+        let labels: Vec<&str> = panel.series.iter().map(|s| s.label.as_str()).collect();
+        let (x, y) = area.get_base_pixel();
+        let (w, _) = area.dim_in_pixel();
+        draw_legend(root, &labels, x + w as i32 / 2, y + 40)?;
+    }
+    Ok(rects)
 }
 
 /// A small fixed-width table of (step, loss, lr, grad_norm, tokens/s) rows, for stderr.
@@ -220,6 +419,17 @@ mod tests {
     }
 
     #[test]
+    fn numbers_read_as_a_person_writes_them() {
+        assert_eq!(fmt_number(32764.0), "32,764");
+        assert_eq!(fmt_number(-1234567.4), "-1,234,567");
+        assert_eq!(fmt_number(69.0), "69");
+        assert_eq!(fmt_number(68.26), "68.3");
+        assert_eq!(fmt_number(-1.795), "-1.79");
+        assert_eq!(fmt_number(0.0246), "0.025");
+        assert_eq!(fmt_number(2e-5), "2.0e-5");
+    }
+
+    #[test]
     fn png_is_written_atomically_and_is_a_png() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("loss.png");
@@ -229,20 +439,5 @@ mod tests {
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temp file left");
         assert!(write_loss_png(&dir.path().join("x.svg"), &pts, "t").is_err());
-    }
-
-    #[test]
-    fn bar_panels_are_drawn_and_empty_panels_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let png = dir.path().join("bars.png");
-        let panels = vec![
-            BarPanel { title: "success %".into(), bars: vec![("teacher".into(), Some(60.0)), ("SFT".into(), Some(5.0))] },
-            BarPanel { title: "tokens".into(), bars: vec![("teacher".into(), Some(9000.0)), ("SFT".into(), None)] },
-        ];
-        write_bars_png(&png, "t", &panels).unwrap();
-        assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
-        let empty = vec![BarPanel { title: "x".into(), bars: vec![] }];
-        assert!(write_bars_png(&dir.path().join("e.png"), "t", &empty).is_err());
-        assert!(!dir.path().join("e.png").exists());
     }
 }

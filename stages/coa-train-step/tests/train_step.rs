@@ -657,3 +657,86 @@ fn shared_prompts_train_as_rows_alone() {
         assert!(diff < 1e-5, "{}: max |diff| {diff}", x.name);
     }
 }
+
+/// A Python that imports TensorBoard's own reader: `COA_TB_PYTHON`, else .venv-hf (`make
+/// hf-venv` installs tensorboard there), else `python3`.
+fn tensorboard_python() -> Option<PathBuf> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let candidates: Vec<PathBuf> = match std::env::var_os("COA_TB_PYTHON") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => vec![repo.join(".venv-hf/bin/python"), PathBuf::from("python3")],
+    };
+    candidates.into_iter().find(|py| {
+        Command::new(py).args(["-c", "import tensorboard.backend.event_processing.event_accumulator"]).output().is_ok_and(|o| o.status.success())
+    })
+}
+
+#[test]
+fn tensorboard_scalars_are_the_metrics_and_a_resume_repeats_no_step() {
+    let e = env(14);
+    let tb = e.p("tb");
+    let part = e.p("part");
+    ok(&args(&base(&e, &["--steps", "8", "--stop-at-step", "4", "--save", s(&part), "--tensorboard", s(&tb), "-o", s(&e.p("a.parquet"))])));
+    ok(&["-i", s(&e.tokens), "--resume", s(&part), "--save", s(&part), "--tensorboard", s(&tb), "-o", s(&e.p("b.parquet"))]);
+    let mut metrics = read_metrics(&e.p("a.parquet"));
+    metrics.extend(read_metrics(&e.p("b.parquet")));
+    assert_eq!(metrics.len(), 8);
+
+    // Two event files, one per invocation, each step in exactly one of them.
+    let files = coa_train_step::tensorboard::event_files(&tb).unwrap();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let steps: Vec<Vec<i64>> = files.iter().map(|f| coa_train_step::tensorboard::record_steps(&std::fs::read(f).unwrap()).0.into_iter().map(|(_, s)| s).filter(|&s| s > 0).collect()).collect();
+    assert!(steps[0].iter().all(|&s| (1..=4).contains(&s)) && steps[1].iter().all(|&s| (5..=8).contains(&s)), "{steps:?}");
+    // The run's provenance does not depend on where the curves went.
+    assert!(!recorded_args(&e.p("a.parquet")).iter().any(|a| a.contains("tensorboard")));
+
+    // Read back by TensorBoard itself.
+    let Some(python) = tensorboard_python() else {
+        eprintln!("tensorboard_scalars_are_the_metrics_and_a_resume_repeats_no_step: skipped the TensorBoard reader check: no Python with the tensorboard package (run `make hf-venv`, or set COA_TB_PYTHON)");
+        return;
+    };
+    let script = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+acc.Reload()
+print(json.dumps({tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}))
+"#;
+    let out = Command::new(&python).args(["-c", script, s(&tb)]).output().unwrap();
+    assert!(out.status.success(), "the TensorBoard reader failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let read: std::collections::BTreeMap<String, Vec<(i64, f64)>> = serde_json::from_slice(&out.stdout).unwrap();
+    for tag in ["train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s"] {
+        let curve = read.get(tag).unwrap_or_else(|| panic!("no {tag} in {:?}", read.keys()));
+        assert_eq!(curve.iter().map(|p| p.0).collect::<Vec<_>>(), (1..=8).collect::<Vec<_>>(), "{tag}: every step once, in order");
+    }
+    for (m, (step, loss)) in metrics.iter().zip(&read["train/loss"]) {
+        assert_eq!(m.0, *step);
+        assert_eq!(m.1, *loss as f32, "step {step}: the loss in TensorBoard is the metrics row's");
+    }
+    for (m, (_, lr)) in metrics.iter().zip(&read["train/lr"]) {
+        assert_eq!(m.2, *lr as f32);
+    }
+}
+
+#[test]
+fn progress_bar_only_on_a_terminal() {
+    let e = env(6);
+    let metrics = e.p("m.parquet");
+    let run_args = base(&e, &["--steps", "3", "--log-every", "1", "-o", s(&metrics)]);
+    // Not a terminal (a pipe, as under CI or a log file): the plain log lines, no control characters.
+    let o = ok(&args(&run_args));
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(log.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())).count() == 3, "one log line per step:\n{log}");
+    assert!(!log.contains('\x1b') && !log.contains('\r'), "control characters in a piped log:\n{log:?}");
+    // On a terminal (`script` gives the run a pseudo-terminal): the bar, with its ETA, and the same lines above it.
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("progress_bar_only_on_a_terminal: skipped the terminal half: no `script` (util-linux) to make a pseudo-terminal");
+        return;
+    }
+    let quoted: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_coa-train-step").to_string()).chain(run_args).map(|a| format!("'{a}'")).collect();
+    let out = Command::new("script").args(["-qec", &quoted.join(" "), "/dev/null"]).output().unwrap();
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{tty}");
+    assert!(tty.contains("coa-train-step training") && tty.contains("eta"), "no progress bar on a terminal:\n{tty:?}");
+    assert!(tty.contains("grad_norm"), "the log table is still printed:\n{tty:?}");
+}
