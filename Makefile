@@ -38,6 +38,10 @@ help:
 	@echo "           SFT_MODEL=small or larger), SIZE=smoke|full (smoke: the 20-minute CPU loop, the default on"
 	@echo "           the CPU; full: a real run's sizes into runs/full/, the default with DEVICE=cuda), and every"
 	@echo "           size in pipelines/default.mk"
+	@echo "sharding:  EXECUTOR=local|slurm SHARDS=N (distill's and eval's teacher and extraction as N shards by task_id,"
+	@echo "           merged in the unsharded order; slurm: one sbatch --array per stage), MAX_RETRIES=$(MAX_RETRIES) (reruns"
+	@echo "           of shards left without output), SLURM_PARTITION, SLURM_TIME=$(SLURM_TIME), SLURM_CPUS=$(SLURM_CPUS),"
+	@echo "           SLURM_MEM=$(SLURM_MEM), SLURM_FLAGS (pipelines/shard.mk)"
 
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))
@@ -47,6 +51,7 @@ test: cuda-deps model-optional hf-venv-optional
 	$(CARGO) build $(addprefix -p ,$(STAGES))
 	$(CARGO) test --workspace --no-fail-fast
 
+include pipelines/shard.mk
 include pipelines/cuda.mk
 include pipelines/model.mk
 include pipelines/tasks.mk
