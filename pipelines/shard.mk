@@ -19,7 +19,6 @@ SLURM_TIME      ?= 01:00:00
 SLURM_CPUS      ?= 2
 SLURM_MEM       ?= 4G
 SLURM_FLAGS     ?=
-export SLURM_PARTITION SLURM_TIME SLURM_CPUS SLURM_MEM SLURM_FLAGS
 
 ifeq ($(filter local slurm,$(EXECUTOR)),)
 $(error EXECUTOR=$(EXECUTOR): expected local or slurm)
@@ -33,4 +32,5 @@ shell_quote = '$(subst ','\'',$(1))'
 sharded = $(if $(and $(filter local,$(EXECUTOR)),$(filter 1,$(SHARDS))),\
 	SHARD=; OUT=$(1); STATS=$(2); $(4),\
 	pipelines/shards.sh --executor $(EXECUTOR) --shards $(SHARDS) --retries $(MAX_RETRIES) --bin $(BIN) \
-	    --out $(1) --stats $(2) --order $(3) --inputs "$^" -- $(call shell_quote,$(4)))
+	    --partition $(call shell_quote,$(SLURM_PARTITION)) --time $(SLURM_TIME) --cpus $(SLURM_CPUS) --mem $(call shell_quote,$(SLURM_MEM)) \
+	    --sbatch-flags $(call shell_quote,$(SLURM_FLAGS)) --out $(1) --stats $(2) --order $(3) --inputs "$^" -- $(call shell_quote,$(4)))

@@ -4,7 +4,8 @@
 # row order. Slurm does the scheduling; this is the glue. Called by the pipelines/*.mk rules.
 #
 # usage: pipelines/shards.sh --executor local|slurm --shards N --out FILE --order TASKS
-#            [--stats FILE] [--retries K] [--bin DIR] [--inputs "FILE..."] -- 'COMMAND'
+#            [--stats FILE] [--retries K] [--bin DIR] [--inputs "FILE..."]
+#            [--partition P] [--time T] [--cpus C] [--mem M] [--sbatch-flags "..."] -- 'COMMAND'
 #
 # COMMAND is a bash snippet run once per shard with three variables set:
 #   $SHARD  the flag `--shard I/N` (0-based I), to pass to every stage of the snippet
@@ -17,12 +18,14 @@
 #   coa-filter --rules none -i 'FILE.shards/part-*-of-NNNNN.parquet' --task-order TASKS -o FILE
 # and their --stats files with pipelines/merge_stats.py into --stats FILE.
 #
-# Slurm settings come from the environment: SLURM_PARTITION, SLURM_TIME, SLURM_CPUS, SLURM_MEM,
-# SLURM_FLAGS (extra sbatch flags); sbatch --wait blocks until the array ends (no accounting
-# database is needed: which shards failed is read from their missing outputs).
+# With --executor slurm the array is `sbatch --array=<missing shards> --wait` with --partition
+# (empty: the cluster's default), --time, --cpus-per-task, --mem (empty: the default) and any
+# --sbatch-flags; --wait blocks until the array ends (no accounting database is needed: which
+# shards failed is read from their missing outputs).
 set -euo pipefail
 
 executor=local shards= out= order= stats= retries=2 bin=target/release inputs=
+partition= time=01:00:00 cpus=1 mem= sbatch_flags=
 while [ $# -gt 0 ]; do
   case "$1" in
     --executor) executor=$2; shift 2 ;;
@@ -33,6 +36,11 @@ while [ $# -gt 0 ]; do
     --retries) retries=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --inputs) inputs=$2; shift 2 ;;
+    --partition) partition=$2; shift 2 ;;
+    --time) time=$2; shift 2 ;;
+    --cpus) cpus=$2; shift 2 ;;
+    --mem) mem=$2; shift 2 ;;
+    --sbatch-flags) sbatch_flags=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "shards.sh: unknown argument $1 (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
@@ -96,16 +104,13 @@ while :; do
   fi
   [ "$attempt" -gt 0 ] && echo "shards.sh: $out: rerunning shard(s) $todo (retry $attempt of $retries)" >&2
   if [ "$executor" = local ]; then
-    pids=()
-    for i in ${todo//,/ }; do
-      SHARD_INDEX=$i bash "$job" > "$dir/logs/local-a$attempt-$i.log" 2>&1 & pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || true; done
+    # As many at once as there are CPUs (a shard's own threads share them).
+    printf '%s\n' ${todo//,/ } | xargs -P "$(nproc)" -I{} \
+      bash -c 'SHARD_INDEX=$1 bash "$2" > "$3/logs/local-a$4-$1.log" 2>&1 || true' _ {} "$job" "$dir" "$attempt"
   else
     # --wait: sbatch returns when every task of the array has ended (non-zero if any failed).
     sbatch --parsable --wait --array="$todo" --job-name="coa-$(basename "$out" .parquet)" \
-      ${SLURM_PARTITION:+--partition="$SLURM_PARTITION"} --time="${SLURM_TIME:-01:00:00}" \
-      --cpus-per-task="${SLURM_CPUS:-1}" ${SLURM_MEM:+--mem="$SLURM_MEM"} ${SLURM_FLAGS:-} \
+      ${partition:+--partition="$partition"} --time="$time" --cpus-per-task="$cpus" ${mem:+--mem="$mem"} $sbatch_flags \
       --output="$dir/logs/slurm-%A-a$attempt-%a.log" "$job" || true
   fi
   attempt=$((attempt + 1))

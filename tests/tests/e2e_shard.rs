@@ -343,9 +343,8 @@ fn make_distill_on_slurm_with_4_shards_equals_the_local_unsharded_run_and_reruns
     let mut run = cluster.command("bash");
     run.current_dir(w)
         .arg(repo_root().join("pipelines/shards.sh"))
-        .args(["--executor", "slurm", "--shards", "3", "--retries", "1", "--bin", &bin_dir().display().to_string(), "--out", &out, "--order", &tasks, "--", &command])
-        .env("SLURM_CPUS", "1")
-        .env("SLURM_MEM", "256M")
+        .args(["--executor", "slurm", "--shards", "3", "--retries", "1", "--cpus", "1", "--mem", "256M"])
+        .args(["--bin", &bin_dir().display().to_string(), "--out", &out, "--order", &tasks, "--", &command])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = run.spawn().unwrap();

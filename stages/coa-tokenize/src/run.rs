@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Result};
 use arrow::array::AsArray;
 use arrow::record_batch::RecordBatch;
+use coa_schemas::shard::ShardSpec;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{COA_TEXT, TOKENS};
 use rayon::prelude::*;
