@@ -3,12 +3,13 @@
 //!
 //! - `--shard I/N` is **0-based**: `I` in `0..N` (Slurm's `SLURM_ARRAY_TASK_ID` with
 //!   `--array=0-(N-1)`). [`ShardSpec`] parses and checks it.
-//! - A row belongs to shard `floor(fnv1a64(task_id) * N / 2^64)`: the high bits of the 64-bit
-//!   FNV-1a hash of the `task_id` bytes (offset 0xcbf29ce484222325, prime 0x100000001b3), scaled
-//!   to `0..N` (Lemire's multiply-shift, which uses FNV's well-mixed high bits rather than its
-//!   weak low ones). Every row of a task lands in one shard, so per-task work (GRPO groups,
-//!   dedup keyed by task, per-task random streams) is the same sharded or not. In Python:
-//!   `(fnv1a64(task_id.encode()) * n) >> 64`.
+//! - A row belongs to shard `floor(fmix64(fnv1a64(task_id)) * N / 2^64)`: the 64-bit FNV-1a hash
+//!   of the `task_id` bytes (offset 0xcbf29ce484222325, prime 0x100000001b3), mixed by
+//!   MurmurHash3's 64-bit finalizer (FNV alone barely moves its high bits when only the last
+//!   character differs, as in `math-train-000001`/`...002`), scaled to `0..N` by a multiply-shift.
+//!   Every row of a task lands in one shard, so per-task work (GRPO groups, dedup keyed by task,
+//!   per-task random streams) is the same sharded or not. In Python:
+//!   `(fmix64(fnv1a64(task_id.encode())) * n) >> 64`.
 //! - Cross-row steps that group by something other than the task (dedup on other columns, token
 //!   packing, BPE training, a `--oversample` group count) cannot run per shard: their stages
 //!   refuse `--shard` there and name the merge step to run first (`coa-filter --rules none -i
@@ -37,6 +38,15 @@ pub fn fnv1a(s: &str) -> u64 {
     h
 }
 
+/// MurmurHash3's 64-bit finalizer: every input bit moves every output bit.
+pub fn fmix64(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^ (k >> 33)
+}
+
 /// One shard of N: `index` in `0..count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardSpec {
@@ -47,7 +57,7 @@ pub struct ShardSpec {
 impl ShardSpec {
     /// The shard a task belongs to, of `count`.
     pub fn of(task_id: &str, count: u32) -> u32 {
-        ((fnv1a(task_id) as u128 * count as u128) >> 64) as u32
+        ((fmix64(fnv1a(task_id)) as u128 * count as u128) >> 64) as u32
     }
 
     /// Whether this shard holds `task_id`.
@@ -176,10 +186,21 @@ mod tests {
         }
         // 1000 expected per shard; a binomial sd is ~27.
         assert!(sizes.iter().all(|&s| (880..1120).contains(&s)), "{sizes:?}");
+        // Ids that differ only in their last character spread too (12 tasks over 3 shards).
+        let mut small = [0usize; 3];
+        for suite in ["multihop", "math", "code"] {
+            for k in 0..4 {
+                small[ShardSpec::of(&format!("{suite}-train-{k:06}"), 3) as usize] += 1;
+            }
+        }
+        assert!(small.iter().all(|&s| (2..=7).contains(&s)), "{small:?}");
         // One shard is the whole table.
         assert!(ShardSpec { index: 0, count: 1 }.holds("anything"));
-        // Fixed for all time: this is what a shard file written today holds.
-        assert_eq!(ShardSpec::of("math-train-000000", 4), (((fnv1a("math-train-000000") as u128) * 4) >> 64) as u32);
+        // Fixed for all time (what a shard file written today holds): MurmurHash3's published
+        // finalizer constants, checked on a value, and the shards of two ids.
+        assert_eq!(fmix64(0), 0);
+        assert_eq!(fmix64(1), 0xb456_bcfc_34c2_cb2c);
+        assert_eq!(ShardSpec::of("math-train-000000", 4), ((fmix64(fnv1a("math-train-000000")) as u128 * 4) >> 64) as u32);
     }
 
     fn batch(ids: &[&str], vals: &[i32]) -> RecordBatch {

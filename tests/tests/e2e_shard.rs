@@ -173,7 +173,7 @@ fn bad_shard_values_are_refused_naming_the_flag() {
 fn cross_row_modes_refuse_shard_and_say_what_they_need() {
     refused(&["coa-filter", "-i", "tasks.parquet", "--rules", "none", "--dedup-key", "question", "--shard", "0/2", "-o", "refused.parquet"], &["--dedup-key question", "add task_id to the key"]);
     refused(&["coa-filter", "-i", "scores.parquet", "--dynamic-sampling", "--group-by", "model", "--shard", "0/2", "-o", "refused.parquet"], &["--group-by model", "--group-by task_id"]);
-    refused(&["coa-tokenize", "-i", "coa_text.parquet", "--train-bpe", "--shard", "0/2", "-o", "refused.parquet"], &["--train-bpe", "train it once"]);
+    refused(&["coa-tokenize", "-i", "coa_text.parquet", "--train-bpe", "--save-tokenizer", "t.json", "--shard", "0/2", "-o", "refused.parquet"], &["--train-bpe", "train it once"]);
     refused(&["coa-tokenize", "-i", "coa_text.parquet", "--tokenizer", "tok.json", "--max-len", "1024", "--pack", "--shard", "0/2", "-o", "refused.parquet"], &["--pack", "pack the merged tokens"]);
     refused(&["coa-generate", "policy", "--checkpoint", "ckpt", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "--oversample", "--groups", "2", "--shard", "0/2", "-o", "refused.parquet"], &["--oversample", "unsharded"]);
     refused(&["coa-score", "-i", "rollouts.parquet", "--tasks", "tasks.parquet", "--report", "r.md", "--shard", "0/2", "-o", "refused.parquet"], &["--report", "score them unsharded"]);
