@@ -274,9 +274,11 @@ impl JsonOut {
 /// `coa-convert`: `trajectories` → `coa_text`, alpaca or sharegpt JSON, or verl Parquet (also
 /// straight from a `tasks` table).
 pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Result<()> {
-    if let (Some(spec), true) = (args.shard, args.target.is_json()) {
+    if let (Some(spec), true) = (args.shard, args.target != Target::CoaText) {
+        // JSON is one file, and verl rows carry no task_id to merge shards by.
         bail!(
-            "--shard {spec}: --to {} writes one JSON file for the whole dataset; convert the merged trajectories              unsharded, or shard --to coa-text / --to verl (tables, merged with `coa-filter --rules none --task-order`)",
+            "--shard {spec}: --to {} writes the whole dataset in one file; convert the merged trajectories \
+             unsharded (only --to coa-text shards, merged with `coa-filter --rules none --task-order`)",
             target_name(args.target)
         );
     }
