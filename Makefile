@@ -39,6 +39,10 @@ help:
 	@echo "           on math and code, about an hour on 2 CPU cores; smoke: a tiny model from scratch, the"
 	@echo "           20-minute plumbing check; full: a real run's sizes, the default with DEVICE=cuda), and every"
 	@echo "           size in pipelines/default.mk"
+	@echo "sharding:  EXECUTOR=local|slurm SHARDS=N (distill's and eval's teacher and extraction as N shards by task_id,"
+	@echo "           merged in the unsharded order; slurm: one sbatch --array per stage), MAX_RETRIES=$(MAX_RETRIES) (reruns"
+	@echo "           of shards left without output), SLURM_PARTITION, SLURM_TIME=$(SLURM_TIME), SLURM_CPUS=$(SLURM_CPUS),"
+	@echo "           SLURM_MEM=$(SLURM_MEM), SLURM_FLAGS (pipelines/shard.mk)"
 
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))
@@ -48,6 +52,7 @@ test: cuda-deps model-optional hf-venv-optional
 	$(CARGO) build $(addprefix -p ,$(STAGES))
 	$(CARGO) test --workspace --no-fail-fast
 
+include pipelines/shard.mk
 include pipelines/cuda.mk
 include pipelines/model.mk
 include pipelines/tasks.mk

@@ -8,13 +8,16 @@
 
 DISTILL := $(RUNDIR)/distill
 
+# The teacher and the extraction run as SHARDS shards with EXECUTOR=slurm|local (pipelines/shard.mk);
+# the rest reads the merged tables.
+mas_cmd = $(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$(1)'" \
+	| $(BIN)/coa-generate mas --corpus $(RUNDIR)/corpus.parquet --seed $(SEED) $(MAS_FLAGS) $$SHARD --stats $$STATS -o $$OUT
+
 $(DISTILL)/%/mas_runs.parquet: $(RUNDIR)/tasks.parquet $(RUNDIR)/corpus.parquet | build
-	$(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$*'" \
-	| $(BIN)/coa-generate mas --corpus $(RUNDIR)/corpus.parquet --seed $(SEED) $(MAS_FLAGS) \
-	    --stats $(DISTILL)/$*/mas.json -o $@
+	$(call sharded,$@,$(DISTILL)/$*/mas.json,$(RUNDIR)/tasks.parquet,$(call mas_cmd,$*))
 
 $(DISTILL)/%/trajectories.parquet: $(DISTILL)/%/mas_runs.parquet
-	$(BIN)/coa-extract -i $< --stats $(DISTILL)/$*/extract.json -o $@
+	$(call sharded,$@,$(DISTILL)/$*/extract.json,$(RUNDIR)/tasks.parquet,$(BIN)/coa-extract -i $< $$SHARD --stats $$STATS -o $$OUT)
 
 $(DISTILL)/%/kept.parquet: $(DISTILL)/%/trajectories.parquet
 	$(BIN)/coa-filter -i $< --seed $(SEED) --where "hops <= $(MAX_HOPS)" --keep-dropped $(DISTILL)/$*/dropped.parquet \

@@ -11,9 +11,11 @@ EVAL_MAX_TURNS    ?= $(call by_size,12,12,16)
 EVAL_BATCH        ?= $(call by_size,32,50,200)
 EVAL := $(RUNDIR)/eval
 
+# The teacher runs as SHARDS shards with EXECUTOR=slurm|local (pipelines/shard.mk).
 $(EVAL)/teacher/mas_runs.parquet: $(RUNDIR)/test/tasks.parquet $(RUNDIR)/test/corpus.parquet | build
-	$(GENERATE) mas -i $(RUNDIR)/test/tasks.parquet --corpus $(RUNDIR)/test/corpus.parquet --seed $(SEED) $(MAS_FLAGS) \
-	    --stats $(EVAL)/teacher/mas.json -o $@
+	$(call sharded,$@,$(EVAL)/teacher/mas.json,$(RUNDIR)/test/tasks.parquet,\
+	  $(GENERATE) mas -i $(RUNDIR)/test/tasks.parquet --corpus $(RUNDIR)/test/corpus.parquet --seed $(SEED) $(MAS_FLAGS) $$SHARD \
+	    --stats $$STATS -o $$OUT)
 
 # $(1): sft | rl, $(2): the file that marks its training done, $(3): its checkpoint directory
 define eval_student

@@ -15,7 +15,7 @@
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Cursor, Read, Seek, SeekFrom, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -38,6 +38,7 @@ use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
 use crate::output::{self, TempFile};
+use crate::shard::ShardSpec;
 use crate::tables::{compatible, type_name, Derived, Table, META_PROVENANCE, META_TABLE};
 
 /// Rows per batch when reading Parquet and when stages build batches.
@@ -143,6 +144,20 @@ pub struct TableReader {
     inner: BatchIter,
     batches: usize,
     rows: u64,
+    /// Only this shard's rows are yielded (see [`crate::shard`]).
+    shard: Option<ShardSpec>,
+    /// A directory or glob read as one table: the file being read, then the files still to open.
+    files: Option<Files>,
+}
+
+/// The files of a directory or glob read as one table, opened one after another.
+struct Files {
+    current: Box<TableReader>,
+    rest: std::collections::VecDeque<PathBuf>,
+    expected: Option<&'static Table>,
+    omit: Vec<Vec<&'static str>>,
+    /// The first file, whose columns every other file must have.
+    first: String,
 }
 
 impl TableReader {
@@ -169,6 +184,16 @@ impl TableReader {
     pub fn provenance(&self) -> Option<Provenance> {
         self.found.metadata().get(META_PROVENANCE).and_then(|s| serde_json::from_str(s).ok())
     }
+    /// Yields only the rows of `shard` (by `task_id`; see [`crate::shard`]); `None` yields all.
+    /// Fails at once when the table has no string `task_id` column.
+    pub fn sharded(mut self, shard: Option<ShardSpec>) -> Result<TableReader> {
+        if shard.is_some() {
+            crate::shard::check_shardable(&self.schema, &self.source)?;
+        }
+        self.shard = shard;
+        Ok(self)
+    }
+
     /// This input as recorded in a downstream output's provenance.
     pub fn input_provenance(&self) -> InputProvenance {
         InputProvenance {
@@ -231,6 +256,56 @@ impl Iterator for TableReader {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Result<RecordBatch>> {
+        loop {
+            let batch = match self.files.is_some() {
+                true => self.next_of_files()?,
+                false => self.next_batch()?,
+            };
+            let Some(shard) = self.shard else { return Some(batch) };
+            match batch.and_then(|b| shard.select(&b, &self.source)) {
+                Ok(b) if b.num_rows() == 0 => continue,
+                other => return Some(other),
+            }
+        }
+    }
+}
+
+impl TableReader {
+    /// The next batch of the file being read, opening the next file when it ends.
+    fn next_of_files(&mut self) -> Option<Result<RecordBatch>> {
+        let files = self.files.as_mut()?;
+        loop {
+            if let Some(batch) = files.current.next() {
+                if let Ok(b) = &batch {
+                    self.batches += 1;
+                    self.rows += b.num_rows() as u64;
+                }
+                return Some(batch);
+            }
+            let path = files.rest.pop_front()?;
+            let opened = open_inner(Some(&path), files.expected, files.omit.clone()).and_then(|r| {
+                if r.schema.fields() != self.schema.fields() {
+                    bail!(
+                        "{}: its columns ({}) differ from those of {} ({}); the files of a directory or glob must hold one table",
+                        r.source,
+                        describe_fields(&r.schema),
+                        files.first,
+                        describe_fields(&self.schema)
+                    );
+                }
+                Ok(r)
+            });
+            match opened {
+                Ok(r) => files.current = Box::new(r),
+                Err(e) => {
+                    files.rest.clear();
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+
+    fn next_batch(&mut self) -> Option<Result<RecordBatch>> {
         let next = self.inner.next()?;
         let batch = match next {
             Ok(b) => b,
@@ -324,6 +399,9 @@ fn describe_head(head: &[u8]) -> String {
 }
 
 fn open_inner(path: Option<&Path>, expected: Option<&'static Table>, omit: Vec<Vec<&'static str>>) -> Result<TableReader> {
+    if let Some(files) = path.map(table_files).transpose()?.flatten() {
+        return open_files(path.unwrap(), files, expected, omit);
+    }
     let source = source_name(path);
     let stdin = path.is_none() || path == Some(Path::new("-"));
     let (format, inner, found): (Format, BatchIter, SchemaRef) = if stdin {
@@ -359,6 +437,69 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>, omit: Vec<V
     finish_open(source, format, inner, found, expected, omit)
 }
 
+/// The files an input names when it is a directory (its `*.parquet` files) or a glob pattern
+/// (`shards/part-*.parquet`; any of the three formats), sorted by name; `None` for one file.
+/// Hidden files (a writer's `.NAME.PID.tmp`) and `_`-prefixed ones (`_SUCCESS`) are never read.
+fn table_files(path: &Path) -> Result<Option<Vec<PathBuf>>> {
+    let shown = |p: &Path| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| !n.starts_with('.') && !n.starts_with('_'));
+    let mut files: Vec<PathBuf> = if path.is_dir() {
+        let entries = std::fs::read_dir(path).with_context(|| format!("cannot list input directory {}", path.display()))?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let p = entry.with_context(|| format!("listing input directory {}", path.display()))?.path();
+            if p.is_file() && shown(&p) && p.extension().is_some_and(|e| e == "parquet") {
+                files.push(p);
+            }
+        }
+        if files.is_empty() {
+            bail!("input directory {} holds no *.parquet file; expected the Parquet files of one table", path.display());
+        }
+        files
+    } else {
+        let pattern = path.to_string_lossy();
+        if path.exists() || !pattern.contains(['*', '?', '[']) {
+            return Ok(None);
+        }
+        let options = glob::MatchOptions { require_literal_leading_dot: true, ..Default::default() };
+        let matches = glob::glob_with(&pattern, options).map_err(|e| anyhow!("input {pattern}: not a valid glob pattern: {e}"))?;
+        let files: Vec<PathBuf> = matches.filter_map(|m| m.ok()).filter(|p| p.is_file() && shown(p)).collect();
+        if files.is_empty() {
+            bail!("input {pattern}: no file matches this pattern");
+        }
+        files
+    };
+    files.sort();
+    Ok(Some(files))
+}
+
+/// Opens the files of a directory or glob as one table: the first now (its schema is the table's),
+/// the others as the reading reaches them, each checked to hold the same columns.
+fn open_files(path: &Path, files: Vec<PathBuf>, expected: Option<&'static Table>, omit: Vec<Vec<&'static str>>) -> Result<TableReader> {
+    let mut rest: std::collections::VecDeque<PathBuf> = files.into();
+    let first_path = rest.pop_front().expect("table_files returns at least one file");
+    let first = open_inner(Some(&first_path), expected, omit.clone())?;
+    let count = rest.len() + 1;
+    let source = format!("{} ({count} file{})", path.display(), if count == 1 { "" } else { "s" });
+    Ok(TableReader {
+        source,
+        format: first.format,
+        expected: first.expected,
+        found: first.found.clone(),
+        schema: first.schema.clone(),
+        needs_cast: false,
+        prune: Vec::new(),
+        inner: Box::new(std::iter::empty()),
+        batches: 0,
+        rows: 0,
+        shard: None,
+        files: Some(Files { first: first.source.clone(), current: Box::new(first), rest, expected, omit }),
+    })
+}
+
+fn describe_fields(schema: &Schema) -> String {
+    schema.fields().iter().map(|f| format!("{}: {}", f.name(), type_name(f.data_type()))).collect::<Vec<_>>().join(", ")
+}
+
 fn finish_open(
     source: String,
     format: Format,
@@ -386,7 +527,7 @@ fn finish_open(
         },
     };
     let inner = prefetch(inner);
-    Ok(TableReader { source, format, expected, found, schema, needs_cast, prune, inner, batches: 0, rows: 0 })
+    Ok(TableReader { source, format, expected, found, schema, needs_cast, prune, inner, batches: 0, rows: 0, shard: None, files: None })
 }
 
 /// `found` with the nullability `table` declares for the columns they share (the rest as found).

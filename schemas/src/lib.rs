@@ -7,6 +7,7 @@
 //! - [`output`]: output paths checked before the work, temporary files, all-or-none commits.
 //! - [`cleanup`]: what is undone on SIGTERM/SIGINT/SIGHUP (temporary files, sandboxed code).
 //! - [`flags`]: argument parsing with clear messages for bad numbers (negative, zero, NaN).
+//! - [`shard`]: `--shard I/N`, the stable task hash behind it, and the merge of shard outputs.
 //! - [`stage`]: the shared command-line harness: common flags, summary line, broken pipes.
 
 pub mod cleanup;
@@ -14,5 +15,6 @@ pub mod flags;
 pub mod io;
 pub mod output;
 pub mod rows;
+pub mod shard;
 pub mod stage;
 pub mod tables;

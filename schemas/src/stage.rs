@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 
 use crate::io::{self, Format, InputProvenance, Provenance, TableReader, TableWriter};
 use crate::output;
+use crate::shard::ShardSpec;
 use crate::tables::Table;
 
 /// The global allocator every stage binary installs (`#[global_allocator] static ALLOC: Allocator =
@@ -167,6 +168,15 @@ impl Stage {
         let reader = io::open_without(path, table, omit)?;
         self.inputs.push(reader.input_provenance());
         Ok(reader)
+    }
+
+    /// The rows of `shard` of an opened input (all rows for `None`), noted in the summary line.
+    /// The input must have a `task_id` column (see [`crate::shard`]).
+    pub fn shard(&mut self, reader: TableReader, shard: Option<ShardSpec>) -> Result<TableReader> {
+        if let Some(spec) = shard {
+            self.note("shard", spec.to_string());
+        }
+        reader.sharded(shard)
     }
 
     /// Opens an input holding any table (no schema check), and records it in the provenance.

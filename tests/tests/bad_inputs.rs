@@ -52,17 +52,8 @@ fn fixtures() -> &'static Fixtures {
     F.get_or_init(|| {
         let tmp = tempfile::tempdir().unwrap();
         let d = tmp.path().to_path_buf();
-        let steps: [&[&str]; 8] = [
-            &["coa-generate", "tasks", "--suite", "multihop", "--n", "3", "--suite", "math", "--n", "3", "--suite", "code", "--n", "3", "--seed", "1", "--corpus-out", "corpus.parquet", "-o", "tasks.parquet"],
-            &["coa-generate", "mas", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "-o", "mas_runs.parquet"],
-            &["coa-extract", "-i", "mas_runs.parquet", "-o", "trajectories.parquet"],
-            &["coa-convert", "-i", "trajectories.parquet", "--skip-bad", "rejected.parquet", "-o", "coa_text.parquet"],
-            &["coa-tokenize", "-i", "coa_text.parquet", "--train-bpe", "--vocab-size", "400", "--max-len", "1024", "--overlong", "truncate", "--save-tokenizer", "tok.json", "-o", "tokens.parquet"],
-            &["coa-train-step", "-i", "tokens.parquet", "--init-config", "tiny", "--tokenizer", "tok.json", "--steps", "1", "--save", "ckpt", "-o", "metrics.parquet"],
-            &["coa-generate", "policy", "--checkpoint", "ckpt", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "--n", "2", "--max-response-tokens", "12", "-o", "rollouts.parquet"],
-            &["coa-score", "-i", "rollouts.parquet", "--tasks", "tasks.parquet", "-o", "scores.parquet"],
-        ];
-        for args in steps {
+        let steps = coa_e2e::fixture_steps("3");
+        for args in &steps {
             let (out, _) = stage(&d, args);
             assert!(out.status.success(), "{args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
         }

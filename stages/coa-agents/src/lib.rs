@@ -180,6 +180,24 @@ impl RunStats {
             "no_answer": self.no_answer,
             "rejected_outputs": self.rejected,
             "suites": Value::Object(suites),
+            // The unrounded counts behind every field above: the summaries of a sharded run's
+            // shards add up to the unsharded one (pipelines/merge_stats.py).
+            "counts": {
+                "runs": self.runs,
+                "successes": self.successes,
+                "events": self.events,
+                "action_events": self.action_events,
+                "min_actions": self.min_actions,
+                "max_actions": self.max_actions,
+                "tokens": self.tokens,
+                "runs_with_reflection": self.runs_with_reflection,
+                "runs_with_poor_reflection": self.runs_with_poor_reflection,
+                "recoveries": self.recoveries,
+                "runs_with_doubted_answer": self.runs_with_doubted_answer,
+                "rejected": self.rejected,
+                "no_answer": self.no_answer,
+                "per_suite": self.per_suite.iter().map(|(k, (runs, ok, tokens))| (k.clone(), json!([runs, ok, tokens]))).collect::<serde_json::Map<String, Value>>(),
+            },
         })
     }
 }

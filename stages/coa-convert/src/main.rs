@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use coa_schemas::flags;
 use coa_distill::Target;
+use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{self, IoArgs, Stage};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -62,6 +63,8 @@ struct Cli {
     #[arg(long, default_value = "train")]
     split: String,
     #[command(flatten)]
+    shard: ShardArgs,
+    #[command(flatten)]
     io: IoArgs,
 }
 
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         skip_bad: cli.skip_bad.as_deref(),
         tasks: cli.tasks.as_deref(),
         split: &cli.split,
+        shard: cli.shard.shard,
     };
     stage::run(&mut stage, |s| {
         let [out, stats] = cli.io.outputs();

@@ -16,6 +16,7 @@ use arrow::record_batch::RecordBatch;
 use coa_schemas::io::{Format, TableReader, TableWriter};
 use coa_schemas::output::AtomicFile;
 use coa_schemas::rows::{self, Task};
+use coa_schemas::shard::ShardSpec;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{COA_TEXT, MAS_RUNS, TASKS, TRAJECTORIES};
 
@@ -122,13 +123,14 @@ impl Drop for BackgroundWriter {
 }
 
 /// `coa-extract`: `mas_runs` → `trajectories`.
-pub fn run_extract(stage: &mut Stage, io: &IoArgs, skip_bad: Option<&Path>) -> Result<()> {
+pub fn run_extract(stage: &mut Stage, io: &IoArgs, skip_bad: Option<&Path>, shard: Option<ShardSpec>) -> Result<()> {
     // Extraction never reads what each agent re-read (`events.input_messages`, most of a run's
     // bytes): skip it, unless rejected rows must be written whole.
-    let mut reader = match skip_bad {
+    let reader = match skip_bad {
         None => stage.open_without(io.input.as_deref(), &MAS_RUNS, &["events.input_messages"])?,
         Some(_) => stage.open(io.input.as_deref(), &MAS_RUNS)?,
     };
+    let mut reader = stage.shard(reader, shard)?;
     let mut rejects = Rejects::new(stage, skip_bad, &reader.schema())?;
     let mut out: Option<BackgroundWriter> = None;
     let bar = stage.progress(None, "extracting");
@@ -175,6 +177,8 @@ pub struct ConvertArgs<'a> {
     pub tasks: Option<&'a Path>,
     /// `extra_info.split` of verl rows.
     pub split: &'a str,
+    /// Only this shard of the input (`--shard I/N`).
+    pub shard: Option<ShardSpec>,
 }
 
 /// The `dataset_info.json` entry LLaMA-Factory needs for a JSON export named `file_name`.
@@ -270,6 +274,14 @@ impl JsonOut {
 /// `coa-convert`: `trajectories` → `coa_text`, alpaca or sharegpt JSON, or verl Parquet (also
 /// straight from a `tasks` table).
 pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Result<()> {
+    if let (Some(spec), true) = (args.shard, args.target != Target::CoaText) {
+        // JSON is one file, and verl rows carry no task_id to merge shards by.
+        bail!(
+            "--shard {spec}: --to {} writes the whole dataset in one file; convert the merged trajectories \
+             unsharded (only --to coa-text shards, merged with `coa-filter --rules none --task-order`)",
+            target_name(args.target)
+        );
+    }
     let format = match (args.target, io.format) {
         (Target::CoaText, f) => f,
         (Target::Verl, None | Some(Format::Parquet)) => Some(Format::Parquet),
@@ -306,6 +318,7 @@ pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Re
     let mut reader = if args.target == Target::Verl {
         // verl rows come from trajectories or, for every task, straight from a tasks table.
         let reader = stage.open_any(io.input.as_deref())?;
+        let reader = stage.shard(reader, args.shard)?;
         let is_tasks = match reader.table_name().as_deref() {
             Some("tasks") => true,
             Some("trajectories") => false,
@@ -317,7 +330,8 @@ pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Re
         }
         reader
     } else {
-        stage.open(io.input.as_deref(), &TRAJECTORIES)?
+        let reader = stage.open(io.input.as_deref(), &TRAJECTORIES)?;
+        stage.shard(reader, args.shard)?
     };
     let mut rejects = Rejects::new(stage, args.skip_bad, &reader.schema())?;
     let mut table: Option<BackgroundWriter> = None;

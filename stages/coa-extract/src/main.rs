@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use coa_schemas::flags;
+use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{self, IoArgs, Stage};
 
 #[derive(Parser)]
@@ -31,6 +32,8 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     skip_bad: Option<PathBuf>,
     #[command(flatten)]
+    shard: ShardArgs,
+    #[command(flatten)]
     io: IoArgs,
 }
 
@@ -44,6 +47,6 @@ fn main() -> ExitCode {
     stage::run(&mut stage, |s| {
         let [out, stats] = cli.io.outputs();
         s.outputs(&[out, stats, ("--skip-bad", cli.skip_bad.as_deref())])?;
-        coa_distill::stages::run_extract(s, &cli.io, cli.skip_bad.as_deref())
+        coa_distill::stages::run_extract(s, &cli.io, cli.skip_bad.as_deref(), cli.shard.shard)
     })
 }

@@ -11,6 +11,7 @@ use clap::Parser;
 use coa_schemas::flags;
 use coa_filter::{render_stats, Filter, Options, RuleSet};
 use coa_schemas::io::TableWriter;
+use coa_schemas::shard::{self, ShardArgs, SHARD_COLUMN};
 use coa_schemas::stage::{self, IoArgs, Stage};
 
 const AFTER_HELP: &str = "\
@@ -38,7 +39,14 @@ Examples:
   coa-filter -i trajectories.parquet --where \"hops <= 20 AND suite = 'multihop'\" -o hard.parquet
   coa-filter -i trajectories.parquet --no-rule reflection --no-rule quality -o some.parquet
   coa-filter -i scores.parquet --dynamic-sampling --group-by task_id --value reward -o batch.parquet
-  coa-filter -i tasks.parquet --rules none --dedup --dedup-key question --where \"suite = 'math'\"";
+  coa-filter -i tasks.parquet --rules none --dedup --dedup-key question --where \"suite = 'math'\"
+  coa-filter -i trajectories.parquet --shard 2/4 -o kept-2.parquet           # shard 2 of 4 (0-based), by task_id
+  coa-filter --rules none -i 'shards/*.parquet' --task-order tasks.parquet -o merged.parquet   # merge shards
+
+Sharding (--shard I/N): the rows of the tasks whose task_id hashes to I. Every rule is per row or
+per task (dedup keys and dynamic-sampling groups that include task_id), so the N outputs together
+are the unsharded output; a --dedup-key or --group-by without task_id is refused (run it on the
+merged table). --where conditions must then be per row (no aggregates over the table).";
 
 #[derive(Parser)]
 #[command(
@@ -98,6 +106,13 @@ struct Cli {
     /// Also write the dropped rows, with a `drop_reason` column naming the rule, to this file.
     #[arg(long, value_name = "FILE")]
     keep_dropped: Option<PathBuf>,
+    /// Reorder the input's rows (stably) to the order of the task_id column of FILE (a tasks table,
+    /// or any table with task_id) before the rules run: the merge step of a sharded run, which
+    /// gives back the unsharded row order (`-i 'shards/*.parquet' --rules none --task-order tasks.parquet`).
+    #[arg(long, value_name = "FILE")]
+    task_order: Option<PathBuf>,
+    #[command(flatten)]
+    shard: ShardArgs,
     #[command(flatten)]
     io: IoArgs,
 }
@@ -134,10 +149,30 @@ fn filter(stage: &mut Stage, cli: &Cli) -> Result<()> {
     let [out, stats] = cli.io.outputs();
     stage.outputs(&[out, stats, ("--keep-dropped", cli.keep_dropped.as_deref())])?;
     stage.set_seed(cli.seed);
+    if let Some(spec) = cli.shard.shard {
+        check_shard_rules(cli, spec)?;
+    }
+    let task_order = match &cli.task_order {
+        Some(path) => Some(read_task_order(stage, path)?),
+        None => None,
+    };
     let reader = stage.open_any(cli.io.input.as_deref())?;
+    let reader = stage.shard(reader, cli.shard.shard)?;
     let schema = reader.schema();
+    let source = reader.source().to_string();
+    let reader: Box<dyn Iterator<Item = Result<arrow::record_batch::RecordBatch>>> = match (&task_order, &cli.task_order) {
+        (Some(order), Some(order_path)) => {
+            shard::check_shardable(&schema, &source)?;
+            let batches = reader.collect::<Result<Vec<_>>>()?;
+            let merged = shard::restore_task_order(&schema, &batches, order, &source, &order_path.display().to_string())?;
+            let n = merged.num_rows();
+            let step = coa_schemas::io::BATCH_ROWS;
+            Box::new((0..n).step_by(step).map(move |at| Ok(merged.slice(at, step.min(n - at)))))
+        }
+        _ => Box::new(reader),
+    };
     // Every flag is checked against the schema before anything is written.
-    let mut filter = Filter::new(schema.clone(), &options(cli, reader.source()))?;
+    let mut filter = Filter::new(schema.clone(), &options(cli, &source))?;
     filter.keep_dropped(cli.keep_dropped.is_some());
 
     let mut out = stage.create(cli.io.output.as_deref(), cli.io.format, &schema)?;
@@ -214,6 +249,43 @@ fn filter(stage: &mut Stage, cli: &Cli) -> Result<()> {
         eprintln!("coa-filter: {rows_in} rows in, {rows_out} out; no rule ran");
     }
     Ok(())
+}
+
+/// Refuses cross-row rules that a shard cannot apply alone: groups and dedup keys must hold whole
+/// tasks (include task_id) for the shards' outputs to add up to the unsharded output.
+fn check_shard_rules(cli: &Cli, spec: shard::ShardSpec) -> Result<()> {
+    if cli.dynamic_sampling && cli.group_by != SHARD_COLUMN {
+        anyhow::bail!(
+            "--shard {spec} with --dynamic-sampling --group-by {}: shards split rows by task_id, so a group must be a task \
+             (--group-by task_id); otherwise merge the shards and filter unsharded",
+            cli.group_by
+        );
+    }
+    let key: Vec<&str> = cli.dedup_key.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).collect();
+    if !key.is_empty() && !key.contains(&SHARD_COLUMN) {
+        anyhow::bail!(
+            "--shard {spec} with --dedup-key {}: duplicates could sit in two shards; add task_id to the key, or merge the \
+             shards and dedup unsharded",
+            key.join(",")
+        );
+    }
+    Ok(())
+}
+
+/// The task ids of `path`, in order (for --task-order).
+fn read_task_order(stage: &mut Stage, path: &std::path::Path) -> Result<Vec<String>> {
+    use arrow::array::Array;
+    let reader = stage.open_any(Some(path))?;
+    let source = format!("--task-order {}", reader.source());
+    shard::check_shardable(&reader.schema(), &source)?;
+    let mut ids = Vec::new();
+    for batch in reader {
+        let batch = batch?;
+        let col = arrow::compute::cast(batch.column_by_name(SHARD_COLUMN).expect("checked"), &arrow::datatypes::DataType::Utf8)?;
+        let col = col.as_any().downcast_ref::<arrow::array::StringArray>().expect("cast to Utf8");
+        ids.extend(col.iter().map(|id| id.unwrap_or_default().to_string()));
+    }
+    Ok(ids)
 }
 
 /// Sums of `hops` and `reflections` over the kept rows of a trajectories table.

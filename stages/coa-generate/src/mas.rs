@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use coa_agents::{Backend, Noise, OpenAiBackend, OpenAiClient, OpenAiConfig, RunConfig, RunStats, Runner, ScriptedBackend, ToolConfig, Tools};
 use coa_schemas::rows::{self, Task};
+use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{MAS_RUNS, TASKS};
 use coa_tools::SandboxLimits;
@@ -122,6 +123,8 @@ pub struct MasArgs {
     max_tokens: Option<u32>,
 
     #[command(flatten)]
+    pub shard: ShardArgs,
+    #[command(flatten)]
     pub io: IoArgs,
 }
 
@@ -197,6 +200,7 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
 
     // The tasks, whole (a few thousand rows; each run then holds its own messages).
     let reader = stage.open(args.io.input.as_deref(), &TASKS)?;
+    let reader = stage.shard(reader, args.shard.shard)?;
     let source = reader.source().to_string();
     let mut tasks: Vec<Task> = Vec::new();
     for batch in reader {

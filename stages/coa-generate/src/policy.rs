@@ -55,6 +55,7 @@ use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
 use coa_model::{KvCache, Model};
 use coa_rewards::RewardConfig;
 use coa_schemas::rows::{self, Rollout, Task};
+use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{ROLLOUTS, TASKS};
 use coa_tokenize::{encode_row, fit_model, SpecialChoice, TemplateChoice, Vocab};
@@ -159,6 +160,8 @@ pub struct PolicyArgs {
     /// Worker threads (default: all cores).
     #[arg(long, value_parser = positive, value_name = "N")]
     threads: Option<usize>,
+    #[command(flatten)]
+    pub shard: ShardArgs,
     #[command(flatten)]
     pub io: IoArgs,
 }
@@ -599,6 +602,12 @@ pub fn load_checkpoint(path: &Path, bos: &SpecialChoice, eos: &SpecialChoice, ch
 }
 
 pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
+    if let (Some(spec), true) = (args.shard.shard, args.oversample) {
+        bail!(
+            "--shard {spec} with --oversample: --groups counts informative groups over the whole task list, so a shard \
+             cannot know when to stop; shard a fixed task list (without --oversample), or run --oversample unsharded"
+        );
+    }
     // The device first: `--device cuda` without a GPU fails before anything is read.
     let device = select_device(args.device).map_err(|e| anyhow!("{e}"))?;
     if let Some(n) = args.threads {
@@ -625,6 +634,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     };
 
     let reader = stage.open(args.io.input.as_deref(), &TASKS)?;
+    let reader = stage.shard(reader, args.shard.shard)?;
     let source = reader.source().to_string();
     let mut tasks: Vec<Task> = Vec::new();
     for batch in reader {

@@ -9,6 +9,7 @@ use clap::Parser;
 use coa_schemas::flags;
 use coa_rewards::RewardConfig;
 use coa_schemas::rows::{self, Rollout, Task};
+use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{self, IoArgs, Stage};
 use coa_schemas::tables::{ROLLOUTS, SCORES, TASKS};
 use coa_score::report::{self, Sample};
@@ -51,6 +52,8 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
     #[command(flatten)]
+    shard: ShardArgs,
+    #[command(flatten)]
     io: IoArgs,
 }
 
@@ -71,6 +74,12 @@ fn run(stage: &mut Stage, cli: &Cli) -> Result<()> {
     if config.cache_len > config.max_len {
         anyhow::bail!("--overlong-cache {} is larger than --max-response-len {}", config.cache_len, config.max_len);
     }
+    if let (Some(spec), Some(_)) = (cli.shard.shard, &cli.report) {
+        anyhow::bail!(
+            "--shard {spec} with --report: the report summarizes the whole table (pass@k per suite and model); \
+             merge the shards' rollouts first (coa-filter --rules none -i 'DIR/*.parquet' --task-order TASKS) and score them unsharded"
+        );
+    }
     let limits = SandboxLimits { wall: std::time::Duration::from_secs(cli.code_timeout), cpu_secs: cli.code_timeout.max(1), ..Default::default() };
 
     let mut tasks: HashMap<String, Task> = HashMap::new();
@@ -80,6 +89,7 @@ fn run(stage: &mut Stage, cli: &Cli) -> Result<()> {
         }
     }
     let reader = stage.open(cli.io.input.as_deref(), &ROLLOUTS)?;
+    let reader = stage.shard(reader, cli.shard.shard)?;
     let source = reader.source().to_string();
     let batches: Vec<_> = reader.collect::<Result<_>>()?;
     let mut all: Vec<Rollout> = Vec::new();

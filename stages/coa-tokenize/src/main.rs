@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use coa_schemas::flags;
+use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{self, IoArgs, Stage};
 use coa_tokenize::TokenizeArgs;
 
@@ -37,6 +38,8 @@ struct Cli {
     #[command(flatten)]
     args: TokenizeArgs,
     #[command(flatten)]
+    shard: ShardArgs,
+    #[command(flatten)]
     io: IoArgs,
 }
 
@@ -53,6 +56,6 @@ fn main() -> ExitCode {
         // Neither changes the tokens: --verify-joined only adds a count to the summary.
         s.not_recorded(&["--threads"]);
         s.not_recorded_switches(&["--verify-joined"]);
-        coa_tokenize::run(s, &cli.args, &cli.io)
+        coa_tokenize::run(s, &cli.args, &cli.io, cli.shard.shard)
     })
 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Result};
 use arrow::array::AsArray;
 use arrow::record_batch::RecordBatch;
+use coa_schemas::shard::ShardSpec;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{COA_TEXT, TOKENS};
 use rayon::prelude::*;
@@ -88,15 +89,25 @@ struct Counts {
 }
 
 /// Runs the stage.
-pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs) -> Result<()> {
+pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs, shard: Option<ShardSpec>) -> Result<()> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow!("--threads: {e}"))?;
     }
     if args.max_len == Some(0) {
         bail!("--max-len must be at least 1");
     }
+    if let Some(spec) = shard {
+        // Both look at every row at once: a shard would train its own vocabulary, or pack its own rows.
+        if args.train_bpe {
+            bail!("--shard {spec} with --train-bpe: the vocabulary is trained on the whole input; train it once (unsharded, --save-tokenizer FILE) and shard with --tokenizer FILE");
+        }
+        if args.pack {
+            bail!("--shard {spec} with --pack: packing fills rows across tasks; tokenize the shards without --pack and pack the merged tokens unsharded");
+        }
+    }
     let started = Instant::now();
-    let mut reader = stage.open(io.input.as_deref(), &COA_TEXT)?;
+    let reader = stage.open(io.input.as_deref(), &COA_TEXT)?;
+    let mut reader = stage.shard(reader, shard)?;
     let source = reader.source().to_string();
 
     let mut held: Vec<RecordBatch> = Vec::new();

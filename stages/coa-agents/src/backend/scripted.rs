@@ -229,14 +229,7 @@ impl Rng {
     }
 }
 
-pub(crate) fn fnv1a(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.as_bytes() {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+pub(crate) use coa_schemas::shard::fnv1a;
 
 struct Streams<'a> {
     seed: u64,

@@ -1,0 +1,36 @@
+# Sharded runs, locally or on a Slurm cluster. The expensive row-by-row stages (the teacher
+# `coa-generate mas`, `coa-extract`) run as SHARDS shards (`--shard I/N`, by a stable hash of
+# task_id), then merge into the same file an unsharded run writes, in the same row order:
+#   make distill EXECUTOR=slurm SHARDS=64 SLURM_PARTITION=cpu SLURM_TIME=04:00:00
+#   runs/<RUN>/distill/<suite>/mas_runs.parquet.shards/part-IIIII-of-NNNNN.parquet   shard I's table
+#                                                     .../part-IIIII-of-NNNNN.json      its --stats
+#                                                     .../logs/                         each shard's log
+#                                                     .../job.sh                        the job script
+# EXECUTOR=local (the default) runs the shards as parallel processes with the same job script;
+# SHARDS=1 with EXECUTOR=local is the plain one-process run. A shard whose output exists is not
+# rerun: the same command resumes a half-finished array (see pipelines/shards.sh).
+EXECUTOR        ?= local
+SHARDS          ?= 1
+# Reruns of the shards that left no output (a killed or failed array task) before giving up.
+MAX_RETRIES     ?= 2
+# sbatch's --partition (empty: the cluster's default), --time, --cpus-per-task, --mem; extra flags.
+SLURM_PARTITION ?=
+SLURM_TIME      ?= 01:00:00
+SLURM_CPUS      ?= 2
+SLURM_MEM       ?= 4G
+SLURM_FLAGS     ?=
+
+ifeq ($(filter local slurm,$(EXECUTOR)),)
+$(error EXECUTOR=$(EXECUTOR): expected local or slurm)
+endif
+
+shell_quote = '$(subst ','\'',$(1))'
+
+# $(call sharded,OUT,STATS,ORDER,COMMAND): COMMAND (a shell snippet using $$SHARD, $$OUT and
+# $$STATS) writes OUT and STATS, unsharded or as SHARDS shards merged in the row order of the
+# task_id column of ORDER.
+sharded = $(if $(and $(filter local,$(EXECUTOR)),$(filter 1,$(SHARDS))),\
+	SHARD=; OUT=$(1); STATS=$(2); $(4),\
+	pipelines/shards.sh --executor $(EXECUTOR) --shards $(SHARDS) --retries $(MAX_RETRIES) --bin $(BIN) \
+	    --partition $(call shell_quote,$(SLURM_PARTITION)) --time $(SLURM_TIME) --cpus $(SLURM_CPUS) --mem $(call shell_quote,$(SLURM_MEM)) \
+	    --sbatch-flags $(call shell_quote,$(SLURM_FLAGS)) --out $(1) --stats $(2) --order $(3) --inputs "$^" -- $(call shell_quote,$(4)))

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Runs one stage command as N shards, locally (parallel processes) or as a Slurm job array, retries
+# the shards that left no output, and merges the shard outputs into one table in the unsharded
+# row order. Slurm does the scheduling; this is the glue. Called by the pipelines/*.mk rules.
+#
+# usage: pipelines/shards.sh --executor local|slurm --shards N --out FILE --order TASKS
+#            [--stats FILE] [--retries K] [--bin DIR] [--inputs "FILE..."]
+#            [--partition P] [--time T] [--cpus C] [--mem M] [--sbatch-flags "..."] -- 'COMMAND'
+#
+# COMMAND is a bash snippet run once per shard with three variables set:
+#   $SHARD  the flag `--shard I/N` (0-based I), to pass to every stage of the snippet
+#   $OUT    the shard's output table, FILE.shards/part-IIIII-of-NNNNN.parquet
+#   $STATS  the shard's --stats file,  FILE.shards/part-IIIII-of-NNNNN.json
+# A shard whose output exists (and is newer than every --inputs file) is done and never rerun:
+# stages write their outputs under a temporary name and rename them when they succeed, so an
+# output that exists is complete. Rerunning the same command resumes a half-finished array.
+# After up to K retries of the missing shards, the parts are merged with
+#   coa-filter --rules none -i 'FILE.shards/part-*-of-NNNNN.parquet' --task-order TASKS -o FILE
+# and their --stats files with pipelines/merge_stats.py into --stats FILE.
+#
+# With --executor slurm the array is `sbatch --array=<missing shards> --wait` with --partition
+# (empty: the cluster's default), --time, --cpus-per-task, --mem (empty: the default) and any
+# --sbatch-flags; --wait blocks until the array ends (no accounting database is needed: which
+# shards failed is read from their missing outputs).
+set -euo pipefail
+
+executor=local shards= out= order= stats= retries=2 bin=target/release inputs=
+partition= time=01:00:00 cpus=1 mem= sbatch_flags=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --executor) executor=$2; shift 2 ;;
+    --shards) shards=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --order) order=$2; shift 2 ;;
+    --stats) stats=$2; shift 2 ;;
+    --retries) retries=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;
+    --inputs) inputs=$2; shift 2 ;;
+    --partition) partition=$2; shift 2 ;;
+    --time) time=$2; shift 2 ;;
+    --cpus) cpus=$2; shift 2 ;;
+    --mem) mem=$2; shift 2 ;;
+    --sbatch-flags) sbatch_flags=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "shards.sh: unknown argument $1 (see the usage at the top of $0)" >&2; exit 2 ;;
+  esac
+done
+[ $# -eq 1 ] || { echo "shards.sh: expected one COMMAND after --" >&2; exit 2; }
+command=$1
+case "$executor" in local|slurm) ;; *) echo "shards.sh: EXECUTOR=$executor: expected local or slurm" >&2; exit 2 ;; esac
+[[ "$shards" =~ ^[1-9][0-9]*$ ]] || { echo "shards.sh: SHARDS=$shards: expected a whole number of at least 1" >&2; exit 2; }
+[[ "$retries" =~ ^[0-9]+$ ]] || { echo "shards.sh: MAX_RETRIES=$retries: expected a whole number (0 or more)" >&2; exit 2; }
+[ -n "$out" ] && [ -n "$order" ] || { echo "shards.sh: --out and --order are required" >&2; exit 2; }
+if [ "$executor" = slurm ] && ! command -v sbatch >/dev/null; then
+  echo "shards.sh: EXECUTOR=slurm but sbatch is not on PATH (run on a Slurm login node, or EXECUTOR=local)" >&2; exit 2
+fi
+
+dir=$out.shards
+n5=$(printf %05d "$shards")
+mkdir -p "$dir/logs"
+dir=$(cd "$dir" && pwd)
+part() { printf '%s/part-%05d-of-%s' "$dir" "$1" "$n5"; }
+
+# Parts older than an input are from an earlier run: not done.
+for i in $(seq 0 $((shards - 1))); do
+  p=$(part "$i").parquet
+  for f in $inputs; do
+    if [ -e "$p" ] && [ "$f" -nt "$p" ]; then rm -f "$p" "$(part "$i").json"; fi
+  done
+done
+
+# The one job script both executors run: shard I from SLURM_ARRAY_TASK_ID (Slurm) or SHARD_INDEX (local).
+job=$dir/job.sh
+cat > "$job.tmp" <<EOF
+#!/usr/bin/env bash
+# One shard of: $out (written by pipelines/shards.sh)
+set -euo pipefail
+i=\${SHARD_INDEX:-\${SLURM_ARRAY_TASK_ID:?neither SHARD_INDEX nor SLURM_ARRAY_TASK_ID is set}}
+p=\$(printf '%s/part-%05d-of-%s' '$dir' "\$i" '$n5')
+export SHARD="--shard \$i/$shards" OUT=\$p.parquet STATS=\$p.json
+if [ -e "\$OUT" ]; then echo "shard \$i/$shards: \$OUT exists, not rerun"; exit 0; fi
+cd '$(pwd)'
+echo "shard \$i/$shards on \$(hostname): \$OUT"
+exec bash -euo pipefail -c $(printf '%q' "$command")
+EOF
+mv "$job.tmp" "$job"
+chmod +x "$job"
+
+missing() {
+  for i in $(seq 0 $((shards - 1))); do [ -e "$(part "$i").parquet" ] || echo "$i"; done
+}
+
+attempt=0
+while :; do
+  todo=$(missing | paste -sd, -)
+  [ -z "$todo" ] && break
+  if [ "$attempt" -gt "$retries" ]; then
+    echo "shards.sh: $out: shard(s) $todo still have no output after $retries retries; logs in $dir/logs/" >&2
+    for i in ${todo//,/ }; do
+      log=$(ls -t "$dir"/logs/*-"$i".log 2>/dev/null | head -1 || true)
+      [ -n "$log" ] && { echo "--- shard $i, $log:" >&2; tail -5 "$log" >&2; }
+    done
+    exit 1
+  fi
+  [ "$attempt" -gt 0 ] && echo "shards.sh: $out: rerunning shard(s) $todo (retry $attempt of $retries)" >&2
+  if [ "$executor" = local ]; then
+    # As many at once as there are CPUs (a shard's own threads share them).
+    printf '%s\n' ${todo//,/ } | xargs -P "$(nproc)" -I{} \
+      bash -c 'SHARD_INDEX=$1 bash "$2" > "$3/logs/local-a$4-$1.log" 2>&1 || true' _ {} "$job" "$dir" "$attempt"
+  else
+    # --wait: sbatch returns when every task of the array has ended (non-zero if any failed).
+    sbatch --parsable --wait --array="$todo" --job-name="coa-$(basename "$out" .parquet)" \
+      ${partition:+--partition="$partition"} --time="$time" --cpus-per-task="$cpus" ${mem:+--mem="$mem"} $sbatch_flags \
+      --output="$dir/logs/slurm-%A-a$attempt-%a.log" "$job" || true
+  fi
+  attempt=$((attempt + 1))
+done
+
+"$bin/coa-filter" --rules none -i "$dir/part-*-of-$n5.parquet" --task-order "$order" --stats "$dir/merge.json" -o "$out"
+if [ -n "$stats" ]; then
+  python3 "$(dirname "$0")/merge_stats.py" "$dir"/part-*-of-"$n5".json > "$stats.tmp"
+  mv "$stats.tmp" "$stats"
+fi
+echo "shards.sh: $out: $shards shard(s) merged ($executor)" >&2

@@ -1,0 +1,235 @@
+//! Shards: a deterministic 1/N of a table, by task, so one stage can run as N independent
+//! processes (local or a Slurm job array) whose outputs together are the unsharded output.
+//!
+//! - `--shard I/N` is **0-based**: `I` in `0..N` (Slurm's `SLURM_ARRAY_TASK_ID` with
+//!   `--array=0-(N-1)`). [`ShardSpec`] parses and checks it.
+//! - A row belongs to shard `floor(fmix64(fnv1a64(task_id)) * N / 2^64)`: the 64-bit FNV-1a hash
+//!   of the `task_id` bytes (offset 0xcbf29ce484222325, prime 0x100000001b3), mixed by
+//!   MurmurHash3's 64-bit finalizer (FNV alone barely moves its high bits when only the last
+//!   character differs, as in `math-train-000001`/`...002`), scaled to `0..N` by a multiply-shift.
+//!   Every row of a task lands in one shard, so per-task work (GRPO groups, dedup keyed by task,
+//!   per-task random streams) is the same sharded or not. In Python:
+//!   `(fmix64(fnv1a64(task_id.encode())) * n) >> 64`.
+//! - Cross-row steps that group by something other than the task (dedup on other columns, token
+//!   packing, BPE training, a `--oversample` group count) cannot run per shard: their stages
+//!   refuse `--shard` there and name the merge step to run first (`coa-filter --rules none -i
+//!   'shards/*.parquet' --task-order tasks.parquet`, see [`restore_task_order`]).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::{bail, Context, Result};
+use arrow::array::{Array, BooleanArray, StringArray, UInt32Array};
+use arrow::compute::{cast, concat_batches, filter_record_batch, take_record_batch};
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::record_batch::RecordBatch;
+
+/// The column every shard key is computed from.
+pub const SHARD_COLUMN: &str = "task_id";
+
+/// 64-bit FNV-1a of a string's bytes: the stable hash behind shards and per-task random streams.
+pub fn fnv1a(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// MurmurHash3's 64-bit finalizer: every input bit moves every output bit.
+pub fn fmix64(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^ (k >> 33)
+}
+
+/// One shard of N: `index` in `0..count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardSpec {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl ShardSpec {
+    /// The shard a task belongs to, of `count`.
+    pub fn of(task_id: &str, count: u32) -> u32 {
+        ((fmix64(fnv1a(task_id)) as u128 * count as u128) >> 64) as u32
+    }
+
+    /// Whether this shard holds `task_id`.
+    pub fn holds(&self, task_id: &str) -> bool {
+        Self::of(task_id, self.count) == self.index
+    }
+
+    /// The rows of `batch` this shard holds, by its `task_id` column (any string type).
+    pub fn select(&self, batch: &RecordBatch, source: &str) -> Result<RecordBatch> {
+        let ids = task_ids(batch, source)?;
+        let mask: BooleanArray = ids.iter().map(|id| Some(id.is_some_and(|id| self.holds(id)))).collect();
+        Ok(filter_record_batch(batch, &mask)?)
+    }
+}
+
+impl fmt::Display for ShardSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl FromStr for ShardSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ShardSpec, String> {
+        let bad = || format!("`{s}`: expected I/N with 0 <= I < N (0-based, e.g. 0/4 .. 3/4)");
+        let (i, n) = s.trim().split_once('/').ok_or_else(bad)?;
+        let (index, count) = match (i.trim().parse::<u32>(), n.trim().parse::<u32>()) {
+            (Ok(i), Ok(n)) => (i, n),
+            _ => return Err(bad()),
+        };
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(ShardSpec { index, count })
+    }
+}
+
+/// The `--shard` flag, flattened into the command line of every stage that works row by row.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ShardArgs {
+    /// Process only shard I of N (0-based): the rows whose task_id hashes to I (64-bit FNV-1a,
+    /// scaled to 0..N), so every row of a task stays in one shard. The N outputs together are the
+    /// unsharded output; `coa-filter --rules none -i 'DIR/*.parquet' --task-order TASKS` merges
+    /// them in the unsharded order.
+    #[arg(long, value_name = "I/N", value_parser = ShardSpec::from_str)]
+    pub shard: Option<ShardSpec>,
+}
+
+/// A `task_id` column as UTF-8 strings (cast from large or view strings), or a clear error.
+fn task_ids(batch: &RecordBatch, source: &str) -> Result<StringArray> {
+    let Some(col) = batch.column_by_name(SHARD_COLUMN) else {
+        bail!("{source}: --shard needs a `{SHARD_COLUMN}` column to split rows by task; this table has none");
+    };
+    match col.data_type() {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {}
+        other => bail!("{source}: --shard splits rows by the `{SHARD_COLUMN}` column, expected a string column, found {other}"),
+    }
+    let utf8 = cast(col, &DataType::Utf8)?;
+    Ok(utf8.as_any().downcast_ref::<StringArray>().expect("cast to Utf8").clone())
+}
+
+/// Checks that a table can be sharded (it has a string `task_id` column) before any work.
+pub fn check_shardable(schema: &SchemaRef, source: &str) -> Result<()> {
+    task_ids(&RecordBatch::new_empty(schema.clone()), source).map(|_| ())
+}
+
+/// The merge step of a sharded run: `batches` (the shard outputs, concatenated) reordered stably
+/// to the order in which their tasks appear in `order` (the task ids of the unsharded input). Rows
+/// of one task keep their relative order, so when each shard kept its input order, the result
+/// is the unsharded output row for row. A row whose task is not in `order` is an error.
+pub fn restore_task_order(schema: &SchemaRef, batches: &[RecordBatch], order: &[String], source: &str, order_source: &str) -> Result<RecordBatch> {
+    let rank: HashMap<&str, usize> = order.iter().enumerate().rev().map(|(i, id)| (id.as_str(), i)).collect();
+    let all = concat_batches(schema, batches).context("concatenating the shards")?;
+    let ids = task_ids(&all, source)?;
+    let mut keyed = Vec::with_capacity(all.num_rows());
+    for (row, id) in ids.iter().enumerate() {
+        let id = id.with_context(|| format!("{source}: row {row} has a null `{SHARD_COLUMN}`"))?;
+        let Some(&r) = rank.get(id) else {
+            bail!("{source}: row {row} has task_id `{id}`, which is not in --task-order {order_source}");
+        };
+        keyed.push((r, row as u32));
+    }
+    // Stable by construction: ties (rows of one task) are ordered by their position.
+    keyed.sort_unstable();
+    let indices = UInt32Array::from_iter_values(keyed.into_iter().map(|(_, row)| row));
+    Ok(take_record_batch(&all, &indices)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use arrow::array::Int32Array;
+    use arrow::datatypes::{Field, Schema};
+
+    #[test]
+    fn fnv1a_is_the_published_function() {
+        // Test vectors of the FNV reference (Fowler, Noll, Vo): "" and "a".
+        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a("foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn shard_specs_parse_zero_based_and_refuse_the_rest() {
+        assert_eq!("0/4".parse::<ShardSpec>(), Ok(ShardSpec { index: 0, count: 4 }));
+        assert_eq!(" 3 / 4 ".parse::<ShardSpec>(), Ok(ShardSpec { index: 3, count: 4 }));
+        for bad in ["4/4", "5/4", "0/0", "-1/4", "1", "a/b", "1/4/2", "", "1.5/4"] {
+            let e = bad.parse::<ShardSpec>().unwrap_err();
+            assert!(e.contains("expected I/N with 0 <= I < N"), "{bad}: {e}");
+        }
+        assert_eq!(ShardSpec { index: 2, count: 3 }.to_string(), "2/3");
+    }
+
+    #[test]
+    fn every_task_is_in_exactly_one_shard_and_shards_are_balanced() {
+        let n = 4;
+        let mut sizes = [0usize; 4];
+        for k in 0..4000 {
+            let id = format!("multihop-train-{k:06}");
+            let holders: Vec<u32> = (0..n).filter(|&i| ShardSpec { index: i, count: n }.holds(&id)).collect();
+            assert_eq!(holders.len(), 1, "{id}");
+            sizes[holders[0] as usize] += 1;
+        }
+        // 1000 expected per shard; a binomial sd is ~27.
+        assert!(sizes.iter().all(|&s| (880..1120).contains(&s)), "{sizes:?}");
+        // Ids that differ only in their last character spread too (12 tasks over 3 shards).
+        let mut small = [0usize; 3];
+        for suite in ["multihop", "math", "code"] {
+            for k in 0..4 {
+                small[ShardSpec::of(&format!("{suite}-train-{k:06}"), 3) as usize] += 1;
+            }
+        }
+        assert!(small.iter().all(|&s| (2..=7).contains(&s)), "{small:?}");
+        // One shard is the whole table.
+        assert!(ShardSpec { index: 0, count: 1 }.holds("anything"));
+        // Fixed for all time (what a shard file written today holds): MurmurHash3's published
+        // finalizer constants, checked on a value, and the shards of two ids.
+        assert_eq!(fmix64(0), 0);
+        assert_eq!(fmix64(1), 0xb456_bcfc_34c2_cb2c);
+        assert_eq!(ShardSpec::of("math-train-000000", 4), ((fmix64(fnv1a("math-train-000000")) as u128 * 4) >> 64) as u32);
+    }
+
+    fn batch(ids: &[&str], vals: &[i32]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("task_id", DataType::Utf8, false), Field::new("v", DataType::Int32, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(StringArray::from(ids.to_vec())), Arc::new(Int32Array::from(vals.to_vec()))]).unwrap()
+    }
+
+    #[test]
+    fn shards_then_merge_give_back_the_table_row_for_row() {
+        let ids: Vec<String> = (0..50).flat_map(|k| [format!("t{k}"), format!("t{k}")]).collect();
+        let refs: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
+        let vals: Vec<i32> = (0..100).collect();
+        let whole = batch(&refs, &vals);
+        let shards: Vec<RecordBatch> = (0..3).map(|i| ShardSpec { index: i, count: 3 }.select(&whole, "t").unwrap()).collect();
+        assert_eq!(shards.iter().map(|b| b.num_rows()).sum::<usize>(), 100);
+        let order: Vec<String> = (0..50).map(|k| format!("t{k}")).collect();
+        let merged = restore_task_order(&whole.schema(), &shards, &order, "shards", "tasks").unwrap();
+        assert_eq!(merged, whole);
+        let e = restore_task_order(&whole.schema(), &shards, &order[1..], "shards", "tasks.parquet").unwrap_err().to_string();
+        assert!(e.contains("task_id `t0`") && e.contains("not in --task-order tasks.parquet"), "{e}");
+    }
+
+    #[test]
+    fn a_table_without_task_ids_cannot_be_sharded() {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
+        let e = check_shardable(&schema, "x.parquet").unwrap_err().to_string();
+        assert!(e.contains("x.parquet") && e.contains("needs a `task_id` column"), "{e}");
+        let schema = Arc::new(Schema::new(vec![Field::new("task_id", DataType::Int32, false)]));
+        let e = check_shardable(&schema, "x.parquet").unwrap_err().to_string();
+        assert!(e.contains("expected a string column"), "{e}");
+    }
+}

@@ -1,0 +1,371 @@
+//! Sharding end to end: every stage that works row by row, run on the real binaries unsharded and
+//! as 3 shards (`--shard I/3`); the shards merged by `coa-filter --rules none --task-order` (a glob
+//! of Parquet files read as one table) equal the unsharded output row for row. Also: bad
+//! `--shard` values, the cross-row modes that refuse it, empty shards, directory and glob inputs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use arrow::compute::concat_batches;
+use arrow::record_batch::RecordBatch;
+use coa_schemas::io;
+
+const SHARDS: u32 = 3;
+
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    let bin = bin_dir().join(args[0]);
+    assert!(bin.exists(), "{} is missing: run `make test` (it builds the stage binaries before the tests)", bin.display());
+    Command::new(bin).args(&args[1..]).current_dir(dir).stdin(Stdio::null()).output().expect("the stage runs")
+}
+
+fn ok(dir: &Path, args: &[&str]) -> Output {
+    let out = run(dir, args);
+    assert!(out.status.success(), "{args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// The valid inputs of every stage, made once (12 tasks: 4 per suite).
+fn fixtures() -> &'static Path {
+    static F: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &F.get_or_init(|| {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().to_path_buf();
+        let steps = coa_e2e::fixture_steps("4");
+        for args in &steps {
+            ok(&d, args);
+        }
+        (tmp, d)
+    })
+    .1
+}
+
+/// A table's data: its column names and types and the concatenated rows (metadata, which holds
+/// the provenance and so the `--shard` argument, left out).
+fn data(path: &Path) -> (Vec<(String, String)>, RecordBatch) {
+    let reader = io::open_any(Some(path)).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    let schema = reader.schema();
+    let batches: Vec<RecordBatch> = reader.collect::<anyhow::Result<_>>().unwrap();
+    let all = concat_batches(&schema, &batches).unwrap();
+    let fields = schema.fields().iter().map(|f| (f.name().clone(), format!("{}", f.data_type()))).collect();
+    let bare = std::sync::Arc::new(arrow::datatypes::Schema::new(schema.fields().clone()));
+    (fields, RecordBatch::try_new(bare, all.columns().to_vec()).unwrap())
+}
+
+/// Runs `args` (with `{IN}`/`{OUT}` placeholders) unsharded and as `SHARDS` shards, merges the
+/// shards in the tasks' order and checks the merge equals the unsharded output row for row.
+/// Returns the unsharded row count and the shard row counts.
+fn assert_shards_add_up(name: &str, input: &str, args: &[&str]) -> (usize, Vec<usize>) {
+    let fx = fixtures();
+    let work = tempfile::tempdir_in(fx).unwrap();
+    let w = work.path();
+    std::fs::create_dir(w.join("shards")).unwrap();
+    let with = |out: &str, shard: Option<String>| -> Vec<String> {
+        let mut v: Vec<String> = args.iter().map(|a| a.replace("{IN}", &fx.join(input).display().to_string()).replace("{OUT}", out)).collect();
+        if let Some(s) = shard {
+            v.extend(["--shard".to_string(), s]);
+        }
+        v
+    };
+    let whole = with("whole.parquet", None);
+    ok(w, &whole.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    let mut sizes = Vec::new();
+    for i in 0..SHARDS {
+        let out = format!("shards/part-{i:05}-of-{SHARDS:05}.parquet");
+        let a = with(&out, Some(format!("{i}/{SHARDS}")));
+        let o = ok(w, &a.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+        let summary = String::from_utf8_lossy(&o.stderr);
+        assert!(summary.contains(&format!("\"shard\":\"{i}/{SHARDS}\"")), "{name}: the summary names the shard:\n{summary}");
+        sizes.push(data(&w.join(&out)).1.num_rows());
+    }
+    let tasks = fx.join("tasks.parquet").display().to_string();
+    ok(w, &["coa-filter", "--rules", "none", "-i", "shards/*.parquet", "--task-order", &tasks, "-o", "merged.parquet"]);
+    let (whole_fields, whole_rows) = data(&w.join("whole.parquet"));
+    let (merged_fields, merged_rows) = data(&w.join("merged.parquet"));
+    assert_eq!(merged_fields, whole_fields, "{name}: the shards' columns");
+    assert_eq!(merged_rows.num_rows(), whole_rows.num_rows(), "{name}: rows (shards {sizes:?})");
+    for (i, (a, b)) in merged_rows.columns().iter().zip(whole_rows.columns()).enumerate() {
+        assert_eq!(a, b, "{name}: column `{}` of the merged shards differs from the unsharded output", whole_fields[i].0);
+    }
+    assert!(whole_rows.num_rows() > 0, "{name}: the fixture gives this stage rows to shard");
+    assert_eq!(sizes.iter().sum::<usize>(), whole_rows.num_rows());
+    (whole_rows.num_rows(), sizes)
+}
+
+#[test]
+fn shards_of_coa_generate_mas_merge_to_the_unsharded_runs() {
+    let corpus = fixtures().join("corpus.parquet").display().to_string();
+    let (rows, sizes) = assert_shards_add_up("mas", "tasks.parquet", &["coa-generate", "mas", "-i", "{IN}", "--corpus", &corpus, "--seed", "1", "-o", "{OUT}"]);
+    assert_eq!(rows, 12);
+    // 12 tasks over 3 shards: no shard holds them all.
+    assert!(sizes.iter().all(|&n| n < 12), "{sizes:?}");
+}
+
+#[test]
+fn shards_of_coa_extract_merge_to_the_unsharded_trajectories() {
+    assert_shards_add_up("extract", "mas_runs.parquet", &["coa-extract", "-i", "{IN}", "-o", "{OUT}"]);
+}
+
+#[test]
+fn shards_of_coa_filter_with_the_distillation_rules_merge_to_the_unsharded_output() {
+    // dedup (keyed by task_id + steps), reflection down-sampling (per task and seed), error-correction copies.
+    assert_shards_add_up("filter", "trajectories.parquet", &["coa-filter", "-i", "{IN}", "--seed", "3", "--min-hops", "2", "--no-reflection-keep", "0.5", "-o", "{OUT}"]);
+    assert_shards_add_up("filter --where", "tasks.parquet", &["coa-filter", "-i", "{IN}", "--rules", "none", "--where", "suite <> 'code'", "-o", "{OUT}"]);
+}
+
+#[test]
+fn shards_of_coa_convert_merge_to_the_unsharded_coa_text() {
+    assert_shards_add_up("convert", "trajectories.parquet", &["coa-convert", "-i", "{IN}", "--skip-bad", "bad.parquet", "-o", "{OUT}"]);
+}
+
+#[test]
+fn shards_of_coa_tokenize_merge_to_the_unsharded_tokens() {
+    let tok = fixtures().join("tok.json").display().to_string();
+    assert_shards_add_up("tokenize", "coa_text.parquet", &["coa-tokenize", "-i", "{IN}", "--tokenizer", &tok, "--max-len", "1024", "--overlong", "truncate", "-o", "{OUT}"]);
+}
+
+#[test]
+fn shards_of_coa_generate_policy_merge_to_the_unsharded_rollouts() {
+    let fx = fixtures();
+    let (ckpt, corpus) = (fx.join("ckpt").display().to_string(), fx.join("corpus.parquet").display().to_string());
+    let (rows, _) = assert_shards_add_up(
+        "policy",
+        "tasks.parquet",
+        &["coa-generate", "policy", "--checkpoint", &ckpt, "-i", "{IN}", "--corpus", &corpus, "--n", "2", "--max-response-tokens", "12", "--seed", "5", "-o", "{OUT}"],
+    );
+    assert_eq!(rows, 24, "2 samples of each of 12 tasks");
+}
+
+#[test]
+fn shards_of_coa_score_merge_to_the_unsharded_scores() {
+    let tasks = fixtures().join("tasks.parquet").display().to_string();
+    // GRPO advantages are per task group: every sample of a task is in one shard.
+    assert_shards_add_up("score", "rollouts.parquet", &["coa-score", "-i", "{IN}", "--tasks", &tasks, "-o", "{OUT}"]);
+}
+
+fn refused(args: &[&str], wanted: &[&str]) {
+    let fx = fixtures();
+    let out = run(fx, args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    for w in wanted {
+        assert!(stderr.contains(w), "{args:?}: stderr should name `{w}`:\n{stderr}");
+    }
+    assert!(!fx.join("refused.parquet").exists(), "{args:?} left an output behind");
+}
+
+#[test]
+fn bad_shard_values_are_refused_naming_the_flag() {
+    for bad in ["4/4", "5/4", "0/0", "-1/4", "2", "a/b", "1/2/3"] {
+        // `--shard=-1/4`: clap reads a separate `-1/4` as a flag.
+        refused(&["coa-extract", "-i", "mas_runs.parquet", &format!("--shard={bad}"), "-o", "refused.parquet"], &["--shard", "expected I/N with 0 <= I < N"]);
+    }
+    refused(&["coa-generate", "mas", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "--shard", "3/3", "-o", "refused.parquet"], &["--shard", "`3/3`"]);
+}
+
+#[test]
+fn cross_row_modes_refuse_shard_and_say_what_they_need() {
+    refused(&["coa-filter", "-i", "tasks.parquet", "--rules", "none", "--dedup-key", "question", "--shard", "0/2", "-o", "refused.parquet"], &["--dedup-key question", "add task_id to the key"]);
+    refused(&["coa-filter", "-i", "scores.parquet", "--dynamic-sampling", "--group-by", "model", "--shard", "0/2", "-o", "refused.parquet"], &["--group-by model", "--group-by task_id"]);
+    refused(&["coa-tokenize", "-i", "coa_text.parquet", "--train-bpe", "--save-tokenizer", "t.json", "--shard", "0/2", "-o", "refused.parquet"], &["--train-bpe", "train it once"]);
+    refused(&["coa-tokenize", "-i", "coa_text.parquet", "--tokenizer", "tok.json", "--max-len", "1024", "--pack", "--shard", "0/2", "-o", "refused.parquet"], &["--pack", "pack the merged tokens"]);
+    refused(&["coa-generate", "policy", "--checkpoint", "ckpt", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "--oversample", "--groups", "2", "--shard", "0/2", "-o", "refused.parquet"], &["--oversample", "unsharded"]);
+    refused(&["coa-score", "-i", "rollouts.parquet", "--tasks", "tasks.parquet", "--report", "r.md", "--shard", "0/2", "-o", "refused.parquet"], &["--report", "score them unsharded"]);
+    refused(&["coa-convert", "-i", "trajectories.parquet", "--to", "sharegpt", "--shard", "0/2", "-o", "refused.json"], &["--to sharegpt", "whole dataset"]);
+    refused(&["coa-convert", "-i", "trajectories.parquet", "--to", "verl", "--shard", "0/2", "-o", "refused.parquet"], &["--to verl", "whole dataset"]);
+    // A table without task ids cannot be split by task.
+    refused(&["coa-filter", "-i", "metrics.parquet", "--rules", "none", "--shard", "0/2", "-o", "refused.parquet"], &["metrics.parquet", "needs a `task_id` column"]);
+    // Merging rows whose task is not in the order file.
+    let one = run(fixtures(), &["coa-filter", "-i", "tasks.parquet", "--rules", "none", "--where", "suite = 'math'", "-o", "math_tasks.parquet"]);
+    assert!(one.status.success());
+    refused(&["coa-filter", "-i", "tasks.parquet", "--rules", "none", "--task-order", "math_tasks.parquet", "-o", "refused.parquet"], &["not in --task-order math_tasks.parquet"]);
+}
+
+#[test]
+fn an_empty_shard_writes_a_valid_empty_table() {
+    let fx = fixtures();
+    let work = tempfile::tempdir_in(fx).unwrap();
+    let w = work.path();
+    // One task, 8 shards: 7 of them hold nothing.
+    ok(w, &["coa-filter", "-i", &fx.join("tasks.parquet").display().to_string(), "--rules", "none", "--where", "task_id = 'math-train-000000'", "-o", "one.parquet"]);
+    assert_eq!(data(&w.join("one.parquet")).1.num_rows(), 1, "the fixture has task math-train-000000");
+    let mut rows = Vec::new();
+    for i in 0..8 {
+        let out = format!("runs-{i}.parquet");
+        ok(w, &["coa-generate", "mas", "-i", "one.parquet", "--shard", &format!("{i}/8"), "-o", &out]);
+        let (fields, batch) = data(&w.join(&out));
+        assert!(fields.iter().any(|(n, _)| n == "events"), "an empty shard keeps the mas_runs schema: {fields:?}");
+        rows.push(batch.num_rows());
+        // ... and the next stage reads it.
+        ok(w, &["coa-extract", "-i", &out, "-o", &format!("traj-{i}.parquet")]);
+    }
+    assert_eq!(rows.iter().sum::<usize>(), 1);
+    assert_eq!(rows.iter().filter(|&&n| n == 0).count(), 7, "{rows:?}");
+}
+
+#[test]
+fn a_directory_or_glob_of_parquet_files_reads_as_one_table() {
+    let fx = fixtures();
+    let work = tempfile::tempdir_in(fx).unwrap();
+    let w = work.path();
+    std::fs::create_dir(w.join("parts")).unwrap();
+    for i in 0..2 {
+        ok(w, &["coa-filter", "-i", &fx.join("tasks.parquet").display().to_string(), "--rules", "none", "--shard", &format!("{i}/2"), "-o", &format!("parts/p{i}.parquet")]);
+    }
+    // A writer's temporary file and a marker file in the directory are not part of the table.
+    std::fs::write(w.join("parts/.p2.parquet.123.tmp"), b"partial").unwrap();
+    std::fs::write(w.join("parts/_SUCCESS"), b"").unwrap();
+    let tasks = data(&fx.join("tasks.parquet")).1.num_rows();
+    for input in ["parts", "parts/p*.parquet"] {
+        let o = ok(w, &["coa-filter", "-i", input, "--rules", "none", "-o", "all.parquet"]);
+        assert_eq!(data(&w.join("all.parquet")).1.num_rows(), tasks, "{input}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    // Any stage reads it: the teacher on the directory of task shards.
+    ok(w, &["coa-generate", "mas", "-i", "parts", "--corpus", &fx.join("corpus.parquet").display().to_string(), "-o", "runs.parquet"]);
+    assert_eq!(data(&w.join("runs.parquet")).1.num_rows(), tasks);
+
+    let fails = |args: &[&str], wanted: &str| {
+        let out = run(w, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(wanted), "{args:?}: expected `{wanted}`:\n{stderr}");
+    };
+    fails(&["coa-filter", "-i", "parts/q*.parquet", "--rules", "none", "-o", "x.parquet"], "no file matches this pattern");
+    std::fs::create_dir(w.join("empty")).unwrap();
+    fails(&["coa-filter", "-i", "empty", "--rules", "none", "-o", "x.parquet"], "holds no *.parquet file");
+    // Two different tables in one directory.
+    std::fs::copy(fx.join("corpus.parquet"), w.join("parts/p9.parquet")).unwrap();
+    fails(&["coa-filter", "-i", "parts", "--rules", "none", "-o", "x.parquet"], "differ from those of");
+    assert!(!w.join("x.parquet").exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// On a real Slurm: `make distill EXECUTOR=slurm SHARDS=4` against the local unsharded run, and a
+// killed array task rerun. The cluster is started by tests/slurm/start_cluster.sh (one node,
+// root, Debian's slurm-wlm and munge); where it cannot start, the test says why and skips.
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A running one-node cluster, stopped (daemons and jobs) when dropped, even on a failed assert.
+struct Cluster {
+    dir: tempfile::TempDir,
+    conf: String,
+}
+
+impl Cluster {
+    fn start() -> Result<Cluster, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("bash").arg(repo_root().join("tests/slurm/start_cluster.sh")).arg(dir.path()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let cluster = Cluster { conf: dir.path().join("slurm.conf").display().to_string(), dir };
+        match out.status.code() {
+            Some(0) => Ok(cluster),
+            Some(3) => Err(stderr.trim().to_string()),
+            _ => panic!("tests/slurm/start_cluster.sh failed:\n{stderr}"),
+        }
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf).env("PATH", format!("{}:/usr/sbin", std::env::var("PATH").unwrap_or_default()));
+        c
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash").arg(repo_root().join("tests/slurm/stop_cluster.sh")).arg(self.dir.path()).status();
+    }
+}
+
+/// A directory where `make` runs this checkout's Makefile into its own runs/, with the test
+/// build's binaries (`CARGO=true`: nothing is rebuilt).
+fn make_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["Makefile", "pipelines"] {
+        std::os::unix::fs::symlink(repo_root().join(name), dir.path().join(name)).unwrap();
+    }
+    dir
+}
+
+fn make(cluster: &Cluster, dir: &Path, args: &[&str]) -> String {
+    let bin = bin_dir().display().to_string();
+    let mut c = cluster.command("make");
+    c.current_dir(dir).args(["--no-print-directory", "-j3", "CARGO=true", &format!("BIN={bin}"), "N_MULTIHOP=8", "N_MATH=8", "N_CODE=8"]).args(args);
+    let out = c.output().unwrap();
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "make {args:?} failed:\n{log}");
+    log
+}
+
+#[test]
+fn make_distill_on_slurm_with_4_shards_equals_the_local_unsharded_run_and_reruns_a_killed_task() {
+    let started = std::time::Instant::now();
+    let cluster = match Cluster::start() {
+        Ok(c) => c,
+        Err(why) => {
+            eprintln!("SKIPPED make_distill_on_slurm...: {why}");
+            return;
+        }
+    };
+    let work = make_dir();
+    let w = work.path();
+    make(&cluster, w, &["distill", "RUN=local"]);
+    let log = make(&cluster, w, &["distill", "RUN=slurm", "EXECUTOR=slurm", "SHARDS=4", "SLURM_CPUS=1", "SLURM_MEM=512M"]);
+    assert!(log.contains("4 shard(s) merged (slurm)"), "{log}");
+    for suite in ["multihop", "math", "code"] {
+        for table in ["mas_runs", "trajectories", "kept", "dropped", "coa_text", "verl"] {
+            let (a, b) = (w.join(format!("runs/local/distill/{suite}/{table}.parquet")), w.join(format!("runs/slurm/distill/{suite}/{table}.parquet")));
+            let ((fa, ra), (fb, rb)) = (data(&a), data(&b));
+            assert_eq!(fa, fb, "{suite}/{table}");
+            assert_eq!(ra.columns(), rb.columns(), "{suite}/{table}: the Slurm run's rows differ from the local run's");
+        }
+        let shards: Vec<_> = std::fs::read_dir(w.join(format!("runs/slurm/distill/{suite}/mas_runs.parquet.shards"))).unwrap().flatten().map(|e| e.file_name().into_string().unwrap()).filter(|n| n.ends_with(".parquet")).collect();
+        assert_eq!(shards.len(), 4, "{shards:?}");
+    }
+    // The summary table (teacher success, tokens per task from the merged shard summaries) is the same.
+    let table = |run: &str| -> Vec<String> {
+        std::fs::read_to_string(w.join(format!("runs/{run}/distill/report.md"))).unwrap().lines().filter(|l| l.starts_with('|')).map(String::from).collect()
+    };
+    assert_eq!(table("slurm"), table("local"));
+
+    // A killed array task: shard commands slow enough to be caught running, one killed with
+    // scancel; its output is missing when the array ends, so it alone is resubmitted.
+    let tasks = w.join("runs/local/tasks.parquet").display().to_string();
+    let out = w.join("killed/tasks.parquet").display().to_string();
+    let command = format!("sleep 6; {}/coa-filter -i {tasks} --rules none $SHARD -o $OUT", bin_dir().display());
+    let mut run = cluster.command("bash");
+    run.current_dir(w)
+        .arg(repo_root().join("pipelines/shards.sh"))
+        .args(["--executor", "slurm", "--shards", "3", "--retries", "1", "--cpus", "1", "--mem", "256M"])
+        .args(["--bin", &bin_dir().display().to_string(), "--out", &out, "--order", &tasks, "--", &command])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = run.spawn().unwrap();
+    let mut killed = None;
+    for _ in 0..200 {
+        let q = cluster.command("squeue").args(["-h", "-t", "R", "-o", "%i"]).output().unwrap();
+        let running = String::from_utf8_lossy(&q.stdout).lines().map(|s| s.trim().to_string()).find(|s| s.contains('_'));
+        if let Some(id) = running {
+            let s = cluster.command("scancel").args(["--signal=KILL", "--full", &id]).status().unwrap();
+            assert!(s.success(), "scancel {id}");
+            killed = Some(id);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let killed = killed.expect("an array task was seen running within 20 s");
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "shards.sh failed after killing {killed}:\n{stderr}");
+    let shard = killed.rsplit('_').next().unwrap();
+    assert!(stderr.contains(&format!("rerunning shard(s) {shard} (retry 1 of 1)")), "killed {killed}:\n{stderr}");
+    assert_eq!(data(Path::new(&out)).1.columns(), data(Path::new(&tasks)).1.columns(), "the merged shards are the tasks table");
+    eprintln!("slurm test: {:.1} s (killed array task {killed}, rerun)", started.elapsed().as_secs_f64());
+}
