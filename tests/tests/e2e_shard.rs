@@ -297,7 +297,7 @@ fn make_dir() -> tempfile::TempDir {
 fn make(cluster: &Cluster, dir: &Path, args: &[&str]) -> String {
     let bin = bin_dir().display().to_string();
     let mut c = cluster.command("make");
-    c.current_dir(dir).args(["--no-print-directory", "-j3", "CARGO=true", &format!("BIN={bin}"), "N_MULTIHOP=8", "N_MATH=8", "N_CODE=8"]).args(args);
+    c.current_dir(dir).args(["--no-print-directory", "-j3", "CARGO=true", &format!("BIN={bin}"), "SIZE=smoke", "N_MULTIHOP=8", "N_MATH=8", "N_CODE=8"]).args(args);
     let out = c.output().unwrap();
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "make {args:?} failed:\n{log}");
