@@ -24,7 +24,7 @@ RL_MAX_TURNS    ?= $(call by_size,12,12,16)
 RL_BATCH        ?= $(call by_size,16,32,128)
 RL_LR           ?= $(call by_size,5e-5,5e-5,2e-5)
 RL_BATCH_TOKENS ?= $(call by_size,16384,16384,65536)
-# The pretrained student trains the same layers as in SFT.
+# Layers frozen in SFT stay frozen in RL.
 RL_FLAGS        ?= $(if $(filter-out 0,$(SFT_FREEZE_LAYERS)),--freeze-layers $(SFT_FREEZE_LAYERS))
 
 RL := $(RUNDIR)/rl
