@@ -17,7 +17,7 @@ PYTHON  ?= python3
 VENV    := .venv
 TORCH_VENV := .venv-torch
 
-.PHONY: help build test pipeline tasks distill sft rl eval bench bench-io bench-distill bench-tokenize bench-train schemas-doc clean
+.PHONY: help build test pipeline tasks distill sft rl eval bench bench-io bench-distill bench-tokenize bench-train bench-decode schemas-doc clean
 
 help:
 	@echo "make pipeline   the whole offline loop into runs/$(RUN)/: tasks, distill, sft, rl, eval"
@@ -86,7 +86,7 @@ $(VENV)/.ok: bench/requirements.txt
 	$(VENV)/bin/pip install -q -r bench/requirements.txt
 	touch $@
 
-bench: bench-io bench-distill bench-tokenize bench-train
+bench: bench-io bench-distill bench-tokenize bench-train bench-decode
 
 bench-io: $(VENV)/.ok
 	$(CARGO) build --profile $(PROFILE) -p coa-schemas --example io_passthrough
@@ -102,6 +102,13 @@ $(TORCH_VENV)/.ok: bench/requirements-torch.txt
 	$(PYTHON) -m venv $(TORCH_VENV)
 	$(TORCH_VENV)/bin/pip install -q -r bench/requirements-torch.txt
 	touch $@
+
+# Decoding of a trained student (an HF checkpoint directory) against transformers generate.
+DECODE_CKPT ?= $(RUNDIR)/sft/checkpoint
+bench-decode: $(TORCH_VENV)/.ok
+	$(CARGO) build --profile $(PROFILE) -p coa-model --example decode_bench
+	$(TORCH_VENV)/bin/python bench/decode_bench.py --example $(BIN)/examples/decode_bench --checkpoint $(DECODE_CKPT) \
+	    --threads 2 --batches 1 16 --out bench/results/decode.md
 
 bench-train: $(TORCH_VENV)/.ok build
 	$(TORCH_VENV)/bin/python bench/train_bench.py --bin $(BIN)/coa-train-step --threads 2 --out bench/results/train.md
