@@ -330,7 +330,7 @@ impl GpuModel {
                 }
                 let (lo, hi) = (s.offset + span.start, s.offset + span.end);
                 match runs.last_mut() {
-                    Some(r) if r.2 == a && r.1 <= lo => r.1 = hi,
+                    Some(r) if r.2 == a => r.1 = hi,
                     _ => runs.push((lo, hi, a)),
                 }
             }

@@ -357,8 +357,9 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let default_steps = data::steps_for_epochs(&data.examples, seed, batch_tokens, 1.0);
     let total_steps = pick("--steps", steps_given, s.map(|s| s.schedule.total_steps), default_steps, &args.resume)?;
     let schedule = Schedule::new(lr, min_lr, warmup, total_steps)?;
-    let mut settings = Settings { objective, seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens, new_rows: None, frozen_layers: 0 };
-    settings.frozen_layers = pick("--freeze-layers", args.freeze_layers, s.map(|s| s.frozen_layers), 0, &args.resume)?;
+    let frozen_layers = pick("--freeze-layers", args.freeze_layers, s.map(|s| s.frozen_layers), 0, &args.resume)?;
+    // new_rows: set below if --init grows the vocabulary
+    let mut settings = Settings { objective, seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens, new_rows: None, frozen_layers };
 
     // Read now: --save may replace the directory it comes from (--resume DIR --save DIR).
     let vocab = run_vocab(args)?;
