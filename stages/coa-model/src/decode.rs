@@ -1,14 +1,15 @@
 //! Incremental decoding with a KV cache, batched over sequences at different positions.
 //!
 //! A [`KvCache`] holds, per layer, the rotated keys and the values of up to `n_slots` sequences
-//! of up to `max_len` tokens each (`[n_slots, max_len, Hk, hd]`, allocated once; untouched pages
-//! are never committed). A *slot* is one sequence; its length grows as tokens are fed.
+//! of up to `max_len` tokens each (`[n_slots, Hk, max_len, hd]`: one head's keys are contiguous,
+//! so a decode step streams them; allocated once, untouched pages are never committed). A *slot* is one sequence; its length grows as tokens are fed.
 //!
 //! [`Model::extend`] is the one forward: it appends any number of new tokens to any number of
 //! distinct slots in one call (a prompt prefill, a one-token decode step, an observation appended
 //! after a tool call: all the same), runs every linear layer once over all the new rows
-//! (`ops::gemm`), attention per (slot, query head, block of queries) in parallel against the
-//! slot's cached keys, and returns the logits of the last new position of each slot.
+//! (`ops::gemm`), attention in parallel against the slot's cached keys (per query head and block
+//! of queries for a multi-token item, per key/value head for a one-token item: the query heads
+//! that share it read its keys once), and returns the logits of the last new position of each slot.
 //! [`Model::prefill`] and [`Model::decode_step`] are its two common shapes.
 //!
 //! The result equals [`Model::logits`] on the whole sequence (same ops, same softmax kernel; only
@@ -42,9 +43,9 @@ pub struct KvCache {
     max_len: usize,
     n_kv: usize,
     hd: usize,
-    /// Per layer: rotated keys `[n_slots, max_len, Hk, hd]`.
+    /// Per layer: rotated keys `[n_slots, Hk, max_len, hd]`.
     k: Vec<Vec<f32>>,
-    /// Per layer: values `[n_slots, max_len, Hk, hd]`.
+    /// Per layer: values `[n_slots, Hk, max_len, hd]`.
     v: Vec<Vec<f32>>,
     /// Tokens held by each slot.
     len: Vec<usize>,
@@ -100,6 +101,28 @@ impl KvCache {
         self.len[slot] = 0;
     }
 
+    /// Makes `to` hold the first `n` tokens of `from` (keys and values copied, `to`'s length set
+    /// to `n`): sequences that share a prefix (one prompt sampled several times) compute it once.
+    pub fn copy_prefix(&mut self, from: usize, to: usize, n: usize) -> Result<()> {
+        if from >= self.n_slots || to >= self.n_slots {
+            bail!("copy_prefix: slot {} is out of range (the cache has {} slots)", from.max(to), self.n_slots);
+        }
+        if n > self.len[from] {
+            bail!("copy_prefix: slot {from} holds {} tokens, not {n}", self.len[from]);
+        }
+        if from != to {
+            let head = self.max_len * self.hd;
+            for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
+                for gk in 0..self.n_kv {
+                    let (src, dst) = ((from * self.n_kv + gk) * head, (to * self.n_kv + gk) * head);
+                    layer.copy_within(src..src + n * self.hd, dst);
+                }
+            }
+        }
+        self.len[to] = n;
+        Ok(())
+    }
+
     /// Bytes allocated (keys and values of every layer).
     pub fn bytes(&self) -> usize {
         2 * self.n_layers * self.n_slots * self.max_len * self.n_kv * self.hd * 4
@@ -121,8 +144,9 @@ impl KvCache {
     }
 }
 
-/// One attention task: rows `[r0, r1)` of the new rows (absolute positions `p0..`), query head `h`,
-/// of the slot `slot`.
+/// One attention task: rows `[r0, r0 + nb)` of the new rows (absolute positions `p0..`) of the
+/// slot `slot`, against its cached keys: query head `h` of a multi-token item (sgemm), or the
+/// query heads sharing key/value head `h` of a one-token item (`simd::attend_group`).
 struct AttTask {
     slot: usize,
     h: usize,
@@ -132,7 +156,7 @@ struct AttTask {
     nb: usize,
     /// Absolute position of row r0.
     p0: usize,
-    /// A one-token item (row-wise dot products instead of sgemm).
+    /// A one-token item: `h` is a key/value head.
     single: bool,
 }
 
@@ -245,6 +269,10 @@ impl Model {
         let (cos, sin) = c.rope_tables(&positions);
         let mut tasks = Vec::new();
         for &(slot, r0, n, p0) in &spans {
+            if n == 1 {
+                tasks.extend((0..nkv).map(|h| AttTask { slot, h, r0, nb: 1, p0, single: true }));
+                continue;
+            }
             for h in 0..nh {
                 for b0 in (0..n).step_by(ATT_BLOCK) {
                     tasks.push(AttTask { slot, h, r0: r0 + b0, nb: ATT_BLOCK.min(n - b0), p0: p0 + b0, single: n == 1 });
@@ -269,7 +297,9 @@ impl Model {
         let mut a = vec![0f32; r * inter];
         let group = nh / nkv;
         let scale = 1.0 / (hd as f32).sqrt();
+        // Key/value row `j` of head `gk` of slot `s`: `(s·Hk + gk)·max_len + j` rows of hd.
         let slot_stride = cache.max_len * kvd;
+        let head_stride = cache.max_len * hd;
         for (l, li) in lay.layers.iter().enumerate() {
             ops::rmsnorm_forward(&mut h, &mut rstd, &x, p(li.ln1), eps, d);
             lin(&mut q, &h, li.wq, li.bq, d, qd);
@@ -280,9 +310,14 @@ impl Model {
             // Store the new keys and values in the cache.
             let (kc, vc) = (&mut cache.k[l], &mut cache.v[l]);
             for &(slot, r0, n, p0) in &spans {
-                let dst = slot * slot_stride + p0 * kvd;
-                kc[dst..dst + n * kvd].copy_from_slice(&k[r0 * kvd..(r0 + n) * kvd]);
-                vc[dst..dst + n * kvd].copy_from_slice(&vv[r0 * kvd..(r0 + n) * kvd]);
+                for gk in 0..nkv {
+                    let head = slot * slot_stride + gk * head_stride;
+                    for i in 0..n {
+                        let (dst, src) = (head + (p0 + i) * hd, (r0 + i) * kvd + gk * hd);
+                        kc[dst..dst + hd].copy_from_slice(&k[src..src + hd]);
+                        vc[dst..dst + hd].copy_from_slice(&vv[src..src + hd]);
+                    }
+                }
             }
             // Attention of the new rows against everything their slot holds.
             let (kc, vc) = (&cache.k[l], &cache.v[l]);
@@ -290,31 +325,22 @@ impl Model {
             let qref = &q;
             tasks.par_iter().for_each_init(Vec::new, |s: &mut Vec<f32>, t| {
                 let outp = outp;
-                let gk = t.h / group;
                 // Keys 0..p0+nb of the slot; row i (position p0+i) sees keys 0..=p0+i.
                 let nk = t.p0 + t.nb;
-                s.resize(t.nb * nk, 0.0);
-                let kbase = t.slot * slot_stride + gk * hd;
                 if t.single {
-                    let qrow = &qref[t.r0 * qd + t.h * hd..t.r0 * qd + (t.h + 1) * hd];
-                    for (j, sj) in s.iter_mut().enumerate() {
-                        let kr = kbase + j * kvd;
-                        *sj = crate::simd::dot(qrow, &kc[kr..kr + hd]);
-                    }
-                    let mx = crate::simd::max(s) * scale;
-                    let sum = crate::simd::exp_affine_sum(s, scale, mx);
-                    crate::simd::scale(s, 1.0 / sum);
-                    // SAFETY: row r0, head h of `att` belongs to this task alone.
-                    let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(t.r0 * qd + t.h * hd), hd) };
-                    o.iter_mut().for_each(|x| *x = 0.0);
-                    for (j, &pj) in s.iter().enumerate() {
-                        let vr = kbase + j * kvd;
-                        o.iter_mut().zip(&vc[vr..vr + hd]).for_each(|(a, b)| *a += pj * b);
-                    }
+                    // Query heads h·group.. of row r0 share key/value head h; they are contiguous.
+                    let kbase = t.slot * slot_stride + t.h * head_stride;
+                    let (q0, w) = (t.r0 * qd + t.h * group * hd, group * hd);
+                    // SAFETY: row r0, heads h·group..(h+1)·group of `att` belong to this task alone.
+                    let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(q0), w) };
+                    let (kh, vh) = (&kc[kbase..kbase + nk * hd], &vc[kbase..kbase + nk * hd]);
+                    crate::simd::attend_group(o, &qref[q0..q0 + w], kh, vh, group, nk, hd, scale, s);
                     return;
                 }
+                let kbase = t.slot * slot_stride + (t.h / group) * head_stride;
+                s.resize(t.nb * nk, 0.0);
                 // SAFETY: reads stay inside q (rows r0..r0+nb, head h) and the slot's first nk
-                // cache rows (kv head gk); the written block of `att` (rows r0..r0+nb, head h)
+                // cache rows of kv head h / group; the written block of `att` (rows r0..r0+nb, head h)
                 // belongs to this task alone.
                 unsafe {
                     matrixmultiply::sgemm(
@@ -327,7 +353,7 @@ impl Model {
                         1,
                         kc.as_ptr().add(kbase),
                         1,
-                        kvd as isize,
+                        hd as isize,
                         0.0,
                         s.as_mut_ptr(),
                         nk as isize,
@@ -353,7 +379,7 @@ impl Model {
                         nk as isize,
                         1,
                         vc.as_ptr().add(kbase),
-                        kvd as isize,
+                        hd as isize,
                         1,
                         0.0,
                         outp.0.add(t.r0 * qd + t.h * hd),

@@ -368,3 +368,244 @@ unsafe fn dots_block_avx2(x: &[f32], w: &[f32], i: usize, nr: usize, no: usize, 
         }
     }
 }
+
+/// Attention of one new token's `group` query heads that share one key/value head (a decode step
+/// under grouped-query attention) against that head's `nk` cached keys and values:
+/// `out[g] = softmax(q[g]·Kᵀ · scale) V` for `q[group, hd]`, `k[nk, hd]`, `v[nk, hd]` (rows
+/// contiguous), `out[group, hd]`; `scores` is scratch (resized to `group·nk`).
+///
+/// Every cached key and value is read once for the whole group (not once per query head), and the
+/// result depends only on `q`, `k` and `v`: each score is an 8-lane dot product reduced in a fixed
+/// order (that of [`hsum8_pairs`]), the softmax is [`max`], [`exp_affine_sum`] and [`scale`], and
+/// each output element sums p_j·v_j over j in order.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_group(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], group: usize, nk: usize, hd: usize, scale: f32, scores: &mut Vec<f32>) {
+    assert!(
+        out.len() == group * hd && q.len() == group * hd && k.len() >= nk * hd && v.len() >= nk * hd && nk > 0,
+        "attend_group: shapes"
+    );
+    scores.resize(group * nk, 0.0);
+    attend_scores(scores, q, k, group, nk, hd);
+    for s in scores.chunks_mut(nk) {
+        let mx = max(s) * scale;
+        let sum = exp_affine_sum(s, scale, mx);
+        self::scale(s, 1.0 / sum);
+    }
+    attend_values(out, scores, v, group, nk, hd);
+}
+
+/// The fixed summation order of an 8-lane dot product's lanes in [`attend_group`]:
+/// ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)), what the AVX2 kernel's `hadd` tree computes.
+#[inline(always)]
+fn hsum8_pairs(l: &[f32; 8]) -> f32 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+}
+
+/// `s[g, j] = q[g] · k[j]` for `s[group, nk]`.
+fn attend_scores(s: &mut [f32], q: &[f32], k: &[f32], group: usize, nk: usize, hd: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if hd % 8 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the features; the shapes were checked by the caller.
+            unsafe { attend_scores_avx2(s, q, k, group, nk, hd) };
+            return;
+        }
+    }
+    attend_scores_plain(s, q, k, group, nk, hd);
+}
+
+/// The portable [`attend_scores`] (same sums, same order as the AVX2 kernel).
+fn attend_scores_plain(s: &mut [f32], q: &[f32], k: &[f32], group: usize, nk: usize, hd: usize) {
+    for g in 0..group {
+        let qg = &q[g * hd..(g + 1) * hd];
+        for j in 0..nk {
+            let kj = &k[j * hd..(j + 1) * hd];
+            let mut lanes = [0f32; 8];
+            let n8 = hd / 8 * 8;
+            for d in (0..n8).step_by(8) {
+                for l in 0..8 {
+                    lanes[l] = qg[d + l].mul_add(kj[d + l], lanes[l]);
+                }
+            }
+            let mut acc = hsum8_pairs(&lanes);
+            for d in n8..hd {
+                acc += qg[d] * kj[d];
+            }
+            s[g * nk + j] = acc;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_scores_avx2(s: &mut [f32], q: &[f32], k: &[f32], group: usize, nk: usize, hd: usize) {
+    use std::arch::x86_64::*;
+    let (qp, kp) = (q.as_ptr(), k.as_ptr());
+    // Blocks of 4 keys; a last partial block repeats its last key (valid memory), whose extra
+    // sums are not stored.
+    let mut j = 0;
+    while j < nk {
+        let nb = (nk - j).min(4);
+        let kr: [*const f32; 4] = std::array::from_fn(|t| kp.add((j + t.min(nb - 1)) * hd));
+        for g in 0..group {
+            let qg = qp.add(g * hd);
+            let mut a = [_mm256_setzero_ps(); 4];
+            let mut d = 0;
+            while d < hd {
+                let qv = _mm256_loadu_ps(qg.add(d));
+                for t in 0..4 {
+                    a[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[t].add(d)), a[t]);
+                }
+                d += 8;
+            }
+            // lanes (0+1, 2+3) of a0, a1, then of a2, a3; then (01+23); then the two halves.
+            let h01 = _mm256_hadd_ps(a[0], a[1]);
+            let h23 = _mm256_hadd_ps(a[2], a[3]);
+            let h = _mm256_hadd_ps(h01, h23);
+            let sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            let mut four = [0f32; 4];
+            _mm_storeu_ps(four.as_mut_ptr(), sums);
+            s[g * nk + j..g * nk + j + nb].copy_from_slice(&four[..nb]);
+        }
+        j += nb;
+    }
+}
+
+/// `out[g] = Σ_j p[g, j] · v[j]` for `p[group, nk]`, `out[group, hd]`.
+fn attend_values(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize, hd: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if hd % 8 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the features; the shapes were checked by the caller.
+            unsafe { attend_values_avx2(out, p, v, group, nk, hd) };
+            return;
+        }
+    }
+    attend_values_plain(out, p, v, group, nk, hd);
+}
+
+/// The portable [`attend_values`] (same sums, same order as the AVX2 kernel).
+fn attend_values_plain(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize, hd: usize) {
+    out.iter_mut().for_each(|x| *x = 0.0);
+    for g in 0..group {
+        let o = &mut out[g * hd..(g + 1) * hd];
+        for j in 0..nk {
+            let pj = p[g * nk + j];
+            o.iter_mut().zip(&v[j * hd..(j + 1) * hd]).for_each(|(a, &b)| *a = pj.mul_add(b, *a));
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_values_avx2(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize, hd: usize) {
+    // Up to 3 query heads × 32 output columns in 12 registers; each value vector loaded feeds
+    // the 3 heads.
+    let mut g0 = 0;
+    while g0 < group {
+        let ng = (group - g0).min(3);
+        let mut c = 0;
+        while c < hd {
+            match (hd - c) / 8 {
+                1 => attend_values_cols::<1>(out, p, v, g0, ng, nk, hd, c),
+                2 => attend_values_cols::<2>(out, p, v, g0, ng, nk, hd, c),
+                3 => attend_values_cols::<3>(out, p, v, g0, ng, nk, hd, c),
+                _ => attend_values_cols::<4>(out, p, v, g0, ng, nk, hd, c),
+            }
+            c += 8 * ((hd - c) / 8).min(4);
+        }
+        g0 += ng;
+    }
+}
+
+/// Columns `c..c + 8·NC` of heads `g0..g0 + ng` (ng ≤ 3) of [`attend_values`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_values_cols<const NC: usize>(out: &mut [f32], p: &[f32], v: &[f32], g0: usize, ng: usize, nk: usize, hd: usize, c: usize) {
+    use std::arch::x86_64::*;
+    let (vp, op) = (v.as_ptr(), out.as_mut_ptr());
+    // Heads beyond ng read head g0's probabilities (valid memory); their sums are not stored.
+    let pr: [*const f32; 3] = std::array::from_fn(|g| p.as_ptr().add((g0 + if g < ng { g } else { 0 }) * nk));
+    let mut a = [[_mm256_setzero_ps(); NC]; 3];
+    for j in 0..nk {
+        let vr = vp.add(j * hd + c);
+        let pb = [_mm256_broadcast_ss(&*pr[0].add(j)), _mm256_broadcast_ss(&*pr[1].add(j)), _mm256_broadcast_ss(&*pr[2].add(j))];
+        for t in 0..NC {
+            let vv = _mm256_loadu_ps(vr.add(8 * t));
+            a[0][t] = _mm256_fmadd_ps(pb[0], vv, a[0][t]);
+            a[1][t] = _mm256_fmadd_ps(pb[1], vv, a[1][t]);
+            a[2][t] = _mm256_fmadd_ps(pb[2], vv, a[2][t]);
+        }
+    }
+    for (g, ag) in a.iter().enumerate().take(ng) {
+        for (t, &at) in ag.iter().enumerate() {
+            _mm256_storeu_ps(op.add((g0 + g) * hd + c + 8 * t), at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod attend_tests {
+    use super::*;
+
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// softmax(q·Kᵀ·scale)·V in f64, one query head at a time.
+    fn reference(q: &[f32], k: &[f32], v: &[f32], group: usize, nk: usize, hd: usize, scale: f32) -> Vec<f64> {
+        let mut out = vec![0f64; group * hd];
+        for g in 0..group {
+            let sc: Vec<f64> = (0..nk)
+                .map(|j| (0..hd).map(|d| q[g * hd + d] as f64 * k[j * hd + d] as f64).sum::<f64>() * scale as f64)
+                .collect();
+            let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for j in 0..nk {
+                for d in 0..hd {
+                    out[g * hd + d] += e[j] / z * v[j * hd + d] as f64;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn attend_group_matches_the_f64_reference() {
+        // GQA groups 1..7, head dims with and without a full 32-column block, 1 to 1000+ keys.
+        for (group, hd, nk) in [(3, 64, 1), (3, 64, 5), (3, 64, 1031), (1, 8, 3), (2, 16, 70), (4, 24, 9), (7, 40, 33), (2, 12, 6)] {
+            let (q, k, v) = (random(group * hd, 1), random(nk * hd, 2), random(nk * hd, 3));
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut out = vec![f32::NAN; group * hd];
+            let mut scratch = Vec::new();
+            attend_group(&mut out, &q, &k, &v, group, nk, hd, scale, &mut scratch);
+            let want = reference(&q, &k, &v, group, nk, hd, scale);
+            let err = out.iter().zip(&want).map(|(&a, &b)| (a as f64 - b).abs()).fold(0f64, f64::max);
+            assert!(err < 2e-5, "group {group} hd {hd} nk {nk}: max abs err {err}");
+        }
+    }
+
+    #[test]
+    fn attend_kernels_equal_the_portable_ones_bit_for_bit() {
+        for (group, hd, nk) in [(3, 64, 1), (3, 64, 1031), (2, 16, 70), (4, 24, 9), (7, 40, 33)] {
+            let (q, k, p) = (random(group * hd, 4), random(nk * hd, 5), random(group * nk, 6));
+            let (mut s1, mut s2) = (vec![0f32; group * nk], vec![1f32; group * nk]);
+            attend_scores(&mut s1, &q, &k, group, nk, hd);
+            attend_scores_plain(&mut s2, &q, &k, group, nk, hd);
+            assert_eq!(s1, s2, "scores: group {group} hd {hd} nk {nk}");
+            let (mut o1, mut o2) = (vec![0f32; group * hd], vec![1f32; group * hd]);
+            attend_values(&mut o1, &p, &k, group, nk, hd);
+            attend_values_plain(&mut o2, &p, &k, group, nk, hd);
+            assert_eq!(o1, o2, "values: group {group} hd {hd} nk {nk}");
+        }
+    }
+}

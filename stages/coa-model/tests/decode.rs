@@ -130,6 +130,28 @@ fn batched_decode_equals_single_decode() {
 }
 
 #[test]
+fn a_copied_prefix_decodes_like_its_own_prefill() {
+    let m = model(config("llama", true, 4, 2), 7);
+    let v = m.config.vocab_size;
+    let seq = random_ids(30, v, 8);
+    let mut c = KvCache::new(&m.config, 3, 40).unwrap();
+    m.prefill(&mut c, 0, &seq[..20]).unwrap();
+    c.copy_prefix(0, 2, 12).unwrap();
+    assert_eq!(c.len(2), 12);
+    let mut fresh = KvCache::new(&m.config, 1, 40).unwrap();
+    m.prefill(&mut fresh, 0, &seq[..12]).unwrap();
+    for &t in &seq[12..16] {
+        let a = m.decode_step(&mut c, &[2], &[t]).unwrap();
+        let b = m.decode_step(&mut fresh, &[0], &[t]).unwrap();
+        assert_eq!(a, b, "a copied prefix decodes exactly as the slot that prefilled it");
+    }
+    assert_eq!(c.len(0), 20, "the source slot is untouched");
+    let e = c.copy_prefix(1, 2, 1).unwrap_err().to_string();
+    assert!(e.contains("holds 0 tokens"), "{e}");
+    assert!(c.copy_prefix(0, 3, 1).unwrap_err().to_string().contains("out of range"));
+}
+
+#[test]
 fn results_do_not_depend_on_the_thread_count() {
     let m = model(config("llama", false, 4, 2), 9);
     let seq = random_ids(90, m.config.vocab_size, 4);
