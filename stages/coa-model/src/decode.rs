@@ -173,7 +173,7 @@ fn linear_split(out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, r_mult
         return;
     }
     let (out, x) = (&mut out[r_multi * o..r * o], &x[r_multi * i..r * i]);
-    crate::simd::linear_rows(out, x, w, rs, i, o);
+    crate::simd::linear_rows_blocked(out, x, w, rs, i, o);
     if let Some(b) = b {
         for row in out.chunks_mut(o) {
             row.iter_mut().zip(b).for_each(|(y, bb)| *y += bb);
@@ -414,7 +414,10 @@ impl Model {
         ops::rmsnorm_forward(&mut hf, &mut rs, &xs, p(lay.norm), eps, d);
         let mut z = vec![0f32; rows * v];
         linear_split(&mut z, &hf, p(lay.lm_head.unwrap_or(lay.embed)), None, sel_multi, rows, d, v);
-        // Back to item order.
+        // Back to item order (already so when no one-token item precedes a multi-token one).
+        if order.iter().enumerate().all(|(k, &it)| k == it) {
+            return Ok(z);
+        }
         let mut logits = vec![0f32; rows * v];
         let mut at = 0;
         let mut dst_of_item = vec![0usize; items.len()];

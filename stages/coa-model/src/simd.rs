@@ -609,3 +609,167 @@ mod attend_tests {
         }
     }
 }
+
+/// GFLOP/s (the best of many calls: a busy machine disturbs the median) of [`linear_rows`] and
+/// [`linear_rows_blocked`] on SmolLM2-135M's shapes, at ROWS rows (default 1, 16, 32):
+/// `ROWS="16 32" cargo test -p coa-model --lib linear_rows_speed -- --ignored --nocapture`
+#[cfg(test)]
+#[test]
+#[ignore = "a measurement: run alone on a quiet machine"]
+fn linear_rows_speed() {
+    let rows: Vec<usize> = std::env::var("ROWS")
+        .map_or(vec![1, 16, 32], |s| s.split_whitespace().map(|a| a.parse().expect("ROWS")).collect());
+    type Rows = fn(&mut [f32], &[f32], &[f32], usize, usize, usize);
+    for &r in &rows {
+        for (i, o) in [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49174)] {
+            let sgemm: Rows = |out, x, w, r, i, o| crate::ops::linear_forward(out, x, w, None, r, i, o);
+            for (name, f) in [("linear_rows", linear_rows as Rows), ("linear_rows_blocked", linear_rows_blocked), ("ops::linear_forward", sgemm)] {
+                let x: Vec<f32> = (0..r * i).map(|k| (k % 7) as f32 * 0.1).collect();
+                let w: Vec<f32> = (0..o * i).map(|k| (k % 5) as f32 * 0.1).collect();
+                let mut out = vec![0f32; r * o];
+                let flop = 2.0 * (r * i * o) as f64;
+                let reps = (4e9 / flop).clamp(5.0, 5000.0) as usize;
+                let mut best = f64::INFINITY;
+                for _ in 0..reps {
+                    let t0 = std::time::Instant::now();
+                    f(&mut out, &x, &w, r, i, o);
+                    best = best.min(t0.elapsed().as_secs_f64());
+                }
+                println!("{name:20} rows {r:3} {i:5}x{o:5}: {:6.1} GFLOP/s", flop / best / 1e9);
+            }
+        }
+    }
+}
+
+/// [`linear_rows`] with the same result bit for bit (each output's 8 lanes accumulate over the
+/// inputs in the same order and are reduced by the same `hsum8`, so a row's result still does
+/// not depend on the other rows), from a 3-row × 3-output register block that fits AVX2's 16
+/// registers (9 sums, 3 row vectors, 1 weight vector): the 3 × 4 block of [`linear_rows`] needs
+/// 16 plus a temporary, and LLVM spills its sums to the stack, which made it ~3x slower than
+/// sgemm at 32 rows. Rows are taken 12 at a time (their 27 KiB of x at 576 inputs stays in L1 while
+/// 3 weight rows stream past), in parallel over blocks of 32 outputs.
+pub fn linear_rows_blocked(out: &mut [f32], x: &[f32], w: &[f32], r: usize, i: usize, o: usize) {
+    use rayon::prelude::*;
+    assert!(out.len() == r * o && x.len() == r * i && w.len() == o * i, "linear_rows_blocked: shapes");
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            const CHUNK: usize = 32;
+            const RT: usize = 12;
+            #[derive(Clone, Copy)]
+            struct Out(*mut f32);
+            unsafe impl Send for Out {}
+            unsafe impl Sync for Out {}
+            let outp = Out(out.as_mut_ptr());
+            let n8 = i / 8 * 8;
+            (0..o.div_ceil(CHUNK)).into_par_iter().for_each(|ch| {
+                let outp = outp;
+                let (o0, o1) = (ch * CHUNK, ((ch + 1) * CHUNK).min(o));
+                for t0 in (0..r).step_by(RT) {
+                    let t1 = (t0 + RT).min(r);
+                    for oo in (o0..o1).step_by(3) {
+                        let no = (o1 - oo).min(3);
+                        for t in (t0..t1).step_by(3) {
+                            let nr = (t1 - t).min(3);
+                            // Rows / outputs beyond nr / no repeat row t / output oo (valid
+                            // memory); their sums are not kept.
+                            let xr: [&[f32]; 3] = std::array::from_fn(|q| &x[(t + if q < nr { q } else { 0 }) * i..][..i]);
+                            let wr: [&[f32]; 3] = std::array::from_fn(|k| &w[(oo + if k < no { k } else { 0 }) * i..][..i]);
+                            // SAFETY: the CPU has the features; every slice holds i ≥ n8 values.
+                            let lanes = unsafe { dots3x3_avx2(xr, wr, n8) };
+                            for q in 0..nr {
+                                for k in 0..no {
+                                    let mut s = hsum8(&lanes[q][k]);
+                                    for jj in n8..i {
+                                        s += xr[q][jj] * wr[k][jj];
+                                    }
+                                    // SAFETY: (t + q, oo + k) is inside out, and column oo + k
+                                    // belongs to this chunk alone.
+                                    unsafe { *outp.0.add((t + q) * o + oo + k) = s };
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+            return;
+        }
+    }
+    linear_rows(out, x, w, r, i, o);
+}
+
+/// The 8-lane partial sums of 3 rows · 3 weight rows over the first `n8` inputs (a multiple of 8).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots3x3_avx2(x: [&[f32]; 3], w: [&[f32]; 3], n8: usize) -> [[[f32; 8]; 3]; 3] {
+    use std::arch::x86_64::*;
+    let (x0, x1, x2) = (x[0].as_ptr(), x[1].as_ptr(), x[2].as_ptr());
+    let (w0, w1, w2) = (w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr());
+    let z = _mm256_setzero_ps();
+    let (mut a00, mut a01, mut a02, mut a10, mut a11, mut a12, mut a20, mut a21, mut a22) = (z, z, z, z, z, z, z, z, z);
+    let mut j = 0;
+    while j < n8 {
+        let (v0, v1, v2) = (_mm256_loadu_ps(x0.add(j)), _mm256_loadu_ps(x1.add(j)), _mm256_loadu_ps(x2.add(j)));
+        let u = _mm256_loadu_ps(w0.add(j));
+        a00 = _mm256_fmadd_ps(v0, u, a00);
+        a10 = _mm256_fmadd_ps(v1, u, a10);
+        a20 = _mm256_fmadd_ps(v2, u, a20);
+        let u = _mm256_loadu_ps(w1.add(j));
+        a01 = _mm256_fmadd_ps(v0, u, a01);
+        a11 = _mm256_fmadd_ps(v1, u, a11);
+        a21 = _mm256_fmadd_ps(v2, u, a21);
+        let u = _mm256_loadu_ps(w2.add(j));
+        a02 = _mm256_fmadd_ps(v0, u, a02);
+        a12 = _mm256_fmadd_ps(v1, u, a12);
+        a22 = _mm256_fmadd_ps(v2, u, a22);
+        j += 8;
+    }
+    let mut lanes = [[[0f32; 8]; 3]; 3];
+    for (l, a) in lanes.iter_mut().flatten().zip([a00, a01, a02, a10, a11, a12, a20, a21, a22]) {
+        _mm256_storeu_ps(l.as_mut_ptr(), a);
+    }
+    lanes
+}
+
+#[cfg(test)]
+#[test]
+fn linear_rows_blocked_equals_linear_rows_bit_for_bit() {
+    // rows across the 3-row blocks and 12-row tiles, inputs across the 256 block and the 8-lane
+    // tail, outputs across the 4-output groups and 32-output tasks.
+    for (r, i, o) in [
+        (1, 576, 70),
+        (2, 9, 5),
+        (16, 576, 192),
+        (32, 1536, 33),
+        (13, 300, 64),
+        (40, 7, 3),
+        (5, 520, 129),
+    ] {
+        let x: Vec<f32> = (0..r * i)
+            .map(|k| ((k * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
+        let w: Vec<f32> = (0..o * i)
+            .map(|k| ((k * 53 % 97) as f32 - 48.0) * 0.011)
+            .collect();
+        let (mut a, mut b) = (vec![0f32; r * o], vec![1f32; r * o]);
+        linear_rows(&mut a, &x, &w, r, i, o);
+        linear_rows_blocked(&mut b, &x, &w, r, i, o);
+        assert_eq!(a, b, "rows {r}, inputs {i}, outputs {o}");
+        let want: Vec<f64> = (0..r * o)
+            .map(|e| {
+                (0..i)
+                    .map(|j| x[e / o * i + j] as f64 * w[e % o * i + j] as f64)
+                    .sum()
+            })
+            .collect();
+        let err = b
+            .iter()
+            .zip(&want)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0f64, f64::max);
+        assert!(
+            err < 1e-3,
+            "rows {r}, inputs {i}, outputs {o}: max abs err {err} against f64"
+        );
+    }
+}
