@@ -111,7 +111,9 @@ bench-decode: $(TORCH_VENV)/.ok
 	    --threads 2 --batches 1 16 --out bench/results/decode.md
 
 bench-train: $(TORCH_VENV)/.ok build
-	$(TORCH_VENV)/bin/python bench/train_bench.py --bin $(BIN)/coa-train-step --threads 2 --out bench/results/train.md
+	$(CARGO) build --profile $(PROFILE) -p coa-model --example gemm_bench
+	$(TORCH_VENV)/bin/python bench/train_bench.py --bin $(BIN)/coa-train-step --gemm-bench $(BIN)/examples/gemm_bench \
+	    --threads 2 --out bench/results/train.md
 
 schemas-doc:
 	COA_BLESS=1 $(CARGO) test -p coa-schemas --test reference_doc
