@@ -12,16 +12,16 @@ EVAL_BATCH        ?= $(call by_size,32,50,200)
 EVAL := $(RUNDIR)/eval
 
 # The teacher runs as SHARDS shards with EXECUTOR=slurm|local (pipelines/shard.mk).
-$(EVAL)/teacher/mas_runs.parquet: $(RUNDIR)/test/tasks.parquet $(RUNDIR)/test/corpus.parquet | build
+$(EVAL)/teacher/mas_runs.parquet: $(RUNDIR)/test/tasks.parquet $(call corpus,$(RUNDIR)/test) | build
 	$(call sharded,$@,$(EVAL)/teacher/mas.json,$(RUNDIR)/test/tasks.parquet,\
-	  $(GENERATE) mas -i $(RUNDIR)/test/tasks.parquet --corpus $(RUNDIR)/test/corpus.parquet --seed $(SEED) $(MAS_FLAGS) $$SHARD \
+	  $(GENERATE) mas -i $(RUNDIR)/test/tasks.parquet $(call corpus_flag,$(RUNDIR)/test) --seed $(SEED) $(MAS_FLAGS) $$SHARD \
 	    --stats $$STATS -o $$OUT)
 
 # $(1): sft | rl, $(2): the file that marks its training done, $(3): its checkpoint directory
 define eval_student
-$(EVAL)/$(1)/scores.parquet: $(2) $(RUNDIR)/test/tasks.parquet $(RUNDIR)/test/corpus.parquet
+$(EVAL)/$(1)/scores.parquet: $(2) $(RUNDIR)/test/tasks.parquet $(call corpus,$(RUNDIR)/test)
 	@mkdir -p $(EVAL)/$(1)
-	$(GENERATE) policy --checkpoint $(3) -i $(RUNDIR)/test/tasks.parquet --corpus $(RUNDIR)/test/corpus.parquet \
+	$(GENERATE) policy --checkpoint $(3) -i $(RUNDIR)/test/tasks.parquet $(call corpus_flag,$(RUNDIR)/test) \
 	    --n 1 --temperature 0 --max-response-tokens $(EVAL_MAX_RESPONSE) --max-turns $(EVAL_MAX_TURNS) --model-name $(1) \
 	    --batch $(EVAL_BATCH) --device $(DEVICE) --stats $(EVAL)/$(1)/policy.json \
 	| $(BIN)/coa-score --tasks $(RUNDIR)/test/tasks.parquet --max-response-len $(EVAL_MAX_RESPONSE) \

@@ -29,12 +29,12 @@ RL_FLAGS        ?= $(if $(filter-out 0,$(SFT_FREEZE_LAYERS)),--freeze-layers $(S
 
 RL := $(RUNDIR)/rl
 
-$(RL)/checkpoint/config.json: $(SFT)/metrics.parquet $(RUNDIR)/tasks.parquet $(RUNDIR)/corpus.parquet
+$(RL)/checkpoint/config.json: $(SFT)/metrics.parquet $(RUNDIR)/tasks.parquet $(call corpus,$(RUNDIR))
 	@prev=$(SFT)/checkpoint; \
 	for k in $$(seq 1 $(RL_ITERS)); do \
 	  d=$(RL)/iter$$k; mkdir -p $$d; echo "rl: iteration $$k of $(RL_ITERS) -> $$d"; \
 	  $(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$(RL_SUITE)' AND task_id LIKE '%$$((k % 10))'" 2>/dev/null \
-	  | $(BIN)/coa-generate policy --checkpoint $$prev --corpus $(RUNDIR)/corpus.parquet --n $(RL_N) --seed $$k \
+	  | $(BIN)/coa-generate policy --checkpoint $$prev $(call corpus_flag,$(RUNDIR)) --n $(RL_N) --seed $$k \
 	      --temperature $(RL_TEMPERATURE) --max-response-tokens $(RL_MAX_RESPONSE) --overlong-cache $(RL_OVERLONG) \
 	      --max-turns $(RL_MAX_TURNS) --batch $(RL_BATCH) --oversample --groups $(RL_GROUPS) --model-name rl-iter$$k --device $(DEVICE) \
 	      --stats $$d/policy.json \
