@@ -39,8 +39,9 @@ help:
 	@echo "           on math and code, about an hour on 2 CPU cores; smoke: a tiny model from scratch, the"
 	@echo "           20-minute plumbing check; full: a real run's sizes, the default with DEVICE=cuda), and every"
 	@echo "           size in pipelines/default.mk"
-	@echo "sharding:  EXECUTOR=local|slurm SHARDS=N (distill's and eval's teacher and extraction as N shards by task_id,"
-	@echo "           merged in the unsharded order; slurm: one sbatch --array per stage), MAX_RETRIES=$(MAX_RETRIES) (reruns"
+	@echo "sharding:  EXECUTOR=local|slurm SHARDS=N (distill's teacher and extraction, eval's teacher and students, each rl"
+	@echo "           iteration's rollouts as N shards by task_id, merged in the unsharded order; slurm: one sbatch --array"
+	@echo "           per stage), RL_OVERSAMPLE=1|0 (0: every task, sharded rollouts equal unsharded), MAX_RETRIES=$(MAX_RETRIES) (reruns"
 	@echo "           of shards left without output), SLURM_PARTITION, SLURM_TIME=$(SLURM_TIME), SLURM_CPUS=$(SLURM_CPUS),"
 	@echo "           SLURM_MEM=$(SLURM_MEM), SLURM_FLAGS (pipelines/shard.mk)"
 
