@@ -39,8 +39,9 @@ help:
 	@echo "           on math and code, about an hour on 2 CPU cores; smoke: a tiny model from scratch, the"
 	@echo "           20-minute plumbing check; full: a real run's sizes, the default with DEVICE=cuda), and every"
 	@echo "           size in pipelines/default.mk"
-	@echo "sharding:  EXECUTOR=local|slurm SHARDS=N (distill's and eval's teacher and extraction as N shards by task_id,"
-	@echo "           merged in the unsharded order; slurm: one sbatch --array per stage), MAX_RETRIES=$(MAX_RETRIES) (reruns"
+	@echo "sharding:  EXECUTOR=local|slurm SHARDS=N (distill's teacher and extraction, eval's teacher and students, each rl"
+	@echo "           iteration's rollouts as N shards by task_id, merged in the unsharded order; slurm: one sbatch --array"
+	@echo "           per stage), RL_OVERSAMPLE=1|0 (0: every task, sharded rollouts equal unsharded), MAX_RETRIES=$(MAX_RETRIES) (reruns"
 	@echo "           of shards left without output), SLURM_PARTITION, SLURM_TIME=$(SLURM_TIME), SLURM_CPUS=$(SLURM_CPUS),"
 	@echo "           SLURM_MEM=$(SLURM_MEM), SLURM_FLAGS (pipelines/shard.mk)"
 
@@ -111,7 +112,9 @@ bench-decode: $(TORCH_VENV)/.ok
 	    --threads 2 --batches 1 16 --out bench/results/decode.md
 
 bench-train: $(TORCH_VENV)/.ok build
-	$(TORCH_VENV)/bin/python bench/train_bench.py --bin $(BIN)/coa-train-step --threads 2 --out bench/results/train.md
+	$(CARGO) build --profile $(PROFILE) -p coa-model --example gemm_bench
+	$(TORCH_VENV)/bin/python bench/train_bench.py --bin $(BIN)/coa-train-step --gemm-bench $(BIN)/examples/gemm_bench \
+	    --threads 2 --out bench/results/train.md
 
 schemas-doc:
 	COA_BLESS=1 $(CARGO) test -p coa-schemas --test reference_doc

@@ -45,6 +45,11 @@ TEST_N_CODE     ?= 100
 # `--suite S --n N` for each of SUITES, train ($(1) = N) or test ($(1) = TEST_N) split.
 suite_flags = $(foreach s,$(SUITES),--suite $(s) --n $($(1)_$(if $(filter multihop,$(s)),MULTIHOP,$(if $(filter math,$(s)),MATH,CODE))))
 
+# Only multihop tasks search a document corpus (the offline web), so a run without multihop has
+# none: $(call corpus,DIR) is DIR/corpus.parquet or nothing, $(call corpus_flag,DIR) its --corpus flag.
+corpus = $(if $(filter multihop,$(SUITES)),$(1)/corpus.parquet)
+corpus_flag = $(if $(call corpus,$(1)),--corpus $(call corpus,$(1)))
+
 # Distillation: kept trajectories have at most this many agent/tool interactions (a `--where`
 # rule of coa-filter, counted with the others), and the scripted teacher's flags.
 MAX_HOPS  ?= 20

@@ -11,9 +11,9 @@ DISTILL := $(RUNDIR)/distill
 # The teacher and the extraction run as SHARDS shards with EXECUTOR=slurm|local (pipelines/shard.mk);
 # the rest reads the merged tables.
 mas_cmd = $(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$(1)'" \
-	| $(BIN)/coa-generate mas --corpus $(RUNDIR)/corpus.parquet --seed $(SEED) $(MAS_FLAGS) $$SHARD --stats $$STATS -o $$OUT
+	| $(BIN)/coa-generate mas $(call corpus_flag,$(RUNDIR)) --seed $(SEED) $(MAS_FLAGS) $$SHARD --stats $$STATS -o $$OUT
 
-$(DISTILL)/%/mas_runs.parquet: $(RUNDIR)/tasks.parquet $(RUNDIR)/corpus.parquet | build
+$(DISTILL)/%/mas_runs.parquet: $(RUNDIR)/tasks.parquet $(call corpus,$(RUNDIR)) | build
 	$(call sharded,$@,$(DISTILL)/$*/mas.json,$(RUNDIR)/tasks.parquet,$(call mas_cmd,$*))
 
 $(DISTILL)/%/trajectories.parquet: $(DISTILL)/%/mas_runs.parquet

@@ -1,6 +1,6 @@
 # Sharded runs, locally or on a Slurm cluster. The expensive row-by-row stages (the teacher
-# `coa-generate mas`, `coa-extract`) run as SHARDS shards (`--shard I/N`, by a stable hash of
-# task_id), then merge into the same file an unsharded run writes, in the same row order:
+# `coa-generate mas`, `coa-extract`, the policy's rollouts in rl and eval) run as SHARDS shards
+# (`--shard I/N`, by a stable hash of task_id), then merge into one file in the unsharded row order:
 #   make distill EXECUTOR=slurm SHARDS=64 SLURM_PARTITION=cpu SLURM_TIME=04:00:00
 #   runs/<RUN>/distill/<suite>/mas_runs.parquet.shards/part-IIIII-of-NNNNN.parquet   shard I's table
 #                                                     .../part-IIIII-of-NNNNN.json      its --stats
@@ -26,11 +26,16 @@ endif
 
 shell_quote = '$(subst ','\'',$(1))'
 
-# $(call sharded,OUT,STATS,ORDER,COMMAND): COMMAND (a shell snippet using $$SHARD, $$OUT and
-# $$STATS) writes OUT and STATS, unsharded or as SHARDS shards merged in the row order of the
-# task_id column of ORDER.
-sharded = $(if $(and $(filter local,$(EXECUTOR)),$(filter 1,$(SHARDS))),\
-	SHARD=; OUT=$(1); STATS=$(2); $(4),\
+# Empty for the plain one-process run (EXECUTOR=local SHARDS=1), `yes` for a sharded one: rules
+# whose sharded form has an extra step (rl and eval merge the rollouts, then score them) test it.
+SHARDED := $(if $(and $(filter local,$(EXECUTOR)),$(filter 1,$(SHARDS))),,yes)
+
+# $(call sharded,OUT,STATS,ORDER,COMMAND[,SHARDS_ARGS]): COMMAND (a shell snippet using $$SHARD,
+# $$OUT and $$STATS) writes OUT and STATS, unsharded or as SHARDS shards merged in the row order of
+# the task_id column of ORDER. SHARDS_ARGS: more pipelines/shards.sh arguments (--var NAME=VALUE
+# for a shell variable COMMAND reads, --content FILE for an input that is not a prerequisite).
+sharded = $(if $(SHARDED),\
 	pipelines/shards.sh --executor $(EXECUTOR) --shards $(SHARDS) --retries $(MAX_RETRIES) --bin $(BIN) \
 	    --partition $(call shell_quote,$(SLURM_PARTITION)) --time $(SLURM_TIME) --cpus $(SLURM_CPUS) --mem $(call shell_quote,$(SLURM_MEM)) \
-	    --sbatch-flags $(call shell_quote,$(SLURM_FLAGS)) --out $(1) --stats $(2) --order $(3) --inputs "$^" -- $(call shell_quote,$(4)))
+	    --sbatch-flags $(call shell_quote,$(SLURM_FLAGS)) --out $(1) --stats $(2) --order $(3) --inputs "$^" $(5) -- $(call shell_quote,$(4)),\
+	SHARD=; OUT=$(1); STATS=$(2); $(4))

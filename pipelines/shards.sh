@@ -4,16 +4,21 @@
 # row order. Slurm does the scheduling; this is the glue. Called by the pipelines/*.mk rules.
 #
 # usage: pipelines/shards.sh --executor local|slurm --shards N --out FILE --order TASKS
-#            [--stats FILE] [--retries K] [--bin DIR] [--inputs "FILE..."]
+#            [--stats FILE] [--retries K] [--bin DIR] [--inputs "FILE..."]... [--content FILE]...
+#            [--var NAME=VALUE]...
 #            [--partition P] [--time T] [--cpus C] [--mem M] [--sbatch-flags "..."] -- 'COMMAND'
 #
 # COMMAND is a bash snippet run once per shard with three variables set:
 #   $SHARD  the flag `--shard I/N` (0-based I), to pass to every stage of the snippet
 #   $OUT    the shard's output table, FILE.shards/part-IIIII-of-NNNNN.parquet
 #   $STATS  the shard's --stats file,  FILE.shards/part-IIIII-of-NNNNN.json
-# A shard whose output exists (and is newer than every --inputs file) is done and never rerun:
-# stages write their outputs under a temporary name and rename them when they succeed, so an
-# output that exists is complete. Rerunning the same command resumes a half-finished array.
+# and each --var NAME=VALUE (e.g. the iteration and checkpoint of an RL loop), written into the job
+# script, which is therefore complete on its own (Slurm need not pass the environment on).
+# A shard whose output exists is done and never rerun, unless it is older than an --inputs file or
+# was written by another job script (another COMMAND, --var value, or --content FILE whose SHA-256,
+# kept in the job script, changed: a rewrite with the same bytes keeps the parts): stages write their outputs
+# under a temporary name and rename them when they succeed, so an output that exists is complete.
+# Rerunning the same command resumes a half-finished array.
 # After up to K retries of the missing shards, the parts are merged with
 #   coa-filter --rules none -i 'FILE.shards/part-*-of-NNNNN.parquet' --task-order TASKS -o FILE
 # and their --stats files with pipelines/merge_stats.py into --stats FILE.
@@ -24,7 +29,7 @@
 # shards failed is read from their missing outputs).
 set -euo pipefail
 
-executor=local shards= out= order= stats= retries=2 bin=target/release inputs=
+executor=local shards= out= order= stats= retries=2 bin=target/release inputs= vars= contents=
 partition= time=01:00:00 cpus=1 mem= sbatch_flags=
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,7 +40,11 @@ while [ $# -gt 0 ]; do
     --stats) stats=$2; shift 2 ;;
     --retries) retries=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
-    --inputs) inputs=$2; shift 2 ;;
+    --inputs) inputs="$inputs $2"; shift 2 ;;
+    --content) contents="$contents $2"; shift 2 ;;
+    --var)
+      [[ "$2" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || { echo "shards.sh: --var $2: expected NAME=VALUE" >&2; exit 2; }
+      vars+="export ${2%%=*}=$(printf '%q' "${2#*=}")"$'\n'; shift 2 ;;
     --partition) partition=$2; shift 2 ;;
     --time) time=$2; shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
@@ -69,20 +78,30 @@ for i in $(seq 0 $((shards - 1))); do
   done
 done
 
+digests=
+for f in $contents; do
+  [ -f "$f" ] || { echo "shards.sh: --content $f: no such file" >&2; exit 2; }
+  digests+="# made from $f with SHA-256 $(sha256sum < "$f" | cut -d' ' -f1)"$'\n'
+done
+
 # The one job script both executors run: shard I from SLURM_ARRAY_TASK_ID (Slurm) or SHARD_INDEX (local).
 job=$dir/job.sh
 cat > "$job.tmp" <<EOF
 #!/usr/bin/env bash
 # One shard of: $out (written by pipelines/shards.sh)
-set -euo pipefail
+${digests}set -euo pipefail
 i=\${SHARD_INDEX:-\${SLURM_ARRAY_TASK_ID:?neither SHARD_INDEX nor SLURM_ARRAY_TASK_ID is set}}
 p=\$(printf '%s/part-%05d-of-%s' '$dir' "\$i" '$n5')
 export SHARD="--shard \$i/$shards" OUT=\$p.parquet STATS=\$p.json
-if [ -e "\$OUT" ]; then echo "shard \$i/$shards: \$OUT exists, not rerun"; exit 0; fi
+${vars}if [ -e "\$OUT" ]; then echo "shard \$i/$shards: \$OUT exists, not rerun"; exit 0; fi
 cd '$(pwd)'
 echo "shard \$i/$shards on \$(hostname): \$OUT"
 exec bash -euo pipefail -c $(printf '%q' "$command")
 EOF
+# Parts of another job script (another command, --var value or --content) are not this run's.
+if [ -e "$job" ] && ! cmp -s "$job" "$job.tmp"; then
+  rm -f "$dir"/part-*-of-"$n5".parquet "$dir"/part-*-of-"$n5".json
+fi
 mv "$job.tmp" "$job"
 chmod +x "$job"
 

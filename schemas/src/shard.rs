@@ -11,9 +11,11 @@
 //!   per-task random streams) is the same sharded or not. In Python:
 //!   `(fmix64(fnv1a64(task_id.encode())) * n) >> 64`.
 //! - Cross-row steps that group by something other than the task (dedup on other columns, token
-//!   packing, BPE training, a `--oversample` group count) cannot run per shard: their stages
-//!   refuse `--shard` there and name the merge step to run first (`coa-filter --rules none -i
-//!   'shards/*.parquet' --task-order tasks.parquet`, see [`restore_task_order`]).
+//!   packing, BPE training) cannot run per shard: their stages refuse `--shard` there and name the
+//!   merge step to run first (`coa-filter --rules none -i 'shards/*.parquet' --task-order
+//!   tasks.parquet`, see [`restore_task_order`]). `coa-generate policy --oversample --groups G`
+//!   counts across tasks too; with `--shard` each shard draws its own share of G from its own
+//!   tasks (which tasks are drawn may differ from the unsharded run, their samples do not).
 
 use std::collections::HashMap;
 use std::fmt;

@@ -1,7 +1,8 @@
 //! Sharding end to end: every stage that works row by row, run on the real binaries unsharded and
 //! as 3 shards (`--shard I/3`); the shards merged by `coa-filter --rules none --task-order` (a glob
 //! of Parquet files read as one table) equal the unsharded output row for row. Also: bad
-//! `--shard` values, the cross-row modes that refuse it, empty shards, directory and glob inputs.
+//! `--shard` values, the cross-row modes that refuse it, empty shards, directory and glob inputs;
+//! `make distill` on a real Slurm; `make eval` and `make rl` as local shards against unsharded runs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -174,7 +175,6 @@ fn cross_row_modes_refuse_shard_and_say_what_they_need() {
     refused(&["coa-filter", "-i", "scores.parquet", "--dynamic-sampling", "--group-by", "model", "--shard", "0/2", "-o", "refused.parquet"], &["--group-by model", "--group-by task_id"]);
     refused(&["coa-tokenize", "-i", "coa_text.parquet", "--train-bpe", "--save-tokenizer", "t.json", "--shard", "0/2", "-o", "refused.parquet"], &["--train-bpe", "train it once"]);
     refused(&["coa-tokenize", "-i", "coa_text.parquet", "--tokenizer", "tok.json", "--max-len", "1024", "--pack", "--shard", "0/2", "-o", "refused.parquet"], &["--pack", "pack the merged tokens"]);
-    refused(&["coa-generate", "policy", "--checkpoint", "ckpt", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "--oversample", "--groups", "2", "--shard", "0/2", "-o", "refused.parquet"], &["--oversample", "unsharded"]);
     refused(&["coa-score", "-i", "rollouts.parquet", "--tasks", "tasks.parquet", "--report", "r.md", "--shard", "0/2", "-o", "refused.parquet"], &["--report", "score them unsharded"]);
     refused(&["coa-convert", "-i", "trajectories.parquet", "--to", "sharegpt", "--shard", "0/2", "-o", "refused.json"], &["--to sharegpt", "whole dataset"]);
     refused(&["coa-convert", "-i", "trajectories.parquet", "--to", "verl", "--shard", "0/2", "-o", "refused.parquet"], &["--to verl", "whole dataset"]);
@@ -294,23 +294,38 @@ fn make_dir() -> tempfile::TempDir {
     dir
 }
 
-fn make(cluster: &Cluster, dir: &Path, args: &[&str]) -> String {
+/// `make` (the command `c`, run in `dir`) with the test build's binaries; its output, or a panic
+/// with it when make fails.
+fn run_make(mut c: Command, dir: &Path, settings: &[&str], args: &[&str]) -> String {
     let bin = bin_dir().display().to_string();
-    let mut c = cluster.command("make");
-    c.current_dir(dir).args(["--no-print-directory", "-j3", "CARGO=true", &format!("BIN={bin}"), "SIZE=smoke", "N_MULTIHOP=8", "N_MATH=8", "N_CODE=8"]).args(args);
+    c.current_dir(dir).args(["--no-print-directory", "CARGO=true", &format!("BIN={bin}")]).args(settings).args(args).stdin(Stdio::null());
     let out = c.output().unwrap();
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "make {args:?} failed:\n{log}");
     log
 }
 
+fn make(cluster: &Cluster, dir: &Path, args: &[&str]) -> String {
+    run_make(cluster.command("make"), dir, &["-j3", "SIZE=smoke", "N_MULTIHOP=8", "N_MATH=8", "N_CODE=8"], args)
+}
+
+/// Two tables hold the same columns and rows.
+fn same_table(a: &Path, b: &Path, what: &str) {
+    let ((fa, ra), (fb, rb)) = (data(a), data(b));
+    assert_eq!(fa, fb, "{what}: columns");
+    assert_eq!(ra.num_rows(), rb.num_rows(), "{what}: rows");
+    for (i, (x, y)) in ra.columns().iter().zip(rb.columns()).enumerate() {
+        assert_eq!(x, y, "{what}: column `{}` differs", fa[i].0);
+    }
+}
+
 #[test]
-fn make_distill_on_slurm_with_4_shards_equals_the_local_unsharded_run_and_reruns_a_killed_task() {
+fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_task_reruns() {
     let started = std::time::Instant::now();
     let cluster = match Cluster::start() {
         Ok(c) => c,
         Err(why) => {
-            eprintln!("SKIPPED make_distill_on_slurm...: {why}");
+            eprintln!("SKIPPED make_distill_and_eval_on_slurm...: {why}");
             return;
         }
     };
@@ -322,9 +337,7 @@ fn make_distill_on_slurm_with_4_shards_equals_the_local_unsharded_run_and_reruns
     for suite in ["multihop", "math", "code"] {
         for table in ["mas_runs", "trajectories", "kept", "dropped", "coa_text", "verl"] {
             let (a, b) = (w.join(format!("runs/local/distill/{suite}/{table}.parquet")), w.join(format!("runs/slurm/distill/{suite}/{table}.parquet")));
-            let ((fa, ra), (fb, rb)) = (data(&a), data(&b));
-            assert_eq!(fa, fb, "{suite}/{table}");
-            assert_eq!(ra.columns(), rb.columns(), "{suite}/{table}: the Slurm run's rows differ from the local run's");
+            same_table(&a, &b, &format!("{suite}/{table} of the Slurm run against the local run"));
         }
         let shards: Vec<_> = std::fs::read_dir(w.join(format!("runs/slurm/distill/{suite}/mas_runs.parquet.shards"))).unwrap().flatten().map(|e| e.file_name().into_string().unwrap()).filter(|n| n.ends_with(".parquet")).collect();
         assert_eq!(shards.len(), 4, "{shards:?}");
@@ -334,6 +347,17 @@ fn make_distill_on_slurm_with_4_shards_equals_the_local_unsharded_run_and_reruns
         std::fs::read_to_string(w.join(format!("runs/{run}/distill/report.md"))).unwrap().lines().filter(|l| l.starts_with('|')).map(String::from).collect()
     };
     assert_eq!(table("slurm"), table("local"));
+
+    // make eval on Slurm: the teacher's and both students' rollouts as arrays of 2, against the
+    // unsharded small run.
+    let small = small_run();
+    copy_run(small, "a", "slurm_eval", &["eval"]);
+    let log = run_make(cluster.command("make"), small, SMALL_RUN, &["eval", "RUN=slurm_eval", "EXECUTOR=slurm", "SHARDS=2", "SLURM_CPUS=1", "SLURM_MEM=512M"]);
+    for student in ["sft", "rl"] {
+        assert!(log.contains(&format!("runs/slurm_eval/eval/{student}/rollouts.parquet: 2 shard(s) merged (slurm)")), "{log}");
+        let scores = format!("eval/{student}/scores.parquet");
+        same_table(&small.join(format!("runs/a/{scores}")), &small.join(format!("runs/slurm_eval/{scores}")), &format!("{student}'s scores on Slurm"));
+    }
 
     // A killed array task: shard commands slow enough to be caught running, one killed with
     // scancel; its output is missing when the array ends, so it alone is resubmitted.
@@ -368,4 +392,134 @@ fn make_distill_on_slurm_with_4_shards_equals_the_local_unsharded_run_and_reruns
     assert!(stderr.contains(&format!("rerunning shard(s) {shard} (retry 1 of 1)")), "killed {killed}:\n{stderr}");
     assert_eq!(data(Path::new(&out)).1.columns(), data(Path::new(&tasks)).1.columns(), "the merged shards are the tasks table");
     eprintln!("slurm test: {:.1} s (killed array task {killed}, rerun)", started.elapsed().as_secs_f64());
+}
+
+// ---------------------------------------------------------------------------------------------
+// `make rl` and `make eval` as local shards against the unsharded run, on a tiny smoke run: one
+// run (`a`) makes everything unsharded; copies of it (timestamps kept, so make redoes only what
+// was deleted) redo eval or rl with SHARDS=2.
+
+/// The smoke run's settings, cut to what exercises rl and eval: 40 math tasks (4 in RL iteration
+/// 1: task ids ending in 1) and 4 multihop ones (the test split's corpus needs the suite), 9 test
+/// tasks, 12 SFT steps (enough for one RL group of 4 with unequal rewards, through the overlong
+/// term), short budgets (eval's 512: coa-score's default Lcache).
+const SMALL_RUN: &[&str] = &[
+    "SIZE=smoke", "SUITES=multihop math", "N_MULTIHOP=4", "N_MATH=40", "TEST_N_MULTIHOP=3", "TEST_N_MATH=6",
+    "SFT_STEPS=12", "SFT_WARMUP=2", "SFT_BATCH_TOKENS=4096", "SFT_SAVE_EVERY=12", "SFT_VOCAB=600",
+    "RL_ITERS=1", "RL_SUITE=math", "RL_N=3", "RL_GROUPS=2", "RL_MAX_RESPONSE=48", "RL_OVERLONG=40", "RL_MAX_TURNS=3",
+    "RL_BATCH_TOKENS=4096", "EVAL_MAX_RESPONSE=512", "EVAL_MAX_TURNS=3",
+];
+
+fn make_local(dir: &Path, args: &[&str]) -> String {
+    run_make(Command::new("make"), dir, SMALL_RUN, args)
+}
+
+/// runs/<from> copied to runs/<to> with its timestamps, less `drop` (paths inside the run).
+fn copy_run(dir: &Path, from: &str, to: &str, drop: &[&str]) {
+    let s = Command::new("cp").args(["-a", &format!("runs/{from}"), &format!("runs/{to}")]).current_dir(dir).status().unwrap();
+    assert!(s.success());
+    for d in drop {
+        std::fs::remove_dir_all(dir.join(format!("runs/{to}/{d}"))).unwrap();
+    }
+}
+
+/// The (task_id, sample_idx) of each row and the row itself, for comparing rows across tables.
+fn rows_by_sample(path: &Path) -> Vec<((String, i32), RecordBatch)> {
+    let (_, all) = data(path);
+    let ids = all.column_by_name("task_id").unwrap().as_any().downcast_ref::<arrow::array::StringArray>().unwrap().clone();
+    let idx = all.column_by_name("sample_idx").unwrap().as_any().downcast_ref::<arrow::array::Int32Array>().unwrap().clone();
+    (0..all.num_rows()).map(|i| ((ids.value(i).to_string(), idx.value(i)), all.slice(i, 1))).collect()
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+/// The directory of the unsharded run `a` (`make eval`: tasks, distill, sft, rl, eval), made once.
+fn small_run() -> &'static Path {
+    static RUN: OnceLock<tempfile::TempDir> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let started = std::time::Instant::now();
+        let work = make_dir();
+        make_local(work.path(), &["eval", "RUN=a"]);
+        eprintln!("the unsharded small run (make eval RUN=a): {:.1} s", started.elapsed().as_secs_f64());
+        work
+    })
+    .path()
+}
+
+#[test]
+fn make_eval_in_local_shards_equals_the_unsharded_run() {
+    let w = small_run();
+    let started = std::time::Instant::now();
+    let run = |name: &str, path: &str| w.join(format!("runs/{name}/{path}"));
+    // The teacher and both students' greedy rollouts as 2 shards; the rollouts merged, then scored
+    // once: the scores, the students' reports and the comparison table are the unsharded ones.
+    copy_run(w, "a", "eval2", &["eval"]);
+    let log = make_local(w, &["eval", "RUN=eval2", "SHARDS=2"]);
+    for student in ["sft", "rl"] {
+        assert!(log.contains(&format!("runs/eval2/eval/{student}/rollouts.parquet: 2 shard(s) merged (local)")), "{log}");
+        same_table(&run("a", &format!("eval/{student}/scores.parquet")), &run("eval2", &format!("eval/{student}/scores.parquet")), student);
+        assert_eq!(json(&run("a", &format!("eval/{student}/report.json"))), json(&run("eval2", &format!("eval/{student}/report.json"))), "{student}");
+        let parts = std::fs::read_dir(run("eval2", &format!("eval/{student}/rollouts.parquet.shards"))).unwrap().flatten();
+        assert_eq!(parts.filter(|e| e.file_name().to_string_lossy().ends_with(".parquet")).count(), 2);
+    }
+    // The comparison table (the lines after it name the run's directory).
+    let table = |name: &str| -> Vec<String> {
+        std::fs::read_to_string(run(name, "eval/report.md")).unwrap().lines().filter(|l| l.starts_with('|')).map(String::from).collect()
+    };
+    assert_eq!(table("eval2"), table("a"));
+    eprintln!("make eval SHARDS=2: {:.1} s", started.elapsed().as_secs_f64());
+}
+
+#[test]
+fn make_rl_in_local_shards_keeps_groups_whole_and_each_tasks_samples() {
+    let w = small_run();
+    let started = std::time::Instant::now();
+    let run = |name: &str, path: &str| w.join(format!("runs/{name}/{path}"));
+    // rl without oversampling: every task of the iteration, unsharded and as 2 shards, gives the
+    // same rollouts, scores and (CPU, deterministic) DAPO step.
+    copy_run(w, "a", "all1", &["rl", "eval", "tensorboard/rl"]);
+    copy_run(w, "a", "all2", &["rl", "eval", "tensorboard/rl"]);
+    make_local(w, &["rl", "RUN=all1", "RL_OVERSAMPLE=0"]);
+    let log = make_local(w, &["rl", "RUN=all2", "RL_OVERSAMPLE=0", "SHARDS=2"]);
+    assert!(log.contains("runs/all2/rl/iter1/rollouts.parquet: 2 shard(s) merged (local)"), "{log}");
+    let all = run("all1", "rl/iter1/scores.arrow");
+    same_table(&all, &run("all2", "rl/iter1/scores.arrow"), "rl scores without oversampling");
+    let tasks: std::collections::BTreeSet<String> = rows_by_sample(&all).into_iter().map(|((t, _), _)| t).collect();
+    assert_eq!(tasks.len(), 4, "the iteration's 4 tasks: {tasks:?}");
+    let weights = |name: &str| std::fs::read(run(name, "rl/checkpoint/model.safetensors")).unwrap();
+    assert!(weights("all1") == weights("all2"), "the DAPO step on equal rollouts gives equal weights");
+
+    // rl with oversampling (the default): each shard draws its share of RL_GROUPS from its own
+    // tasks; every group is whole, and every sample equals the one the task draws unsharded.
+    copy_run(w, "a", "over2", &["rl", "eval", "tensorboard/rl"]);
+    make_local(w, &["rl", "RUN=over2", "SHARDS=2"]);
+    let policy = json(&run("over2", "rl/iter1/policy.json"));
+    assert_eq!(policy["shards"], 2, "{policy}");
+    assert_eq!(policy["groups_wanted"], 2, "the shards' shares add up to RL_GROUPS: {policy}");
+    let reference: std::collections::HashMap<(String, i32), RecordBatch> = rows_by_sample(&all).into_iter().collect();
+    let over = rows_by_sample(&run("over2", "rl/iter1/scores.arrow"));
+    assert_eq!(over.len() as u64, policy["rows_out"].as_u64().unwrap());
+    let mut per_task = std::collections::BTreeMap::<String, usize>::new();
+    for ((task, k), row) in &over {
+        *per_task.entry(task.clone()).or_default() += 1;
+        let same = &reference[&(task.clone(), *k)];
+        // The rollout columns (rewards and advantages too: a group's are computed within it).
+        assert_eq!(row.columns(), same.columns(), "task {task} sample {k}: sharded oversampling drew other samples");
+    }
+    assert!(per_task.values().all(|&n| n == 3), "whole groups of RL_N=3 only: {per_task:?}");
+    assert!(json(&run("over2", "rl/iter1/train.json"))["steps"].as_u64().unwrap() >= 1);
+
+    // Resume: a lost shard is redone alone; the other part, made from the same starting
+    // checkpoint bytes, is reused although the loop redoes the DAPO step.
+    let parts = run("over2", "rl/iter1/rollouts.parquet.shards");
+    let kept = parts.join("part-00000-of-00002.parquet");
+    let before = std::fs::metadata(&kept).unwrap().modified().unwrap();
+    std::fs::remove_file(parts.join("part-00001-of-00002.parquet")).unwrap();
+    std::fs::remove_dir_all(run("over2", "rl/checkpoint")).unwrap();
+    make_local(w, &["rl", "RUN=over2", "SHARDS=2"]);
+    assert_eq!(std::fs::metadata(&kept).unwrap().modified().unwrap(), before, "shard 0 was not rerun");
+    assert!(parts.join("part-00001-of-00002.parquet").exists(), "shard 1 was rerun");
+    eprintln!("make rl, unsharded and SHARDS=2, with and without oversampling, and a resume: {:.1} s", started.elapsed().as_secs_f64());
 }

@@ -42,6 +42,15 @@
 //! informative when its rewards are not all equal. Tasks are taken in order until N informative
 //! groups exist; every group up to and including the N-th informative one is written (dropping
 //! the uninformative ones is `coa-filter --dynamic-sampling`'s job).
+//!
+//! **Oversampling in shards.** With `--shard I/N` too, `--groups G` stays the whole run's count and
+//! shard I wants its share of it ([`groups_share`]: G/N, one more for the first G mod N shards),
+//! taking its own tasks in order. A group is keyed by its task and a task lives in one shard, so
+//! no group straddles shards, and a task's samples are the same in any shard (its random streams
+//! are keyed by task, not position). What can differ from the unsharded run is which tasks are
+//! drawn: each shard stops at its own share, so the union is not the unsharded run's prefix of
+//! the task list, and a shard that runs out of tasks leaves its share short (the others do not
+//! make it up).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -55,7 +64,7 @@ use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
 use coa_model::{KvCache, Model};
 use coa_rewards::RewardConfig;
 use coa_schemas::rows::{self, Rollout, Task};
-use coa_schemas::shard::ShardArgs;
+use coa_schemas::shard::{ShardArgs, ShardSpec};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{ROLLOUTS, TASKS};
 use coa_tokenize::{encode_row, fit_model, SpecialChoice, TemplateChoice, Vocab};
@@ -127,7 +136,8 @@ pub struct PolicyArgs {
     /// Keep taking tasks until --groups informative groups (rewards not all equal) exist.
     #[arg(long, requires = "groups")]
     oversample: bool,
-    /// With --oversample: informative groups wanted.
+    /// With --oversample: informative groups wanted (with --shard I/N: over all N shards; this
+    /// shard wants G/N, one more for the first G mod N shards).
     #[arg(long, value_parser = positive, value_name = "N", requires = "oversample")]
     groups: Option<usize>,
     /// With --oversample: Lcache of the overlong shaping the groups are judged with (default:
@@ -321,6 +331,18 @@ impl<'a> Codec<'a> {
 
 // ---------------------------------------------------------------------------------------------
 // sampling
+
+/// The informative groups shard `shard` of an `--oversample --groups total` run wants: `total / N`,
+/// one more for the first `total mod N` shards, so the N shares add up to `total`.
+pub fn groups_share(total: usize, shard: Option<ShardSpec>) -> usize {
+    match shard {
+        None => total,
+        Some(s) => {
+            let (n, i) = (s.count as usize, s.index as usize);
+            total / n + usize::from(i < total % n)
+        }
+    }
+}
 
 /// The sampler's generator (per-sample streams from [`sample_seed`]).
 pub use coa_model::rng::SplitMix64 as Rng;
@@ -602,12 +624,6 @@ pub fn load_checkpoint(path: &Path, bos: &SpecialChoice, eos: &SpecialChoice, ch
 }
 
 pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
-    if let (Some(spec), true) = (args.shard.shard, args.oversample) {
-        bail!(
-            "--shard {spec} with --oversample: --groups counts informative groups over the whole task list, so a shard \
-             cannot know when to stop; shard a fixed task list (without --oversample), or run --oversample unsharded"
-        );
-    }
     // The device first: `--device cuda` without a GPU fails before anything is read.
     let device = select_device(args.device).map_err(|e| anyhow!("{e}"))?;
     if let Some(n) = args.threads {
@@ -715,7 +731,10 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         max_observation_tokens: args.max_observation_tokens,
     };
     let g = args.n;
-    let jobs = tasks.iter().enumerate().flat_map(|(ti, t)| {
+    let want = if args.oversample { args.groups.map(|n| groups_share(n, args.shard.shard)) } else { None };
+    // A shard whose share is no group draws no task.
+    let drawn = if want == Some(0) { 0 } else { tasks.len() };
+    let jobs = tasks[..drawn].iter().enumerate().flat_map(|(ti, t)| {
         let p = &prompts[ti];
         (0..g).map(move |k| Job { key: ti * g + k, prompt_ids: p.clone(), seed: sample_seed(args.seed, &t.task_id, k) })
     });
@@ -735,7 +754,6 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     let mut waiting: HashMap<usize, Rollout> = HashMap::new();
     let mut next_task = 0usize;
     let (mut groups_written, mut informative, mut written) = (0u64, 0u64, 0u64);
-    let want = if args.oversample { args.groups } else { None };
     let started = Instant::now();
     let mut done = |key: usize, s: Sample| -> Result<bool> {
         let (ti, k) = (key / g, key % g);
@@ -791,12 +809,14 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     stage.note("device", device_name);
     stage.note("groups", groups_written);
     if let Some(want) = want {
+        stage.note("groups_wanted", want);
         stage.note("informative_groups", informative);
         if informative < want as u64 {
-            eprintln!(
-                "coa-generate policy: warning: --groups {want}: only {informative} informative group(s) among all {} tasks",
-                tasks.len()
-            );
+            let wanted = match args.shard.shard {
+                Some(spec) => format!("--groups {} (shard {spec}'s share: {want})", args.groups.unwrap_or(want)),
+                None => format!("--groups {want}"),
+            };
+            eprintln!("coa-generate policy: warning: {wanted}: only {informative} informative group(s) among all {} tasks", tasks.len());
         }
     }
     stage.note("tokens_sampled", gen.tokens_sampled);

@@ -355,3 +355,14 @@ fn a_stopped_run_drops_the_samples_in_flight() {
     .unwrap();
     assert_eq!(got, vec![0, 1, 2]);
 }
+
+#[test]
+fn the_shards_shares_of_oversampled_groups_add_up_to_the_whole_count() {
+    assert_eq!(groups_share(7, None), 7);
+    for (total, n) in [(7, 3), (2, 4), (32, 8), (1, 1), (5, 64)] {
+        let shares: Vec<usize> = (0..n).map(|i| groups_share(total, Some(ShardSpec { index: i, count: n }))).collect();
+        assert_eq!(shares.iter().sum::<usize>(), total, "{total} over {n}: {shares:?}");
+        assert!(shares.iter().max().unwrap() - shares.iter().min().unwrap() <= 1, "{shares:?}");
+        assert!(shares.windows(2).all(|w| w[0] >= w[1]), "the first shards take the remainder: {shares:?}");
+    }
+}

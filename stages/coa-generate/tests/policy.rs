@@ -171,6 +171,60 @@ fn oversampling_stops_at_the_wanted_informative_groups() {
     assert!(!o.status.success() && stderr(&o).contains("--groups"), "{}", stderr(&o));
 }
 
+/// `--oversample` in shards: shard I of N wants its share of `--groups` and takes its own tasks in
+/// order; every group is whole, and a task's samples are the ones an unsharded run draws for it.
+#[test]
+fn oversampled_shards_take_their_share_of_groups_with_the_unsharded_samples_of_each_task() {
+    let s = setup();
+    let ck = s.ckpt.to_str().unwrap();
+    let tasks = coa_tasks::generate(Suite::Math, 8, 2, Split::Train).unwrap().tasks;
+    let path = s.dir.join("eight.parquet");
+    write_tasks(&path, &tasks);
+    let all = path.to_str().unwrap();
+    let common = ["policy", "--checkpoint", ck, "-i", all, "--n", "3", "--max-response-tokens", "16", "--seed", "4"];
+    let with = |extra: &[&str]| -> Vec<String> { common.iter().chain(extra).map(|a| a.to_string()).collect() };
+    let vocab_size = ModelConfig::from_file(&s.ckpt.join("config.json")).unwrap().vocab_size;
+    // As in the test above: the first tiny model that ends some samples early, so that both shards
+    // find their one informative group (a length difference within the overlong band).
+    let found = (1..=64).find_map(|seed| {
+        write_model(&s.ckpt, vocab_size, seed);
+        let mut shards = Vec::new();
+        for i in 0..2 {
+            let out = s.dir.join(format!("shard{i}.parquet"));
+            let args = with(&["--oversample", "--groups", "2", "--overlong-cache", "8", "--shard", &format!("{i}/2"), "-o", out.to_str().unwrap()]);
+            let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            assert!(o.status.success(), "{}", stderr(&o));
+            let summary: serde_json::Value = serde_json::from_str(stderr(&o).lines().last().unwrap()).unwrap();
+            assert_eq!(summary["groups_wanted"], 1, "--groups 2 over 2 shards: {summary}");
+            shards.push((summary, read_rollouts(&out)));
+        }
+        shards.iter().all(|(summary, _)| summary["informative_groups"] == 1).then_some(shards)
+    });
+    let shards = found.expect("no tiny model in 64 seeds ends a sample early in both shards");
+    let whole = s.dir.join("whole.parquet");
+    let o = run(&with(&["-o", whole.to_str().unwrap()]).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let whole = read_rollouts(&whole);
+    for (i, (summary, rows)) in shards.iter().enumerate() {
+        let spec = coa_schemas::shard::ShardSpec { index: i as u32, count: 2 };
+        let mine: Vec<&str> = tasks.iter().map(|t| t.task_id.as_str()).filter(|id| spec.holds(id)).collect();
+        let groups = summary["groups"].as_u64().unwrap() as usize;
+        assert_eq!(rows.len(), groups * 3, "shard {i}: whole groups only");
+        let drawn: Vec<&str> = rows.iter().step_by(3).map(|r| r.task_id.as_str()).collect();
+        assert_eq!(drawn, &mine[..groups], "shard {i}: its own tasks, in order, up to its informative group");
+        for r in rows {
+            let same = whole.iter().find(|w| w.task_id == r.task_id && w.sample_idx == r.sample_idx).unwrap();
+            assert_eq!(r, same, "shard {i}: task {} draws the same samples as unsharded", r.task_id);
+        }
+    }
+    // A share of no group draws nothing: --groups 1 over 2 shards, shard 1.
+    let out = s.dir.join("none.parquet");
+    let args = with(&["--oversample", "--groups", "1", "--shard", "1/2", "-o", out.to_str().unwrap()]);
+    let o = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(read_rollouts(&out).is_empty());
+}
+
 #[test]
 fn bad_input_is_named() {
     let s = setup();

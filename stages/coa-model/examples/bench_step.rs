@@ -1,8 +1,10 @@
 //! Forward+backward throughput of the CPU path:
 //!
-//!     RAYON_NUM_THREADS=2 cargo run --release -p coa-model --example bench_step -- [preset] [vocab] [seq] [iters]
+//!     RAYON_NUM_THREADS=2 cargo run --release -p coa-model --example bench_step -- [preset|config.json] [vocab] [seq] [iters] [layers]
 //!
-//! Prints tokens/s of one SFT-style forward_backward (masked mean CE over every token).
+//! Prints tokens/s of one SFT-style forward_backward (masked mean CE over every token). With a
+//! config.json the vocabulary is the file's (the vocab argument is ignored); `layers` overrides
+//! the number of decoder layers (a quick profile of a deep model).
 
 use std::time::Instant;
 
@@ -15,12 +17,18 @@ fn main() -> Result<()> {
     let vocab: usize = a.get(2).map(|s| s.parse()).transpose()?.unwrap_or(4096);
     let t: usize = a.get(3).map(|s| s.parse()).transpose()?.unwrap_or(256);
     let iters: usize = a.get(4).map(|s| s.parse()).transpose()?.unwrap_or(10);
-    let m = Model::init(ModelConfig::preset(preset, vocab)?, 0)?;
+    let mut config = if preset.ends_with(".json") { ModelConfig::from_file(preset.as_ref())? } else { ModelConfig::preset(preset, vocab)? };
+    if let Some(l) = a.get(5) {
+        config.num_hidden_layers = l.parse()?;
+    }
+    let vocab = config.vocab_size;
+    let m = Model::init(config, 0)?;
     let ids: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % vocab as u32).collect();
     let mut g = m.params.zeros_like();
     let n = (t - 1) as f32;
-    let step = |g: &mut coa_model::Params| {
-        m.forward_backward(&Seq::new(&ids), g, &mut |s| {
+    let mut ws = coa_model::Workspace::default();
+    let mut step = |g: &mut coa_model::Params| {
+        m.forward_backward_in(&mut ws, &Seq::new(&ids), None, g, &mut |s| {
             let mut d = vec![-1.0 / n; s.logp.len()];
             d[0] = 0.0;
             d

@@ -18,10 +18,11 @@ pub mod model;
 pub mod ops;
 pub mod params;
 pub mod rng;
+mod sgemm;
 pub(crate) mod simd;
 
 pub use config::{Llama3Rope, ModelConfig, TokenIds};
 pub use decode::KvCache;
 pub use io::SaveDtype;
-pub use model::{Model, Seq, TokenStats};
+pub use model::{Model, Seq, TokenStats, Workspace};
 pub use params::{layout, param_specs, LayerIdx, Layout, ParamSpec, Params, Tensor};

@@ -57,6 +57,7 @@ const LOGITS_CACHE_LIMIT: usize = 32 << 20;
 const HEAD_CHUNK_ROWS: usize = 256;
 
 /// Activations of one layer kept for the backward.
+#[derive(Default)]
 struct LayerActs {
     x: Vec<f32>,     // [T,D] layer input (residual stream)
     rstd1: Vec<f32>, // [T]
@@ -72,6 +73,70 @@ struct LayerActs {
     g: Vec<f32>,     // [T,I] gate_proj output
     u: Vec<f32>,     // [T,I] up_proj output
     a: Vec<f32>,     // [T,I] silu(g)*u
+}
+
+impl LayerActs {
+    /// Sizes every buffer for `t` tokens (contents are overwritten by the forward).
+    fn fit(&mut self, c: &ModelConfig, t: usize) {
+        let (d, qd, kvd, i) = (c.hidden_size, c.num_attention_heads * c.head_dim(), c.num_key_value_heads * c.head_dim(), c.intermediate_size);
+        for (v, n) in [
+            (&mut self.x, t * d),
+            (&mut self.rstd1, t),
+            (&mut self.h1, t * d),
+            (&mut self.q, t * qd),
+            (&mut self.k, t * kvd),
+            (&mut self.v, t * kvd),
+            (&mut self.att, t * qd),
+            (&mut self.lse, t * c.num_attention_heads),
+            (&mut self.x2, t * d),
+            (&mut self.rstd2, t),
+            (&mut self.h2, t * d),
+            (&mut self.g, t * i),
+            (&mut self.u, t * i),
+            (&mut self.a, t * i),
+        ] {
+            fit(v, n);
+        }
+    }
+}
+
+/// Resizes `v` to `n` values without touching the ones it keeps: a reused buffer costs no
+/// allocation (nor page faults) once it has been as long.
+fn fit(v: &mut Vec<f32>, n: usize) {
+    v.resize(n, 0.0);
+}
+
+/// `v` resized to `n` zeros.
+fn zeroed(v: &mut Vec<f32>, n: usize) {
+    v.clear();
+    v.resize(n, 0.0);
+}
+
+/// Every buffer of a forward + backward (activations, head, gradients of activations),
+/// allocated on first use and reused by later calls (llm.c style: a training run allocates its
+/// memory once). A longer sequence grows them. Pass one to [`Model::forward_backward_in`]; the
+/// other entry points make a fresh one per call.
+#[derive(Default)]
+pub struct Workspace {
+    /// Activations of the trained layers, kept for the backward.
+    layers: Vec<LayerActs>,
+    /// A layer whose activations are not kept (inference, frozen layers).
+    scratch: LayerActs,
+    /// Residual stream `[T, D]`.
+    x: Vec<f32>,
+    /// Final norm: rstd `[T]`, output `[T, D]`.
+    rstd_f: Vec<f32>,
+    hf: Vec<f32>,
+    /// Final norm output at the head's rows `[n, D]`, and its gradient.
+    hs: Vec<f32>,
+    dhs: Vec<f32>,
+    /// Probabilities then d logits `[n, V]` (or a chunk of rows of them), and a second chunk.
+    head: Vec<f32>,
+    head2: Vec<f32>,
+    /// d loss / d residual `[T, D]`, and d loss / d final norm output `[T, D]`.
+    dx: Vec<f32>,
+    dhf: Vec<f32>,
+    back: BackBufs,
 }
 
 /// Sequence-level context shared by forward and backward.
@@ -192,62 +257,49 @@ impl Model {
         i.map(|i| self.params.tensors[i].data.as_slice())
     }
 
-    /// Forward of one layer. Returns (output residual, kept activations).
-    fn layer_forward(&self, li: &LayerIdx, x: Vec<f32>, cx: &SeqCtx) -> (Vec<f32>, LayerActs) {
+    /// Forward of one layer: `a.x` `[T, D]` holds the layer input on entry; the activations
+    /// are written into `a` and the output residual into `y` `[T, D]`.
+    fn layer_forward(&self, li: &LayerIdx, a: &mut LayerActs, y: &mut [f32], cx: &SeqCtx) {
         let c = &self.config;
         let (t, d, hd, nh, nkv, inter) =
             (cx.t, c.hidden_size, c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
         let (qd, kvd) = (nh * hd, nkv * hd);
         let eps = c.rms_norm_eps as f32;
-        let mut rstd1 = vec![0f32; t];
-        let mut h1 = vec![0f32; t * d];
-        ops::rmsnorm_forward(&mut h1, &mut rstd1, &x, self.p(li.ln1), eps, d);
-        let mut q = vec![0f32; t * qd];
-        let mut k = vec![0f32; t * kvd];
-        let mut v = vec![0f32; t * kvd];
-        ops::linear_forward(&mut q, &h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
-        ops::linear_forward(&mut k, &h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
-        ops::linear_forward(&mut v, &h1, self.p(li.wv), self.pb(li.bv), t, d, kvd);
-        ops::rope_forward(&mut q, &cx.cos, &cx.sin, nh, hd);
-        ops::rope_forward(&mut k, &cx.cos, &cx.sin, nkv, hd);
-        let mut att = vec![0f32; t * qd];
-        let mut lse = vec![0f32; t * nh];
-        ops::attention_forward_prefix(&mut att, &mut lse, &q, &k, &v, &cx.seg_start, cx.prefix, nh, nkv, hd);
-        let mut x2 = vec![0f32; t * d];
-        ops::linear_forward(&mut x2, &att, self.p(li.wo), self.pb(li.bo), t, qd, d);
-        x2.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
-        let mut rstd2 = vec![0f32; t];
-        let mut h2 = vec![0f32; t * d];
-        ops::rmsnorm_forward(&mut h2, &mut rstd2, &x2, self.p(li.ln2), eps, d);
-        let mut g = vec![0f32; t * inter];
-        let mut u = vec![0f32; t * inter];
-        ops::linear_forward(&mut g, &h2, self.p(li.wg), self.pb(li.bg), t, d, inter);
-        ops::linear_forward(&mut u, &h2, self.p(li.wu), self.pb(li.bu), t, d, inter);
-        let mut a = vec![0f32; t * inter];
-        ops::swiglu_forward(&mut a, &g, &u);
-        let mut x3 = vec![0f32; t * d];
-        ops::linear_forward(&mut x3, &a, self.p(li.wd), self.pb(li.bd), t, inter, d);
-        x3.iter_mut().zip(&x2).for_each(|(a, b)| *a += b);
-        (x3, LayerActs { x, rstd1, h1, q, k, v, att, lse, x2, rstd2, h2, g, u, a })
+        ops::rmsnorm_forward(&mut a.h1, &mut a.rstd1, &a.x, self.p(li.ln1), eps, d);
+        ops::linear_forward(&mut a.q, &a.h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
+        ops::linear_forward(&mut a.k, &a.h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
+        ops::linear_forward(&mut a.v, &a.h1, self.p(li.wv), self.pb(li.bv), t, d, kvd);
+        ops::rope_forward(&mut a.q, &cx.cos, &cx.sin, nh, hd);
+        ops::rope_forward(&mut a.k, &cx.cos, &cx.sin, nkv, hd);
+        ops::attention_forward_prefix(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &cx.seg_start, cx.prefix, nh, nkv, hd);
+        ops::linear_forward(&mut a.x2, &a.att, self.p(li.wo), self.pb(li.bo), t, qd, d);
+        a.x2.iter_mut().zip(&a.x).for_each(|(s, b)| *s += b);
+        ops::rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x2, self.p(li.ln2), eps, d);
+        ops::linear_forward(&mut a.g, &a.h2, self.p(li.wg), self.pb(li.bg), t, d, inter);
+        ops::linear_forward(&mut a.u, &a.h2, self.p(li.wu), self.pb(li.bu), t, d, inter);
+        ops::swiglu_forward(&mut a.a, &a.g, &a.u);
+        ops::linear_forward(y, &a.a, self.p(li.wd), self.pb(li.bd), t, inter, d);
+        y.iter_mut().zip(&a.x2).for_each(|(s, b)| *s += b);
     }
 
-    /// Embedding + all layers. Returns the final residual `[T,D]` and, if `keep`, each layer's
-    /// activations.
-    /// The decoder layers' output `[T, D]`, and the activations of layers `keep_from..` (for
-    /// the backward pass; `None`: none kept).
-    fn trunk_forward(&self, lay: &Layout, ids: &[u32], cx: &SeqCtx, keep_from: Option<usize>) -> (Vec<f32>, Vec<LayerActs>) {
+    /// Embedding + all layers: `ws.x` `[T, D]` ends as the decoder layers' output; the
+    /// activations of layers `keep_from..` are kept in `ws.layers` for the backward (`None`:
+    /// none kept).
+    fn trunk_forward(&self, lay: &Layout, ids: &[u32], cx: &SeqCtx, keep_from: Option<usize>, ws: &mut Workspace) {
         let d = self.config.hidden_size;
-        let mut x = vec![0f32; cx.t * d];
-        ops::embedding_forward(&mut x, ids, self.p(lay.embed), d);
-        let mut acts = Vec::new();
+        fit(&mut ws.x, cx.t * d);
+        ops::embedding_forward(&mut ws.x, ids, self.p(lay.embed), d);
+        let n_kept = keep_from.map_or(0, |k| lay.layers.len() - k);
+        ws.layers.resize_with(n_kept, LayerActs::default);
         for (l, li) in lay.layers.iter().enumerate() {
-            let (y, a) = self.layer_forward(li, x, cx);
-            if keep_from.is_some_and(|k| l >= k) {
-                acts.push(a);
-            }
-            x = y;
+            let a = match keep_from {
+                Some(k) if l >= k => &mut ws.layers[l - k],
+                _ => &mut ws.scratch,
+            };
+            a.fit(&self.config, cx.t);
+            a.x.copy_from_slice(&ws.x);
+            self.layer_forward(li, a, &mut ws.x, cx);
         }
-        (x, acts)
     }
 
     fn head_weight(&self, lay: &Layout) -> usize {
@@ -260,13 +312,20 @@ impl Model {
         let cx = self.check_seq(seq)?;
         let lay = layout(&self.config);
         let (d, v) = (self.config.hidden_size, self.config.vocab_size);
-        let (x, _) = self.trunk_forward(&lay, seq.input_ids, &cx, None);
-        let mut rstd = vec![0f32; cx.t];
-        let mut hf = vec![0f32; cx.t * d];
-        ops::rmsnorm_forward(&mut hf, &mut rstd, &x, self.p(lay.norm), self.config.rms_norm_eps as f32, d);
+        let mut ws = Workspace::default();
+        self.final_norm(&lay, seq.input_ids, &cx, None, &mut ws);
         let mut logits = vec![0f32; cx.t * v];
-        ops::linear_forward(&mut logits, &hf, self.p(self.head_weight(&lay)), None, cx.t, d, v);
+        ops::linear_forward(&mut logits, &ws.hf, self.p(self.head_weight(&lay)), None, cx.t, d, v);
         Ok(logits)
+    }
+
+    /// The trunk (see [`Model::trunk_forward`]), then the final norm into `ws.hf` `[T, D]`.
+    fn final_norm(&self, lay: &Layout, ids: &[u32], cx: &SeqCtx, keep_from: Option<usize>, ws: &mut Workspace) {
+        let d = self.config.hidden_size;
+        self.trunk_forward(lay, ids, cx, keep_from, ws);
+        fit(&mut ws.rstd_f, cx.t);
+        fit(&mut ws.hf, cx.t * d);
+        ops::rmsnorm_forward(&mut ws.hf, &mut ws.rstd_f, &ws.x, self.p(lay.norm), self.config.rms_norm_eps as f32, d);
     }
 
     /// Token statistics only (no backward).
@@ -282,18 +341,16 @@ impl Model {
         let lay = layout(&self.config);
         let (d, v) = (self.config.hidden_size, self.config.vocab_size);
         let head = HeadRows::new(seq.input_ids, &cx.seg_start, need)?;
-        let (x, _) = self.trunk_forward(&lay, seq.input_ids, &cx, None);
-        let mut rstd = vec![0f32; cx.t];
-        let mut hf = vec![0f32; cx.t * d];
-        ops::rmsnorm_forward(&mut hf, &mut rstd, &x, self.p(lay.norm), self.config.rms_norm_eps as f32, d);
-        let hs = head.gather(&hf, d);
+        let mut ws = Workspace::default();
+        self.final_norm(&lay, seq.input_ids, &cx, None, &mut ws);
+        head.gather(&mut ws.hs, &ws.hf, d);
         let n = head.rows.len();
         let (mut lp, mut en, mut lse) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         let mut buf = vec![0f32; HEAD_CHUNK_ROWS.min(n) * v];
         for r0 in (0..n).step_by(HEAD_CHUNK_ROWS) {
             let r1 = (r0 + HEAD_CHUNK_ROWS).min(n);
             let z = &mut buf[..(r1 - r0) * v];
-            ops::linear_forward(z, &hs[r0 * d..r1 * d], self.p(self.head_weight(&lay)), None, r1 - r0, d, v);
+            ops::linear_forward(z, &ws.hs[r0 * d..r1 * d], self.p(self.head_weight(&lay)), None, r1 - r0, d, v);
             ops::logsoftmax_forward(&mut lp[r0..r1], &mut en[r0..r1], &mut lse[r0..r1], z, &head.targets[r0..r1], v);
         }
         Ok(head.token_stats(cx.t, &lp, &en))
@@ -323,6 +380,20 @@ impl Model {
         grads: &mut Params,
         dloss_dlogp: &mut dyn FnMut(&TokenStats) -> Vec<f32>,
     ) -> Result<TokenStats> {
+        self.forward_backward_in(&mut Workspace::default(), seq, need, grads, dloss_dlogp)
+    }
+
+    /// [`Model::forward_backward_at`] in the buffers of `ws`, which a training loop keeps from
+    /// one call to the next (no allocation once they have grown to the longest sequence). The
+    /// result does not depend on what `ws` held before.
+    pub fn forward_backward_in(
+        &self,
+        ws: &mut Workspace,
+        seq: &Seq,
+        need: Option<&[u8]>,
+        grads: &mut Params,
+        dloss_dlogp: &mut dyn FnMut(&TokenStats) -> Vec<f32>,
+    ) -> Result<TokenStats> {
         self.check_layout()?;
         grads
             .check_same_layout(&self.params, "gradient buffer vs model parameters")
@@ -331,7 +402,6 @@ impl Model {
         let c = &self.config;
         let lay = layout(c);
         let (t, d, v) = (cx.t, c.hidden_size, c.vocab_size);
-        let eps = c.rms_norm_eps as f32;
         let ids = seq.input_ids;
         let head = HeadRows::new(ids, &cx.seg_start, need)?;
 
@@ -340,31 +410,26 @@ impl Model {
             bail!("{} frozen layers, but the model has {}", self.frozen_layers, c.num_hidden_layers);
         }
         let frozen = self.frozen_layers;
-        let (xl, acts) = self.trunk_forward(&lay, ids, &cx, Some(frozen));
-        let mut rstd_f = vec![0f32; t];
-        let mut hf = vec![0f32; t * d];
-        ops::rmsnorm_forward(&mut hf, &mut rstd_f, &xl, self.p(lay.norm), eps, d);
+        self.final_norm(&lay, ids, &cx, Some(frozen), ws);
         let wh = self.head_weight(&lay);
         // The head works on the selected rows only: hs[n, D] = hf[rows].
         let n = head.rows.len();
-        let hs = head.gather(&hf, d);
+        head.gather(&mut ws.hs, &ws.hf, d);
         let mut row_lp = vec![0f32; n];
         let mut row_en = vec![0f32; n];
         let mut row_lse = vec![0f32; n];
         let cache = n * v <= LOGITS_CACHE_LIMIT;
-        // When cached: the probabilities [n,V]; the head backward then reads them.
-        let mut logits_cache: Vec<f32> = Vec::new();
         if cache {
-            logits_cache = vec![0f32; n * v];
-            ops::linear_forward(&mut logits_cache, &hs, self.p(wh), None, n, d, v);
-            // logits_cache now holds the probabilities
-            ops::logsoftmax_forward_inplace(&mut row_lp, &mut row_en, &mut row_lse, &mut logits_cache, &head.targets, v);
+            // ws.head [n, V]: the logits, then the probabilities (the head backward reads them)
+            fit(&mut ws.head, n * v);
+            ops::linear_forward(&mut ws.head, &ws.hs, self.p(wh), None, n, d, v);
+            ops::logsoftmax_forward_inplace(&mut row_lp, &mut row_en, &mut row_lse, &mut ws.head, &head.targets, v);
         } else {
-            let mut buf = vec![0f32; HEAD_CHUNK_ROWS * v];
+            fit(&mut ws.head, HEAD_CHUNK_ROWS * v);
             for r0 in (0..n).step_by(HEAD_CHUNK_ROWS) {
                 let r1 = (r0 + HEAD_CHUNK_ROWS).min(n);
-                let z = &mut buf[..(r1 - r0) * v];
-                ops::linear_forward(z, &hs[r0 * d..r1 * d], self.p(wh), None, r1 - r0, d, v);
+                let z = &mut ws.head[..(r1 - r0) * v];
+                ops::linear_forward(z, &ws.hs[r0 * d..r1 * d], self.p(wh), None, r1 - r0, d, v);
                 ops::logsoftmax_forward(
                     &mut row_lp[r0..r1],
                     &mut row_en[r0..r1],
@@ -394,29 +459,28 @@ impl Model {
         let dlogp_row: Vec<f32> = head.rows.iter().map(|&r| dlogp_tok[r + 1]).collect();
 
         // ---- backward: head
-        let mut dhs = vec![0f32; n * d];
+        zeroed(&mut ws.dhs, n * d);
         {
             let gw = &mut grads.tensors[wh].data;
             if cache {
                 // overwrite the probabilities with dlogits
-                let dl = &mut logits_cache;
+                let dl = &mut ws.head;
                 ops::logsoftmax_backward_from_probs(dl, &head.targets, &dlogp_row, v);
-                ops::linear_backward(Some(&mut dhs), gw, None, dl, &hs, self.p(wh), n, d, v);
+                ops::linear_backward(Some(&mut ws.dhs), gw, None, dl, &ws.hs, self.p(wh), n, d, v);
             } else {
-                let mut z = vec![0f32; HEAD_CHUNK_ROWS * v];
-                let mut dz = vec![0f32; HEAD_CHUNK_ROWS * v];
+                fit(&mut ws.head2, HEAD_CHUNK_ROWS * v);
                 for r0 in (0..n).step_by(HEAD_CHUNK_ROWS) {
                     let r1 = (r0 + HEAD_CHUNK_ROWS).min(n);
                     let m = r1 - r0;
-                    let (zc, dzc) = (&mut z[..m * v], &mut dz[..m * v]);
-                    ops::linear_forward(zc, &hs[r0 * d..r1 * d], self.p(wh), None, m, d, v);
+                    let (zc, dzc) = (&mut ws.head[..m * v], &mut ws.head2[..m * v]);
+                    ops::linear_forward(zc, &ws.hs[r0 * d..r1 * d], self.p(wh), None, m, d, v);
                     ops::logsoftmax_backward(dzc, zc, &row_lse[r0..r1], &head.targets[r0..r1], &dlogp_row[r0..r1], v);
                     ops::linear_backward(
-                        Some(&mut dhs[r0 * d..r1 * d]),
+                        Some(&mut ws.dhs[r0 * d..r1 * d]),
                         gw,
                         None,
                         dzc,
-                        &hs[r0 * d..r1 * d],
+                        &ws.hs[r0 * d..r1 * d],
                         self.p(wh),
                         m,
                         d,
@@ -425,19 +489,17 @@ impl Model {
                 }
             }
         }
-        let dhf = head.scatter(&dhs, t, d);
-        drop(dhs);
-        let mut dx = vec![0f32; t * d];
-        ops::rmsnorm_backward(&mut dx, &mut grads.tensors[lay.norm].data, &dhf, &xl, self.p(lay.norm), &rstd_f, d);
-        drop(dhf);
+        head.scatter(&mut ws.dhf, &ws.dhs, t, d);
+        zeroed(&mut ws.dx, t * d);
+        ops::rmsnorm_backward(&mut ws.dx, &mut grads.tensors[lay.norm].data, &ws.dhf, &ws.x, self.p(lay.norm), &ws.rstd_f, d);
 
         // ---- backward: layers
-        let mut bufs = BackBufs::new(c, t);
-        for (li, a) in lay.layers[frozen..].iter().zip(&acts).rev() {
-            self.layer_backward(li, a, &cx, &mut dx, grads, &mut bufs);
+        ws.back.fit(c, t);
+        for (li, a) in lay.layers[frozen..].iter().zip(&ws.layers).rev() {
+            self.layer_backward(li, a, &cx, &mut ws.dx, grads, &mut ws.back);
         }
         if frozen == 0 {
-            ops::embedding_backward(&mut grads.tensors[lay.embed].data, &dx, ids, d);
+            ops::embedding_backward(&mut grads.tensors[lay.embed].data, &ws.dx, ids, d);
         }
         Ok(stats)
     }
@@ -522,6 +584,7 @@ impl Model {
 }
 
 /// Scratch gradients reused across layers.
+#[derive(Default)]
 struct BackBufs {
     dh: Vec<f32>,   // [T,D]
     dq: Vec<f32>,   // [T,Hq*hd]
@@ -534,20 +597,21 @@ struct BackBufs {
 }
 
 impl BackBufs {
-    fn new(c: &ModelConfig, t: usize) -> Self {
+    /// Sizes every buffer for `t` tokens (each is zeroed where it is used).
+    fn fit(&mut self, c: &ModelConfig, t: usize) {
         let hd = c.head_dim();
-        let qd = c.num_attention_heads * hd;
-        let kvd = c.num_key_value_heads * hd;
-        let i = c.intermediate_size;
-        BackBufs {
-            dh: vec![0.0; t * c.hidden_size],
-            dq: vec![0.0; t * qd],
-            dk: vec![0.0; t * kvd],
-            dv: vec![0.0; t * kvd],
-            datt: vec![0.0; t * qd],
-            da: vec![0.0; t * i],
-            dg: vec![0.0; t * i],
-            du: vec![0.0; t * i],
+        let (qd, kvd, i) = (c.num_attention_heads * hd, c.num_key_value_heads * hd, c.intermediate_size);
+        for (v, n) in [
+            (&mut self.dh, t * c.hidden_size),
+            (&mut self.dq, t * qd),
+            (&mut self.dk, t * kvd),
+            (&mut self.dv, t * kvd),
+            (&mut self.datt, t * qd),
+            (&mut self.da, t * i),
+            (&mut self.dg, t * i),
+            (&mut self.du, t * i),
+        ] {
+            fit(v, n);
         }
     }
 }
@@ -593,22 +657,20 @@ impl HeadRows {
         Ok(HeadRows { rows, targets })
     }
 
-    /// `x[T, D]` → its selected rows `[n, D]`.
-    fn gather(&self, x: &[f32], d: usize) -> Vec<f32> {
-        let mut out = Vec::with_capacity(self.rows.len() * d);
+    /// `out` ← the selected rows `[n, D]` of `x[T, D]`.
+    fn gather(&self, out: &mut Vec<f32>, x: &[f32], d: usize) {
+        out.clear();
         for &r in &self.rows {
             out.extend_from_slice(&x[r * d..(r + 1) * d]);
         }
-        out
     }
 
-    /// Selected rows `[n, D]` → `[T, D]` with zeros elsewhere.
-    fn scatter(&self, xs: &[f32], t: usize, d: usize) -> Vec<f32> {
-        let mut out = vec![0f32; t * d];
+    /// `out` ← `[T, D]` holding the selected rows `xs[n, D]`, zeros elsewhere.
+    fn scatter(&self, out: &mut Vec<f32>, xs: &[f32], t: usize, d: usize) {
+        zeroed(out, t * d);
         for (k, &r) in self.rows.iter().enumerate() {
             out[r * d..(r + 1) * d].copy_from_slice(&xs[k * d..(k + 1) * d]);
         }
-        out
     }
 
     /// Selected-row statistics → token statistics (token r+1 from row r), 0 elsewhere.

@@ -14,6 +14,8 @@
 
 use rayon::prelude::*;
 
+use crate::sgemm::sgemm;
+
 /// Rows per parallel task for row-wise ops (fixed: results do not depend on the thread count).
 const ROW_CHUNK: usize = 16;
 
@@ -28,7 +30,7 @@ unsafe impl Sync for SendPtr {}
 /// `c[m,n] = a' @ b' + beta * c`, where a' = a (stored [m,k]) or aᵀ (a stored [k,m], `a_t`), and
 /// b' = b (stored [k,n]) or bᵀ (b stored [n,k], `b_t`). `c` is row-major contiguous. With
 /// `beta == 0` the old contents of `c` are ignored (may be anything, even NaN).
-/// Parallel over output tiles with rayon; single-threaded sgemm (matrixmultiply) per tile.
+/// Parallel over output tiles with rayon; single-threaded [`crate::sgemm`] per tile.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: bool, c: &mut [f32], beta: f32) {
     assert_eq!(a.len(), m * k, "gemm: a has {} elements, expected {m}x{k}", a.len());
@@ -76,7 +78,7 @@ pub fn gemm(m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: 
             let a0 = (ap as *const f32).offset(i0 as isize * rsa);
             let b0 = (bp as *const f32).offset(j0 as isize * csb);
             let c0 = cp.0.add(i0 * n + j0);
-            matrixmultiply::sgemm(mm, k, nn, 1.0, a0, rsa, csa, b0, rsb, csb, beta, c0, n as isize, 1);
+            crate::sgemm::sgemm(mm, nn, k, 1.0, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n);
         }
     };
     let n_tiles = tiles_m * tiles_n;
@@ -335,34 +337,6 @@ pub fn segment_ends(seg_start: &[usize]) -> Vec<usize> {
 // ---------------------------------------------------------------------------------------------
 // attention
 
-/// Single-threaded strided matmul on raw pointers (matrixmultiply):
-/// `C = alpha · A·B + beta · C` with A element (i,p) at `a + i·rsa + p·csa`, B (p,j) at
-/// `b + p·rsb + j·csb`, C (i,j) at `c + i·ldc + j`.
-///
-/// # Safety
-/// Every addressed element must lie inside the allocations, and no other thread may access the
-/// addressed part of C concurrently.
-#[allow(clippy::too_many_arguments)]
-unsafe fn sgemm_raw(
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    rsa: usize,
-    csa: usize,
-    b: *const f32,
-    rsb: usize,
-    csb: usize,
-    beta: f32,
-    c: *mut f32,
-    ldc: usize,
-) {
-    matrixmultiply::sgemm(
-        m, k, n, alpha, a, rsa as isize, csa as isize, b, rsb as isize, csb as isize, beta, c, ldc as isize, 1,
-    );
-}
-
 /// Query / key rows per attention task.
 const ATT_BLOCK: usize = 64;
 
@@ -456,9 +430,9 @@ pub fn attention_forward_prefix(
         unsafe {
             let qp = q.as_ptr().add(i0 * qw + h * hd);
             if np > 0 {
-                sgemm_raw(nb, np, hd, 1.0, qp, qw, 1, k.as_ptr().add(g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
+                sgemm(nb, np, hd, 1.0, qp, qw, 1, k.as_ptr().add(g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
             }
-            sgemm_raw(nb, nk - np, hd, 1.0, qp, qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr().add(np), nk);
+            sgemm(nb, nk - np, hd, 1.0, qp, qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr().add(np), nk);
         }
         for r in 0..nb {
             let i = i0 + r;
@@ -479,9 +453,9 @@ pub fn attention_forward_prefix(
         // SAFETY: rows i0..i1, columns h·hd..(h+1)·hd of out belong to this task alone.
         unsafe {
             let op = outp.0.add(i0 * qw + h * hd);
-            sgemm_raw(nb, hd, nk - np, 1.0, s.as_ptr().add(np), nk, 1, v.as_ptr().add(k0 * kw + g * hd), kw, 1, 0.0, op, qw);
+            sgemm(nb, hd, nk - np, 1.0, s.as_ptr().add(np), nk, 1, v.as_ptr().add(k0 * kw + g * hd), kw, 1, 0.0, op, qw);
             if np > 0 {
-                sgemm_raw(nb, hd, np, 1.0, s.as_ptr(), nk, 1, v.as_ptr().add(g * hd), kw, 1, 1.0, op, qw);
+                sgemm(nb, hd, np, 1.0, s.as_ptr(), nk, 1, v.as_ptr().add(g * hd), kw, 1, 1.0, op, qw);
             }
         }
     });
@@ -581,11 +555,11 @@ pub fn attention_backward_prefix(
                 // S = Q·Kᵀ, dP = dO·Vᵀ   [nb, nk]
                 let (qp, dop) = (q.as_ptr().add(i0 * qw + h * hd), dout.as_ptr().add(i0 * qw + h * hd));
                 if np > 0 {
-                    sgemm_raw(nb, np, hd, 1.0, qp, qw, 1, k.as_ptr().add(g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
-                    sgemm_raw(nb, np, hd, 1.0, dop, qw, 1, v.as_ptr().add(g * hd), 1, kw, 0.0, dp.as_mut_ptr(), nk);
+                    sgemm(nb, np, hd, 1.0, qp, qw, 1, k.as_ptr().add(g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
+                    sgemm(nb, np, hd, 1.0, dop, qw, 1, v.as_ptr().add(g * hd), 1, kw, 0.0, dp.as_mut_ptr(), nk);
                 }
-                sgemm_raw(nb, nk - np, hd, 1.0, qp, qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr().add(np), nk);
-                sgemm_raw(nb, nk - np, hd, 1.0, dop, qw, 1, v.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, dp.as_mut_ptr().add(np), nk);
+                sgemm(nb, nk - np, hd, 1.0, qp, qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr().add(np), nk);
+                sgemm(nb, nk - np, hd, 1.0, dop, qw, 1, v.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, dp.as_mut_ptr().add(np), nk);
             }
             for r in 0..nb {
                 let i = i0 + r;
@@ -602,9 +576,9 @@ pub fn attention_backward_prefix(
             // SAFETY: rows i0..i1, head h of dq belong to this task alone.
             unsafe {
                 let dqh = dqp.0.add(i0 * qw + h * hd);
-                sgemm_raw(nb, hd, nk - np, scale, dp.as_ptr().add(np), nk, 1, k.as_ptr().add(k0 * kw + g * hd), kw, 1, 1.0, dqh, qw);
+                sgemm(nb, hd, nk - np, scale, dp.as_ptr().add(np), nk, 1, k.as_ptr().add(k0 * kw + g * hd), kw, 1, 1.0, dqh, qw);
                 if np > 0 {
-                    sgemm_raw(nb, hd, np, scale, dp.as_ptr(), nk, 1, k.as_ptr().add(g * hd), kw, 1, 1.0, dqh, qw);
+                    sgemm(nb, hd, np, scale, dp.as_ptr(), nk, 1, k.as_ptr().add(g * hd), kw, 1, 1.0, dqh, qw);
                 }
             }
         },
@@ -630,8 +604,8 @@ pub fn attention_backward_prefix(
                 // SAFETY: reads inside q, k, v, dout.
                 unsafe {
                     // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   [nb, nq]
-                    sgemm_raw(nb, nq, hd, 1.0, k.as_ptr().add(j0 * kw + g * hd), kw, 1, q.as_ptr().add(j0 * qw + h * hd), 1, qw, 0.0, s.as_mut_ptr(), nq);
-                    sgemm_raw(nb, nq, hd, 1.0, v.as_ptr().add(j0 * kw + g * hd), kw, 1, dout.as_ptr().add(j0 * qw + h * hd), 1, qw, 0.0, dp.as_mut_ptr(), nq);
+                    sgemm(nb, nq, hd, 1.0, k.as_ptr().add(j0 * kw + g * hd), kw, 1, q.as_ptr().add(j0 * qw + h * hd), 1, qw, 0.0, s.as_mut_ptr(), nq);
+                    sgemm(nb, nq, hd, 1.0, v.as_ptr().add(j0 * kw + g * hd), kw, 1, dout.as_ptr().add(j0 * qw + h * hd), 1, qw, 0.0, dp.as_mut_ptr(), nq);
                 }
                 for r in 0..nb {
                     let j = j0 + r;
@@ -649,8 +623,8 @@ pub fn attention_backward_prefix(
                 // SAFETY: rows j0..j1, kv head g of dk / dv belong to this task alone.
                 unsafe {
                     // dV[j0..j1, g] += Pᵀ · dO[j0..e, h];  dK[j0..j1, g] += scale · dSᵀ · Q[j0..e, h]
-                    sgemm_raw(nb, hd, nq, 1.0, s.as_ptr(), nq, 1, dout.as_ptr().add(j0 * qw + h * hd), qw, 1, 1.0, dvp.0.add(j0 * kw + g * hd), kw);
-                    sgemm_raw(nb, hd, nq, scale, dp.as_ptr(), nq, 1, q.as_ptr().add(j0 * qw + h * hd), qw, 1, 1.0, dkp.0.add(j0 * kw + g * hd), kw);
+                    sgemm(nb, hd, nq, 1.0, s.as_ptr(), nq, 1, dout.as_ptr().add(j0 * qw + h * hd), qw, 1, 1.0, dvp.0.add(j0 * kw + g * hd), kw);
+                    sgemm(nb, hd, nq, scale, dp.as_ptr(), nq, 1, q.as_ptr().add(j0 * qw + h * hd), qw, 1, 1.0, dkp.0.add(j0 * kw + g * hd), kw);
                 }
             }
         },

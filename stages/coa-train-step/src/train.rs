@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use coa_kernels::GpuModel;
-use coa_model::{Model, Params, SaveDtype, Seq};
+use coa_model::{Model, Params, SaveDtype, Seq, Workspace};
 use coa_tokenize::Vocab;
 use rayon::prelude::*;
 
@@ -89,6 +89,16 @@ pub struct Trainer {
     pub cuda: Option<Box<GpuModel>>,
     /// CPU steps pack rows that share a prompt (see [`share`]); off: every row alone.
     pub share_prompts: bool,
+    /// The CPU step's memory, allocated by the first step and reused by the next ones.
+    cpu: CpuBuffers,
+}
+
+/// What a CPU step allocates once: the forward / backward buffers, sized for the longest
+/// sequence so far, and the gradients `[params]`, zeroed at the start of each step.
+#[derive(Default)]
+struct CpuBuffers {
+    ws: Workspace,
+    grads: Option<Params>,
 }
 
 pub fn data_info(d: &Dataset) -> DataInfo {
@@ -125,7 +135,7 @@ impl Trainer {
             data: data_info(data),
             history: Vec::new(),
         };
-        Ok(Trainer { model, moments, state, objective: settings.objective, cuda: None, share_prompts: true })
+        Ok(Trainer { model, moments, state, objective: settings.objective, cuda: None, share_prompts: true, cpu: CpuBuffers::default() })
     }
 
     /// Loads a checkpoint written by [`Trainer::save`]: model (f32 masters), moments, state.
@@ -159,7 +169,7 @@ impl Trainer {
         }
         let mut state = state;
         state.cursor = state.cursor.clone().restore(data.examples.len()).with_context(|| format!("--resume {}", dir.display()))?;
-        Ok(Trainer { model, moments: opt.moments, state, objective, cuda: None, share_prompts: true })
+        Ok(Trainer { model, moments: opt.moments, state, objective, cuda: None, share_prompts: true, cpu: CpuBuffers::default() })
     }
 
     /// Writes the checkpoint directory atomically. The weights for resuming are always exact
@@ -226,60 +236,60 @@ impl Trainer {
         let n_targets: usize = rows.iter().map(|&r| data.examples[r].n_targets).sum();
         let n_tokens: usize = rows.iter().map(|&r| data.examples[r].input_ids.len()).sum();
         let step = self.state.step + 1;
-        let mut grads: Params = self.model.params.zeros_like();
+        // Last step's gradient buffer, zeroed (a first step, or a model of another layout: a
+        // fresh one).
+        let mut grads = match self.cpu.grads.take() {
+            Some(mut g) if g.check_same_layout(&self.model.params, "").is_ok() => {
+                g.tensors.iter_mut().for_each(|t| t.data.par_chunks_mut(1 << 14).for_each(|c| c.fill(0.0)));
+                g
+            }
+            _ => self.model.params.zeros_like(),
+        };
         let mut loss = 0.0f64;
         let mut sums = RlSums::default();
         let objective = self.objective;
         let model = &self.model;
+        let ws = &mut self.cpu.ws;
+        // One sequence at a time, every op parallel inside, each adding its gradients into
+        // `grads`: the sum runs in row order whatever the thread count, and a step needs one
+        // gradient buffer and one sequence's activations.
         for mb in micro_batches(&data.examples, &rows, self.state.micro_batch_tokens) {
             // Rows sharing a prompt run as one sequence with the prompt once (see `share`).
             let packs = if self.share_prompts { share::packs(&data.examples, &mb) } else { mb.iter().map(|&r| share::Pack { rows: vec![r], prefix: 0 }).collect() };
-            let results: Vec<Result<(f64, Params, RlSums)>> = packs
-                .par_iter()
-                .map(|pack| {
-                    let (ids, mask, seg) = pack.build(&data.examples);
-                    let offsets = pack.offsets(&data.examples);
-                    let mut g = model.params.zeros_like();
-                    let mut seq_loss = 0.0f64;
-                    let mut seq_sums = RlSums::default();
-                    let mut failed: Option<anyhow::Error> = None;
-                    let seq = Seq { input_ids: &ids, segment_ids: seg.as_deref(), shared_prefix: pack.prefix };
-                    // Each row's loss and d loss / d logp from its own statistics, placed back
-                    // into the pack (the shared prefix has no target).
-                    let mut dloss = |stats: &coa_model::TokenStats| {
-                        let mut d = vec![0f32; ids.len()];
-                        for (k, &r) in pack.rows.iter().enumerate() {
-                            let ex = &data.examples[r];
-                            let row_stats = pack.row_stats(&data.examples, stats, k, offsets[k]);
-                            match objective.token_grads(ex, &ex.target_mask(), &row_stats, n_targets) {
-                                Ok((l, dr, s)) => {
-                                    seq_loss += l;
-                                    seq_sums.add(&s);
-                                    let (p, o) = (pack.prefix, offsets[k]);
-                                    d[o..o + dr.len() - p].copy_from_slice(&dr[p..]);
-                                }
-                                Err(e) => failed = Some(e),
+            for pack in &packs {
+                let (ids, mask, seg) = pack.build(&data.examples);
+                let offsets = pack.offsets(&data.examples);
+                let mut failed: Option<anyhow::Error> = None;
+                let (mut seq_loss, mut seq_sums) = (0.0f64, RlSums::default());
+                let seq = Seq { input_ids: &ids, segment_ids: seg.as_deref(), shared_prefix: pack.prefix };
+                // Each row's loss and d loss / d logp from its own statistics, placed back
+                // into the pack (the shared prefix has no target).
+                let mut dloss = |stats: &coa_model::TokenStats| {
+                    let mut d = vec![0f32; ids.len()];
+                    for (k, &r) in pack.rows.iter().enumerate() {
+                        let ex = &data.examples[r];
+                        let row_stats = pack.row_stats(&data.examples, stats, k, offsets[k]);
+                        match objective.token_grads(ex, &ex.target_mask(), &row_stats, n_targets) {
+                            Ok((l, dr, s)) => {
+                                seq_loss += l;
+                                seq_sums.add(&s);
+                                let (p, o) = (pack.prefix, offsets[k]);
+                                d[o..o + dr.len() - p].copy_from_slice(&dr[p..]);
                             }
+                            Err(e) => failed = Some(e),
                         }
-                        d
-                    };
-                    let rows_named = || pack.rows.iter().map(|&r| format!("{} (task_id {:?})", data.examples[r].row, data.examples[r].task_id)).collect::<Vec<_>>().join(", ");
-                    model
-                        .forward_backward_at(&seq, Some(&mask), &mut g, &mut dloss)
-                        .with_context(|| format!("step {step}: rows {}", rows_named()))?;
-                    if let Some(e) = failed {
-                        return Err(e);
                     }
-                    Ok((seq_loss, g, seq_sums))
-                })
-                .collect();
-            for r in results {
-                let (l, g, s) = r?;
-                loss += l;
-                sums.add(&s);
-                for (a, b) in grads.tensors.iter_mut().zip(&g.tensors) {
-                    a.data.par_chunks_mut(1 << 14).zip(b.data.par_chunks(1 << 14)).for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(x, y)| *x += *y));
+                    d
+                };
+                let rows_named = || pack.rows.iter().map(|&r| format!("{} (task_id {:?})", data.examples[r].row, data.examples[r].task_id)).collect::<Vec<_>>().join(", ");
+                model
+                    .forward_backward_in(ws, &seq, Some(&mask), &mut grads, &mut dloss)
+                    .with_context(|| format!("step {step}: rows {}", rows_named()))?;
+                if let Some(e) = failed {
+                    return Err(e);
                 }
+                loss += seq_loss;
+                sums.add(&seq_sums);
             }
         }
         let grad_norm = optim::global_norm(grads.tensors.iter().map(|t| t.data.as_slice()));
@@ -296,6 +306,7 @@ impl Trainer {
                 optim::adamw_update_range(&adamw, lr * mult, step, optim::decays(&p.shape), &mut p.data, &g.data, m, span);
             }
         }
+        self.cpu.grads = Some(grads);
         let totals = StepTotals { step, rows, n_targets, n_tokens, loss, lr, grad_norm, sums };
         Ok(self.finish_step(data, totals, started))
     }

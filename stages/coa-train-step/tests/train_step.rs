@@ -516,7 +516,9 @@ fn resume_refuses_other_settings_and_other_data() {
 
 /// Scored rollouts (the `scores` table) for DAPO: `groups` tasks of 4 samples each, random ids,
 /// a 6-token prompt, observations (mask 0, log-prob 0) in the middle of each response.
-fn write_scores(path: &Path, groups: usize, ragged_row: Option<usize>) {
+/// Writes `groups` groups of 4 scored rollouts (each group's first rewarded 1, the rest 0) and
+/// returns them with their rewards.
+fn write_scores(path: &Path, groups: usize, ragged_row: Option<usize>) -> (Vec<coa_schemas::rows::Rollout>, Vec<f32>) {
     use coa_schemas::rows::{self, Rollout};
     let mut rng = 7u64;
     let mut next = || {
@@ -564,6 +566,7 @@ fn write_scores(path: &Path, groups: usize, ragged_row: Option<usize>) {
     cols.push(Arc::new(arrow::array::StringArray::from(vec![None::<&str>; n])));
     let batch = RecordBatch::try_new(coa_schemas::tables::SCORES.schema(), cols).unwrap();
     io::write_all(Some(path), None, &batch.schema(), &[batch], &provenance()).unwrap();
+    (rollouts, rewards)
 }
 
 /// (R - mean) / (std + 1e-6), sample std: the values coa-score writes.
@@ -615,6 +618,39 @@ fn dapo_trains_on_scored_rollouts_and_reports_rl_metrics() {
     write_scores(&scores, 3, Some(5));
     let err = fails(&["-i", s(&scores), "--objective", "dapo", "--init", s(&init), "-o", s(&m)]);
     assert!(err.contains("row 5") && err.contains("logprobs"), "{err}");
+}
+
+/// The sign of the whole DAPO path (advantages → per-token gradients → model backward →
+/// AdamW): after a few steps on fixed rollouts, the responses that won their group (positive
+/// advantage) are more likely under the new weights and the others less likely.
+#[test]
+fn dapo_makes_the_winning_responses_more_likely_and_the_losing_ones_less() {
+    let dir = tempfile::tempdir().unwrap();
+    let scores = dir.path().join("scores.parquet");
+    let (rollouts, rewards) = write_scores(&scores, 3, None);
+    let config = write_config(dir.path());
+    let (init, tokens) = (dir.path().join("init"), dir.path().join("tokens.parquet"));
+    write_tokens(&tokens, &dataset(4, 1));
+    ok(&["-i", s(&tokens), "--init-config", s(&config), "--steps", "1", "--lr", "1e-30", "--save", s(&init), "-o", s(&dir.path().join("m0.parquet"))]);
+    let trained = dir.path().join("rl");
+    ok(&["-i", s(&scores), "--objective", "dapo", "--init", s(&init), "--lr", "3e-3", "--batch-tokens", "60", "--save", s(&trained), "-o", s(&dir.path().join("rl.parquet"))]);
+
+    // Mean log-probability of a rollout's own (target) response tokens under a checkpoint.
+    let mean_logp = |ck: &Path, r: &coa_schemas::rows::Rollout| -> f32 {
+        let model = Model::load(ck).unwrap();
+        let ids: Vec<u32> = r.prompt_ids.iter().chain(&r.response_ids).map(|&i| i as u32).collect();
+        let logp = model.token_stats(&Seq::new(&ids)).unwrap().logp;
+        let at: Vec<f32> = r.loss_mask.iter().enumerate().filter(|(_, &m)| m == 1).map(|(t, _)| logp[r.prompt_ids.len() + t]).collect();
+        at.iter().sum::<f32>() / at.len() as f32
+    };
+    let (mut won, mut lost) = (Vec::new(), Vec::new());
+    for (r, &reward) in rollouts.iter().zip(&rewards) {
+        let change = mean_logp(&trained, r) - mean_logp(&init, r);
+        if reward > 0.0 { won.push(change) } else { lost.push(change) }
+    }
+    let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
+    assert!(mean(&won) > 0.0 && mean(&lost) < 0.0, "log-prob change: winners {won:?}, losers {lost:?}");
+    assert!(won.iter().all(|&c| c > 0.0), "every winner rises: {won:?}");
 }
 
 /// Rows that begin with the same prompt are computed as one sequence with the prompt once

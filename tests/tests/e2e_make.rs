@@ -1,0 +1,42 @@
+//! The Makefile's rules on the test build's binaries (`CARGO=true`: nothing is rebuilt), for runs
+//! the smoke end-to-end test does not cover.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// Runs this checkout's Makefile in `dir` (which links to it) and returns its log.
+fn make(dir: &Path, args: &[&str]) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    for name in ["Makefile", "pipelines"] {
+        if !dir.join(name).exists() {
+            std::os::unix::fs::symlink(root.join(name), dir.join(name)).unwrap();
+        }
+    }
+    let bin = format!("BIN={}", bin_dir().display());
+    let out = Command::new("make").current_dir(dir).args(["--no-print-directory", "CARGO=true", &bin]).args(args).output().unwrap();
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "make {args:?} failed:\n{log}");
+    log
+}
+
+/// Only multihop tasks search a corpus: the default size (math only) once failed at its first
+/// stage asking `coa-generate tasks` for a corpus of math tasks.
+#[test]
+fn a_run_without_multihop_writes_no_corpus_and_distills() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    make(w, &["tasks", "distill", "SIZE=smoke", "SUITES=math", "N_MATH=8", "TEST_N_MATH=4", "RUN=math"]);
+    let run = w.join("runs/math");
+    for file in ["tasks.parquet", "test/tasks.parquet", "distill/math/kept.parquet", "distill/math/coa_text.parquet"] {
+        assert!(run.join(file).is_file(), "{file} is missing");
+    }
+    for file in ["corpus.parquet", "test/corpus.parquet"] {
+        assert!(!run.join(file).exists(), "{file} written for a run without multihop");
+    }
+    assert!(!run.join("distill/multihop").exists());
+}
