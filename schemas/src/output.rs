@@ -12,6 +12,11 @@
 //!   Without deferral (tests, library use) a commit renames at once.
 //! - [`AtomicFile`]: a buffered writer over a [`TempFile`] (or, for a device or FIFO such as
 //!   `/dev/null`, over the path itself), and [`write_atomically`] for a small file in one go.
+//! - [`write_atomically_now`] and [`write_dir_atomically`]: a file, or a whole directory (a model
+//!   checkpoint), moved into place as soon as it is written, outside the stage's deferral.
+//!
+//! Every file the workspace writes atomically goes through this module (the one exception: the
+//! OpenAI backend's response cache, shared by concurrent writers, uses uniquely named temp files).
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -288,6 +293,54 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
     let mut f = AtomicFile::create(path)?;
     f.write_all(contents)?;
     f.finish()
+}
+
+/// Writes a file whole under a temporary name and renames it into place at once, even while a
+/// stage defers its commits: for files inside a directory that is itself moved into place when
+/// complete ([`write_dir_atomically`], a checkpoint), whose rename cannot wait for the stage's end.
+pub fn write_atomically_now(path: &Path, contents: &[u8]) -> Result<()> {
+    let (tmp, mut f) = TempFile::create(path)?;
+    f.write_all(contents).with_context(|| format!("writing {}", tmp.tmp_path().display()))?;
+    drop(f);
+    tmp.rename_into_place()
+}
+
+/// Writes a directory whole: `fill` writes the files into a fresh temporary directory beside
+/// `dir` (`.NAME.tmp-PID`), which then replaces `dir` (an old `dir` is moved aside to
+/// `.NAME.old-PID` meanwhile, and put back if anything fails). It is committed at once, not with
+/// the stage's other outputs; on SIGTERM/SIGINT/SIGHUP the temporary directory is removed.
+pub fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+    let _on_signal = {
+        let (tmp, old, dir) = (tmp.clone(), old.clone(), dir.to_path_buf());
+        cleanup::on_signal(move || {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if old.exists() && !dir.exists() {
+                let _ = std::fs::rename(&old, &dir);
+            }
+        })
+    };
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let result = fill(&tmp).and_then(|_| {
+        if dir.exists() {
+            std::fs::rename(dir, &old).with_context(|| format!("moving the old {} aside", dir.display()))?;
+        }
+        std::fs::rename(&tmp, dir).with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+        let _ = std::fs::remove_dir_all(&old);
+        Ok(())
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        if old.exists() && !dir.exists() {
+            let _ = std::fs::rename(&old, dir);
+        }
+    }
+    result
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@ use anyhow::{bail, Context, Result};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{Map, Value};
 
+use coa_schemas::output::write_atomically_now;
+
 use crate::config::ModelConfig;
 use crate::model::Model;
 use crate::params::{param_specs, Params, Tensor};
@@ -176,7 +178,7 @@ impl Model {
             }];
         }
         let cfg_text = serde_json::to_string_pretty(&config.to_json())? + "\n";
-        write_atomic(&dir.join("config.json"), cfg_text.as_bytes())?;
+        write_atomically_now(&dir.join("config.json"), cfg_text.as_bytes())?;
 
         // safetensors: every tensor as little-endian bytes of the chosen dtype.
         let (st_dtype, encoded): (Dtype, Vec<Vec<u8>>) = match dtype {
@@ -204,7 +206,7 @@ impl Model {
         let bytes = safetensors::tensor::serialize(views, Some(meta))
             .map_err(|e| anyhow::anyhow!("{e:?}"))
             .context("serialising model.safetensors")?;
-        write_atomic(&dir.join("model.safetensors"), &bytes)?;
+        write_atomically_now(&dir.join("model.safetensors"), &bytes)?;
 
         let mut gen = Map::new();
         gen.insert("_from_model_config".into(), Value::Bool(true));
@@ -222,16 +224,7 @@ impl Model {
             gen.insert("pad_token_id".into(), Value::from(p));
         }
         let gen_text = serde_json::to_string_pretty(&Value::Object(gen))? + "\n";
-        write_atomic(&dir.join("generation_config.json"), gen_text.as_bytes())?;
+        write_atomically_now(&dir.join("generation_config.json"), gen_text.as_bytes())?;
         Ok(())
     }
-}
-
-/// Write `bytes` to `path` through a temporary file in the same directory, then rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let file_name = path.file_name().and_then(|f| f.to_str()).context("path has no file name")?;
-    let tmp = path.with_file_name(format!(".{file_name}.tmp.{}", std::process::id()));
-    fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
 }

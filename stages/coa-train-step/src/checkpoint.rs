@@ -16,7 +16,7 @@
 //! DIR is replaced only if it looks like a checkpoint (never a directory of other files).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use safetensors::tensor::TensorView;
@@ -204,41 +204,11 @@ pub fn check_save_dir(dir: &Path) -> Result<()> {
     coa_schemas::output::check_output_path("--save", &dir.join(STATE_FILE))
 }
 
-/// Writes a checkpoint directory atomically: `fill` writes the files into a fresh temporary
-/// directory beside `dir`, which then replaces `dir`. A checkpoint is committed when written (it
-/// is the point a `--resume` restarts from), not with the stage's other outputs; on
-/// SIGTERM/SIGINT/SIGHUP the temporary directory is removed.
+/// Writes a checkpoint directory atomically ([`coa_schemas::output::write_dir_atomically`]):
+/// `fill` writes the files into a fresh temporary directory beside `dir`, which then replaces
+/// `dir`. A checkpoint is committed when written (it is the point a `--resume` restarts from),
+/// not with the stage's other outputs.
 pub fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     check_save_dir(dir)?;
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-    let _on_signal = {
-        let (tmp, old, dir) = (tmp.clone(), old.clone(), dir.to_path_buf());
-        coa_schemas::cleanup::on_signal(move || {
-            let _ = std::fs::remove_dir_all(&tmp);
-            if old.exists() && !dir.exists() {
-                let _ = std::fs::rename(&old, &dir);
-            }
-        })
-    };
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let result = fill(&tmp).and_then(|_| {
-        if dir.exists() {
-            std::fs::rename(dir, &old).with_context(|| format!("moving the old {} aside", dir.display()))?;
-        }
-        std::fs::rename(&tmp, dir).with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
-        let _ = std::fs::remove_dir_all(&old);
-        Ok(())
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-        if old.exists() && !dir.exists() {
-            let _ = std::fs::rename(&old, dir);
-        }
-    }
-    result.with_context(|| format!("writing checkpoint {}", dir.display()))
+    coa_schemas::output::write_dir_atomically(dir, fill).with_context(|| format!("writing checkpoint {}", dir.display()))
 }

@@ -660,7 +660,7 @@ impl GgufWriter {
 
     /// Writes the file (through a temporary name, then renamed).
     pub fn write(&self, path: &Path) -> Result<()> {
-        crate::io::write_atomic(path, &self.to_bytes())
+        coa_schemas::output::write_atomically_now(path, &self.to_bytes())
     }
 }
 
