@@ -14,6 +14,7 @@ pub mod cleanup;
 pub mod flags;
 pub mod io;
 pub mod output;
+pub mod rng;
 pub mod rows;
 pub mod shard;
 pub mod stage;

@@ -27,27 +27,10 @@ use arrow::compute::{cast, concat_batches, filter_record_batch, take_record_batc
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
+use crate::rng::{fmix64, fnv1a};
+
 /// The column every shard key is computed from.
 pub const SHARD_COLUMN: &str = "task_id";
-
-/// 64-bit FNV-1a of a string's bytes: the stable hash behind shards and per-task random streams.
-pub fn fnv1a(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// MurmurHash3's 64-bit finalizer: every input bit moves every output bit.
-pub fn fmix64(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^ (k >> 33)
-}
 
 /// One shard of N: `index` in `0..count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,14 +139,6 @@ mod tests {
 
     use arrow::array::Int32Array;
     use arrow::datatypes::{Field, Schema};
-
-    #[test]
-    fn fnv1a_is_the_published_function() {
-        // Test vectors of the FNV reference (Fowler, Noll, Vo): "" and "a".
-        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a("foobar"), 0x8594_4171_f739_67e8);
-    }
 
     #[test]
     fn shard_specs_parse_zero_based_and_refuse_the_rest() {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use coa_schemas::io::{self, Provenance, BATCH_ROWS};
+use coa_schemas::rng::SplitMix64;
 use coa_schemas::tables::MAS_RUNS;
 use serde::Serialize;
 
@@ -45,17 +46,11 @@ struct Run {
     latency_ms: f64,
 }
 
-struct Rng(u64);
+/// SplitMix64 with a modulo draw.
+struct Rng(SplitMix64);
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.below_mod(n as usize) as u64
     }
 }
 
@@ -127,7 +122,7 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let n: usize = args.get(1).context("usage: gen_mas_runs N OUT [SEED]")?.parse()?;
     let out = PathBuf::from(args.get(2).context("usage: gen_mas_runs N OUT [SEED]")?);
-    let mut rng = Rng(args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(1));
+    let mut rng = Rng(SplitMix64::new(args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(1)));
     let schema = MAS_RUNS.schema();
     let mut batches = Vec::new();
     let mut i = 0;

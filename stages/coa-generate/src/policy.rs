@@ -345,8 +345,8 @@ pub fn groups_share(total: usize, shard: Option<ShardSpec>) -> usize {
 }
 
 /// The sampler's generator (per-sample streams from [`sample_seed`]).
-pub use coa_model::rng::SplitMix64 as Rng;
-use coa_model::rng::fnv1a;
+pub use coa_schemas::rng::SplitMix64 as Rng;
+use coa_schemas::rng::fnv1a;
 
 /// The random stream of one sample.
 pub fn sample_seed(seed: u64, task_id: &str, sample_idx: usize) -> u64 {

@@ -21,6 +21,9 @@ use anyhow::{anyhow, bail, Result};
 use arrow::array::{Array, AsArray, ListArray};
 use arrow::datatypes::{Int32Type, UInt8Type};
 use arrow::record_batch::RecordBatch;
+use coa_schemas::rng::Fnv1a;
+/// The shuffles' generator (its state is saved in the trainer state).
+pub use coa_schemas::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
 /// One training row.
@@ -90,19 +93,6 @@ pub struct Dataset {
     /// FNV-1a over every row's ids, mask and segments: identifies the data for `--resume`.
     pub fingerprint: u64,
     pub max_len: usize,
-}
-
-struct Fnv(u64);
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-    fn bytes(&mut self, b: &[u8]) {
-        for &x in b {
-            self.0 ^= x as u64;
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
 }
 
 fn list_col<'a>(batch: &'a RecordBatch, name: &str, source: &str) -> Result<&'a ListArray> {
@@ -182,18 +172,18 @@ impl Dataset {
             if n_tgt.is_valid(i) && n_tgt.value(i) as usize != ones {
                 bail!("{}: `n_targets` is {} but `loss_mask` has {} ones", at(), n_tgt.value(i), ones);
             }
-            let mut h = Fnv::new();
-            h.bytes(&(input_ids.len() as u64).to_le_bytes());
+            let mut h = Fnv1a::new();
+            h.write(&(input_ids.len() as u64).to_le_bytes());
             for &v in &input_ids {
-                h.bytes(&v.to_le_bytes());
+                h.write(&v.to_le_bytes());
             }
-            h.bytes(&loss_mask);
+            h.write(&loss_mask);
             if let Some(s) = &segment_ids {
                 for &v in s {
-                    h.bytes(&v.to_le_bytes());
+                    h.write(&v.to_le_bytes());
                 }
             }
-            self.fingerprint = (self.fingerprint ^ h.0).rotate_left(5).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            self.fingerprint = (self.fingerprint ^ h.finish()).rotate_left(5).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             self.push(Example { source: source_idx, row, task_id, input_ids, loss_mask, segment_ids, n_targets: 0, rl: None });
         }
         Ok(())
@@ -239,39 +229,6 @@ impl Dataset {
 
     pub fn fingerprint_hex(&self) -> String {
         format!("{:016x}", self.fingerprint)
-    }
-}
-
-/// SplitMix64: a small, well-known 64-bit generator (Steele, Lea, Flood 2014), enough for
-/// shuffling; its whole state is one u64, saved in the trainer state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SplitMix64 {
-    pub state: u64,
-}
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> SplitMix64 {
-        SplitMix64 { state: seed }
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (Lemire's multiply-shift; the tiny bias is irrelevant for shuffling).
-    pub fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() as u128 * n as u128) >> 64) as usize
-    }
-    /// A Fisher-Yates permutation of `0..n`.
-    pub fn permutation(&mut self, n: usize) -> Vec<usize> {
-        let mut p: Vec<usize> = (0..n).collect();
-        for i in (1..n).rev() {
-            let j = self.below(i + 1);
-            p.swap(i, j);
-        }
-        p
     }
 }
 
@@ -417,13 +374,13 @@ impl Dataset {
             loss_mask.extend_from_slice(&r.loss_mask);
             let mut sample_logp = vec![0f32; r.prompt_ids.len()];
             sample_logp.extend_from_slice(&r.logprobs);
-            let mut h = Fnv::new();
+            let mut h = Fnv1a::new();
             for &v in &input_ids {
-                h.bytes(&v.to_le_bytes());
+                h.write(&v.to_le_bytes());
             }
-            h.bytes(&loss_mask);
-            h.bytes(&advantage.value(i).to_le_bytes());
-            self.fingerprint = (self.fingerprint ^ h.0).rotate_left(5).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            h.write(&loss_mask);
+            h.write(&advantage.value(i).to_le_bytes());
+            self.fingerprint = (self.fingerprint ^ h.finish()).rotate_left(5).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let rl = RlRow { reward: reward.value(i), advantage: advantage.value(i), sample_logp, response_len: n, old_logp: None, ref_logp: None };
             self.push(Example { source: source_idx, row, task_id: r.task_id, input_ids, loss_mask, segment_ids: None, n_targets: 0, rl: Some(rl) });
         }

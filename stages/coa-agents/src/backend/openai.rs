@@ -29,6 +29,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use coa_schemas::rng::splitmix64_mix;
 use coa_schemas::rows::Task;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -202,13 +203,6 @@ fn snippet(s: &str) -> String {
     }
 }
 
-/// SplitMix64 finaliser.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 impl OpenAiClient {
     pub fn new(cfg: OpenAiConfig) -> Result<OpenAiClient> {
         if cfg.model.trim().is_empty() {
@@ -340,7 +334,7 @@ impl OpenAiClient {
     pub fn backoff(&self, attempt: u32, key_bits: u64, retry_after: Option<Duration>) -> Duration {
         let exp = self.cfg.backoff_base.saturating_mul(1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX));
         let capped = exp.min(self.cfg.backoff_max);
-        let u = (mix(self.cfg.jitter_seed ^ key_bits ^ (attempt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 11) as f64 / (1u64 << 53) as f64;
+        let u = (splitmix64_mix(self.cfg.jitter_seed ^ key_bits ^ (attempt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 11) as f64 / (1u64 << 53) as f64;
         let jittered = capped.mul_f64(0.5 + 0.5 * u);
         match retry_after {
             Some(ra) => jittered.max(ra).min(self.cfg.backoff_max),

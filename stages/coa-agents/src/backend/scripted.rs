@@ -194,22 +194,19 @@ impl Backend for ScriptedBackend {
 // ---------------------------------------------------------------------------------------------
 // Randomness
 
-/// SplitMix64.
+/// The teacher's generator: [`SplitMix64`] with its modulo draw for indices (the recorded
+/// streams were made with it).
 #[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
+pub(crate) struct Rng(SplitMix64);
 
 impl Rng {
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [0, 1).
     fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.unit()
     }
 
     fn chance(&mut self, p: f64) -> bool {
@@ -217,11 +214,7 @@ impl Rng {
     }
 
     fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next_u64() % n as u64) as usize
-        }
+        self.0.below_mod(n)
     }
 
     fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
@@ -229,7 +222,8 @@ impl Rng {
     }
 }
 
-pub(crate) use coa_schemas::shard::fnv1a;
+pub(crate) use coa_schemas::rng::fnv1a;
+use coa_schemas::rng::SplitMix64;
 
 struct Streams<'a> {
     seed: u64,
@@ -239,7 +233,7 @@ struct Streams<'a> {
 impl Streams<'_> {
     /// The random stream of one purpose of one task.
     fn rng(&self, purpose: &str) -> Rng {
-        let mut r = Rng(self.seed ^ fnv1a(self.task_id) ^ fnv1a(purpose).rotate_left(17));
+        let mut r = Rng(SplitMix64::new(self.seed ^ fnv1a(self.task_id) ^ fnv1a(purpose).rotate_left(17)));
         r.next_u64();
         r
     }

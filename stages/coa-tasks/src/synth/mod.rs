@@ -35,6 +35,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use anyhow::{bail, Result};
+use coa_schemas::rng::{fnv1a, splitmix64_mix};
 use coa_schemas::rows::{CorpusPage, Task};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -191,16 +192,7 @@ pub(crate) fn base_task(suite: Suite, split: Split, i: usize) -> Task {
 /// hash partition, independent of any seed. See the module docs for what it guarantees.
 pub fn split_of_token(token: &str) -> Split {
     // FNV-1a, then the splitmix64 finaliser so that every bit depends on every byte.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in token.as_bytes() {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^= h >> 31;
+    let h = splitmix64_mix(fnv1a(token));
     if h >> 63 == 0 {
         Split::Train
     } else {
