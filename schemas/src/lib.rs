@@ -18,4 +18,5 @@ pub mod rng;
 pub mod rows;
 pub mod shard;
 pub mod stage;
+pub mod suite;
 pub mod tables;

@@ -25,6 +25,7 @@ use anyhow::{Context, Result};
 use coa_format::Flavor;
 use coa_rewards::{answer_correct, code_passes, extract_program};
 use coa_schemas::rows::Task;
+use coa_schemas::suite::{answer_kind, AnswerKind};
 
 use crate::action::{allowed_next, parse_output, render_output, Action, AgentRole, Step};
 use crate::backend::{Backend, Turn};
@@ -185,6 +186,7 @@ impl Run<'_> {
 /// the sandbox cannot start): the stage stops rather than record a run that never happened.
 pub fn run_task(task: &Task, backend: &dyn Backend, tools: Tools<'_>, cfg: &RunConfig) -> Result<MasRun> {
     let flavor = Flavor::for_suite(&task.suite);
+    let answers_with_a_program = answer_kind(&task.suite) == Some(AnswerKind::Program);
     let mut mind = backend.start(task).with_context(|| format!("task {}", task.task_id))?;
     let mut run = Run { task, cfg, agents: BTreeMap::new(), steps: Vec::new(), events: Vec::new() };
     let mut activations = 0usize;
@@ -261,7 +263,7 @@ pub fn run_task(task: &Task, backend: &dyn Backend, tools: Tools<'_>, cfg: &RunC
         let needs_replan = p.action == Action::Reflection && coa_format::parse_reflection(&p.body).is_ok_and(|g| g.needs_replan());
         let score = (p.action == Action::DoubleCheck).then(|| coa_format::parse_double_check(&p.body).ok()).flatten();
         if p.action == Action::Answer {
-            final_answer = Some(if task.suite == "code" { extract_program(&p.body) } else { p.body.clone() });
+            final_answer = Some(if answers_with_a_program { extract_program(&p.body) } else { p.body.clone() });
         }
         run.steps.push(Step {
             action: p.action,
@@ -279,7 +281,7 @@ pub fn run_task(task: &Task, backend: &dyn Backend, tools: Tools<'_>, cfg: &RunC
 
     let success = match &final_answer {
         None => false,
-        Some(answer) if task.suite == "code" => {
+        Some(answer) if answers_with_a_program => {
             code_passes(task, answer, &tools.config.limits).with_context(|| format!("task {}: checking the program", task.task_id))?.passed
         }
         Some(answer) => answer_correct(task, answer).with_context(|| format!("task {}: checking the answer", task.task_id))?,

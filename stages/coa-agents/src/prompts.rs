@@ -2,6 +2,7 @@
 //! appends, and the manager's routing reply format.
 
 use coa_format::Flavor;
+use coa_schemas::suite::{answer_kind, AnswerKind};
 
 use crate::action::{Action, AgentRole};
 
@@ -23,9 +24,9 @@ pub fn role_prompt(agent: AgentRole, suite: &str) -> String {
     let team = "You are one agent of a team that solves a task together: a manager routes the work between a \
 planner, a search agent, a crawl agent, a code agent, a reflector and a verifier. You see the team's steps as they \
 happen, each prefixed with the agent that took it.";
-    let answer_form = match suite {
-        "math" => "The final answer is the number or expression only, as \\boxed{...}.",
-        "code" => "The final answer is the complete Python program (the function and its imports), in one ```python block.",
+    let answer_form = match answer_kind(suite) {
+        Some(AnswerKind::Math) => "The final answer is the number or expression only, as \\boxed{...}.",
+        Some(AnswerKind::Program) => "The final answer is the complete Python program (the function and its imports), in one ```python block.",
         _ => "Answers are the exact name or phrase only, no sentence; several answers are separated by |.",
     };
     let body = match agent {

@@ -22,6 +22,7 @@ use anyhow::{Context, Result};
 use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use coa_schemas::rows::Task;
+use coa_schemas::suite::{answer_kind, AnswerKind};
 use serde::Serialize;
 use serde_json::json;
 
@@ -54,17 +55,18 @@ impl VerlTask {
 
     /// `reward_model.ground_truth` (module docs), or why there is none.
     pub fn ground_truth(&self) -> Result<String, String> {
-        if self.suite == "code" {
+        let kind = answer_kind(&self.suite);
+        if kind == Some(AnswerKind::Program) {
             return self
                 .code_spec
                 .clone()
                 .ok_or_else(|| format!("code task `{}` has no tests for its verl ground truth (pass the tasks table with --tasks)", self.task_id));
         }
         let golds: Vec<&str> = self.answers.iter().map(String::as_str).filter(|a| !a.trim().is_empty()).collect();
-        match (self.suite.as_str(), golds.as_slice()) {
+        match (kind, golds.as_slice()) {
             (_, []) => Err("no gold answer for the verl ground truth".into()),
-            ("math", [one]) => Ok(one.to_string()),
-            ("math", many) => Ok(json!({ "target": many }).to_string()),
+            (Some(AnswerKind::Math), [one]) => Ok(one.to_string()),
+            (Some(AnswerKind::Math), many) => Ok(json!({ "target": many }).to_string()),
             (_, many) => Ok(json!({ "target": many, "question": self.question }).to_string()),
         }
     }
@@ -73,7 +75,7 @@ impl VerlTask {
 /// A code task's test spec: `{"stdin", "expected_output"}` for stdio tests, else
 /// `{"functional": test_code}` (the layouts the importer reads).
 pub fn code_spec(t: &Task) -> Option<String> {
-    if t.suite != "code" {
+    if answer_kind(&t.suite) != Some(AnswerKind::Program) {
         return None;
     }
     if !t.stdio_tests.is_empty() {
@@ -180,7 +182,7 @@ pub fn verl_batch(tasks: &[VerlTask], first_index: i64, split: &str) -> Result<R
         let data_source = t.data_source();
         let kwargs = ToolKwargs {
             create_kwargs: CreateKwargs {
-                ground_truth: if t.suite == "code" { vec![ground_truth.clone()] } else { t.answers.clone() },
+                ground_truth: if answer_kind(&t.suite) == Some(AnswerKind::Program) { vec![ground_truth.clone()] } else { t.answers.clone() },
                 question: t.question.clone(),
                 data_source: data_source.clone(),
             },

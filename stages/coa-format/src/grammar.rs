@@ -31,6 +31,8 @@
 
 use std::fmt;
 
+use coa_schemas::suite::Suite;
+
 use crate::grade::{parse_double_check, parse_reflection, GradeError};
 use crate::parse::{parse, ParseError};
 use crate::tag::{list_tags, Tag};
@@ -54,10 +56,10 @@ impl Flavor {
     /// `math` and `code` follow the code agent's order, `qa` either QA order, every other suite
     /// (multihop, other web suites) the web agent's.
     pub fn for_suite(suite: &str) -> Flavor {
-        match suite {
-            "math" | "code" => Flavor::Code,
-            "qa" => Flavor::Qa,
-            _ => Flavor::Web,
+        match Suite::parse(suite) {
+            Some(Suite::Math | Suite::Code) => Flavor::Code,
+            Some(Suite::Qa) => Flavor::Qa,
+            Some(Suite::Multihop) | None => Flavor::Web,
         }
     }
 

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use crate::grammar::Flavor;
+use coa_schemas::suite::Suite;
 
 /// Search agents (multihop, qa and other web suites).
 pub const WEB_INSTRUCTION: &str = "\
@@ -53,15 +53,13 @@ Solve the programming task step by step, writing each step inside its tag:
 - <answer>...</answer>: the complete final program in a ```python block; it ends your response.
 Order: <plan>, then any number of rounds of <think> <code> <observation> <reflection>, then <think> <answer>.";
 
-/// The instruction for a suite: `math`, `code`, otherwise the web instruction.
+/// The instruction for a suite: `math`, `code`, otherwise (multihop, qa, a suite this build does
+/// not know) the web instruction.
 pub fn instruction(suite: &str) -> &'static str {
-    match suite {
-        "math" => MATH_INSTRUCTION,
-        "code" => CODE_INSTRUCTION,
-        _ => match Flavor::for_suite(suite) {
-            Flavor::Web | Flavor::Qa => WEB_INSTRUCTION,
-            Flavor::Code => CODE_INSTRUCTION,
-        },
+    match Suite::parse(suite) {
+        Some(Suite::Math) => MATH_INSTRUCTION,
+        Some(Suite::Code) => CODE_INSTRUCTION,
+        Some(Suite::Multihop | Suite::Qa) | None => WEB_INSTRUCTION,
     }
 }
 
@@ -106,6 +104,7 @@ pub fn split_prompt(prompt: &str) -> (Option<&str>, &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::grammar::Flavor;
     use crate::tag::Tag;
 
     #[test]

@@ -10,6 +10,12 @@
 mod mas;
 mod policy;
 
+/// Whether `task` searches the web, so that its run needs a `--corpus` (every suite but math and
+/// code, including ones this build does not know).
+fn searches_the_web(task: &Task) -> bool {
+    coa_schemas::suite::Suite::parse(&task.suite).is_none_or(|s| s.uses_web())
+}
+
 /// Reads the `corpus` table of `--corpus FILE` into a searchable corpus (mas and policy share it).
 fn read_corpus(stage: &mut Stage, path: &std::path::Path) -> Result<coa_tools::Corpus> {
     use anyhow::Context;
@@ -98,7 +104,7 @@ fn seconds(s: &str) -> Result<f64, String> {
 }
 
 fn parse_suite(s: &str) -> Result<Suite, String> {
-    s.parse().map_err(|_| format!("unknown suite `{s}`: expected multihop, math or code"))
+    coa_tasks::parse_synthesised(s).map_err(|_| format!("unknown suite `{s}`: expected multihop, math or code"))
 }
 
 /// Pairs each --suite with its --n (one --n applies to every suite).

@@ -12,7 +12,7 @@ use coa_schemas::tables::{MAS_RUNS, TASKS};
 use coa_tools::SandboxLimits;
 use serde_json::json;
 
-use crate::{positive, seconds};
+use crate::{positive, searches_the_web, seconds};
 
 /// Tasks run in parallel per written batch: bounds memory (every event keeps the messages its
 /// agent read) while keeping every thread busy.
@@ -233,7 +233,7 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
     }
 
     // The corpus, when web tasks need it.
-    let web_tasks: Vec<&Task> = runnable.iter().filter(|t| !matches!(t.suite.as_str(), "math" | "code")).collect();
+    let web_tasks: Vec<&Task> = runnable.iter().filter(|t| searches_the_web(t)).collect();
     let corpus = match &args.corpus {
         Some(path) => Some(crate::read_corpus(stage, path)?),
         None if !web_tasks.is_empty() => bail!(

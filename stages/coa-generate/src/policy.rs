@@ -664,7 +664,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         }
     }
 
-    let web: Vec<&Task> = tasks.iter().filter(|t| !matches!(t.suite.as_str(), "math" | "code")).collect();
+    let web: Vec<&Task> = tasks.iter().filter(|t| crate::searches_the_web(t)).collect();
     let corpus = match &args.corpus {
         Some(path) => Some(crate::read_corpus(stage, path)?),
         None if !web.is_empty() => bail!(

@@ -13,13 +13,14 @@
 //!   nothing useful.
 
 use coa_schemas::rows::Task;
+use coa_schemas::suite::{answer_kind, AnswerKind};
 use serde_json::Value;
 
 /// The gold answer of `task` as a model would write it inside `<answer>`, if the task has one.
 pub fn gold_answer(task: &Task) -> Option<String> {
-    match task.suite.as_str() {
-        "math" => task.answers.first().map(|g| format!("\\boxed{{{g}}}")),
-        "code" => code_solution(task).map(|p| format!("```python\n{}\n```", p.trim_end())),
+    match answer_kind(&task.suite) {
+        Some(AnswerKind::Math) => task.answers.first().map(|g| format!("\\boxed{{{g}}}")),
+        Some(AnswerKind::Program) => code_solution(task).map(|p| format!("```python\n{}\n```", p.trim_end())),
         // (a gold that is only punctuation, like NQ's `)`, can never be matched: not a gold)
         _ => task.answers.iter().find(|a| !crate::qa::comparable_answer(a).is_empty()).cloned(),
     }
@@ -27,9 +28,9 @@ pub fn gold_answer(task: &Task) -> Option<String> {
 
 /// A wrong answer close to the gold (module docs).
 pub fn perturbed_answer(task: &Task) -> String {
-    match task.suite.as_str() {
-        "math" => format!("\\boxed{{{}}}", bump_first_number(task.answers.first().map_or("", String::as_str))),
-        "code" => match &task.entry_point {
+    match answer_kind(&task.suite) {
+        Some(AnswerKind::Math) => format!("\\boxed{{{}}}", bump_first_number(task.answers.first().map_or("", String::as_str))),
+        Some(AnswerKind::Program) => match &task.entry_point {
             Some(f) => format!("```python\ndef {f}(*args, **kwargs):\n    return None\n```"),
             None if task.stdio_tests.is_empty() => "```python\nclass Solution:\n    def __getattr__(self, name):\n        return lambda *a, **k: None\n```".into(),
             None => "```python\nprint('no answer')\n```".into(),

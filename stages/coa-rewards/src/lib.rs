@@ -23,6 +23,7 @@ pub mod shaping;
 
 use anyhow::{bail, Result};
 use coa_schemas::rows::Task;
+use coa_schemas::suite::{answer_kind, AnswerKind};
 use coa_tools::SandboxLimits;
 
 pub use code::{code_passes, extract_program, CodeVerdict, SandboxVerdict, TestStyle};
@@ -36,16 +37,16 @@ pub use shaping::{group_advantages, overlong_penalty, pass_at_k, total_reward, R
 /// Code tasks have no text answer (their tests decide: see [`code_passes`] or [`check_answer`]),
 /// and an unknown suite has no checker: both are errors naming the task, never a silent `false`.
 pub fn answer_correct(task: &Task, answer: &str) -> Result<bool> {
-    match task.suite.as_str() {
-        "multihop" | "qa" => Ok(exact_match(answer, &task.answers)),
-        "math" => {
+    match answer_kind(&task.suite) {
+        Some(AnswerKind::Phrase) => Ok(exact_match(answer, &task.answers)),
+        Some(AnswerKind::Math) => {
             if task.answers.is_empty() {
                 bail!("task {}: math task has no gold answer to compare with", task.task_id);
             }
             Ok(task.answers.iter().any(|g| math_equal(answer, g)))
         }
-        "code" => bail!("task {}: code tasks are checked by running their tests (code_passes), not by a text answer", task.task_id),
-        other => bail!("task {}: no answer checker for suite `{other}` (expected multihop, qa, math or code)", task.task_id),
+        Some(AnswerKind::Program) => bail!("task {}: code tasks are checked by running their tests (code_passes), not by a text answer", task.task_id),
+        None => bail!("task {}: no answer checker for suite `{}` (expected multihop, qa, math or code)", task.task_id, task.suite),
     }
 }
 
@@ -53,7 +54,7 @@ pub fn answer_correct(task: &Task, answer: &str) -> Result<bool> {
 /// [`extract_program`]) for code. `Err` only when the check itself cannot run (unknown suite,
 /// a code task without tests, the sandbox failing).
 pub fn check_answer(task: &Task, answer: &str, limits: &SandboxLimits) -> Result<bool> {
-    if task.suite == "code" {
+    if answer_kind(&task.suite) == Some(AnswerKind::Program) {
         return Ok(code_passes(task, &extract_program(answer), limits)?.passed);
     }
     answer_correct(task, answer)

@@ -13,6 +13,7 @@ use arrow::array::{ArrayRef, BooleanArray, Float32Array, RecordBatch, StringArra
 use coa_format::{steps_from_text, validate, Flavor, Tag};
 use coa_rewards::{check_answer, code_passes, extract_program, f1, group_advantages, overlong_penalty, total_reward, RewardConfig, SandboxVerdict};
 use coa_schemas::rows::{Rollout, Task};
+use coa_schemas::suite::{answer_kind, AnswerKind};
 use coa_schemas::tables::SCORES;
 use coa_tools::SandboxLimits;
 use rayon::prelude::*;
@@ -55,15 +56,15 @@ pub fn judge(task: &Task, rollout: &Rollout, config: &RewardConfig, limits: &San
     let answer = final_answer(&rollout.response_text);
     let checked = || format!("task {}: checking the answer", task.task_id);
     let (correct, sandbox) = match answer {
-        Some(a) if task.suite == "code" => {
+        Some(a) if answer_kind(&task.suite) == Some(AnswerKind::Program) => {
             let v = code_passes(task, &extract_program(a.trim()), limits).with_context(checked)?;
             (v.passed, Some(v.sandbox))
         }
         Some(a) => (check_answer(task, a.trim(), limits).with_context(checked)?, None),
         None => (false, None),
     };
-    let f1 = match task.suite.as_str() {
-        "multihop" | "qa" => Some(answer.map_or(0.0, |a| f1(a.trim(), &task.answers) as f32)),
+    let f1 = match answer_kind(&task.suite) {
+        Some(AnswerKind::Phrase) => Some(answer.map_or(0.0, |a| f1(a.trim(), &task.answers) as f32)),
         _ => None,
     };
     let format_ok = format_error.is_none();

@@ -10,4 +10,4 @@ pub mod synth;
 pub use synth::code::CodeSolution;
 pub use synth::math::MathSolution;
 pub use synth::multihop::{Hop, MultihopSolution};
-pub use synth::{generate, Generated, Split, Suite};
+pub use synth::{generate, parse_synthesised, Generated, Split, Suite};

@@ -46,6 +46,7 @@
 use anyhow::{bail, Context, Result};
 use coa_format::ThinkRule;
 use coa_schemas::rows::Task;
+use coa_schemas::suite::Suite;
 use coa_tasks::{Hop, MathSolution, MultihopSolution};
 use serde::Deserialize;
 
@@ -138,23 +139,23 @@ fn solution_of(task: &Task) -> Result<Solution> {
         bail!("task {} ({} suite, source {}) has no solution path for the scripted expert (imported tasks have none)", task.task_id, task.suite, task.source);
     };
     let bad = |what: &str| format!("task {}: `solution` is not a {what} solution path", task.task_id);
-    match task.suite.as_str() {
-        "multihop" => {
+    match Suite::parse(&task.suite) {
+        Some(Suite::Multihop) => {
             let sol: MultihopSolution = serde_json::from_str(raw).with_context(|| bad("multihop"))?;
             if sol.hops.is_empty() {
                 bail!("task {}: multihop solution has no hops", task.task_id);
             }
             Ok(Solution::Web(sol))
         }
-        "math" => Ok(Solution::Math(serde_json::from_str(raw).with_context(|| bad("math"))?)),
-        "code" => {
+        Some(Suite::Math) => Ok(Solution::Math(serde_json::from_str(raw).with_context(|| bad("math"))?)),
+        Some(Suite::Code) => {
             let sol: CodeSol = serde_json::from_str(raw).with_context(|| bad("code"))?;
             if sol.code.trim().is_empty() {
                 bail!("task {}: code solution is empty", task.task_id);
             }
             Ok(Solution::Code(sol))
         }
-        other => bail!("task {}: the scripted expert has no script for suite `{other}`", task.task_id),
+        Some(Suite::Qa) | None => bail!("task {}: the scripted expert has no script for suite `{}`", task.task_id, task.suite),
     }
 }
 

@@ -48,57 +48,25 @@ pub mod names;
 #[cfg(test)]
 mod tests;
 
-/// A synthetic task suite.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Suite {
-    Multihop,
-    Math,
-    Code,
-}
+pub use coa_schemas::suite::Suite;
 
-impl Suite {
-    pub const ALL: [Suite; 3] = [Suite::Multihop, Suite::Math, Suite::Code];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Suite::Multihop => "multihop",
-            Suite::Math => "math",
-            Suite::Code => "code",
-        }
-    }
-
-    /// Tools an agent may call on this suite.
-    pub fn tools(self) -> Vec<String> {
-        match self {
-            Suite::Multihop => vec!["web_search".into(), "crawl_page".into()],
-            Suite::Math | Suite::Code => vec!["code".into()],
-        }
-    }
-
-    fn tag(self) -> u8 {
-        match self {
-            Suite::Multihop => 1,
-            Suite::Math => 2,
-            Suite::Code => 3,
-        }
+/// The synthesised suite named `s` (case and surrounding spaces ignored): multihop, math or code.
+pub fn parse_synthesised(s: &str) -> Result<Suite> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "multihop" => Ok(Suite::Multihop),
+        "math" => Ok(Suite::Math),
+        "code" => Ok(Suite::Code),
+        other => bail!("unknown suite `{other}` (expected multihop, math or code)"),
     }
 }
 
-impl fmt::Display for Suite {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Suite {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Suite> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "multihop" => Ok(Suite::Multihop),
-            "math" => Ok(Suite::Math),
-            "code" => Ok(Suite::Code),
-            other => bail!("unknown suite `{other}` (expected multihop, math or code)"),
-        }
+/// The suite's byte in the random stream's key (`qa` is never synthesised).
+fn suite_tag(suite: Suite) -> u8 {
+    match suite {
+        Suite::Multihop => 1,
+        Suite::Math => 2,
+        Suite::Code => 3,
+        Suite::Qa => 4,
     }
 }
 
@@ -158,6 +126,7 @@ pub fn generate(suite: Suite, n: usize, seed: u64, split: Split) -> Result<Gener
         Suite::Multihop => multihop::generate(&mut rng, n, split),
         Suite::Math => Ok(Generated { tasks: math::generate(&mut rng, n, split)?, corpus: Vec::new() }),
         Suite::Code => Ok(Generated { tasks: code::generate(&mut rng, n, split)?, corpus: Vec::new() }),
+        Suite::Qa => bail!("the `qa` suite is imported from task files, not synthesised (expected multihop, math or code)"),
     }
 }
 
@@ -165,7 +134,7 @@ pub fn generate(suite: Suite, n: usize, seed: u64, split: Split) -> Result<Gener
 fn suite_rng(seed: u64, suite: Suite, split: Split) -> ChaCha8Rng {
     let mut key = [0u8; 32];
     key[..8].copy_from_slice(&seed.to_le_bytes());
-    key[8] = suite.tag();
+    key[8] = suite_tag(suite);
     key[9] = split.tag();
     key[10..26].copy_from_slice(b"coa-tasks/synth1");
     ChaCha8Rng::from_seed(key)
@@ -183,7 +152,7 @@ pub(crate) fn base_task(suite: Suite, split: Split, i: usize) -> Task {
         suite: suite.as_str().to_string(),
         split: split.as_str().to_string(),
         source: "synthetic".to_string(),
-        tools: suite.tools(),
+        tools: suite.tools().iter().map(|t| t.to_string()).collect(),
         ..Task::default()
     }
 }
