@@ -24,16 +24,12 @@ use rayon::prelude::*;
 
 use crate::config::ModelConfig;
 use crate::model::Model;
-use crate::ops;
+use crate::ops::{self, SendPtr};
 use crate::params::layout;
 
 /// Query rows per attention task (as in `ops::attention_forward`).
 const ATT_BLOCK: usize = 64;
 
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
 
 /// Keys and values of up to `n_slots` sequences (see the module docs).
 #[derive(Clone, Debug)]

@@ -22,8 +22,10 @@ const ROW_CHUNK: usize = 16;
 // ---------------------------------------------------------------------------------------------
 // matmul
 
+/// An output pointer that parallel tasks share, each writing only its own rows or columns (the
+/// one wrapper the crate's rayon loops use).
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(crate) struct SendPtr(pub(crate) *mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 

@@ -267,11 +267,7 @@ pub fn linear_rows(out: &mut [f32], x: &[f32], w: &[f32], r: usize, i: usize, o:
     use rayon::prelude::*;
     assert!(out.len() == r * o && x.len() == r * i && w.len() == o * i, "linear_rows: shapes");
     const CHUNK: usize = 64;
-    #[derive(Clone, Copy)]
-    struct Out(*mut f32);
-    unsafe impl Send for Out {}
-    unsafe impl Sync for Out {}
-    let outp = Out(out.as_mut_ptr());
+    let outp = crate::ops::SendPtr(out.as_mut_ptr());
     (0..o.div_ceil(CHUNK)).into_par_iter().for_each(|ch| {
         let outp = outp;
         let (o0, o1) = (ch * CHUNK, ((ch + 1) * CHUNK).min(o));
@@ -656,11 +652,7 @@ pub fn linear_rows_blocked(out: &mut [f32], x: &[f32], w: &[f32], r: usize, i: u
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             const CHUNK: usize = 32;
             const RT: usize = 12;
-            #[derive(Clone, Copy)]
-            struct Out(*mut f32);
-            unsafe impl Send for Out {}
-            unsafe impl Sync for Out {}
-            let outp = Out(out.as_mut_ptr());
+            let outp = crate::ops::SendPtr(out.as_mut_ptr());
             let n8 = i / 8 * 8;
             (0..o.div_ceil(CHUNK)).into_par_iter().for_each(|ch| {
                 let outp = outp;
