@@ -9,7 +9,7 @@
 use std::fmt;
 
 use anyhow::{anyhow, bail, Result};
-use coa_format::{next_actions, parse, parse_double_check, parse_reflection, think_rule, Flavor, Tag, ThinkRule};
+use coa_format::{find_block, next_actions, parse, parse_double_check, parse_reflection, think_rule, Flavor, Tag, ThinkRule};
 
 /// An action an agent can produce: every CoA tag but think and observation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -289,21 +289,19 @@ pub fn parse_output(text: &str, flavor: Flavor) -> Result<Parsed> {
 }
 
 /// First `<think>` block and first action block anywhere in `text` (ignoring text around them).
+/// An agent's output is read from its first blocks: one activation writes one action (a rollout,
+/// which `coa-score` reads, ends with its last `<answer>` instead).
 fn lenient(text: &str) -> Option<(Option<String>, Tag, String)> {
     let think = find_block(text, Tag::Think, 0);
-    let from = think.as_ref().map_or(0, |(_, end)| *end);
-    let mut best: Option<(usize, Tag, String)> = None;
+    let from = think.as_ref().map_or(0, |(block, _)| block.end);
+    let mut best: Option<(usize, Tag, &str)> = None;
     for tag in Tag::ALL {
         if tag == Tag::Think || tag == Tag::Observation {
             continue;
         }
-        if let Some(start) = text[from..].find(tag.open()) {
-            let start = from + start;
-            let body_start = start + tag.open().len();
-            if let Some(len) = text[body_start..].find(tag.close()) {
-                if best.as_ref().is_none_or(|(s, _, _)| start < *s) {
-                    best = Some((start, tag, text[body_start..body_start + len].to_string()));
-                }
+        if let Some((block, content)) = find_block(text, tag, from) {
+            if best.as_ref().is_none_or(|(s, _, _)| block.start < *s) {
+                best = Some((block.start, tag, content));
             }
         }
     }
@@ -312,14 +310,7 @@ fn lenient(text: &str) -> Option<(Option<String>, Tag, String)> {
     if tag != Tag::Code && Tag::ALL.iter().any(|t| content.contains(t.open()) || content.contains(t.close())) {
         return None;
     }
-    Some((think.map(|(t, _)| t), tag, content))
-}
-
-fn find_block(text: &str, tag: Tag, from: usize) -> Option<(String, usize)> {
-    let start = from + text[from..].find(tag.open())?;
-    let body = start + tag.open().len();
-    let len = text[body..].find(tag.close())?;
-    Some((text[body..body + len].to_string(), body + len + tag.close().len()))
+    Some((think.map(|(_, t)| t.to_string()), tag, content.to_string()))
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! - [`tag`]: the [`Tag`]s (think, plan, reflection, suggested_answer, double_check, web_search /
 //!   wiki_search, crawl_page, code, observation, answer) and the tool names.
 //! - [`parse`]: text → [`Segment`]s `(tag, content, byte range, char span)` with positioned
-//!   [`ParseError`]s (unclosed, stray closing, unknown, nested tags, text outside tags).
+//!   [`ParseError`]s (unclosed, stray closing, unknown, nested tags, text outside tags), and
+//!   [`find_block`] / [`find_last_block`], the plain text search lenient readers fall back to.
 //! - [`grammar`]: the ordering state machine as explicit transition tables, [`validate`] for steps
 //!   (ordering + score/grade rules), [`validate_text`] for raw text.
 //! - [`grade`]: reflection grades and double_check scores.
@@ -29,7 +30,8 @@ pub use grammar::{
     WEB_TRANSITIONS,
 };
 pub use parse::{
-    char_len, code_source, parse, parse_into, ParseError, ParseErrorKind, Segment, Span,
+    char_len, code_source, find_block, find_last_block, parse, parse_into, ParseError,
+    ParseErrorKind, Segment, Span,
 };
 pub use prompt::{build_prompt, instruction, split_prompt, write_prompt};
 pub use render::{check_observations, check_steps, render, render_to, RenderError, RenderProblem, Rendered};

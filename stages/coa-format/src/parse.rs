@@ -305,6 +305,27 @@ fn memchr_lt(haystack: &[u8]) -> Option<usize> {
     memchr::memchr(b'<', haystack)
 }
 
+/// The first `<tag>…</tag>` block of `text` at or after byte `from`, found by plain text search:
+/// the first opening tag and the first closing tag after it, with no grammar (for text that does
+/// not [`parse`], where a lenient reader still wants its blocks). Returns the block's byte range,
+/// tags included, and its content; `None` when either tag is missing or `from` is not a character
+/// boundary of `text`.
+pub fn find_block(text: &str, tag: Tag, from: usize) -> Option<(Range<usize>, &str)> {
+    let start = from + text.get(from..)?.find(tag.open())?;
+    let body = start + tag.open().len();
+    let len = text[body..].find(tag.close())?;
+    Some((start..body + len + tag.close().len(), &text[body..body + len]))
+}
+
+/// The content of the last `<tag>…</tag>` block of `text`, found by plain text search: the last
+/// opening tag and the first closing tag after it (`None` when that opening tag is never closed,
+/// even if an earlier block is).
+pub fn find_last_block(text: &str, tag: Tag) -> Option<&str> {
+    let body = text.rfind(tag.open())? + tag.open().len();
+    let len = text[body..].find(tag.close())?;
+    Some(&text[body..body + len])
+}
+
 /// The Python source of a `<code>` body: the text inside a ```` ```py ```` (or ```` ```python ````,
 /// or bare ```` ``` ````) fence, exactly as [`crate::render`] wrote it; an unfenced body is
 /// returned trimmed.
@@ -409,6 +430,32 @@ mod tests {
         assert_eq!(code_source("```\n  y\n```"), "  y");
         assert_eq!(code_source("\nx = 2\n"), "x = 2");
         assert_eq!(code_source("\n```py\n```\n"), "");
+    }
+
+    #[test]
+    fn blocks_are_found_by_plain_text_search() {
+        // chatter around the blocks, and text that does not parse (an unclosed <plan>)
+        let text = "Sure! <think>a</think>\n<plan>x <answer>1</answer> chatter <answer>2</answer> <answer>3";
+        assert!(parse(text).is_err());
+        let (range, think) = find_block(text, Tag::Think, 0).unwrap();
+        assert_eq!((think, &text[range.clone()]), ("a", "<think>a</think>"));
+        // the first block at or after `from`
+        let (r1, a1) = find_block(text, Tag::Answer, range.end).unwrap();
+        assert_eq!(a1, "1");
+        assert_eq!(find_block(text, Tag::Answer, r1.end).unwrap().1, "2");
+        assert_eq!(find_block(text, Tag::Answer, r1.start + 1).unwrap().1, "2");
+        // an opening tag never closed, a missing tag, a `from` past the end or inside a character
+        assert_eq!(find_block(text, Tag::Plan, 0), None);
+        assert_eq!(find_block(text, Tag::Code, 0), None);
+        assert_eq!(find_block(text, Tag::Think, text.len() + 1), None);
+        assert_eq!(find_block("é<think>a</think>", Tag::Think, 1), None);
+        // no grammar: a block's content may hold other tags
+        assert_eq!(find_block("<plan>p <code>c</code></plan>", Tag::Plan, 0).unwrap().1, "p <code>c</code>");
+        // the last opening tag, closed by the first closing tag after it: here never closed
+        assert_eq!(find_last_block(text, Tag::Answer), None);
+        assert_eq!(find_last_block("<answer>1</answer> <answer>2</answer>x", Tag::Answer), Some("2"));
+        assert_eq!(find_last_block("<answer>1 <answer>2</answer></answer>", Tag::Answer), Some("2"));
+        assert_eq!(find_last_block("no tags", Tag::Answer), None);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `coa-generate`: the stage that makes data from nothing but flags and files.
+//! `coa-generate`: the stage that makes data from nothing but flags and files. The logic lives in
+//! the `coa_generate` library; this binary parses flags.
 //!
 //! `coa-generate tasks` synthesizes an offline task suite (with its document corpus for
 //! multihop) or imports a real task file, and writes the `tasks` table.
@@ -7,36 +8,11 @@
 //! `coa-generate policy` samples a checkpoint G times per task with real tool calls and writes
 //! `rollouts`.
 
-mod mas;
-mod policy;
-
-/// Whether `task` searches the web, so that its run needs a `--corpus` (every suite but math and
-/// code, including ones this build does not know).
-fn searches_the_web(task: &Task) -> bool {
-    coa_schemas::suite::Suite::parse(&task.suite).is_none_or(|s| s.uses_web())
-}
-
-/// Reads the `corpus` table of `--corpus FILE` into a searchable corpus (mas and policy share it).
-fn read_corpus(stage: &mut Stage, path: &std::path::Path) -> Result<coa_tools::Corpus> {
-    use anyhow::Context;
-    let reader = stage.open(Some(path), &CORPUS)?;
-    let mut pages: Vec<rows::CorpusPage> = Vec::new();
-    for batch in reader {
-        pages.extend(rows::from_batch::<rows::CorpusPage>(&batch?).with_context(|| format!("{}: reading corpus pages", path.display()))?);
-    }
-    coa_tools::Corpus::new(pages).with_context(|| format!("--corpus {}", path.display()))
-}
-
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
-use coa_schemas::io::BATCH_ROWS;
-use coa_schemas::rows::{self, Row, Task};
-use coa_schemas::stage::{self, IoArgs, Stage};
-use coa_schemas::tables::CORPUS;
-use coa_tasks::{Split, Suite};
+use coa_generate::{mas, policy, tasks};
+use coa_schemas::stage::{self, Stage};
 
 #[global_allocator]
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
@@ -52,76 +28,11 @@ struct Cli {
 #[allow(clippy::large_enum_variant)] // parsed once
 enum Command {
     /// Synthesize an offline task suite, or import a real task file, into the `tasks` table.
-    Tasks(TasksArgs),
+    Tasks(tasks::TasksArgs),
     /// Run the teacher multi-agent system on a `tasks` table (stdin or -i) into `mas_runs`.
     Mas(mas::MasArgs),
     /// Sample a checkpoint G times per task, with real tool calls, into `rollouts`.
     Policy(policy::PolicyArgs),
-}
-
-#[derive(clap::Args)]
-#[command(after_help = "Examples:\n  coa-generate tasks --suite multihop --n 1000 --seed 1 -o tasks.parquet --corpus-out corpus.parquet\n  \
-coa-generate tasks --import aime24.parquet -o aime.parquet\n  coa-generate tasks --import HumanEval.jsonl.gz | python3 -c 'import sys, pyarrow as pa; print(pa.ipc.open_stream(sys.stdin.buffer).read_all().num_rows)'")]
-struct TasksArgs {
-    /// Synthetic suite to generate: multihop, math or code. Repeat for several suites in one table.
-    #[arg(long, value_parser = parse_suite, required_unless_present = "import", conflicts_with = "import")]
-    suite: Vec<Suite>,
-    /// Number of tasks: one value for every suite, or one per --suite, in order.
-    #[arg(long, default_value = "100", value_parser = positive)]
-    n: Vec<usize>,
-    /// Seed: the same seed gives byte-identical output.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// `train`, or `test` for held-out entities and numbers never seen in train.
-    #[arg(long, value_parser = parse_split, default_value = "train")]
-    split: Split,
-    /// Real task file to import: verl RL Parquet, question/answer JSON lines or one JSON array
-    /// (NQ, GAIA, BrowseComp, HLE, WebWalker), HumanEval JSONL (gzipped or not).
-    #[arg(long, value_name = "FILE")]
-    import: Option<PathBuf>,
-    /// Split label for imported tasks (default: test; a benchmark file is test data whatever split
-    /// it records).
-    #[arg(long, value_name = "SPLIT", requires = "import")]
-    import_split: Option<String>,
-    /// Where to write the multihop document corpus (the offline web the tools search).
-    #[arg(long, value_name = "FILE")]
-    corpus_out: Option<PathBuf>,
-    #[command(flatten)]
-    io: IoArgs,
-}
-
-/// Flag parser: a whole number of at least 1.
-fn positive(s: &str) -> Result<usize, String> {
-    coa_schemas::flags::at_least_one(s)
-}
-
-/// Flag parser: a positive, finite number of seconds.
-fn seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("`{s}`: expected a positive number of seconds")),
-    }
-}
-
-fn parse_suite(s: &str) -> Result<Suite, String> {
-    coa_tasks::parse_synthesised(s).map_err(|_| format!("unknown suite `{s}`: expected multihop, math or code"))
-}
-
-/// Pairs each --suite with its --n (one --n applies to every suite).
-fn suite_counts(suites: &[Suite], n: &[usize]) -> Result<Vec<usize>> {
-    let counts = match n.len() {
-        1 => vec![n[0]; suites.len()],
-        k if k == suites.len() => n.to_vec(),
-        k => bail!("--n: given {k} times for {} suites; give it once, or once per --suite", suites.len()),
-    };
-    if let Some(i) = counts.iter().position(|&c| c == 0) {
-        bail!("--n: expected at least 1 task for suite {}", suites[i]);
-    }
-    Ok(counts)
-}
-
-fn parse_split(s: &str) -> Result<Split, String> {
-    s.parse().map_err(|_| format!("unknown split `{s}`: expected train or test"))
 }
 
 fn main() -> ExitCode {
@@ -130,7 +41,7 @@ fn main() -> ExitCode {
         Command::Tasks(args) => {
             let mut stage = Stage::new("coa-generate tasks", env!("CARGO_PKG_VERSION"));
             stage.set_stats_path(args.io.stats.clone());
-            stage::run(&mut stage, |s| tasks(s, &args))
+            stage::run(&mut stage, |s| tasks::run(s, &args))
         }
         Command::Mas(args) => {
             let mut stage = Stage::new("coa-generate mas", env!("CARGO_PKG_VERSION"));
@@ -153,65 +64,4 @@ fn main() -> ExitCode {
             })
         }
     }
-}
-
-fn tasks(stage: &mut Stage, args: &TasksArgs) -> Result<()> {
-    let [out, stats] = args.io.outputs();
-    stage.outputs(&[out, stats, ("--corpus-out", args.corpus_out.as_deref())])?;
-    if args.io.input.is_some() {
-        bail!("`coa-generate tasks` reads no table: use --import FILE for a task file, or --suite to synthesize");
-    }
-    let (tasks, corpus) = match (&args.import, args.suite.is_empty()) {
-        (Some(path), _) => {
-            stage.add_input_file(path);
-            if args.corpus_out.is_some() {
-                bail!("--corpus-out: imported tasks come without a corpus; it is written only with --suite multihop");
-            }
-            let (layout, tasks) = coa_tasks::import::import_file_with_layout(path, args.import_split.as_deref())?;
-            stage.add_rows_in(tasks.len() as u64);
-            stage.note("layout", layout.to_string());
-            (tasks, Vec::new())
-        }
-        (None, false) => {
-            stage.set_seed(args.seed);
-            let counts = suite_counts(&args.suite, &args.n)?;
-            let (mut tasks, mut corpus) = (Vec::new(), Vec::new());
-            for (&suite, &n) in args.suite.iter().zip(&counts) {
-                let generated = coa_tasks::generate(suite, n, args.seed, args.split)?;
-                tasks.extend(generated.tasks);
-                corpus.extend(generated.corpus);
-            }
-            let names: Vec<String> = args.suite.iter().map(|s| s.to_string()).collect();
-            stage.note("suites", names.join(","));
-            stage.note("split", args.split.to_string());
-            (tasks, corpus)
-        }
-        (None, true) => bail!("give --suite to synthesize tasks or --import FILE to import them"),
-    };
-    if corpus.is_empty() && args.corpus_out.is_some() {
-        bail!("--corpus-out: only the multihop suite has a document corpus");
-    }
-    if !corpus.is_empty() && args.corpus_out.is_none() {
-        eprintln!("coa-generate tasks: note: --corpus-out not given; the multihop corpus ({} pages) is not written", corpus.len());
-    }
-
-    // The corpus is written before the tasks, so a reader that sees the tasks finds their corpus.
-    if let Some(path) = &args.corpus_out {
-        let mut w = stage.create(Some(path), None, &CORPUS.schema())?;
-        for chunk in corpus.chunks(BATCH_ROWS) {
-            w.write(&rows::to_batch(chunk)?)?;
-        }
-        let n = w.finish()?;
-        stage.note("corpus_pages", n);
-    }
-    let mut w = stage.create(args.io.output.as_deref(), args.io.format, &Task::table().schema())?;
-    let bar = stage.progress(Some(tasks.len() as u64), "writing tasks");
-    for chunk in tasks.chunks(BATCH_ROWS) {
-        w.write(&rows::to_batch(chunk)?)?;
-        bar.inc(chunk.len() as u64);
-    }
-    bar.finish_and_clear();
-    let n = w.finish()?;
-    stage.add_rows_out(n);
-    Ok(())
 }

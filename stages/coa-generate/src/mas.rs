@@ -4,15 +4,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use coa_agents::{Backend, Noise, OpenAiBackend, OpenAiClient, OpenAiConfig, RunConfig, RunStats, Runner, ScriptedBackend, ToolConfig, Tools};
+use coa_agents::{Backend, Noise, OpenAiBackend, OpenAiClient, OpenAiConfig, RunConfig, RunStats, Runner, ScriptedBackend, Tools};
 use coa_schemas::rows::{self, Task};
 use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{MAS_RUNS, TASKS};
-use coa_tools::SandboxLimits;
+use coa_tools::flags::{seconds, ToolFlags};
 use serde_json::json;
 
-use crate::{positive, searches_the_web, seconds};
+use crate::{corpus_for, positive, tool_config};
 
 /// Tasks run in parallel per written batch: bounds memory (every event keeps the messages its
 /// agent read) while keeping every thread busy.
@@ -67,15 +67,8 @@ pub struct MasArgs {
     /// failure, or every task failing, stops the stage.
     #[arg(long, default_value_t = 10, value_name = "N")]
     max_failed: usize,
-    /// Hits per web_search.
-    #[arg(long, value_parser = positive, default_value = "5", value_name = "K")]
-    search_k: usize,
-    /// Characters kept per crawled page.
-    #[arg(long, value_parser = positive, default_value = "4000", value_name = "N")]
-    crawl_chars: usize,
-    /// Wall-clock limit of one code run (and of the unit tests that check code answers).
-    #[arg(long, value_parser = seconds, default_value = "10", value_name = "SECS")]
-    code_timeout: f64,
+    #[command(flatten)]
+    tools: ToolFlags,
 
     /// scripted: probability, per hop, of crawling a wrong search hit first (then reflect, re-plan, recover).
     #[arg(long, value_parser = probability, default_value_t = Noise::default().wrong_pick, value_name = "P", help_heading = "Scripted expert")]
@@ -173,6 +166,7 @@ fn scripted_args_given(args: &MasArgs) -> Option<&'static str> {
     .map(|(_, name)| name)
 }
 
+/// Runs the teacher on every task of the input and writes `mas_runs`.
 pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
     stage.set_seed(args.seed);
     let concurrency = args.concurrency.unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -233,27 +227,9 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
     }
 
     // The corpus, when web tasks need it.
-    let web_tasks: Vec<&Task> = runnable.iter().filter(|t| searches_the_web(t)).collect();
-    let corpus = match &args.corpus {
-        Some(path) => Some(crate::read_corpus(stage, path)?),
-        None if !web_tasks.is_empty() => bail!(
-            "--corpus FILE is required: {} task(s) search the web (suite {}, first: task {}); pass the corpus written by `coa-generate tasks --corpus-out`",
-            web_tasks.len(),
-            web_tasks[0].suite,
-            web_tasks[0].task_id
-        ),
-        None => None,
-    };
+    let corpus = corpus_for(stage, args.corpus.as_deref(), &runnable)?;
 
-    let tool_config = ToolConfig {
-        search_k: args.search_k,
-        crawl_chars: args.crawl_chars,
-        limits: SandboxLimits {
-            wall: Duration::from_secs_f64(args.code_timeout),
-            cpu_secs: args.code_timeout.ceil() as u64,
-            ..SandboxLimits::default()
-        },
-    };
+    let tool_config = tool_config(&args.tools);
     let tools = Tools { corpus: corpus.as_ref(), config: &tool_config };
     let run_config = RunConfig { max_activations: args.max_activations, ..RunConfig::default() };
     let runner = Runner::new(concurrency)?;

@@ -54,10 +54,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
-use coa_agents::{Action, ToolConfig, Tools};
+use coa_agents::{Action, Tools};
 use coa_format::{build_prompt, code_source, render, Step, Tag};
 use coa_kernels::decode::{check_decodable, GpuDecoder};
 use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
@@ -68,9 +68,9 @@ use coa_schemas::shard::{ShardArgs, ShardSpec};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{ROLLOUTS, TASKS};
 use coa_tokenize::{encode_row, fit_model, SpecialChoice, TemplateChoice, Vocab};
-use coa_tools::SandboxLimits;
+use coa_tools::flags::ToolFlags;
 
-use crate::{positive, seconds};
+use crate::{corpus_for, positive, tool_config};
 
 /// What joins a tool call and its observation block in the rendered CoA text (`coa_format::render`
 /// separates blocks with one newline; a test holds the two together).
@@ -158,15 +158,8 @@ pub struct PolicyArgs {
     /// trained with), none or a FILE.
     #[arg(long, value_name = "auto|none|FILE", default_value = "auto")]
     chat_template: TemplateChoice,
-    /// Hits per web_search.
-    #[arg(long, value_parser = positive, default_value = "5", value_name = "K")]
-    search_k: usize,
-    /// Characters kept per crawled page.
-    #[arg(long, value_parser = positive, default_value = "4000", value_name = "N")]
-    crawl_chars: usize,
-    /// Wall-clock limit of one code run (and of the unit tests that judge code answers).
-    #[arg(long, value_parser = seconds, default_value = "10", value_name = "SECS")]
-    code_timeout: f64,
+    #[command(flatten)]
+    tools: ToolFlags,
     /// Worker threads (default: all cores).
     #[arg(long, value_parser = positive, value_name = "N")]
     threads: Option<usize>,
@@ -623,6 +616,7 @@ pub fn load_checkpoint(path: &Path, bos: &SpecialChoice, eos: &SpecialChoice, ch
     Ok((model, vocab))
 }
 
+/// Samples the checkpoint on every task of the input and writes `rollouts`.
 pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     // The device first: `--device cuda` without a GPU fails before anything is read.
     let device = select_device(args.device).map_err(|e| anyhow!("{e}"))?;
@@ -664,23 +658,9 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         }
     }
 
-    let web: Vec<&Task> = tasks.iter().filter(|t| crate::searches_the_web(t)).collect();
-    let corpus = match &args.corpus {
-        Some(path) => Some(crate::read_corpus(stage, path)?),
-        None if !web.is_empty() => bail!(
-            "--corpus FILE is required: {} task(s) search the web (suite {}, first: task {}); pass the corpus written by `coa-generate tasks --corpus-out`",
-            web.len(),
-            web[0].suite,
-            web[0].task_id
-        ),
-        None => None,
-    };
-    let limits = SandboxLimits {
-        wall: Duration::from_secs_f64(args.code_timeout),
-        cpu_secs: args.code_timeout.ceil() as u64,
-        ..SandboxLimits::default()
-    };
-    let tool_config = ToolConfig { search_k: args.search_k, crawl_chars: args.crawl_chars, limits };
+    let corpus = corpus_for(stage, args.corpus.as_deref(), &tasks)?;
+    let tool_config = tool_config(&args.tools);
+    let limits = &tool_config.limits;
     let env = ToolEnv { tools: Tools { corpus: corpus.as_ref(), config: &tool_config } };
 
     let prompts: Vec<Vec<u32>> = tasks
@@ -782,7 +762,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
             next_task += 1;
             if want.is_some() {
                 let rewards = std::thread::scope(|sc| {
-                    let hs: Vec<_> = group.iter().map(|r| sc.spawn(|| coa_score::judge(task, r, &reward_config, &limits))).collect();
+                    let hs: Vec<_> = group.iter().map(|r| sc.spawn(|| coa_score::judge(task, r, &reward_config, limits))).collect();
                     hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("judging panicked")))).collect::<Result<Vec<_>>>()
                 })
                 .with_context(|| format!("judging the group of task {}", task.task_id))?;

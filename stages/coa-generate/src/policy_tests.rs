@@ -3,6 +3,7 @@
 
 use std::sync::Mutex;
 
+use coa_agents::ToolConfig;
 use coa_format::{render, Step, Tag};
 use coa_model::{Model, ModelConfig};
 use coa_tokenize::{encode_row, Vocab};

@@ -2,15 +2,16 @@
 //! for QA, math equivalence, unit tests in the sandbox for code), its text against the CoA grammar,
 //! its length against the overlong band; the reward combines them ([`coa_rewards::shaping`]) and
 //! each task's group of G samples gets GRPO advantages. [`report`] summarises a scores table per
-//! suite and model.
+//! suite and model; [`run`] is the stage (flags and body) the `coa-score` binary calls.
 
 pub mod report;
+pub mod run;
 
 use std::collections::HashMap;
 
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{ArrayRef, BooleanArray, Float32Array, RecordBatch, StringArray};
-use coa_format::{steps_from_text, validate, Flavor, Tag};
+use coa_format::{find_last_block, steps_from_text, validate, Flavor, Tag};
 use coa_rewards::{check_answer, code_passes, extract_program, f1, group_advantages, overlong_penalty, total_reward, RewardConfig, SandboxVerdict};
 use coa_schemas::rows::{Rollout, Task};
 use coa_schemas::suite::{answer_kind, AnswerKind};
@@ -41,9 +42,9 @@ pub fn final_answer(text: &str) -> Option<&str> {
     if let Ok(steps) = steps_from_text(text) {
         return steps.iter().rev().find(|s| s.tag == Tag::Answer).map(|s| s.content);
     }
-    let start = text.rfind("<answer>")? + "<answer>".len();
-    let end = text[start..].find("</answer>")? + start;
-    Some(&text[start..end])
+    // The last answer is the rollout's final word (an agent's output in `coa-agents` is read from
+    // its first blocks instead).
+    find_last_block(text, Tag::Answer)
 }
 
 /// Checks one rollout against its task.

@@ -5,6 +5,8 @@
 //! - [`search`] has [`Bm25Index`], [`SearchHit`] and [`render_search`];
 //! - [`corpus`] has [`Corpus`], the pages + URL map + index, built once and shared;
 //! - [`crawl`] has [`crawl_page`];
+//! - [`flags`] has [`ToolFlags`] and [`CodeTimeout`], the tool flags every stage that runs the
+//!   tools shares (`--search-k`, `--crawl-chars`, `--code-timeout`);
 //! - [`code`] has [`run_python`] (the agents' tool), [`run_program`] (a program with unit tests
 //!   or stdin, as the rewards run it), [`SandboxLimits`], [`CodeRun`] and [`isolation`] (what
 //!   this machine's kernel lets the sandbox enforce).
@@ -15,9 +17,11 @@
 pub mod code;
 pub mod corpus;
 pub mod crawl;
+pub mod flags;
 pub mod search;
 
 pub use code::{find_python, isolation, run_program, run_program_with, run_python, run_python_with, CodeRun, Ending, Isolation, Program, RunStatus, SandboxLimits};
 pub use corpus::{Corpus, PageLookup};
 pub use crawl::crawl_page;
+pub use flags::{CodeTimeout, ToolFlags};
 pub use search::{render_search, Bm25Index, SearchHit};

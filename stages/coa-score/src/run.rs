@@ -1,0 +1,129 @@
+//! The `coa-score` stage: its flags ([`ScoreArgs`]) and [`run`], which reads the tasks and the
+//! rollouts, judges them, writes `scores` and the eval report.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use coa_rewards::RewardConfig;
+use coa_schemas::flags;
+use coa_schemas::rows::{self, Rollout, Task};
+use coa_schemas::shard::ShardArgs;
+use coa_schemas::stage::{self, IoArgs, Stage};
+use coa_schemas::tables::{ROLLOUTS, SCORES, TASKS};
+use coa_tools::CodeTimeout;
+
+use crate::report::{self, Sample};
+
+/// The flags of `coa-score` (the binary adds its name and help).
+#[derive(clap::Args)]
+pub struct ScoreArgs {
+    /// The tasks the rollouts were generated from (gold answers, unit tests).
+    #[arg(long, value_name = "FILE")]
+    pub tasks: PathBuf,
+    /// Lmax of the overlong shaping: responses longer than this many tokens get -1.
+    #[arg(long, default_value_t = RewardConfig::default().max_len, value_parser = flags::at_least_one::<usize>)]
+    pub max_response_len: usize,
+    /// Lcache: the band before Lmax where the length penalty grows from 0 to -1 (0: none).
+    #[arg(long, default_value_t = RewardConfig::default().cache_len, value_parser = flags::whole::<usize>)]
+    pub overlong_cache: usize,
+    /// Subtracted from the reward of a response that breaks the CoA grammar.
+    #[arg(long, default_value_t = RewardConfig::default().format_penalty, value_parser = flags::finite::<f32>)]
+    pub format_penalty: f32,
+    #[command(flatten)]
+    pub code: CodeTimeout,
+    /// Also write the eval table (per suite and model) here: markdown, or JSON for *.json. It is
+    /// printed on stderr either way.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    #[command(flatten)]
+    pub shard: ShardArgs,
+    #[command(flatten)]
+    pub io: IoArgs,
+}
+
+/// Scores the rollouts of the input against `--tasks`, writes `scores` and prints (and with
+/// `--report` writes) the eval table.
+pub fn run(stage: &mut Stage, args: &ScoreArgs) -> Result<()> {
+    let [out, stats] = args.io.outputs();
+    stage.outputs(&[out, stats, ("--report", args.report.as_deref())])?;
+    let config = RewardConfig { max_len: args.max_response_len, cache_len: args.overlong_cache, format_penalty: args.format_penalty };
+    if config.cache_len > config.max_len {
+        anyhow::bail!("--overlong-cache {} is larger than --max-response-len {}", config.cache_len, config.max_len);
+    }
+    if let (Some(spec), Some(_)) = (args.shard.shard, &args.report) {
+        anyhow::bail!(
+            "--shard {spec} with --report: the report summarizes the whole table (pass@k per suite and model); \
+             merge the shards' rollouts first (coa-filter --rules none -i 'DIR/*.parquet' --task-order TASKS) and score them unsharded"
+        );
+    }
+    let limits = args.code.limits();
+
+    let mut tasks: HashMap<String, Task> = HashMap::new();
+    for batch in stage.open(Some(&args.tasks), &TASKS)? {
+        for t in rows::from_batch::<Task>(&batch?).with_context(|| format!("reading {}", args.tasks.display()))? {
+            tasks.insert(t.task_id.clone(), t);
+        }
+    }
+    let reader = stage.open(args.io.input.as_deref(), &ROLLOUTS)?;
+    let reader = stage.shard(reader, args.shard.shard)?;
+    let source = reader.source().to_string();
+    let batches: Vec<_> = reader.collect::<Result<_>>()?;
+    let mut all: Vec<Rollout> = Vec::new();
+    for b in &batches {
+        all.extend(rows::from_batch::<Rollout>(b).with_context(|| format!("reading {source}"))?);
+    }
+    for (row, r) in all.iter().enumerate() {
+        if r.loss_mask.len() != r.response_ids.len() || r.logprobs.len() != r.response_ids.len() {
+            anyhow::bail!(
+                "{source}: row {row} (task {}): response_ids has {} tokens but loss_mask {} and logprobs {}",
+                r.task_id,
+                r.response_ids.len(),
+                r.loss_mask.len(),
+                r.logprobs.len()
+            );
+        }
+    }
+    let bar = stage.progress(Some(all.len() as u64), "judging");
+    let verdicts = crate::score(&all, &tasks, &config, &limits, &|| bar.inc(1)).with_context(|| source.clone())?;
+    bar.finish_and_clear();
+
+    let mut out = stage.create(args.io.output.as_deref(), args.io.format, &SCORES.schema())?;
+    let mut at = 0;
+    for b in &batches {
+        let n = b.num_rows();
+        out.write(&crate::scores_batch(b, &verdicts[at..at + n])?)?;
+        at += n;
+    }
+    let rows_out = out.finish()?;
+
+    let samples: Vec<Sample<'_>> = all
+        .iter()
+        .zip(&verdicts)
+        .map(|(r, v)| Sample {
+            suite: &r.suite,
+            model: &r.model,
+            task_id: &r.task_id,
+            correct: v.correct,
+            format_ok: v.format_ok,
+            tokens: r.prompt_ids.len() + r.response_ids.len(),
+            tool_calls: r.tool_calls,
+        })
+        .collect();
+    let lines = report::summarize(&samples);
+    eprint!("{}", report::markdown(&lines));
+    if let Some(path) = &args.report {
+        let body = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::to_string_pretty(&lines)? + "\n"
+        } else {
+            report::markdown(&lines)
+        };
+        stage::write_atomically(path, body.as_bytes())?;
+    }
+    stage.add_rows_in(all.len() as u64);
+    stage.add_rows_out(rows_out);
+    stage.note("correct", verdicts.iter().filter(|v| v.correct).count() as u64);
+    stage.note("format_errors", verdicts.iter().filter(|v| !v.format_ok).count() as u64);
+    stage.note("reward_mean", if verdicts.is_empty() { 0.0 } else { verdicts.iter().map(|v| v.reward as f64).sum::<f64>() / verdicts.len() as f64 });
+    Ok(())
+}
