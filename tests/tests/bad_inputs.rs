@@ -341,7 +341,7 @@ fn coa_score() {
     refuses("nulls in --tasks", &s(&["coa-score", "--tasks", &v.nulls.0, "-i", &fx.path("rollouts.parquet"), "-o", "out.parquet"]), &["holds 1 null value(s)", "written by `coa-generate tasks`"]);
     let input = fx.path("rollouts.parquet");
     directory_outputs(&["coa-score", "--tasks", &tasks, "-i", &input], &["-o", "--report", "--stats"]);
-    refuses("--code-timeout 0", &s(&["coa-score", "--tasks", &tasks, "-i", &input, "--code-timeout", "0"]), &["--code-timeout", "`0`: expected a whole number of at least 1"]);
+    refuses("--code-timeout 0", &s(&["coa-score", "--tasks", &tasks, "-i", &input, "--code-timeout", "0"]), &["--code-timeout", "`0`: expected a positive number of seconds"]);
     refuses("--format-penalty NaN", &s(&["coa-score", "--tasks", &tasks, "-i", &input, "--format-penalty", "NaN"]), &["--format-penalty", "`NaN`: expected a finite number"]);
     refuses("a negative length", &s(&["coa-score", "--tasks", &tasks, "-i", &input, "--max-response-len", "-1"]), &["--max-response-len", "`-1`"]);
 }
