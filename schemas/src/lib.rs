@@ -14,6 +14,7 @@ pub mod cleanup;
 pub mod flags;
 pub mod io;
 pub mod output;
+pub mod reasons;
 pub mod rng;
 pub mod rows;
 pub mod shard;

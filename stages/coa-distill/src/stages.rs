@@ -12,9 +12,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use arrow::array::{StringArray, UInt32Array};
+use arrow::compute::take_record_batch;
 use arrow::record_batch::RecordBatch;
 use coa_schemas::io::{Format, TableReader, TableWriter};
 use coa_schemas::output::AtomicFile;
+use coa_schemas::reasons::ReasonTable;
 use coa_schemas::rows::{self, Task};
 use coa_schemas::shard::ShardSpec;
 use coa_schemas::stage::{IoArgs, Stage};
@@ -27,7 +30,7 @@ use crate::verl;
 
 /// Writes rejected rows, if `--skip-bad` was given.
 struct Rejects {
-    writer: Option<(TableWriter, arrow::datatypes::SchemaRef)>,
+    writer: Option<(TableWriter, ReasonTable)>,
     count: u64,
 }
 
@@ -35,8 +38,8 @@ impl Rejects {
     fn new(stage: &Stage, path: Option<&Path>, input_schema: &arrow::datatypes::Schema) -> Result<Rejects> {
         let writer = match path {
             Some(p) => {
-                let schema = util::reject_schema(input_schema);
-                Some((stage.create(Some(p), None, &schema)?, schema))
+                let table = ReasonTable::new(input_schema, util::REJECT_REASON);
+                Some((stage.create(Some(p), None, table.schema())?, table))
             }
             None => None,
         };
@@ -49,8 +52,11 @@ impl Rejects {
                 continue;
             }
             self.count += rows.len() as u64;
-            if let Some((w, schema)) = &mut self.writer {
-                w.write(&util::reject_batch(schema, batch, rows)?)?;
+            if let Some((w, table)) = &mut self.writer {
+                let idx = UInt32Array::from(rows.iter().map(|(r, _)| *r).collect::<Vec<_>>());
+                let reasons = StringArray::from_iter_values(rows.iter().map(|(_, why)| why.as_str()));
+                let taken = take_record_batch(batch, &idx)?;
+                w.write(&table.batch(&taken, reasons).context("building the reject table")?)?;
             }
         }
         Ok(())

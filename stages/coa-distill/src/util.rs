@@ -1,12 +1,10 @@
 //! Shared plumbing of the distillation stages: work units for rayon, column access with clear
-//! errors and reject tables (`--skip-bad`).
+//! errors and the name of the reject tables' reason column (`--skip-bad`).
 
-use std::sync::Arc;
-
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int32Array, Int64Array, ListArray, StringArray, StructArray, UInt32Array};
 use arrow::compute::take;
-use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema, SchemaRef};
+use arrow::datatypes::{Int32Type, Int64Type};
 use arrow::record_batch::RecordBatch;
 use coa_schemas::io::{TableReader, BATCH_ROWS};
 
@@ -23,7 +21,7 @@ pub const GROUP_ROWS: usize = BATCH_ROWS;
 /// stays in memory the allocator reuses, and still gives every core many batches.
 pub const GROUP_BYTES: usize = 8 << 20;
 
-/// The column added to rejected rows.
+/// The column added to rejected rows (see [`coa_schemas::reasons`]).
 pub const REJECT_REASON: &str = "reject_reason";
 
 /// A slice of one input batch processed by one task.
@@ -125,22 +123,3 @@ pub fn select(col: &ArrayRef, lo: usize, hi: usize, kept: &[u32]) -> Result<Arra
         Ok(take(col.as_ref(), &UInt32Array::from(kept.to_vec()), None)?)
     }
 }
-
-/// The schema of a reject table: the input's columns plus `reject_reason` (utf8).
-pub fn reject_schema(input: &Schema) -> SchemaRef {
-    let mut fields: Vec<Arc<Field>> = input.fields().iter().cloned().collect();
-    fields.push(Arc::new(Field::new(REJECT_REASON, DataType::Utf8, false)));
-    Arc::new(Schema::new(fields).with_metadata(input.metadata().clone()))
-}
-
-/// The rejected rows of an input batch with their reasons.
-pub fn reject_batch(schema: &SchemaRef, batch: &RecordBatch, rows: &[(u32, String)]) -> Result<RecordBatch> {
-    let idx = UInt32Array::from(rows.iter().map(|(r, _)| *r).collect::<Vec<_>>());
-    let mut columns = Vec::with_capacity(batch.num_columns() + 1);
-    for c in batch.columns() {
-        columns.push(take(c.as_ref(), &idx, None)?);
-    }
-    columns.push(Arc::new(StringArray::from_iter_values(rows.iter().map(|(_, why)| why.as_str()))) as ArrayRef);
-    RecordBatch::try_new(schema.clone(), columns).context("building the reject table")
-}
-

@@ -21,12 +21,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
-use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, UInt32Array};
 use arrow::compute::{cast, filter, filter_record_batch, take_record_batch};
-use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Int32Type, Schema, SchemaRef};
+use coa_schemas::reasons::ReasonTable;
 use coa_schemas::tables::{compatible, type_name, META_TABLE, TRAJECTORIES};
 use serde::Serialize;
 
@@ -164,7 +164,7 @@ pub struct Filter {
     seen: KeySet,
     hasher: Hasher,
     keep_dropped: bool,
-    dropped_schema: SchemaRef,
+    dropped: ReasonTable,
 }
 
 const ALIVE: u16 = u16::MAX;
@@ -296,13 +296,8 @@ impl Filter {
         }
 
         let stats = rules.iter().map(|(name, what, _)| RuleStats { name: name.clone(), rule: what.clone(), ..Default::default() }).collect();
-        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-        if schema.index_of(DROP_REASON).is_ok() {
-            // Filtering a --keep-dropped file again: its reason column is replaced.
-            fields.retain(|f| f.name() != DROP_REASON);
-        }
-        fields.push(Field::new(DROP_REASON, DataType::Utf8, false));
-        let dropped_schema = Arc::new(Schema::new(fields).with_metadata(schema.metadata().clone()));
+        // Filtering a --keep-dropped file again replaces its reason column.
+        let dropped = ReasonTable::new(&schema, DROP_REASON);
         Ok(Filter {
             schema,
             table,
@@ -313,7 +308,7 @@ impl Filter {
             seen: KeySet::default(),
             hasher: Hasher::default(),
             keep_dropped: false,
-            dropped_schema,
+            dropped,
         })
     }
 
@@ -349,7 +344,7 @@ impl Filter {
 
     /// The schema of `--keep-dropped` output: the input's plus `drop_reason`.
     pub fn dropped_schema(&self) -> SchemaRef {
-        self.dropped_schema.clone()
+        self.dropped.schema().clone()
     }
 
     /// Runs every rule over a window of batches (one batch when streaming, the whole table when a
@@ -390,14 +385,7 @@ impl Filter {
             let mask = BooleanArray::from(reason.iter().map(|&r| r != ALIVE).collect::<Vec<_>>());
             let rows = filter_record_batch(batch, &mask)?;
             let reasons = StringArray::from_iter_values(reason.iter().filter(|&&r| r != ALIVE).map(|&r| self.stats[r as usize].name.as_str()));
-            let mut columns: Vec<ArrayRef> = Vec::with_capacity(rows.num_columns() + 1);
-            for (f, c) in rows.schema().fields().iter().zip(rows.columns()) {
-                if f.name() != DROP_REASON {
-                    columns.push(c.clone());
-                }
-            }
-            columns.push(Arc::new(reasons));
-            dropped = Some(RecordBatch::try_new(self.dropped_schema.clone(), columns)?);
+            dropped = Some(self.dropped.batch(&rows, reasons)?);
         }
         Ok(BatchOutput { kept, dropped })
     }

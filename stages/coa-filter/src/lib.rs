@@ -5,10 +5,12 @@
 //! - [`sql`]: `--where` expressions, parsed and evaluated by polars' SQL front end.
 //! - [`ffi`]: arrow-rs ↔ polars through the Arrow C Data Interface.
 //! - [`hash`]: exact content keys of rows (dedup, groups).
+//! - [`run`]: the stage body the binary runs (inputs, task order, outputs, summary).
 
 pub mod engine;
 pub mod ffi;
 pub mod hash;
+pub mod run;
 pub mod sql;
 
 pub use engine::{render_stats, BatchOutput, Filter, Options, RuleSet, RuleStats, DISTILL_RULES, DROP_REASON};

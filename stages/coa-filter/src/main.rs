@@ -1,17 +1,17 @@
 //! `coa-filter`: keep the rows of a table that pass named rules, with per-rule counts.
 //!
 //! Reads any table; for trajectories it applies the Chain-of-Agents distillation rules by default.
-//! Writes the same table (same schema and metadata, new provenance) with the kept rows.
+//! Writes the same table (same schema and metadata, new provenance) with the kept rows. The logic
+//! lives in `coa_filter::run`; this binary parses flags.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
 use clap::Parser;
+use coa_filter::run::{self, Files};
+use coa_filter::{Options, RuleSet};
 use coa_schemas::flags;
-use coa_filter::{render_stats, Filter, Options, RuleSet};
-use coa_schemas::io::TableWriter;
-use coa_schemas::shard::{self, ShardArgs, SHARD_COLUMN};
+use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{self, IoArgs, Stage};
 
 const AFTER_HELP: &str = "\
@@ -124,189 +124,34 @@ fn main() -> ExitCode {
     let cli: Cli = flags::parse();
     let mut stage = Stage::new("coa-filter", env!("CARGO_PKG_VERSION"));
     stage.set_stats_path(cli.io.stats.clone());
-    stage::run(&mut stage, |s| filter(s, &cli))
+    let files = Files {
+        io: &cli.io,
+        shard: cli.shard.shard,
+        keep_dropped: cli.keep_dropped.as_deref(),
+        task_order: cli.task_order.as_deref(),
+    };
+    stage::run(&mut stage, |s| run::run(s, options(&cli), &files))
 }
 
-fn options(cli: &Cli, source: &str) -> Options {
+/// The rules as the flags give them (`source` is set by [`run::run`] from the input).
+fn options(cli: &Cli) -> Options {
     Options {
         rules: cli.rules,
         disabled: cli.no_rule.clone(),
         min_hops: cli.min_hops,
         no_reflection_keep: cli.no_reflection_keep,
-        reflection_required_suites: cli.reflection_required_suites.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        reflection_required_suites: trimmed(&cli.reflection_required_suites),
         error_correction_copies: cli.error_correction_copies,
         seed: cli.seed,
         wheres: cli.wheres.clone(),
         dedup: cli.dedup,
-        dedup_key: cli.dedup_key.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        dedup_key: trimmed(&cli.dedup_key),
         dynamic_sampling: cli.dynamic_sampling.then(|| (cli.group_by.clone(), cli.value.clone())),
-        source: source.to_string(),
+        source: String::new(),
     }
 }
 
-
-fn filter(stage: &mut Stage, cli: &Cli) -> Result<()> {
-    let [out, stats] = cli.io.outputs();
-    stage.outputs(&[out, stats, ("--keep-dropped", cli.keep_dropped.as_deref())])?;
-    stage.set_seed(cli.seed);
-    if let Some(spec) = cli.shard.shard {
-        check_shard_rules(cli, spec)?;
-    }
-    let task_order = match &cli.task_order {
-        Some(path) => Some(read_task_order(stage, path)?),
-        None => None,
-    };
-    let reader = stage.open_any(cli.io.input.as_deref())?;
-    let reader = stage.shard(reader, cli.shard.shard)?;
-    let schema = reader.schema();
-    let source = reader.source().to_string();
-    let reader: Box<dyn Iterator<Item = Result<arrow::record_batch::RecordBatch>>> = match (&task_order, &cli.task_order) {
-        (Some(order), Some(order_path)) => {
-            shard::check_shardable(&schema, &source)?;
-            let batches = reader.collect::<Result<Vec<_>>>()?;
-            let merged = shard::restore_task_order(&schema, &batches, order, &source, &order_path.display().to_string())?;
-            let n = merged.num_rows();
-            let step = coa_schemas::io::BATCH_ROWS;
-            Box::new((0..n).step_by(step).map(move |at| Ok(merged.slice(at, step.min(n - at)))))
-        }
-        _ => Box::new(reader),
-    };
-    // Every flag is checked against the schema before anything is written.
-    let mut filter = Filter::new(schema.clone(), &options(cli, &source))?;
-    filter.keep_dropped(cli.keep_dropped.is_some());
-
-    let mut out = stage.create(cli.io.output.as_deref(), cli.io.format, &schema)?;
-    let mut dropped = match &cli.keep_dropped {
-        Some(path) => Some(stage.create(Some(path), None, &filter.dropped_schema())?),
-        None => None,
-    };
-
-    let bar = stage.progress(None, "filtering");
-    let mut rows_in = 0u64;
-    // For trajectories, the kept rows' mean hops and reflections go into the summary (make distill's table).
-    let mut kept = KeptShape::default();
-    let write = |outputs: Vec<coa_filter::BatchOutput>, out: &mut TableWriter, dropped: &mut Option<TableWriter>, kept: &mut KeptShape| -> Result<()> {
-        for o in outputs {
-            if o.kept.num_rows() > 0 {
-                kept.add(&o.kept);
-                out.write(&o.kept)?;
-            }
-            if let (Some(w), Some(d)) = (dropped.as_mut(), o.dropped) {
-                w.write(&d)?;
-            }
-        }
-        Ok(())
-    };
-    if filter.needs_whole_table() {
-        let mut batches = Vec::new();
-        for b in reader {
-            let b = b?;
-            rows_in += b.num_rows() as u64;
-            bar.inc(b.num_rows() as u64);
-            batches.push(b);
-        }
-        let outputs = filter.process(&batches)?;
-        write(outputs, &mut out, &mut dropped, &mut kept)?;
-    } else {
-        for b in reader {
-            let b = b?;
-            rows_in += b.num_rows() as u64;
-            bar.inc(b.num_rows() as u64);
-            let outputs = filter.process(std::slice::from_ref(&b))?;
-            write(outputs, &mut out, &mut dropped, &mut kept)?;
-        }
-    }
-    bar.finish_and_clear();
-    let rows_out = out.finish()?;
-    let rows_dropped = match dropped {
-        Some(w) => Some(w.finish()?),
-        None => None,
-    };
-
-    stage.add_rows_in(rows_in);
-    stage.add_rows_out(rows_out);
-    if let Some(t) = filter.table() {
-        stage.note("table", t);
-    }
-    stage.note("mode", if filter.distill() { "distill" } else { "none" });
-    if filter.table() == Some("trajectories") && kept.rows > 0 {
-        stage.note("kept_mean_hops", kept.hops as f64 / kept.rows as f64);
-        stage.note("kept_mean_reflections", kept.reflections as f64 / kept.rows as f64);
-    }
-    for n in filter.notes() {
-        eprintln!("coa-filter: note: {n}");
-    }
-    if !filter.notes().is_empty() {
-        stage.note("notes", filter.notes().to_vec());
-    }
-    if let Some(n) = rows_dropped {
-        stage.note("rows_dropped_written", n);
-    }
-    stage.note("rules", serde_json::to_value(filter.stats())?);
-    if !filter.stats().is_empty() {
-        eprint!("coa-filter: {rows_in} rows in, {rows_out} out\n{}", render_stats(filter.stats()));
-    } else {
-        eprintln!("coa-filter: {rows_in} rows in, {rows_out} out; no rule ran");
-    }
-    Ok(())
-}
-
-/// Refuses cross-row rules that a shard cannot apply alone: groups and dedup keys must hold whole
-/// tasks (include task_id) for the shards' outputs to add up to the unsharded output.
-fn check_shard_rules(cli: &Cli, spec: shard::ShardSpec) -> Result<()> {
-    if cli.dynamic_sampling && cli.group_by != SHARD_COLUMN {
-        anyhow::bail!(
-            "--shard {spec} with --dynamic-sampling --group-by {}: shards split rows by task_id, so a group must be a task \
-             (--group-by task_id); otherwise merge the shards and filter unsharded",
-            cli.group_by
-        );
-    }
-    let key: Vec<&str> = cli.dedup_key.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).collect();
-    if !key.is_empty() && !key.contains(&SHARD_COLUMN) {
-        anyhow::bail!(
-            "--shard {spec} with --dedup-key {}: duplicates could sit in two shards; add task_id to the key, or merge the \
-             shards and dedup unsharded",
-            key.join(",")
-        );
-    }
-    Ok(())
-}
-
-/// The task ids of `path`, in order (for --task-order).
-fn read_task_order(stage: &mut Stage, path: &std::path::Path) -> Result<Vec<String>> {
-    use arrow::array::Array;
-    let reader = stage.open_any(Some(path))?;
-    let source = format!("--task-order {}", reader.source());
-    shard::check_shardable(&reader.schema(), &source)?;
-    let mut ids = Vec::new();
-    for batch in reader {
-        let batch = batch?;
-        let col = arrow::compute::cast(batch.column_by_name(SHARD_COLUMN).expect("checked"), &arrow::datatypes::DataType::Utf8)?;
-        let col = col.as_any().downcast_ref::<arrow::array::StringArray>().expect("cast to Utf8");
-        ids.extend(col.iter().map(|id| id.unwrap_or_default().to_string()));
-    }
-    Ok(ids)
-}
-
-/// Sums of `hops` and `reflections` over the kept rows of a trajectories table.
-#[derive(Default)]
-struct KeptShape {
-    rows: u64,
-    hops: i64,
-    reflections: i64,
-}
-
-impl KeptShape {
-    fn add(&mut self, batch: &arrow::record_batch::RecordBatch) {
-        use arrow::array::{Array, Int32Array};
-        let sum = |name: &str| -> Option<i64> {
-            let col = batch.column_by_name(name)?.as_any().downcast_ref::<Int32Array>()?;
-            Some(col.iter().flatten().map(i64::from).sum())
-        };
-        if let (Some(h), Some(r)) = (sum("hops"), sum("reflections")) {
-            self.rows += batch.num_rows() as u64;
-            self.hops += h;
-            self.reflections += r;
-        }
-    }
+/// The non-empty items of a comma-separated list, trimmed.
+fn trimmed(items: &[String]) -> Vec<String> {
+    items.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
 }

@@ -1,0 +1,206 @@
+//! The body of the `coa-filter` stage: read the input (restoring the task order of sharded
+//! outputs first if asked), run the [`Filter`] batch by batch or over the whole table, write the
+//! kept rows (and the dropped ones), and report the per-rule counts. The binary only parses flags
+//! and hands over to [`run`].
+
+use std::path::Path;
+
+use anyhow::Result;
+use arrow::record_batch::RecordBatch;
+use coa_schemas::io::TableWriter;
+use coa_schemas::shard::{self, ShardSpec, SHARD_COLUMN};
+use coa_schemas::stage::{IoArgs, Stage};
+
+use crate::engine::{render_stats, BatchOutput, Filter, Options};
+
+/// The stage's files and sharding (the rules are in [`Options`]).
+pub struct Files<'a> {
+    pub io: &'a IoArgs,
+    pub shard: Option<ShardSpec>,
+    /// `--keep-dropped`: where the dropped rows go, with `drop_reason`.
+    pub keep_dropped: Option<&'a Path>,
+    /// `--task-order`: a table whose task_id order the input is restored to.
+    pub task_order: Option<&'a Path>,
+}
+
+/// `coa-filter`: the kept rows of the input under `opts` (whose `source` is set here, from the
+/// input).
+pub fn run(stage: &mut Stage, mut opts: Options, files: &Files<'_>) -> Result<()> {
+    let [out, stats] = files.io.outputs();
+    stage.outputs(&[out, stats, ("--keep-dropped", files.keep_dropped)])?;
+    stage.set_seed(opts.seed);
+    if let Some(spec) = files.shard {
+        check_shard_rules(&opts, spec)?;
+    }
+    let task_order = match files.task_order {
+        Some(path) => Some((read_task_order(stage, path)?, path)),
+        None => None,
+    };
+    let reader = stage.open_any(files.io.input.as_deref())?;
+    let reader = stage.shard(reader, files.shard)?;
+    let schema = reader.schema();
+    let source = reader.source().to_string();
+    let reader: Box<dyn Iterator<Item = Result<RecordBatch>>> = match &task_order {
+        Some((order, order_path)) => {
+            shard::check_shardable(&schema, &source)?;
+            let batches = reader.collect::<Result<Vec<_>>>()?;
+            let order_source = order_path.display().to_string();
+            let merged = shard::restore_task_order(&schema, &batches, order, &source, &order_source)?;
+            let n = merged.num_rows();
+            let step = coa_schemas::io::BATCH_ROWS;
+            Box::new((0..n).step_by(step).map(move |at| Ok(merged.slice(at, step.min(n - at)))))
+        }
+        None => Box::new(reader),
+    };
+    // Every flag is checked against the schema before anything is written.
+    opts.source = source;
+    let mut filter = Filter::new(schema.clone(), &opts)?;
+    filter.keep_dropped(files.keep_dropped.is_some());
+
+    let mut out = stage.create(files.io.output.as_deref(), files.io.format, &schema)?;
+    let mut dropped = match files.keep_dropped {
+        Some(path) => Some(stage.create(Some(path), None, &filter.dropped_schema())?),
+        None => None,
+    };
+
+    let bar = stage.progress(None, "filtering");
+    let mut rows_in = 0u64;
+    // For trajectories, the kept rows' mean hops and reflections go into the summary (make distill's table).
+    let mut kept = KeptShape::default();
+    if filter.needs_whole_table() {
+        let mut batches = Vec::new();
+        for b in reader {
+            let b = b?;
+            rows_in += b.num_rows() as u64;
+            bar.inc(b.num_rows() as u64);
+            batches.push(b);
+        }
+        let outputs = filter.process(&batches)?;
+        write_outputs(outputs, &mut out, dropped.as_mut(), &mut kept)?;
+    } else {
+        for b in reader {
+            let b = b?;
+            rows_in += b.num_rows() as u64;
+            bar.inc(b.num_rows() as u64);
+            let outputs = filter.process(std::slice::from_ref(&b))?;
+            write_outputs(outputs, &mut out, dropped.as_mut(), &mut kept)?;
+        }
+    }
+    bar.finish_and_clear();
+    let rows_out = out.finish()?;
+    let rows_dropped = match dropped {
+        Some(w) => Some(w.finish()?),
+        None => None,
+    };
+
+    stage.add_rows_in(rows_in);
+    stage.add_rows_out(rows_out);
+    if let Some(t) = filter.table() {
+        stage.note("table", t);
+    }
+    stage.note("mode", if filter.distill() { "distill" } else { "none" });
+    if filter.table() == Some("trajectories") && kept.rows > 0 {
+        stage.note("kept_mean_hops", kept.hops as f64 / kept.rows as f64);
+        stage.note("kept_mean_reflections", kept.reflections as f64 / kept.rows as f64);
+    }
+    for n in filter.notes() {
+        eprintln!("coa-filter: note: {n}");
+    }
+    if !filter.notes().is_empty() {
+        stage.note("notes", filter.notes().to_vec());
+    }
+    if let Some(n) = rows_dropped {
+        stage.note("rows_dropped_written", n);
+    }
+    stage.note("rules", serde_json::to_value(filter.stats())?);
+    if !filter.stats().is_empty() {
+        eprint!("coa-filter: {rows_in} rows in, {rows_out} out\n{}", render_stats(filter.stats()));
+    } else {
+        eprintln!("coa-filter: {rows_in} rows in, {rows_out} out; no rule ran");
+    }
+    Ok(())
+}
+
+/// Writes the kept rows of a window's batches (noting their shape) and, with --keep-dropped, the
+/// dropped ones.
+fn write_outputs(
+    outputs: Vec<BatchOutput>,
+    out: &mut TableWriter,
+    mut dropped: Option<&mut TableWriter>,
+    kept: &mut KeptShape,
+) -> Result<()> {
+    for o in outputs {
+        if o.kept.num_rows() > 0 {
+            kept.add(&o.kept);
+            out.write(&o.kept)?;
+        }
+        if let (Some(w), Some(d)) = (dropped.as_mut(), o.dropped) {
+            w.write(&d)?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses cross-row rules that a shard cannot apply alone: groups and dedup keys must hold whole
+/// tasks (include task_id) for the shards' outputs to add up to the unsharded output.
+fn check_shard_rules(opts: &Options, spec: ShardSpec) -> Result<()> {
+    if let Some((group_by, _)) = &opts.dynamic_sampling {
+        if group_by != SHARD_COLUMN {
+            anyhow::bail!(
+                "--shard {spec} with --dynamic-sampling --group-by {group_by}: shards split rows by task_id, so a group must be \
+                 a task (--group-by task_id); otherwise merge the shards and filter unsharded"
+            );
+        }
+    }
+    let key = &opts.dedup_key;
+    if !key.is_empty() && !key.iter().any(|k| k == SHARD_COLUMN) {
+        anyhow::bail!(
+            "--shard {spec} with --dedup-key {}: duplicates could sit in two shards; add task_id to the key, or merge the \
+             shards and dedup unsharded",
+            key.join(",")
+        );
+    }
+    Ok(())
+}
+
+/// The task ids of `path`, in order (for --task-order).
+fn read_task_order(stage: &mut Stage, path: &Path) -> Result<Vec<String>> {
+    use arrow::array::Array;
+    let reader = stage.open_any(Some(path))?;
+    let source = format!("--task-order {}", reader.source());
+    shard::check_shardable(&reader.schema(), &source)?;
+    let mut ids = Vec::new();
+    for batch in reader {
+        let batch = batch?;
+        let col = arrow::compute::cast(
+            batch.column_by_name(SHARD_COLUMN).expect("checked"),
+            &arrow::datatypes::DataType::Utf8,
+        )?;
+        let col = col.as_any().downcast_ref::<arrow::array::StringArray>().expect("cast to Utf8");
+        ids.extend(col.iter().map(|id| id.unwrap_or_default().to_string()));
+    }
+    Ok(ids)
+}
+
+/// Sums of `hops` and `reflections` over the kept rows of a trajectories table.
+#[derive(Default)]
+struct KeptShape {
+    rows: u64,
+    hops: i64,
+    reflections: i64,
+}
+
+impl KeptShape {
+    fn add(&mut self, batch: &RecordBatch) {
+        use arrow::array::{Array, Int32Array};
+        let sum = |name: &str| -> Option<i64> {
+            let col = batch.column_by_name(name)?.as_any().downcast_ref::<Int32Array>()?;
+            Some(col.iter().flatten().map(i64::from).sum())
+        };
+        if let (Some(h), Some(r)) = (sum("hops"), sum("reflections")) {
+            self.rows += batch.num_rows() as u64;
+            self.hops += h;
+            self.reflections += r;
+        }
+    }
+}
