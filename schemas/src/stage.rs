@@ -286,6 +286,15 @@ fn without_flags(args: impl Iterator<Item = String>, flags: &[&str], switches: &
     kept
 }
 
+/// A stage binary's `main` after flag parsing: the stage `name` (version `version`, the binary's
+/// `CARGO_PKG_VERSION`) with its `--stats` path, running `body` under [`run`]. Every stage binary
+/// ends in this call, so each starts, summarises and fails the same way.
+pub fn main(name: &str, version: &str, stats: Option<PathBuf>, body: impl FnOnce(&mut Stage) -> Result<()>) -> ExitCode {
+    let mut stage = Stage::new(name, version);
+    stage.set_stats_path(stats);
+    run(&mut stage, body)
+}
+
 /// Runs a stage body and turns its result into an exit code: the summary on success, one clear
 /// error line (with its chain of causes) on failure, and a quiet exit 0 when stdout was closed.
 ///

@@ -9,7 +9,7 @@ use clap::{Parser, ValueEnum};
 use coa_schemas::flags;
 use coa_distill::Target;
 use coa_schemas::shard::ShardArgs;
-use coa_schemas::stage::{self, IoArgs, Stage};
+use coa_schemas::stage::{self, IoArgs};
 
 #[derive(Clone, Copy, ValueEnum)]
 enum To {
@@ -73,8 +73,6 @@ static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
     let cli: Cli = flags::parse();
-    let mut stage = Stage::new("coa-convert", env!("CARGO_PKG_VERSION"));
-    stage.set_stats_path(cli.io.stats.clone());
     let target = match cli.to {
         To::CoaText => Target::CoaText,
         To::AlpacaJson => Target::AlpacaJson,
@@ -88,7 +86,7 @@ fn main() -> ExitCode {
         split: &cli.split,
         shard: cli.shard.shard,
     };
-    stage::run(&mut stage, |s| {
+    stage::main("coa-convert", env!("CARGO_PKG_VERSION"), cli.io.stats.clone(), |s| {
         let [out, stats] = cli.io.outputs();
         s.outputs(&[out, stats, ("--skip-bad", cli.skip_bad.as_deref())])?;
         coa_distill::stages::run_convert(s, &cli.io, &args)

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use coa_schemas::flags;
 use coa_schemas::shard::ShardArgs;
-use coa_schemas::stage::{self, IoArgs, Stage};
+use coa_schemas::stage::{self, IoArgs};
 
 #[derive(Parser)]
 #[command(
@@ -42,9 +42,7 @@ static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
     let cli: Cli = flags::parse();
-    let mut stage = Stage::new("coa-extract", env!("CARGO_PKG_VERSION"));
-    stage.set_stats_path(cli.io.stats.clone());
-    stage::run(&mut stage, |s| {
+    stage::main("coa-extract", env!("CARGO_PKG_VERSION"), cli.io.stats.clone(), |s| {
         let [out, stats] = cli.io.outputs();
         s.outputs(&[out, stats, ("--skip-bad", cli.skip_bad.as_deref())])?;
         coa_distill::stages::run_extract(s, &cli.io, cli.skip_bad.as_deref(), cli.shard.shard)

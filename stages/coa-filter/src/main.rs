@@ -12,7 +12,7 @@ use coa_filter::run::{self, Files};
 use coa_filter::{Options, RuleSet};
 use coa_schemas::flags;
 use coa_schemas::shard::ShardArgs;
-use coa_schemas::stage::{self, IoArgs, Stage};
+use coa_schemas::stage::{self, IoArgs};
 
 const AFTER_HELP: &str = "\
 Rules (in order; each sees only the rows the previous ones kept):
@@ -122,15 +122,13 @@ static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
     let cli: Cli = flags::parse();
-    let mut stage = Stage::new("coa-filter", env!("CARGO_PKG_VERSION"));
-    stage.set_stats_path(cli.io.stats.clone());
     let files = Files {
         io: &cli.io,
         shard: cli.shard.shard,
         keep_dropped: cli.keep_dropped.as_deref(),
         task_order: cli.task_order.as_deref(),
     };
-    stage::run(&mut stage, |s| run::run(s, options(&cli), &files))
+    stage::main("coa-filter", env!("CARGO_PKG_VERSION"), cli.io.stats.clone(), |s| run::run(s, options(&cli), &files))
 }
 
 /// The rules as the flags give them (`source` is set by [`run::run`] from the input).

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use coa_generate::{mas, policy, tasks};
-use coa_schemas::stage::{self, Stage};
+use coa_schemas::stage;
 
 #[global_allocator]
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
@@ -39,14 +39,10 @@ fn main() -> ExitCode {
     let cli: Cli = coa_schemas::flags::parse();
     match cli.command {
         Command::Tasks(args) => {
-            let mut stage = Stage::new("coa-generate tasks", env!("CARGO_PKG_VERSION"));
-            stage.set_stats_path(args.io.stats.clone());
-            stage::run(&mut stage, |s| tasks::run(s, &args))
+            stage::main("coa-generate tasks", env!("CARGO_PKG_VERSION"), args.io.stats.clone(), |s| tasks::run(s, &args))
         }
         Command::Mas(args) => {
-            let mut stage = Stage::new("coa-generate mas", env!("CARGO_PKG_VERSION"));
-            stage.set_stats_path(args.io.stats.clone());
-            stage::run(&mut stage, |s| {
+            stage::main("coa-generate mas", env!("CARGO_PKG_VERSION"), args.io.stats.clone(), |s| {
                 s.outputs(&args.io.outputs())?;
                 // The output does not depend on how many tasks run at once, nor on where
                 // replies are cached or which variable holds the key.
@@ -55,9 +51,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Policy(args) => {
-            let mut stage = Stage::new("coa-generate policy", env!("CARGO_PKG_VERSION"));
-            stage.set_stats_path(args.io.stats.clone());
-            stage::run(&mut stage, |s| {
+            stage::main("coa-generate policy", env!("CARGO_PKG_VERSION"), args.io.stats.clone(), |s| {
                 s.outputs(&args.io.outputs())?;
                 s.not_recorded(&["--threads"]);
                 policy::run(s, &args)

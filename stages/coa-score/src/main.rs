@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use coa_schemas::flags;
-use coa_schemas::stage::{self, Stage};
+use coa_schemas::stage;
 use coa_score::run::{run, ScoreArgs};
 
 #[derive(Parser)]
@@ -34,8 +34,6 @@ static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
     let cli: Cli = flags::parse();
-    let mut stage = Stage::new("coa-score", env!("CARGO_PKG_VERSION"));
-    stage.set_stats_path(cli.args.io.stats.clone());
-    stage::run(&mut stage, |s| run(s, &cli.args))
+    stage::main("coa-score", env!("CARGO_PKG_VERSION"), cli.args.io.stats.clone(), |s| run(s, &cli.args))
 }
 

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use coa_schemas::flags;
 use coa_schemas::shard::ShardArgs;
-use coa_schemas::stage::{self, IoArgs, Stage};
+use coa_schemas::stage::{self, IoArgs};
 use coa_tokenize::TokenizeArgs;
 
 #[derive(Parser)]
@@ -48,9 +48,7 @@ static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
     let cli: Cli = flags::parse();
-    let mut stage = Stage::new("coa-tokenize", env!("CARGO_PKG_VERSION"));
-    stage.set_stats_path(cli.io.stats.clone());
-    stage::run(&mut stage, |s| {
+    stage::main("coa-tokenize", env!("CARGO_PKG_VERSION"), cli.io.stats.clone(), |s| {
         let [out, stats] = cli.io.outputs();
         s.outputs(&[out, stats, ("--save-tokenizer", cli.args.save_tokenizer.as_deref())])?;
         // Neither changes the tokens: --verify-joined only adds a count to the summary.

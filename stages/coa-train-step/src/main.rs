@@ -80,8 +80,7 @@ fn main() -> ExitCode {
     let cli: Cli = coa_schemas::flags::parse();
     match cli.command {
         Some(Command::Plot(p)) => {
-            let mut stage = Stage::new("coa-train-step plot", env!("CARGO_PKG_VERSION"));
-            stage::run(&mut stage, |s| {
+            stage::main("coa-train-step plot", env!("CARGO_PKG_VERSION"), None, |s| {
                 s.outputs(&[("-o", Some(&p.output))])?;
                 match &p.bars {
                     Some(json) => coa_train_step::cli::run_bars(s, json, &p.output),
@@ -90,9 +89,7 @@ fn main() -> ExitCode {
             })
         }
         None => {
-            let mut stage = Stage::new("coa-train-step", env!("CARGO_PKG_VERSION"));
-            stage.set_stats_path(cli.train.io.stats.clone());
-            stage::run(&mut stage, |s| run_train(s, &cli.train))
+            stage::main("coa-train-step", env!("CARGO_PKG_VERSION"), cli.train.io.stats.clone(), |s| run_train(s, &cli.train))
         }
     }
 }
