@@ -557,11 +557,6 @@ impl ModelConfig {
             .context("config sizes overflow")?;
         Ok(())
     }
-
-    /// Number of parameters (each tied matrix counted once).
-    pub fn n_params(&self) -> usize {
-        crate::params::param_specs(self).iter().map(|s| s.shape.iter().product::<usize>()).sum()
-    }
 }
 
 impl Serialize for ModelConfig {

@@ -142,6 +142,14 @@ pub fn param_specs(c: &ModelConfig) -> Vec<ParamSpec> {
     build(c).0
 }
 
+// Here rather than in config.rs so that config does not depend on params.
+impl ModelConfig {
+    /// Number of parameters (each tied matrix counted once).
+    pub fn n_params(&self) -> usize {
+        param_specs(self).iter().map(|s| s.shape.iter().product::<usize>()).sum()
+    }
+}
+
 /// Where each tensor of [`param_specs`] sits (for code that lays the parameters out anew, e.g.
 /// the GPU model).
 pub fn layout(c: &ModelConfig) -> Layout {

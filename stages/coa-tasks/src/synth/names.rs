@@ -25,7 +25,19 @@ const MALE_ENDINGS: &[&str] = &["o", "an", "or", "us", "ek", "im", "ard", "el"];
 /// an invented word never equals one of them, so that a name cannot coincide with fixed text
 /// shared by both splits (e.g. a product called "State" next to "... State University").
 static RESERVED: LazyLock<HashSet<String>> = LazyLock::new(|| {
-    let src = [include_str!("multihop.rs"), include_str!("math.rs"), include_str!("code.rs"), include_str!("mod.rs")];
+    // Every file of the generators: a file added to `multihop/` belongs here too.
+    let src = [
+        include_str!("multihop/mod.rs"),
+        include_str!("multihop/vocabulary.rs"),
+        include_str!("multihop/world.rs"),
+        include_str!("multihop/inverse.rs"),
+        include_str!("multihop/distractors.rs"),
+        include_str!("multihop/pages.rs"),
+        include_str!("multihop/questions.rs"),
+        include_str!("math.rs"),
+        include_str!("code.rs"),
+        include_str!("mod.rs"),
+    ];
     src.iter()
         .flat_map(|s| s.split(|c: char| !c.is_ascii_alphabetic()))
         .filter(|w| w.len() >= 3)
