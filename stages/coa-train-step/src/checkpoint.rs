@@ -24,8 +24,8 @@ use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
 use crate::data::Cursor;
-use crate::optim::{AdamWConfig, Moments};
-use crate::schedule::Schedule;
+use crate::optim::Moments;
+use crate::train::Settings;
 
 pub const STATE_FILE: &str = "trainer_state.json";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -51,8 +51,9 @@ pub struct LogPoint {
     pub grad_norm: f32,
 }
 
-/// Everything besides the tensors that a resume needs. Settings that define the run (schedule,
-/// optimizer, batch size, seed, objective, data) must match on resume.
+/// Everything besides the tensors that a resume needs. What defines the run (objective, settings,
+/// data) must match on resume. Its JSON keys: format, objective, step, tokens_seen, the settings'
+/// keys (see [`Settings`]), cursor, data, history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainerState {
     pub format: String,
@@ -60,25 +61,11 @@ pub struct TrainerState {
     /// Optimizer steps taken so far.
     pub step: u64,
     pub tokens_seen: u64,
-    pub seed: u64,
-    pub schedule: Schedule,
-    pub adamw: AdamWConfig,
-    pub grad_clip: f64,
-    pub batch_tokens: usize,
-    pub micro_batch_tokens: usize,
-    /// The embedding rows this run added and their learning-rate factor (absent: none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_rows: Option<crate::optim::NewRows>,
-    /// The bottom decoder layers that do not train.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub frozen_layers: usize,
+    #[serde(flatten)]
+    pub settings: Settings,
     pub cursor: Cursor,
     pub data: DataInfo,
     pub history: Vec<LogPoint>,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
 
 impl TrainerState {
@@ -328,12 +315,12 @@ mod tests {
     fn trainer_state_json_is_pinned() {
         let plain = round_trip(PLAIN);
         assert_eq!((plain.step, plain.tokens_seen, plain.cursor.rng_state), (3, 1234, 12345678901234567890));
-        assert_eq!((plain.seed, plain.batch_tokens, plain.micro_batch_tokens, plain.grad_clip), (7, 4096, 1024, 1.0));
-        assert_eq!((plain.new_rows, plain.frozen_layers, plain.schedule.min_lr, plain.adamw.eps), (None, 0, 3e-5, 1e-8));
+        assert_eq!((plain.settings.seed, plain.settings.batch_tokens, plain.settings.micro_batch_tokens, plain.settings.grad_clip), (7, 4096, 1024, 1.0));
+        assert_eq!((plain.settings.new_rows, plain.settings.frozen_layers, plain.settings.schedule.min_lr, plain.settings.adamw.eps), (None, 0, 3e-5, 1e-8));
         let grown = round_trip(GROWN);
         assert_eq!(grown.objective, "dapo");
         assert_eq!(grown.history, vec![]);
-        assert_eq!((grown.new_rows, grown.frozen_layers), (Some(crate::optim::NewRows { first: 49152, lr_mult: 10.0 }), 20));
+        assert_eq!((grown.settings.new_rows, grown.settings.frozen_layers), (Some(crate::optim::NewRows { first: 49152, lr_mult: 10.0 }), 20));
     }
 
     #[test]
