@@ -33,6 +33,8 @@ use crate::share;
 
 /// The settings that define a run besides its objective. Saved in trainer_state.json (flattened
 /// into [`TrainerState`], in this order); all but `micro_batch_tokens` must match on resume.
+/// The objective stays apart: the state saves its name, while its DAPO clip and KL settings are
+/// flags of each invocation ([`Trainer::objective`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
     pub seed: u64,
@@ -140,7 +142,7 @@ impl Trainer {
     }
 
     /// Loads a checkpoint written by [`Trainer::save`]: model (f32 masters), moments, state.
-    /// The caller checks the run's settings against `state` (see `main.rs`).
+    /// The caller checks the run's settings against `state` (see `cli::resolve_settings`).
     pub fn load(dir: &Path, data: &Dataset) -> Result<Trainer> {
         let state = TrainerState::read(dir)?;
         let objective = Objective::parse(&state.objective).with_context(|| format!("{}/{}", dir.display(), checkpoint::STATE_FILE))?;
