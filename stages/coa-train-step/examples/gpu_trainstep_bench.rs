@@ -69,7 +69,6 @@ fn main() -> Result<()> {
     }
     let iters = std::env::var("COA_BENCH_ITERS").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(20).div_euclid(2).max(5);
     let settings = Settings {
-        objective: Objective::Sft,
         seed: 0,
         schedule: Schedule::new(1e-4, 1e-4, 0, (iters + 3) as u64)?,
         adamw: AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 },
@@ -79,7 +78,7 @@ fn main() -> Result<()> {
         new_rows: None,
         frozen_layers: 0,
     };
-    let mut trainer = Trainer::new(model, &settings, &data)?;
+    let mut trainer = Trainer::new(model, Objective::Sft, &settings, &data)?;
     trainer.to_cuda(Arc::new(gpu), &data)?;
     let gm = trainer.cuda.as_deref().map(|g| g.device_bytes()).unwrap_or(0);
     eprintln!("{params} parameters, {B} x {T} tokens per step, {:.2} GiB of GPU buffers", gm as f64 / (1u64 << 30) as f64);

@@ -24,8 +24,8 @@ use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
 use crate::data::Cursor;
-use crate::optim::{AdamWConfig, Moments};
-use crate::schedule::Schedule;
+use crate::optim::Moments;
+use crate::train::Settings;
 
 pub const STATE_FILE: &str = "trainer_state.json";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -51,8 +51,9 @@ pub struct LogPoint {
     pub grad_norm: f32,
 }
 
-/// Everything besides the tensors that a resume needs. Settings that define the run (schedule,
-/// optimizer, batch size, seed, objective, data) must match on resume.
+/// Everything besides the tensors that a resume needs. What defines the run (objective, settings,
+/// data) must match on resume. Its JSON keys: format, objective, step, tokens_seen, the settings'
+/// keys (see [`Settings`]), cursor, data, history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainerState {
     pub format: String,
@@ -60,25 +61,11 @@ pub struct TrainerState {
     /// Optimizer steps taken so far.
     pub step: u64,
     pub tokens_seen: u64,
-    pub seed: u64,
-    pub schedule: Schedule,
-    pub adamw: AdamWConfig,
-    pub grad_clip: f64,
-    pub batch_tokens: usize,
-    pub micro_batch_tokens: usize,
-    /// The embedding rows this run added and their learning-rate factor (absent: none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_rows: Option<crate::optim::NewRows>,
-    /// The bottom decoder layers that do not train.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub frozen_layers: usize,
+    #[serde(flatten)]
+    pub settings: Settings,
     pub cursor: Cursor,
     pub data: DataInfo,
     pub history: Vec<LogPoint>,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
 
 impl TrainerState {
@@ -211,4 +198,136 @@ pub fn check_save_dir(dir: &Path) -> Result<()> {
 pub fn write_dir_atomically(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     check_save_dir(dir)?;
     coa_schemas::output::write_dir_atomically(dir, fill).with_context(|| format!("writing checkpoint {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// trainer_state.json as this format has always written it: a fresh run's settings (no new
+    /// rows, no frozen layers: both keys absent) ...
+    const PLAIN: &str = r#"{
+  "format": "coa-train-step/1",
+  "objective": "sft",
+  "step": 3,
+  "tokens_seen": 1234,
+  "seed": 7,
+  "schedule": {
+    "lr": 0.0003,
+    "min_lr": 0.00003,
+    "warmup_steps": 2,
+    "total_steps": 10
+  },
+  "adamw": {
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "eps": 1e-8,
+    "weight_decay": 0.01
+  },
+  "grad_clip": 1.0,
+  "batch_tokens": 4096,
+  "micro_batch_tokens": 1024,
+  "cursor": {
+    "epoch": 1,
+    "position": 5,
+    "epoch_rng_state": 18446744073709551557,
+    "rng_state": 12345678901234567890
+  },
+  "data": {
+    "rows": 40,
+    "examples": 38,
+    "tokens": 5000,
+    "targets": 2100,
+    "fingerprint": "00ff00ff00ff00ff"
+  },
+  "history": [
+    {
+      "step": 1,
+      "loss": 5.25,
+      "lr": 0.00015,
+      "grad_norm": 2.5
+    },
+    {
+      "step": 2,
+      "loss": 4.75,
+      "lr": 0.0003,
+      "grad_norm": 1.125
+    }
+  ]
+}
+"#;
+
+    /// ... and a DAPO run on a grown vocabulary with frozen layers (both keys present).
+    const GROWN: &str = r#"{
+  "format": "coa-train-step/1",
+  "objective": "dapo",
+  "step": 0,
+  "tokens_seen": 0,
+  "seed": 0,
+  "schedule": {
+    "lr": 1e-6,
+    "min_lr": 1e-6,
+    "warmup_steps": 0,
+    "total_steps": 4
+  },
+  "adamw": {
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "eps": 1e-8,
+    "weight_decay": 0.0
+  },
+  "grad_clip": 0.0,
+  "batch_tokens": 512,
+  "micro_batch_tokens": 512,
+  "new_rows": {
+    "first": 49152,
+    "lr_mult": 10.0
+  },
+  "frozen_layers": 20,
+  "cursor": {
+    "epoch": 0,
+    "position": 0,
+    "epoch_rng_state": 0,
+    "rng_state": 1
+  },
+  "data": {
+    "rows": 8,
+    "examples": 8,
+    "tokens": 800,
+    "targets": 400,
+    "fingerprint": "abc"
+  },
+  "history": []
+}
+"#;
+
+    /// Reads `text` as a checkpoint's trainer_state.json and writes it back as `Trainer::save`
+    /// does: the bytes must not change (old checkpoints resume, new ones read the same).
+    fn round_trip(text: &str) -> TrainerState {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(STATE_FILE), text).unwrap();
+        let state = TrainerState::read(dir.path()).unwrap();
+        assert_eq!(format!("{}\n", serde_json::to_string_pretty(&state).unwrap()), text);
+        state
+    }
+
+    #[test]
+    fn trainer_state_json_is_pinned() {
+        let plain = round_trip(PLAIN);
+        assert_eq!((plain.step, plain.tokens_seen, plain.cursor.rng_state), (3, 1234, 12345678901234567890));
+        assert_eq!((plain.settings.seed, plain.settings.batch_tokens, plain.settings.micro_batch_tokens, plain.settings.grad_clip), (7, 4096, 1024, 1.0));
+        assert_eq!((plain.settings.new_rows, plain.settings.frozen_layers, plain.settings.schedule.min_lr, plain.settings.adamw.eps), (None, 0, 3e-5, 1e-8));
+        let grown = round_trip(GROWN);
+        assert_eq!(grown.objective, "dapo");
+        assert_eq!(grown.history, vec![]);
+        assert_eq!((grown.settings.new_rows, grown.settings.frozen_layers), (Some(crate::optim::NewRows { first: 49152, lr_mult: 10.0 }), 20));
+    }
+
+    #[test]
+    fn trainer_state_of_another_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(STATE_FILE), PLAIN.replace("coa-train-step/1", "coa-train-step/0")).unwrap();
+        let err = TrainerState::read(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("format \"coa-train-step/0\""), "{err}");
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{Array, ArrayRef, Float32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
-use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
+use coa_kernels::{gpu_for_model, select_device, Device, DeviceChoice, Gpu};
 use coa_model::{Model, ModelConfig, SaveDtype};
 use coa_tokenize::{fit_model, SpecialChoice, TemplateChoice, Vocab};
 use coa_schemas::stage::{IoArgs, Stage};
@@ -16,7 +16,7 @@ use coa_schemas::tables::METRICS;
 
 use crate::checkpoint::{self, TrainerState};
 use crate::dapo::DapoConfig;
-use crate::data;
+use crate::data::{self, Dataset};
 use crate::objective::Objective;
 use crate::optim::{AdamWConfig, NewRows};
 use crate::plot;
@@ -259,8 +259,34 @@ fn metrics_batch(objective: &str, reports: &[StepReport]) -> Result<RecordBatch>
     RecordBatch::try_new(METRICS.schema(), columns).map_err(|e| anyhow!("building the metrics table: {e}"))
 }
 
-/// `coa-train-step` (training).
+/// `coa-train-step` (training): flags checked, settings resolved, the trainer built and placed,
+/// the steps taken, the outputs written.
 pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
+    check_flags(stage, args)?;
+    // The device first: `--device cuda` without a GPU fails before any data is read.
+    let device = select_device(args.device).map_err(|e| anyhow!("{e}"))?;
+    let saved: Option<TrainerState> = match &args.resume {
+        Some(dir) => Some(TrainerState::read(dir)?),
+        None => None,
+    };
+    let objective = resolve_objective(args, saved.as_ref())?;
+    let mut data = read_data(stage, args, objective)?;
+    let settings = resolve_settings(stage, args, saved.as_ref(), objective, &data)?;
+    // Read now: --save may replace the directory it comes from (--resume DIR --save DIR).
+    let vocab = run_vocab(args)?;
+    let (mut trainer, origin) = build_trainer(args, objective, settings, saved.as_ref(), &data, vocab.as_ref())?;
+    prepare_trainer(stage, args, &mut trainer, &mut data, device, vocab.as_ref())?;
+    let data = data;
+    let save_dtype = match args.save_dtype {
+        SaveDtypeArg::F32 => SaveDtype::F32,
+        SaveDtypeArg::Bf16 => SaveDtype::Bf16,
+    };
+    let run = train_loop(stage, args, &mut trainer, &data, vocab.as_ref(), save_dtype, &origin)?;
+    write_outputs(stage, args, &mut trainer, vocab.as_ref(), save_dtype, run)
+}
+
+/// Checks the output paths and the flags that need no data, and sets up the thread pool.
+fn check_flags(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     // Every output path is checked before any work (a --plot that is a directory used to fail
     // after the whole training).
     let [out, stats] = args.io.outputs();
@@ -294,17 +320,14 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     if args.resume.is_some() && (args.vocab_size.is_some()) {
         bail!("--vocab-size applies to a fresh model (--init-config), not to --resume");
     }
-    // The device first: `--device cuda` without a GPU fails before any data is read.
-    let device = select_device(args.device).map_err(|e| anyhow!("{e}"))?;
-    let saved: Option<TrainerState> = match &args.resume {
-        Some(dir) => Some(TrainerState::read(dir)?),
-        None => None,
-    };
-    let s = saved.as_ref();
-    let objective_name = pick_str("--objective", args.objective.as_deref(), s.map(|s| s.objective.as_str()), "sft", &args.resume)?;
-    let mut objective = Objective::parse(&objective_name)?;
-    let dapo = matches!(objective, Objective::Dapo(_));
-    if dapo {
+    Ok(())
+}
+
+/// The objective: --objective (else the checkpoint's, else `sft`), with the DAPO flags checked.
+fn resolve_objective(args: &TrainArgs, saved: Option<&TrainerState>) -> Result<Objective> {
+    let objective_name = pick_str("--objective", args.objective.as_deref(), saved.map(|s| s.objective.as_str()), "sft", &args.resume)?;
+    let objective = Objective::parse(&objective_name)?;
+    if matches!(objective, Objective::Dapo(_)) {
         let config = DapoConfig { clip_low: args.clip_low, clip_high: args.clip_high, kl_coef: args.kl_coef };
         if !(config.clip_low > 0.0 && config.clip_low < 1.0 && config.clip_high > 0.0 && config.clip_high.is_finite()) {
             bail!("--clip-low must be in (0, 1) and --clip-high positive (got {} and {})", config.clip_low, config.clip_high);
@@ -315,15 +338,29 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         if (config.kl_coef > 0.0) != args.reference.is_some() {
             bail!("--kl-coef > 0 and --ref DIR go together (the KL term is measured against the reference checkpoint)");
         }
-        objective = Objective::Dapo(config);
-    } else if args.reference.is_some() || args.kl_coef != 0.0 {
+        return Ok(Objective::Dapo(config));
+    }
+    if args.reference.is_some() || args.kl_coef != 0.0 {
         bail!("--ref and --kl-coef apply to --objective dapo");
     }
+    Ok(objective)
+}
 
+/// Reads -i and the other inputs: `tokens` tables, or the `scores` table for DAPO.
+fn read_data(stage: &mut Stage, args: &TrainArgs, objective: Objective) -> Result<Dataset> {
     let mut inputs: Vec<&Path> = args.io.input.iter().map(|p| p.as_path()).collect();
     inputs.extend(args.inputs.iter().map(|p| p.as_path()));
-    let mut data = if dapo { data::read_scores(stage, &inputs)? } else { data::read(stage, &inputs)? };
+    match objective {
+        Objective::Dapo(_) => data::read_scores(stage, &inputs),
+        Objective::Sft => data::read(stage, &inputs),
+    }
+}
 
+/// The run's settings: each flag's value, else the checkpoint's (`--resume`), else the default.
+/// `new_rows` is left unset: a fresh run that grows the vocabulary sets it ([`build_trainer`]).
+fn resolve_settings(stage: &mut Stage, args: &TrainArgs, saved: Option<&TrainerState>, objective: Objective, data: &Dataset) -> Result<Settings> {
+    let s = saved.map(|s| &s.settings);
+    let dapo = matches!(objective, Objective::Dapo(_));
     let seed = pick("--seed", args.seed, s.map(|s| s.seed), 0, &args.resume)?;
     stage.set_seed(seed);
     let batch_tokens = pick("--batch-tokens", args.batch_tokens, s.map(|s| s.batch_tokens), 4096, &args.resume)?;
@@ -358,42 +395,44 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let total_steps = pick("--steps", steps_given, s.map(|s| s.schedule.total_steps), default_steps, &args.resume)?;
     let schedule = Schedule::new(lr, min_lr, warmup, total_steps)?;
     let frozen_layers = pick("--freeze-layers", args.freeze_layers, s.map(|s| s.frozen_layers), 0, &args.resume)?;
-    // new_rows: set below if --init grows the vocabulary
-    let mut settings = Settings { objective, seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens, new_rows: None, frozen_layers };
+    Ok(Settings { seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens, new_rows: None, frozen_layers })
+}
 
-    // Read now: --save may replace the directory it comes from (--resume DIR --save DIR).
-    let vocab = run_vocab(args)?;
-    let (mut trainer, origin) = match &args.resume {
-        Some(dir) => {
-            let mut t = Trainer::load(dir, &data)?;
-            t.state.micro_batch_tokens = micro_batch_tokens;
-            let saved_mult = t.state.new_rows.map(|n| n.lr_mult);
-            pick("--new-token-lr-mult", args.new_token_lr_mult, saved_mult.or(Some(1.0)), 1.0, &args.resume)?;
-            t.objective = objective;
-            (t, format!("resume {} at step {}", dir.display(), saved.as_ref().map(|s| s.step).unwrap_or(0)))
+/// The trainer and a note of where it starts: the checkpoint of --resume, or a fresh model
+/// (--init, --init-config) grown to the tokenizer's vocabulary.
+fn build_trainer(args: &TrainArgs, objective: Objective, mut settings: Settings, saved: Option<&TrainerState>, data: &Dataset, vocab: Option<&Vocab>) -> Result<(Trainer, String)> {
+    if let Some(dir) = &args.resume {
+        let mut t = Trainer::load(dir, data)?;
+        t.state.settings.micro_batch_tokens = settings.micro_batch_tokens;
+        let saved_mult = t.state.settings.new_rows.map(|n| n.lr_mult);
+        pick("--new-token-lr-mult", args.new_token_lr_mult, saved_mult.or(Some(1.0)), 1.0, &args.resume)?;
+        t.objective = objective;
+        return Ok((t, format!("resume {} at step {}", dir.display(), saved.map(|s| s.step).unwrap_or(0))));
+    }
+    let (mut model, origin) = fresh_model(args, vocab, settings.seed)?;
+    let base_rows = model.config.vocab_size;
+    let mut grown = false;
+    if let Some(v) = vocab {
+        if fit_model(&mut model, v, args.init.is_some())? {
+            grown = true;
+            let mult = args.new_token_lr_mult.unwrap_or(1.0);
+            settings.new_rows = Some(NewRows { first: base_rows, lr_mult: mult });
+            eprintln!(
+                "coa-train-step: vocabulary grown to the tokenizer's {} ids (new rows {base_rows}.., each the mean of its token's base pieces; learning rate x{mult})",
+                model.config.vocab_size
+            );
         }
-        None => {
-            let (mut model, origin) = fresh_model(args, vocab.as_ref(), seed)?;
-            let base_rows = model.config.vocab_size;
-            let mut grown = false;
-            if let Some(v) = &vocab {
-                if fit_model(&mut model, v, args.init.is_some())? {
-                    grown = true;
-                    let mult = args.new_token_lr_mult.unwrap_or(1.0);
-                    settings.new_rows = Some(NewRows { first: base_rows, lr_mult: mult });
-                    eprintln!(
-                        "coa-train-step: vocabulary grown to the tokenizer's {} ids (new rows {base_rows}.., each the mean of its token's base pieces; learning rate x{mult})",
-                        model.config.vocab_size
-                    );
-                }
-            }
-            if !grown && args.new_token_lr_mult.is_some_and(|m| m != 1.0) {
-                bail!("--new-token-lr-mult applies to the rows --init adds for new tokens, and this run adds none (the tokenizer has no ids past the model's {base_rows})");
-            }
-            (Trainer::new(model, &settings, &data)?, origin)
-        }
-    };
-    if let Some(v) = &vocab {
+    }
+    if !grown && args.new_token_lr_mult.is_some_and(|m| m != 1.0) {
+        bail!("--new-token-lr-mult applies to the rows --init adds for new tokens, and this run adds none (the tokenizer has no ids past the model's {base_rows})");
+    }
+    Ok((Trainer::new(model, objective, &settings, data)?, origin))
+}
+
+/// Readies the trainer for its first step: the model fitted to the tokenizer and checked against
+/// the data, moved to the GPU when one trains it, and for DAPO the old (and reference) log-probs.
+fn prepare_trainer(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: &mut Dataset, device: Device, vocab: Option<&Vocab>) -> Result<()> {
+    if let Some(v) = vocab {
         fit_model(&mut trainer.model, v, false)?;
     }
     trainer.share_prompts = !args.no_share_prompts;
@@ -404,7 +443,7 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
             let gpu = Gpu::open(&info).map_err(|e| anyhow!("--device {}: {e}", args.device))?;
             // Compile (or load from the PTX cache) every kernel now, not inside the first step.
             gpu.warm_up().map_err(|e| anyhow!("--device {}: {e}", args.device))?;
-            trainer.to_cuda(Arc::new(gpu), &data)?;
+            trainer.to_cuda(Arc::new(gpu), data)?;
             let gm = trainer.cuda.as_deref().map(|g| (g.capacity(), g.device_bytes())).unwrap_or_default();
             eprintln!("coa-train-step: training on {info}: {} tokens per pass, {:.2} GiB of buffers", gm.0, gm.1 as f64 / (1u64 << 30) as f64);
             info.to_string()
@@ -412,7 +451,7 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         None => "cpu".to_string(),
     };
     stage.note("device", device);
-    if dapo {
+    if matches!(trainer.objective, Objective::Dapo(_)) {
         let reference = match &args.reference {
             Some(dir) => {
                 let m = Model::load(dir).with_context(|| format!("--ref {}", dir.display()))?;
@@ -422,15 +461,25 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
             None => None,
         };
         let t0 = Instant::now();
-        trainer.prepare_rl(&mut data, reference.as_ref())?;
+        trainer.prepare_rl(data, reference.as_ref())?;
         eprintln!("coa-train-step: old log-probs of {} rollouts recomputed in {:.1} s", data.examples.len(), t0.elapsed().as_secs_f64());
     }
-    let data = data;
+    Ok(())
+}
 
-    let save_dtype = match args.save_dtype {
-        SaveDtypeArg::F32 => SaveDtype::F32,
-        SaveDtypeArg::Bf16 => SaveDtype::Bf16,
-    };
+/// What the steps of this invocation did.
+struct Run {
+    reports: Vec<StepReport>,
+    /// Wall-clock seconds of the steps (checkpoints saved on the way included).
+    wall: f64,
+    threads: usize,
+}
+
+/// The training loop: steps up to --stop-at-step (else the end of the run), the log table on
+/// stderr, TensorBoard scalars, and a checkpoint every --save-every steps.
+fn train_loop(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: &Dataset, vocab: Option<&Vocab>, save_dtype: SaveDtype, origin: &str) -> Result<Run> {
+    let Settings { schedule, batch_tokens, .. } = trainer.state.settings;
+    let total_steps = schedule.total_steps;
     let stop_at = args.stop_at_step.unwrap_or(total_steps).min(total_steps);
     let start_step = trainer.state.step;
     // A finished run resumed again does nothing more (a pipeline may re-run it); asking to stop at
@@ -454,7 +503,6 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let threads = rayon::current_num_threads();
     let started = Instant::now();
     let mut reports: Vec<StepReport> = Vec::new();
-    let mut window: Vec<(i64, f32, f32, f32, f32)> = Vec::new();
     let mut header = true;
     let mut win_loss = 0.0f64;
     let mut win_n = 0u64;
@@ -463,7 +511,7 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let mut board = args.tensorboard.as_deref().map(|dir| tensorboard::Board::open(dir, start_step)).transpose()?;
     let bar = stage.progress(Some(todo), "training");
     while trainer.state.step < stop_at {
-        let r = trainer.step(&data)?;
+        let r = trainer.step(data)?;
         bar.inc(1);
         bar.set_message(format!("step {} of {stop_at}, loss {:.4}", r.step, r.loss));
         if let Some(board) = &mut board {
@@ -485,7 +533,6 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
             for l in lines {
                 Stage::log_line(&bar, l);
             }
-            window.push(row);
             win_loss = 0.0;
             win_n = 0;
             win_tokens = 0;
@@ -493,15 +540,23 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         }
         if let (Some(every), Some(dir)) = (args.save_every, &args.save) {
             if r.step % every == 0 && r.step != stop_at {
-                trainer.save(dir, vocab.as_ref(), save_dtype)?;
+                trainer.save(dir, vocab, save_dtype)?;
             }
         }
         reports.push(r);
     }
     bar.finish_and_clear();
-    let wall = started.elapsed().as_secs_f64();
+    Ok(Run { reports, wall: started.elapsed().as_secs_f64(), threads })
+}
+
+/// The outputs of the run: the final checkpoint (--save), the `metrics` table, the loss plot
+/// (--plot) and the stage's notes.
+fn write_outputs(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, vocab: Option<&Vocab>, save_dtype: SaveDtype, run: Run) -> Result<()> {
+    let Run { reports, wall, threads } = run;
+    let total_steps = trainer.state.settings.schedule.total_steps;
+    let objective = trainer.objective;
     if let Some(dir) = &args.save {
-        trainer.save(dir, vocab.as_ref(), save_dtype)?;
+        trainer.save(dir, vocab, save_dtype)?;
         stage.note("checkpoint", dir.display().to_string());
     }
     let batch = metrics_batch(objective.name(), &reports)?;

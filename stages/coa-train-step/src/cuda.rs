@@ -36,10 +36,10 @@ impl Trainer {
     /// Moves training to the GPU: uploads the f32 masters and the AdamW moments, and allocates
     /// the buffers for passes of `max(--micro-batch-tokens, longest row)` tokens.
     pub fn to_cuda(&mut self, gpu: Arc<Gpu>, data: &Dataset) -> Result<()> {
-        if self.state.frozen_layers > 0 {
+        if self.state.settings.frozen_layers > 0 {
             bail!("--freeze-layers: the GPU path trains every layer (frozen layers are a CPU saving); drop the flag with --device cuda");
         }
-        let capacity = self.state.micro_batch_tokens.max(data.max_len).max(1);
+        let capacity = self.state.settings.micro_batch_tokens.max(data.max_len).max(1);
         let mut gm = GpuModel::new(gpu, &self.model.config, &self.model.params, capacity).map_err(|e| anyhow!("--device cuda: {e}"))?;
         let m: Vec<&[f32]> = self.moments.iter().map(|m| m.exp_avg.as_slice()).collect();
         let v: Vec<&[f32]> = self.moments.iter().map(|m| m.exp_avg_sq.as_slice()).collect();
@@ -61,7 +61,7 @@ impl Trainer {
     /// [`Trainer::step`] on the GPU.
     pub(crate) fn step_cuda(&mut self, data: &Dataset) -> Result<StepReport> {
         let started = Instant::now();
-        let rows = self.state.cursor.next_step(&data.examples, self.state.batch_tokens);
+        let rows = self.state.cursor.next_step(&data.examples, self.state.settings.batch_tokens);
         let n_targets: usize = rows.iter().map(|&r| data.examples[r].n_targets).sum();
         let n_tokens: usize = rows.iter().map(|&r| data.examples[r].input_ids.len()).sum();
         let step = self.state.step + 1;
@@ -121,9 +121,9 @@ impl Trainer {
         }
         let grad_norm = gm.grad_norm().map_err(gpu_err)?;
         check_finite(step, loss, grad_norm, data, &rows)?;
-        let clip = optim::clip_factor(grad_norm, self.state.grad_clip);
-        let lr = self.state.schedule.lr_at(step);
-        let a = self.state.adamw;
+        let clip = optim::clip_factor(grad_norm, self.state.settings.grad_clip);
+        let lr = self.state.settings.schedule.lr_at(step);
+        let a = self.state.settings.adamw;
         gm.adamw_step(|name, shape| {
             trainable
                 .lr_spans(name, shape)

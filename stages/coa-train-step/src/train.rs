@@ -22,6 +22,7 @@ use coa_kernels::GpuModel;
 use coa_model::{Model, Params, SaveDtype, Seq, Workspace};
 use coa_tokenize::Vocab;
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, DataInfo, LogPoint, TrainerState};
 use crate::data::{micro_batches, Cursor, Dataset};
@@ -30,10 +31,12 @@ use crate::optim::{self, AdamWConfig, Moments};
 use crate::schedule::Schedule;
 use crate::share;
 
-/// The settings that define a run (all saved; all but `micro_batch_tokens` must match on resume).
-#[derive(Debug, Clone, PartialEq)]
+/// The settings that define a run besides its objective. Saved in trainer_state.json (flattened
+/// into [`TrainerState`], in this order); all but `micro_batch_tokens` must match on resume.
+/// The objective stays apart: the state saves its name, while its DAPO clip and KL settings are
+/// flags of each invocation ([`Trainer::objective`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
-    pub objective: Objective,
     pub seed: u64,
     pub schedule: Schedule,
     pub adamw: AdamWConfig,
@@ -41,10 +44,17 @@ pub struct Settings {
     pub grad_clip: f64,
     pub batch_tokens: usize,
     pub micro_batch_tokens: usize,
-    /// The rows this run added to the vocabulary and their learning-rate factor.
+    /// The embedding rows this run added to the vocabulary and their learning-rate factor
+    /// (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_rows: Option<optim::NewRows>,
-    /// The bottom decoder layers that do not train (0: all train).
+    /// The bottom decoder layers that do not train (0, absent from the file: all train).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub frozen_layers: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// What one optimizer step did.
@@ -107,7 +117,7 @@ pub fn data_info(d: &Dataset) -> DataInfo {
 
 impl Trainer {
     /// A fresh run: zero optimizer state, the data stream at its start.
-    pub fn new(model: Model, settings: &Settings, data: &Dataset) -> Result<Trainer> {
+    pub fn new(model: Model, objective: Objective, settings: &Settings, data: &Dataset) -> Result<Trainer> {
         settings.adamw.validate()?;
         if settings.batch_tokens == 0 || settings.micro_batch_tokens == 0 {
             bail!("--batch-tokens and --micro-batch-tokens must be positive");
@@ -120,31 +130,24 @@ impl Trainer {
         let moments = model.params.tensors.iter().map(|t| Moments::zeros(t.data.len())).collect();
         let state = TrainerState {
             format: checkpoint::FORMAT.to_string(),
-            objective: settings.objective.name().to_string(),
+            objective: objective.name().to_string(),
             step: 0,
             tokens_seen: 0,
-            seed: settings.seed,
-            schedule: settings.schedule,
-            adamw: settings.adamw,
-            grad_clip: settings.grad_clip,
-            batch_tokens: settings.batch_tokens,
-            micro_batch_tokens: settings.micro_batch_tokens,
-            new_rows: settings.new_rows,
-            frozen_layers: settings.frozen_layers,
+            settings: settings.clone(),
             cursor: Cursor::start(settings.seed, data.examples.len()),
             data: data_info(data),
             history: Vec::new(),
         };
-        Ok(Trainer { model, moments, state, objective: settings.objective, cuda: None, share_prompts: true, cpu: CpuBuffers::default() })
+        Ok(Trainer { model, moments, state, objective, cuda: None, share_prompts: true, cpu: CpuBuffers::default() })
     }
 
     /// Loads a checkpoint written by [`Trainer::save`]: model (f32 masters), moments, state.
-    /// The caller checks the run's settings against `state` (see `main.rs`).
+    /// The caller checks the run's settings against `state` (see `cli::resolve_settings`).
     pub fn load(dir: &Path, data: &Dataset) -> Result<Trainer> {
         let state = TrainerState::read(dir)?;
         let objective = Objective::parse(&state.objective).with_context(|| format!("{}/{}", dir.display(), checkpoint::STATE_FILE))?;
         let mut model = Model::load(dir).with_context(|| format!("--resume {}", dir.display()))?;
-        model.frozen_layers = state.frozen_layers;
+        model.frozen_layers = state.settings.frozen_layers;
         let specs: Vec<(String, Vec<usize>)> = model.params.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
         let opt = checkpoint::read_optimizer(dir, &specs)?;
         if let Some(master) = opt.master {
@@ -232,7 +235,7 @@ impl Trainer {
             return self.step_cuda(data);
         }
         let started = Instant::now();
-        let rows = self.state.cursor.next_step(&data.examples, self.state.batch_tokens);
+        let rows = self.state.cursor.next_step(&data.examples, self.state.settings.batch_tokens);
         let n_targets: usize = rows.iter().map(|&r| data.examples[r].n_targets).sum();
         let n_tokens: usize = rows.iter().map(|&r| data.examples[r].input_ids.len()).sum();
         let step = self.state.step + 1;
@@ -253,7 +256,7 @@ impl Trainer {
         // One sequence at a time, every op parallel inside, each adding its gradients into
         // `grads`: the sum runs in row order whatever the thread count, and a step needs one
         // gradient buffer and one sequence's activations.
-        for mb in micro_batches(&data.examples, &rows, self.state.micro_batch_tokens) {
+        for mb in micro_batches(&data.examples, &rows, self.state.settings.micro_batch_tokens) {
             // Rows sharing a prompt run as one sequence with the prompt once (see `share`).
             let packs = if self.share_prompts { share::packs(&data.examples, &mb) } else { mb.iter().map(|&r| share::Pack { rows: vec![r], prefix: 0 }).collect() };
             for pack in &packs {
@@ -294,9 +297,9 @@ impl Trainer {
         }
         let grad_norm = optim::global_norm(grads.tensors.iter().map(|t| t.data.as_slice()));
         check_finite(step, loss, grad_norm, data, &rows)?;
-        let clip = optim::clip_factor(grad_norm, self.state.grad_clip);
-        let lr = self.state.schedule.lr_at(step);
-        let adamw = self.state.adamw;
+        let clip = optim::clip_factor(grad_norm, self.state.settings.grad_clip);
+        let lr = self.state.settings.schedule.lr_at(step);
+        let adamw = self.state.settings.adamw;
         let trainable = self.trainable();
         for ((p, g), m) in self.model.params.tensors.iter_mut().zip(grads.tensors.iter_mut()).zip(self.moments.iter_mut()) {
             if clip < 1.0 {
@@ -313,7 +316,7 @@ impl Trainer {
 
     /// Which parameters this run updates, and at what rate.
     pub fn trainable(&self) -> optim::Trainable {
-        optim::Trainable { new_rows: self.state.new_rows, frozen_layers: self.state.frozen_layers, tied_head: self.model.config.tie_word_embeddings }
+        optim::Trainable { new_rows: self.state.settings.new_rows, frozen_layers: self.state.settings.frozen_layers, tied_head: self.model.config.tie_word_embeddings }
     }
 
     /// Records a step taken (state, history) and reports it.

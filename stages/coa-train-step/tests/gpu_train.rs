@@ -137,9 +137,8 @@ fn config() -> ModelConfig {
     c
 }
 
-fn settings(objective: Objective, steps: u64, lr: f64) -> Settings {
+fn settings(steps: u64, lr: f64) -> Settings {
     Settings {
-        objective,
         seed: 3,
         schedule: Schedule::new(lr, lr / 10.0, 10, steps).unwrap(),
         adamw: AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 },
@@ -170,10 +169,10 @@ fn gpu_tracks_the_cpu_loss_curve_for_200_steps() {
     // slowly) 20 steps at lr 3e-3, in windows of 5.
     let (steps, lr, window) = if gpu.is_emulated() { (20, 3e-3, 5) } else { (200, 3e-4, 25) };
     let data = dataset(60, 11);
-    let st = settings(Objective::Sft, steps as u64, lr);
+    let st = settings(steps as u64, lr);
     let model = Model::init(config(), 1).unwrap();
-    let mut cpu = Trainer::new(model.clone(), &st, &data).unwrap();
-    let mut gpu_t = Trainer::new(model, &st, &data).unwrap();
+    let mut cpu = Trainer::new(model.clone(), Objective::Sft, &st, &data).unwrap();
+    let mut gpu_t = Trainer::new(model, Objective::Sft, &st, &data).unwrap();
     gpu_t.to_cuda(gpu, &data).unwrap();
     let c: Vec<StepReport> = run(&mut cpu, &data, steps);
     let g: Vec<StepReport> = run(&mut gpu_t, &data, steps);
@@ -212,9 +211,9 @@ fn new_token_rows_take_larger_steps_on_cpu_and_gpu() {
     let data = dataset(20, 5);
     let model = Model::init(config(), 4).unwrap();
     let first = VOCAB - 8;
-    let with_mult = |mult: f64| Settings { new_rows: Some(NewRows { first, lr_mult: mult }), ..settings(Objective::Sft, 5, 1e-2) };
+    let with_mult = |mult: f64| Settings { new_rows: Some(NewRows { first, lr_mult: mult }), ..settings(5, 1e-2) };
     let embed = |t: &Trainer| t.model.params.tensors.iter().find(|p| p.name == "model.embed_tokens.weight").unwrap().data.clone();
-    let before = embed(&Trainer::new(model.clone(), &with_mult(1.0), &data).unwrap());
+    let before = embed(&Trainer::new(model.clone(), Objective::Sft, &with_mult(1.0), &data).unwrap());
     let d = config().hidden_size;
     // (sum of |change| over the base rows, over the new rows)
     let moved = |after: &[f32]| {
@@ -222,7 +221,7 @@ fn new_token_rows_take_larger_steps_on_cpu_and_gpu() {
         (abs[..first * d].iter().sum::<f64>(), abs[first * d..].iter().sum::<f64>())
     };
     let step = |st: &Settings, on_gpu: bool| {
-        let mut t = Trainer::new(model.clone(), st, &data).unwrap();
+        let mut t = Trainer::new(model.clone(), Objective::Sft, st, &data).unwrap();
         if on_gpu {
             t.to_cuda(gpu.clone(), &data).unwrap();
         }
@@ -246,10 +245,10 @@ fn new_token_rows_take_larger_steps_on_cpu_and_gpu() {
 fn frozen_layers_stay_put_and_resume_frozen() {
     let tmp = tempfile::tempdir().unwrap();
     let data = dataset(20, 5);
-    let st = Settings { frozen_layers: 1, ..settings(Objective::Sft, 6, 3e-3) };
+    let st = Settings { frozen_layers: 1, ..settings(6, 3e-3) };
     let model = Model::init(config(), 6).unwrap();
     let layer = |m: &Model, l: usize| m.params.tensors.iter().filter(|t| t.name.starts_with(&format!("model.layers.{l}."))).map(|t| t.data.clone()).collect::<Vec<_>>();
-    let mut t = Trainer::new(model.clone(), &st, &data).unwrap();
+    let mut t = Trainer::new(model.clone(), Objective::Sft, &st, &data).unwrap();
     run(&mut t, &data, 3);
     t.save(tmp.path(), None, coa_model::SaveDtype::F32).unwrap();
     let mut t = Trainer::load(tmp.path(), &data).unwrap();
@@ -257,9 +256,9 @@ fn frozen_layers_stay_put_and_resume_frozen() {
     run(&mut t, &data, 3);
     assert!(layer(&t.model, 0) == layer(&model, 0), "a frozen layer changed");
     assert!(layer(&t.model, 1) != layer(&model, 1), "the layer above the frozen one did not train");
-    let err = Trainer::new(model.clone(), &Settings { frozen_layers: 3, ..st.clone() }, &data).err().unwrap().to_string();
+    let err = Trainer::new(model.clone(), Objective::Sft, &Settings { frozen_layers: 3, ..st.clone() }, &data).err().unwrap().to_string();
     assert!(err.contains("--freeze-layers 3: the model has 2 layers"), "{err}");
-    let mut t = Trainer::new(model, &st, &data).unwrap();
+    let mut t = Trainer::new(model, Objective::Sft, &st, &data).unwrap();
     let err = t.to_cuda(test_gpu("frozen_layers_stay_put_and_resume_frozen"), &data).err().unwrap().to_string();
     assert!(err.contains("--freeze-layers"), "{err}");
 }
@@ -282,14 +281,14 @@ fn checkpoints_move_between_cpu_and_gpu() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = |n: &str| tmp.path().join(n);
     let data = dataset(20, 5);
-    let st = settings(Objective::Sft, 12, 3e-3);
+    let st = settings(12, 3e-3);
     let model = Model::init(config(), 2).unwrap();
     // The reference: 12 CPU steps in one go.
-    let mut full = Trainer::new(model.clone(), &st, &data).unwrap();
+    let mut full = Trainer::new(model.clone(), Objective::Sft, &st, &data).unwrap();
     let lf: Vec<f64> = run(&mut full, &data, 12).iter().map(|r| r.loss).collect();
 
     // 4 steps on the CPU, saved.
-    let mut t = Trainer::new(model, &st, &data).unwrap();
+    let mut t = Trainer::new(model, Objective::Sft, &st, &data).unwrap();
     run(&mut t, &data, 4);
     t.save(&dir("cpu4"), None, coa_model::SaveDtype::Bf16).unwrap();
     // Up to the GPU and straight back: the same bytes (exact masters and moments).
@@ -334,11 +333,12 @@ fn dapo_dataset(n: usize) -> Dataset {
 fn dapo_on_the_gpu_matches_the_cpu() {
     let test = "dapo_on_the_gpu_matches_the_cpu";
     let gpu = test_gpu(test);
-    let st = settings(Objective::Dapo(DapoConfig::default()), 6, 1e-3);
+    let dapo = Objective::Dapo(DapoConfig::default());
+    let st = settings(6, 1e-3);
     let model = Model::init(config(), 4).unwrap();
     let (mut dc, mut dg) = (dapo_dataset(24), dapo_dataset(24));
-    let mut cpu = Trainer::new(model.clone(), &st, &dc).unwrap();
-    let mut gpu_t = Trainer::new(model, &st, &dg).unwrap();
+    let mut cpu = Trainer::new(model.clone(), dapo, &st, &dc).unwrap();
+    let mut gpu_t = Trainer::new(model, dapo, &st, &dg).unwrap();
     gpu_t.to_cuda(gpu, &dg).unwrap();
     cpu.prepare_rl(&mut dc, None).unwrap();
     gpu_t.prepare_rl(&mut dg, None).unwrap();
