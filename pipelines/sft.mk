@@ -1,7 +1,7 @@
 # Agentic SFT (docs/ARCHITECTURE.md, "Training"): the distilled CoA text of every suite -> tokens with loss masks -> the student,
 # trained on DEVICE and saved as an HF checkpoint that also resumes exactly.
 # The student (SFT_BASE): SIZE=default fine-tunes the pretrained SmolLM2-135M-Instruct (its GGUF,
-# `make model`): its own tokenizer and chat template, with the 12 CoA tags added as tokens (their
+# `make model`): its own tokenizer and chat template, with the 22 CoA tags added as tokens (their
 # embedding rows start at the mean of their text pieces', `<code>` from `<`, `code`, `>`, and learn
 # at SFT_NEW_TOKEN_LR_MULT times the rate so the tag parts from the word), every layer trained
 # (SFT_FREEZE_LAYERS=20 halves a CPU step but cost most of the accuracy: 15% against 82.5% of
