@@ -18,7 +18,8 @@ use anyhow::{bail, Context, Result};
 use coa_agents::ToolConfig;
 use coa_schemas::rows::{self, Task};
 use coa_schemas::stage::Stage;
-use coa_schemas::tables::CORPUS;
+use coa_schemas::shard::ShardSpec;
+use coa_schemas::tables::{CORPUS, TASKS};
 use coa_tools::flags::ToolFlags;
 use coa_tools::Corpus;
 
@@ -26,6 +27,21 @@ use coa_tools::Corpus;
 /// code, including ones this build does not know).
 pub fn searches_the_web(task: &Task) -> bool {
     coa_schemas::suite::Suite::parse(&task.suite).is_none_or(|s| s.uses_web())
+}
+
+/// Reads the `tasks` table (stdin or `-i`; this shard's rows with `--shard`) whole, counting its
+/// rows in: a few thousand rows, and each run then holds its own messages (mas and policy share it).
+/// Returns the input's name for error messages with the tasks.
+pub fn read_tasks(stage: &mut Stage, input: Option<&Path>, shard: Option<ShardSpec>) -> Result<(String, Vec<Task>)> {
+    let reader = stage.open(input, &TASKS)?;
+    let reader = stage.shard(reader, shard)?;
+    let source = reader.source().to_string();
+    let mut tasks: Vec<Task> = Vec::new();
+    for batch in reader {
+        tasks.extend(rows::from_batch::<Task>(&batch?).with_context(|| format!("{source}: reading tasks"))?);
+    }
+    stage.add_rows_in(tasks.len() as u64);
+    Ok((source, tasks))
 }
 
 /// Reads the `corpus` table of `--corpus FILE` into a searchable corpus (mas and policy share it).

@@ -3,12 +3,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use coa_agents::{Backend, Noise, OpenAiBackend, OpenAiClient, OpenAiConfig, RunConfig, RunStats, Runner, ScriptedBackend, Tools};
-use coa_schemas::rows::{self, Task};
 use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{IoArgs, Stage};
-use coa_schemas::tables::{MAS_RUNS, TASKS};
+use coa_schemas::tables::MAS_RUNS;
 use coa_tools::flags::{seconds, ToolFlags};
 use serde_json::json;
 
@@ -193,14 +192,7 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
     };
 
     // The tasks, whole (a few thousand rows; each run then holds its own messages).
-    let reader = stage.open(args.io.input.as_deref(), &TASKS)?;
-    let reader = stage.shard(reader, args.shard.shard)?;
-    let source = reader.source().to_string();
-    let mut tasks: Vec<Task> = Vec::new();
-    for batch in reader {
-        tasks.extend(rows::from_batch::<Task>(&batch?).with_context(|| format!("{source}: reading tasks"))?);
-    }
-    stage.add_rows_in(tasks.len() as u64);
+    let (source, tasks) = crate::read_tasks(stage, args.io.input.as_deref(), args.shard.shard)?;
 
     // Tasks the backend cannot run.
     let mut runnable = Vec::with_capacity(tasks.len());

@@ -63,10 +63,10 @@ use coa_kernels::decode::{check_decodable, GpuDecoder};
 use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
 use coa_model::{KvCache, Model};
 use coa_rewards::RewardConfig;
-use coa_schemas::rows::{self, Rollout, Task};
+use coa_schemas::rows::{self, Rollout};
 use coa_schemas::shard::{ShardArgs, ShardSpec};
 use coa_schemas::stage::{IoArgs, Stage};
-use coa_schemas::tables::{ROLLOUTS, TASKS};
+use coa_schemas::tables::ROLLOUTS;
 use coa_tokenize::{encode_row, fit_model, SpecialChoice, TemplateChoice, Vocab};
 use coa_tools::flags::ToolFlags;
 
@@ -643,14 +643,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
             .unwrap_or_else(|| args.checkpoint.display().to_string()),
     };
 
-    let reader = stage.open(args.io.input.as_deref(), &TASKS)?;
-    let reader = stage.shard(reader, args.shard.shard)?;
-    let source = reader.source().to_string();
-    let mut tasks: Vec<Task> = Vec::new();
-    for batch in reader {
-        tasks.extend(rows::from_batch::<Task>(&batch?).with_context(|| format!("{source}: reading tasks"))?);
-    }
-    stage.add_rows_in(tasks.len() as u64);
+    let (source, tasks) = crate::read_tasks(stage, args.io.input.as_deref(), args.shard.shard)?;
     let mut seen = HashMap::new();
     for (row, t) in tasks.iter().enumerate() {
         if let Some(first) = seen.insert(t.task_id.as_str(), row) {
