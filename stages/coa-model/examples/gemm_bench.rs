@@ -4,7 +4,8 @@
 //!
 //! `:tt` suffixes say which operand is stored transposed (`:nt` = b transposed, the linear
 //! forward; `:tn` = a transposed, the weight gradient). Prints one JSON line per shape: the
-//! shape, the best of R repetitions in seconds and GFLOP/s (2·M·N·K per product).
+//! shape, the register kernel (`avx512`, `avx2`; `COA_CPU_KERNEL=avx2` compares the two on one
+//! CPU), the best of R repetitions in seconds and GFLOP/s (2·M·N·K per product).
 //! `--matrixmultiply`: the `matrixmultiply` crate's sgemm instead, single-threaded (what
 //! `ops::gemm` ran on before its own kernel; compare with `--threads 1`).
 //! `bench/train_bench.py` runs it beside `torch.mm` for the machine's f32 peak.
@@ -55,8 +56,9 @@ fn main() -> Result<()> {
             .fold(f64::INFINITY, f64::min);
         let gflops = 2.0 * (m * n * k) as f64 / best / 1e9;
         println!(
-            "{{\"shape\": \"{name}\", \"engine\": \"{}\", \"threads\": {}, \"seconds\": {best:.6}, \"gflops\": {gflops:.2}}}",
+            "{{\"shape\": \"{name}\", \"engine\": \"{}\", \"kernel\": \"{}\", \"threads\": {}, \"seconds\": {best:.6}, \"gflops\": {gflops:.2}}}",
             if mm { "matrixmultiply" } else { "ops::gemm" },
+            if mm { "matrixmultiply" } else { ops::gemm_kernel() },
             if mm { 1 } else { rayon::current_num_threads() }
         );
     }

@@ -29,6 +29,16 @@ pub(crate) struct SendPtr(pub(crate) *mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
+/// The register kernel [`gemm`] runs on this CPU: `"avx512"` (12×32 tiles), `"avx2"` (6×16) or
+/// `"portable"` (the `matrixmultiply` crate). `COA_CPU_KERNEL=avx2` caps it at AVX2.
+pub fn gemm_kernel() -> &'static str {
+    match crate::sgemm::kernel() {
+        crate::sgemm::Kernel::Avx512 => "avx512",
+        crate::sgemm::Kernel::Avx2 => "avx2",
+        crate::sgemm::Kernel::Portable => "portable",
+    }
+}
+
 /// `c[m,n] = a' @ b' + beta * c`, where a' = a (stored [m,k]) or aᵀ (a stored [k,m], `a_t`), and
 /// b' = b (stored [k,n]) or bᵀ (b stored [n,k], `b_t`). `c` is row-major contiguous. With
 /// `beta == 0` the old contents of `c` are ignored (may be anything, even NaN).

@@ -1,25 +1,56 @@
 //! Single-threaded f32 matrix multiply with arbitrary strides, the inner engine of
 //! [`crate::ops::gemm`] and of the attention's block products.
 //!
-//! On x86-64 CPUs with AVX2 and FMA it is a packed, cache-blocked GEMM (BLIS structure): B is
-//! packed into column panels of 16 and A into row panels of 6 (blocks of KC along k, MC rows, NC
-//! columns), and a 6×16 register-blocked kernel (12 ymm accumulators, the Zen / Haswell shape)
-//! computes each C tile. Elsewhere it calls `matrixmultiply`.
+//! On x86-64 it is a packed, cache-blocked GEMM (BLIS structure): B is packed into column panels
+//! of NR and A into row panels of MR (blocks of KC along k, MC rows, NC columns), and an MR×NR
+//! register-blocked kernel computes each C tile. Two kernels, chosen once per process by the CPU:
+//! AVX-512 (12×32: 24 zmm accumulators, Intel since Skylake-SP, AMD since Zen 4) and AVX2 + FMA
+//! (6×16: 12 ymm accumulators, the Haswell / Zen shape). Elsewhere it calls `matrixmultiply`.
+//! `COA_CPU_KERNEL=avx2` forces the AVX2 kernel (to compare the two on one machine).
 //!
-//! Every C element is `Σ_k a·b` accumulated in k order within each KC block, blocks added to C
-//! in k order, whatever the position of the element in its tile or the tiling of C by the
-//! caller: so splitting C across threads does not change any result bit.
+//! Every C element is `Σ_k a·b` accumulated by FMA in k order within each KC block, blocks added
+//! to C in k order, then scaled by alpha and added to beta·C, whatever the kernel, the position of
+//! the element in its tile or the tiling of C by the caller: so the two kernels give the same bits,
+//! and splitting C across threads does not change any result bit.
 
-/// Rows of A per register tile.
-const MR: usize = 6;
-/// Columns of B per register tile (two ymm vectors).
-const NR: usize = 16;
-/// Depth of a packed block: a 6×KC panel of A (6 KB) and a KC×16 panel of B (16 KB) fit in L1.
+/// Depth of a packed block: a 12×KC panel of A (12 KB) and a KC×32 panel of B (32 KB) fit in L1.
+/// Part of the arithmetic (each block is summed apart, then added to C), so the same for every
+/// kernel.
 const KC: usize = 256;
-/// Rows of A packed at once: MC×KC floats (144 KB) stay in L2.
+/// Rows of A packed at once: MC×KC floats (144 KB) stay in L2. A multiple of every kernel's MR.
 const MC: usize = 144;
-/// Columns of B packed at once: KC×NC floats (3 MB) stay in L3.
+/// Columns of B packed at once: KC×NC floats (3 MB) stay in L3. A multiple of every kernel's NR.
 const NC: usize = 3072;
+
+/// The packed kernel this process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// 12×32 tiles, AVX-512F.
+    Avx512,
+    /// 6×16 tiles, AVX2 + FMA.
+    Avx2,
+    /// No packed kernel: the `matrixmultiply` crate.
+    Portable,
+}
+
+/// The best kernel this CPU has (`COA_CPU_KERNEL=avx2` caps it at AVX2), detected once.
+pub(crate) fn kernel() -> Kernel {
+    static CHOSEN: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+            let capped = std::env::var("COA_CPU_KERNEL").is_ok_and(|v| v == "avx2");
+            if avx2 && !capped && std::is_x86_feature_detected!("avx512f") {
+                return Kernel::Avx512;
+            }
+            if avx2 {
+                return Kernel::Avx2;
+            }
+        }
+        Kernel::Portable
+    })
+}
 
 /// `C = alpha · A·B + beta · C` with A element (i,p) at `a + i·rsa + p·csa`, B (p,j) at
 /// `b + p·rsb + j·csb`, C (i,j) at `c + i·ldc + j`. With `beta == 0` C is not read (it may hold
@@ -44,24 +75,48 @@ pub(crate) unsafe fn sgemm(
     c: *mut f32,
     ldc: usize,
 ) {
+    sgemm_with(kernel(), m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc)
+}
+
+/// [`sgemm`] on a given kernel, which the CPU must have.
+#[allow(clippy::too_many_arguments)]
+unsafe fn sgemm_with(
+    kernel: Kernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    rsa: usize,
+    csa: usize,
+    b: *const f32,
+    rsb: usize,
+    csb: usize,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
     if m == 0 || n == 0 {
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    {
-        if k > 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return avx2::sgemm(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc);
+    if k > 0 {
+        let g = packed::Gemm { m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc };
+        match kernel {
+            Kernel::Avx512 => return packed::run::<{ packed::avx512::MR }, { packed::avx512::NR }>(&g, packed::avx512::tile),
+            Kernel::Avx2 => return packed::run::<{ packed::avx2::MR }, { packed::avx2::NR }>(&g, packed::avx2::tile),
+            Kernel::Portable => {}
         }
     }
+    let _ = kernel;
     matrixmultiply::sgemm(
         m, k, n, alpha, a, rsa as isize, csa as isize, b, rsb as isize, csb as isize, beta, c, ldc as isize, 1,
     );
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{KC, MC, MR, NC, NR};
-    use std::arch::x86_64::*;
+mod packed {
+    use super::{KC, MC, NC};
     use std::cell::RefCell;
 
     thread_local! {
@@ -69,23 +124,30 @@ mod avx2 {
         static PACKED: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
     }
 
-    /// See [`super::sgemm`]; requires AVX2 and FMA, and k > 0.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn sgemm(
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f32,
-        a: *const f32,
-        rsa: usize,
-        csa: usize,
-        b: *const f32,
-        rsb: usize,
-        csb: usize,
-        beta: f32,
-        c: *mut f32,
-        ldc: usize,
-    ) {
+    /// One product's operands, as [`super::sgemm`] takes them.
+    pub(super) struct Gemm {
+        pub m: usize,
+        pub n: usize,
+        pub k: usize,
+        pub alpha: f32,
+        pub a: *const f32,
+        pub rsa: usize,
+        pub csa: usize,
+        pub b: *const f32,
+        pub rsb: usize,
+        pub csb: usize,
+        pub beta: f32,
+        pub c: *mut f32,
+        pub ldc: usize,
+    }
+
+    /// A register kernel: `C[mr, nr] = alpha · Ã·B̃ + beta · C` for one MR×NR tile from packed
+    /// panels `a` [kc·MR] and `b` [kc·NR] (args: kc, alpha, a, b, beta, c, ldc, mr, nr).
+    pub(super) type Tile = unsafe fn(usize, f32, *const f32, *const f32, f32, *mut f32, usize, usize, usize);
+
+    /// The blocked loops around an MR×NR kernel (k > 0).
+    pub(super) unsafe fn run<const MR: usize, const NR: usize>(g: &Gemm, tile: Tile) {
+        let Gemm { m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc } = *g;
         PACKED.with(|bufs| {
             let mut bufs = bufs.borrow_mut();
             let (pa, pb) = &mut *bufs;
@@ -103,10 +165,10 @@ mod avx2 {
                     let kc = KC.min(k - pc);
                     // The first k block applies beta; the later ones add to it.
                     let beta_blk = if pc == 0 { beta } else { 1.0 };
-                    pack_b(pb, b.add(pc * rsb + jc * csb), rsb, csb, kc, nc);
+                    pack_b::<NR>(pb, b.add(pc * rsb + jc * csb), rsb, csb, kc, nc);
                     for ic in (0..m).step_by(MC) {
                         let mc = MC.min(m - ic);
-                        pack_a(pa, a.add(ic * rsa + pc * csa), rsa, csa, mc, kc);
+                        pack_a::<MR>(pa, a.add(ic * rsa + pc * csa), rsa, csa, mc, kc);
                         for jr in (0..nc).step_by(NR) {
                             let nr = NR.min(nc - jr);
                             let bp = pb.as_ptr().add(jr * kc);
@@ -114,7 +176,7 @@ mod avx2 {
                                 let mr = MR.min(mc - ir);
                                 let ap = pa.as_ptr().add(ir * kc);
                                 let cp = c.add((ic + ir) * ldc + jc + jr);
-                                kernel(kc, alpha, ap, bp, beta_blk, cp, ldc, mr, nr);
+                                tile(kc, alpha, ap, bp, beta_blk, cp, ldc, mr, nr);
                             }
                         }
                     }
@@ -125,7 +187,7 @@ mod avx2 {
 
     /// Packs A[mc, kc] into row panels of MR: panel r holds, for each p, rows r·MR.. of column p
     /// (zero beyond mc).
-    unsafe fn pack_a(dst: &mut [f32], a: *const f32, rsa: usize, csa: usize, mc: usize, kc: usize) {
+    unsafe fn pack_a<const MR: usize>(dst: &mut [f32], a: *const f32, rsa: usize, csa: usize, mc: usize, kc: usize) {
         for (pi, i0) in (0..mc).step_by(MR).enumerate() {
             let rows = MR.min(mc - i0);
             let panel = &mut dst[pi * MR * kc..(pi + 1) * MR * kc];
@@ -141,7 +203,7 @@ mod avx2 {
 
     /// Packs B[kc, nc] into column panels of NR: panel q holds, for each p, columns q·NR.. of
     /// row p (zero beyond nc).
-    unsafe fn pack_b(dst: &mut [f32], b: *const f32, rsb: usize, csb: usize, kc: usize, nc: usize) {
+    unsafe fn pack_b<const NR: usize>(dst: &mut [f32], b: *const f32, rsb: usize, csb: usize, kc: usize, nc: usize) {
         for (qi, j0) in (0..nc).step_by(NR).enumerate() {
             let cols = NR.min(nc - j0);
             let panel = &mut dst[qi * NR * kc..(qi + 1) * NR * kc];
@@ -169,49 +231,113 @@ mod avx2 {
         }
     }
 
-    /// C[mr, nr] = alpha · Ã·B̃ + beta · C for one MR×NR tile from packed panels `a` [kc·MR] and
-    /// `b` [kc·NR]. Partial tiles go through a local buffer, with the same arithmetic.
+    /// Writes a partial tile (mr < MR or nr < NR) held in `acc` rows: the same arithmetic as a
+    /// full tile's vector epilogue (`y = v·alpha`, then `C·beta + y`; no fused multiply-add).
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn kernel(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-        let (mut ap, mut bp) = (a, b);
-        for _ in 0..kc {
-            let b0 = _mm256_loadu_ps(bp);
-            let b1 = _mm256_loadu_ps(bp.add(8));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let ai = _mm256_broadcast_ss(&*ap.add(i));
-                row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+    unsafe fn store_partial<const MR: usize, const NR: usize>(acc: &[[f32; NR]; MR], alpha: f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
+        for (i, row) in acc.iter().enumerate().take(mr) {
+            let cr = c.add(i * ldc);
+            for (j, &v) in row.iter().enumerate().take(nr) {
+                let y = v * alpha;
+                *cr.add(j) = if beta != 0.0 { *cr.add(j) * beta + y } else { y };
             }
-            ap = ap.add(MR);
-            bp = bp.add(NR);
         }
-        let va = _mm256_set1_ps(alpha);
-        let vb = _mm256_set1_ps(beta);
-        if mr == MR && nr == NR {
-            for (i, row) in acc.iter().enumerate() {
-                let cr = c.add(i * ldc);
-                for (h, &v) in row.iter().enumerate() {
-                    let mut y = _mm256_mul_ps(v, va);
-                    if beta != 0.0 {
-                        y = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(cr.add(8 * h)), vb), y);
+    }
+
+    pub(super) mod avx2 {
+        use std::arch::x86_64::*;
+
+        pub const MR: usize = 6;
+        /// Two ymm vectors.
+        pub const NR: usize = 16;
+
+        /// See [`super::Tile`]; requires AVX2 and FMA.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx2,fma")]
+        pub unsafe fn tile(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
+            let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+            let (mut ap, mut bp) = (a, b);
+            for _ in 0..kc {
+                let b0 = _mm256_loadu_ps(bp);
+                let b1 = _mm256_loadu_ps(bp.add(8));
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let ai = _mm256_broadcast_ss(&*ap.add(i));
+                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+                }
+                ap = ap.add(MR);
+                bp = bp.add(NR);
+            }
+            if mr == MR && nr == NR {
+                let va = _mm256_set1_ps(alpha);
+                let vb = _mm256_set1_ps(beta);
+                for (i, row) in acc.iter().enumerate() {
+                    let cr = c.add(i * ldc);
+                    for (h, &v) in row.iter().enumerate() {
+                        let mut y = _mm256_mul_ps(v, va);
+                        if beta != 0.0 {
+                            y = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(cr.add(8 * h)), vb), y);
+                        }
+                        _mm256_storeu_ps(cr.add(8 * h), y);
                     }
-                    _mm256_storeu_ps(cr.add(8 * h), y);
                 }
-            }
-        } else {
-            let mut tile = [[0f32; NR]; MR];
-            for (i, row) in acc.iter().enumerate() {
-                _mm256_storeu_ps(tile[i].as_mut_ptr(), row[0]);
-                _mm256_storeu_ps(tile[i].as_mut_ptr().add(8), row[1]);
-            }
-            for (i, trow) in tile.iter().enumerate().take(mr) {
-                let cr = c.add(i * ldc);
-                for (j, &v) in trow.iter().enumerate().take(nr) {
-                    let y = v * alpha;
-                    *cr.add(j) = if beta != 0.0 { *cr.add(j) * beta + y } else { y };
+            } else {
+                let mut tile = [[0f32; NR]; MR];
+                for (i, row) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(tile[i].as_mut_ptr(), row[0]);
+                    _mm256_storeu_ps(tile[i].as_mut_ptr().add(8), row[1]);
                 }
+                super::store_partial(&tile, alpha, beta, c, ldc, mr, nr);
+            }
+        }
+    }
+
+    pub(super) mod avx512 {
+        use std::arch::x86_64::*;
+
+        /// 12 rows × 2 zmm = 24 accumulators of the 32 registers, leaving room for the two B
+        /// vectors and the broadcast A value.
+        pub const MR: usize = 12;
+        /// Two zmm vectors.
+        pub const NR: usize = 32;
+
+        /// See [`super::Tile`]; requires AVX-512F.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx512f")]
+        pub unsafe fn tile(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
+            let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+            let (mut ap, mut bp) = (a, b);
+            for _ in 0..kc {
+                let b0 = _mm512_loadu_ps(bp);
+                let b1 = _mm512_loadu_ps(bp.add(16));
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let ai = _mm512_set1_ps(*ap.add(i));
+                    row[0] = _mm512_fmadd_ps(ai, b0, row[0]);
+                    row[1] = _mm512_fmadd_ps(ai, b1, row[1]);
+                }
+                ap = ap.add(MR);
+                bp = bp.add(NR);
+            }
+            if mr == MR && nr == NR {
+                let va = _mm512_set1_ps(alpha);
+                let vb = _mm512_set1_ps(beta);
+                for (i, row) in acc.iter().enumerate() {
+                    let cr = c.add(i * ldc);
+                    for (h, &v) in row.iter().enumerate() {
+                        let mut y = _mm512_mul_ps(v, va);
+                        if beta != 0.0 {
+                            y = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(cr.add(16 * h)), vb), y);
+                        }
+                        _mm512_storeu_ps(cr.add(16 * h), y);
+                    }
+                }
+            } else {
+                let mut tile = [[0f32; NR]; MR];
+                for (i, row) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(tile[i].as_mut_ptr(), row[0]);
+                    _mm512_storeu_ps(tile[i].as_mut_ptr().add(16), row[1]);
+                }
+                super::store_partial(&tile, alpha, beta, c, ldc, mr, nr);
             }
         }
     }
@@ -226,13 +352,32 @@ mod tests {
         (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect()
     }
 
-    /// Every register-tile edge (m, n not multiples of 6, 16), k across KC blocks, n across NC
-    /// blocks, m across MC blocks, every stride layout, alpha, beta 0 over NaN and beta 1, and a
-    /// C with a leading dimension wider than n: against an f64 reference.
+    /// The kernels this CPU can run, the portable one included; says which it skips.
+    fn kernels() -> Vec<Kernel> {
+        let mut have = vec![Kernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                have.push(Kernel::Avx2);
+            }
+            if std::is_x86_feature_detected!("avx512f") {
+                have.push(Kernel::Avx512);
+            }
+        }
+        if have.len() < 3 {
+            eprintln!("sgemm tests: this CPU runs only {have:?}; the other kernels are not tested here");
+        }
+        have
+    }
+
+    /// Every kernel, every register-tile edge (m, n not multiples of 6, 16, 12, 32), k across KC
+    /// blocks, n across NC blocks, m across MC blocks, every stride layout, alpha, beta 0 over
+    /// NaN and beta 1, and a C with a leading dimension wider than n: against an f64 reference.
     #[test]
     fn matches_f64_reference_on_edges_blocks_and_strides() {
         let mut rng = SplitMix64::new(7);
-        let shapes = [(1, 1, 1), (5, 17, 3), (6, 16, 256), (13, 33, 257), (150, 20, 70), (7, NC + 21, 300), (145, 47, 513)];
+        let shapes = [(1, 1, 1), (5, 17, 3), (6, 16, 256), (12, 32, 256), (13, 33, 257), (25, 65, 100), (150, 20, 70), (7, NC + 21, 300), (145, 47, 513)];
+        for kernel in kernels() {
         for &(m, n, k) in &shapes {
             for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
                 for (alpha, beta) in [(1.0f32, 0.0f32), (0.5, 1.0), (-2.0, 0.25)] {
@@ -244,7 +389,7 @@ mod tests {
                     let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
                     let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
                     // SAFETY: the strides address a [m,k], b [k,n] and c [m, ldc] in bounds.
-                    unsafe { sgemm(m, n, k, alpha, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), ldc) };
+                    unsafe { sgemm_with(kernel, m, n, k, alpha, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), ldc) };
                     for i in 0..m {
                         for j in 0..ldc {
                             let got = c[i * ldc + j];
@@ -256,11 +401,46 @@ mod tests {
                             let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
                             let want = alpha as f64 * dot + old;
                             let tol = 1e-5 * (k as f64).sqrt() * (alpha.abs() as f64 + 1.0) + 1e-6;
-                            assert!((got as f64 - want).abs() <= tol, "{m}x{n}x{k} a_t={a_t} b_t={b_t} alpha={alpha} beta={beta} at ({i},{j}): {got} vs {want}");
+                            assert!((got as f64 - want).abs() <= tol, "{kernel:?} {m}x{n}x{k} a_t={a_t} b_t={b_t} alpha={alpha} beta={beta} at ({i},{j}): {got} vs {want}");
                         }
                     }
                 }
             }
+        }
+        }
+    }
+
+    /// The AVX-512 and AVX2 kernels give the same bits (same FMA order per element, same
+    /// epilogue), so a run's outputs do not depend on which CPU trained it: random shapes across
+    /// tile edges and KC blocks, every stride layout, beta 0 and not.
+    #[test]
+    fn avx512_and_avx2_kernels_are_bit_identical() {
+        let have = kernels();
+        if !(have.contains(&Kernel::Avx2) && have.contains(&Kernel::Avx512)) {
+            eprintln!("avx512_and_avx2_kernels_are_bit_identical: skipped, this CPU lacks AVX-512 or AVX2");
+            return;
+        }
+        let mut rng = SplitMix64::new(11);
+        for case in 0..24 {
+            let m = 1 + rng.below(150);
+            let n = 1 + rng.below(200);
+            let k = 1 + rng.below(700);
+            let (a_t, b_t) = (case % 2 == 1, case % 4 >= 2);
+            let beta = if case % 3 == 0 { 0.0 } else { 0.5 };
+            let a = random(m * k, &mut rng);
+            let b = random(k * n, &mut rng);
+            let c0 = random(m * n, &mut rng);
+            let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
+            let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
+            let run = |kernel| {
+                let mut c = c0.clone();
+                // SAFETY: the strides address a [m,k], b [k,n] and c [m,n] in bounds; the CPU has both kernels.
+                unsafe { sgemm_with(kernel, m, n, k, 1.5, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), n) };
+                c
+            };
+            let (wide, narrow) = (run(Kernel::Avx512), run(Kernel::Avx2));
+            let same = wide.iter().zip(&narrow).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "case {case}: {m}x{n}x{k} a_t={a_t} b_t={b_t} beta={beta}: the kernels differ");
         }
     }
 
