@@ -33,6 +33,17 @@ pub(crate) enum Kernel {
     Portable,
 }
 
+impl Kernel {
+    /// `"avx512"`, `"avx2"` or `"portable"` (what benchmarks report, and what `COA_CPU_KERNEL` caps).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kernel::Avx512 => "avx512",
+            Kernel::Avx2 => "avx2",
+            Kernel::Portable => "portable",
+        }
+    }
+}
+
 /// The best kernel this CPU has (`COA_CPU_KERNEL=avx2` caps it at AVX2), detected once.
 pub(crate) fn kernel() -> Kernel {
     static CHOSEN: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
@@ -378,35 +389,35 @@ mod tests {
         let mut rng = SplitMix64::new(7);
         let shapes = [(1, 1, 1), (5, 17, 3), (6, 16, 256), (12, 32, 256), (13, 33, 257), (25, 65, 100), (150, 20, 70), (7, NC + 21, 300), (145, 47, 513)];
         for kernel in kernels() {
-        for &(m, n, k) in &shapes {
-            for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
-                for (alpha, beta) in [(1.0f32, 0.0f32), (0.5, 1.0), (-2.0, 0.25)] {
-                    let a = random(m * k, &mut rng);
-                    let b = random(k * n, &mut rng);
-                    let ldc = n + 3;
-                    let c0: Vec<f32> = if beta == 0.0 { vec![f32::NAN; m * ldc] } else { random(m * ldc, &mut rng) };
-                    let mut c = c0.clone();
-                    let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
-                    let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
-                    // SAFETY: the strides address a [m,k], b [k,n] and c [m, ldc] in bounds.
-                    unsafe { sgemm_with(kernel, m, n, k, alpha, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), ldc) };
-                    for i in 0..m {
-                        for j in 0..ldc {
-                            let got = c[i * ldc + j];
-                            if j >= n {
-                                assert!(got.to_bits() == c0[i * ldc + j].to_bits(), "wrote outside C at ({i},{j})");
-                                continue;
+            for &(m, n, k) in &shapes {
+                for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+                    for (alpha, beta) in [(1.0f32, 0.0f32), (0.5, 1.0), (-2.0, 0.25)] {
+                        let a = random(m * k, &mut rng);
+                        let b = random(k * n, &mut rng);
+                        let ldc = n + 3;
+                        let c0: Vec<f32> = if beta == 0.0 { vec![f32::NAN; m * ldc] } else { random(m * ldc, &mut rng) };
+                        let mut c = c0.clone();
+                        let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
+                        let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
+                        // SAFETY: the strides address a [m,k], b [k,n] and c [m, ldc] in bounds.
+                        unsafe { sgemm_with(kernel, m, n, k, alpha, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), ldc) };
+                        for i in 0..m {
+                            for j in 0..ldc {
+                                let got = c[i * ldc + j];
+                                if j >= n {
+                                    assert!(got.to_bits() == c0[i * ldc + j].to_bits(), "wrote outside C at ({i},{j})");
+                                    continue;
+                                }
+                                let dot: f64 = (0..k).map(|p| a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum();
+                                let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
+                                let want = alpha as f64 * dot + old;
+                                let tol = 1e-5 * (k as f64).sqrt() * (alpha.abs() as f64 + 1.0) + 1e-6;
+                                assert!((got as f64 - want).abs() <= tol, "{kernel:?} {m}x{n}x{k} a_t={a_t} b_t={b_t} alpha={alpha} beta={beta} at ({i},{j}): {got} vs {want}");
                             }
-                            let dot: f64 = (0..k).map(|p| a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum();
-                            let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
-                            let want = alpha as f64 * dot + old;
-                            let tol = 1e-5 * (k as f64).sqrt() * (alpha.abs() as f64 + 1.0) + 1e-6;
-                            assert!((got as f64 - want).abs() <= tol, "{kernel:?} {m}x{n}x{k} a_t={a_t} b_t={b_t} alpha={alpha} beta={beta} at ({i},{j}): {got} vs {want}");
                         }
                     }
                 }
             }
-        }
         }
     }
 
