@@ -6,6 +6,8 @@
 #   runs/<RUN>/eval/report.md, pipeline.png                the table and its plot
 
 EVAL_MAX_RESPONSE ?= $(call by_size,1408,1536,3072)
+# Evaluation counts correct answers; its rewards carry no length shaping (`--overlong-cache 0`:
+# the budget already caps the response), so any EVAL_MAX_RESPONSE works, even one under 512.
 EVAL_MAX_TURNS    ?= $(call by_size,12,12,16)
 # Sequences decoded together (policy --batch); the output does not depend on it.
 EVAL_BATCH        ?= $(call by_size,32,50,200)
@@ -40,7 +42,7 @@ define eval_student
 $(EVAL)/$(1)/scores.parquet: $(2) $(RUNDIR)/test/tasks.parquet $(call corpus,$(RUNDIR)/test)
 	@mkdir -p $(EVAL)/$(1)
 	$$(call student_rollouts,$(1),$(3)) $(BIN)/coa-score $$(call student_score_input,$(1)) --tasks $(RUNDIR)/test/tasks.parquet \
-	    --max-response-len $(EVAL_MAX_RESPONSE) --report $(EVAL)/$(1)/report.json --stats $(EVAL)/$(1)/score.json -o $$@
+	    --max-response-len $(EVAL_MAX_RESPONSE) --overlong-cache 0 --report $(EVAL)/$(1)/report.json --stats $(EVAL)/$(1)/score.json -o $$@
 endef
 $(eval $(call eval_student,sft,$(SFT)/metrics.parquet,$(SFT)/checkpoint))
 $(eval $(call eval_student,rl,$(RL)/checkpoint/config.json,$(RL)/checkpoint))
