@@ -197,17 +197,68 @@ mod packed {
     }
 
     /// Packs A[mc, kc] into row panels of MR: panel r holds, for each p, rows r·MR.. of column p
-    /// (zero beyond mc).
+    /// (zero beyond mc). Packing only moves values, so every path gives the same panel.
     unsafe fn pack_a<const MR: usize>(dst: &mut [f32], a: *const f32, rsa: usize, csa: usize, mc: usize, kc: usize) {
         for (pi, i0) in (0..mc).step_by(MR).enumerate() {
             let rows = MR.min(mc - i0);
             let panel = &mut dst[pi * MR * kc..(pi + 1) * MR * kc];
-            for p in 0..kc {
-                let col = a.add(i0 * rsa + p * csa);
-                let out = &mut panel[p * MR..(p + 1) * MR];
-                for (i, o) in out.iter_mut().enumerate() {
-                    *o = if i < rows { *col.add(i * rsa) } else { 0.0 };
+            if rows == MR && rsa == 1 {
+                // A stored transposed (dYᵀ of a weight gradient): a column's rows are contiguous.
+                for p in 0..kc {
+                    panel[p * MR..(p + 1) * MR].copy_from_slice(std::slice::from_raw_parts(a.add(i0 + p * csa), MR));
                 }
+            } else if rows >= 4 && csa == 1 {
+                // Row-major A (activations): 4 rows × 4 columns at a time, transposed in registers.
+                transpose_rows4::<MR>(panel, a.add(i0 * rsa), rsa, rows, kc);
+            } else {
+                for p in 0..kc {
+                    let col = a.add(i0 * rsa + p * csa);
+                    let out = &mut panel[p * MR..(p + 1) * MR];
+                    for (i, o) in out.iter_mut().enumerate() {
+                        *o = if i < rows { *col.add(i * rsa) } else { 0.0 };
+                    }
+                }
+            }
+        }
+    }
+
+    /// One panel of W lanes from `rows` (4 ≤ rows ≤ W) source rows contiguous in p (row i at
+    /// `a + i·rsa`: a row-major A, or a transposed B's columns): `panel[p·W + i] = a[i][p]`, zero
+    /// for i ≥ rows. Groups of 4 rows go through SSE 4×4 transposes (4 loads, 8 shuffles, 4
+    /// stores for 16 values); the rest element by element.
+    unsafe fn transpose_rows4<const W: usize>(panel: &mut [f32], a: *const f32, rsa: usize, rows: usize, kc: usize) {
+        use std::arch::x86_64::*;
+        debug_assert!(panel.len() >= kc * W && rows <= W);
+        let groups = rows / 4;
+        let out = panel.as_mut_ptr();
+        let p4 = kc / 4 * 4;
+        for g in 0..groups {
+            let r = a.add(4 * g * rsa);
+            for p in (0..p4).step_by(4) {
+                // SSE2 is part of x86-64, so these need no runtime check.
+                let r0 = _mm_loadu_ps(r.add(p));
+                let r1 = _mm_loadu_ps(r.add(rsa + p));
+                let r2 = _mm_loadu_ps(r.add(2 * rsa + p));
+                let r3 = _mm_loadu_ps(r.add(3 * rsa + p));
+                let t0 = _mm_unpacklo_ps(r0, r1); // a0 b0 a1 b1
+                let t1 = _mm_unpacklo_ps(r2, r3); // c0 d0 c1 d1
+                let t2 = _mm_unpackhi_ps(r0, r1); // a2 b2 a3 b3
+                let t3 = _mm_unpackhi_ps(r2, r3); // c2 d2 c3 d3
+                let o = out.add(p * W + 4 * g);
+                _mm_storeu_ps(o, _mm_movelh_ps(t0, t1));
+                _mm_storeu_ps(o.add(W), _mm_movehl_ps(t1, t0));
+                _mm_storeu_ps(o.add(2 * W), _mm_movelh_ps(t2, t3));
+                _mm_storeu_ps(o.add(3 * W), _mm_movehl_ps(t3, t2));
+            }
+            for p in p4..kc {
+                for i in 0..4 {
+                    *out.add(p * W + 4 * g + i) = *r.add(i * rsa + p);
+                }
+            }
+        }
+        for p in 0..kc {
+            for i in 4 * groups..W {
+                *out.add(p * W + i) = if i < rows { *a.add(i * rsa + p) } else { 0.0 };
             }
         }
     }
@@ -223,15 +274,9 @@ mod packed {
                     let row = std::slice::from_raw_parts(b.add(p * rsb + j0), NR);
                     panel[p * NR..(p + 1) * NR].copy_from_slice(row);
                 }
-            } else if rsb == 1 {
+            } else if rsb == 1 && cols >= 4 {
                 // B stored transposed (a weight [n, k]): each column is contiguous in p.
-                panel.iter_mut().for_each(|x| *x = 0.0);
-                for j in 0..cols {
-                    let col = b.add((j0 + j) * csb);
-                    for p in 0..kc {
-                        panel[p * NR + j] = *col.add(p);
-                    }
-                }
+                transpose_rows4::<NR>(panel, b.add(j0 * csb), csb, cols, kc);
             } else {
                 for p in 0..kc {
                     for j in 0..NR {
