@@ -176,10 +176,10 @@ mod packed {
                     let kc = KC.min(k - pc);
                     // The first k block applies beta; the later ones add to it.
                     let beta_blk = if pc == 0 { beta } else { 1.0 };
-                    pack_b::<NR>(pb, b.add(pc * rsb + jc * csb), rsb, csb, kc, nc);
+                    pack::<NR>(pb, b.add(pc * rsb + jc * csb), csb, rsb, nc, kc);
                     for ic in (0..m).step_by(MC) {
                         let mc = MC.min(m - ic);
-                        pack_a::<MR>(pa, a.add(ic * rsa + pc * csa), rsa, csa, mc, kc);
+                        pack::<MR>(pa, a.add(ic * rsa + pc * csa), rsa, csa, mc, kc);
                         for jr in (0..nc).step_by(NR) {
                             let nr = NR.min(nc - jr);
                             let bp = pb.as_ptr().add(jr * kc);
@@ -196,34 +196,35 @@ mod packed {
         });
     }
 
-    /// Packs A[mc, kc] into row panels of MR: panel r holds, for each p, rows r·MR.. of column p
-    /// (zero beyond mc). Packing only moves values, so every path gives the same panel.
-    unsafe fn pack_a<const MR: usize>(dst: &mut [f32], a: *const f32, rsa: usize, csa: usize, mc: usize, kc: usize) {
-        for (pi, i0) in (0..mc).step_by(MR).enumerate() {
-            let rows = MR.min(mc - i0);
-            let panel = &mut dst[pi * MR * kc..(pi + 1) * MR * kc];
-            if rows == MR && rsa == 1 {
-                // A stored transposed (dYᵀ of a weight gradient): a column's rows are contiguous.
+    /// Packs an operand into panels of W lanes, `kc` deep: panel q holds, for each p, lanes
+    /// q·W.. (zero beyond `lanes`), lane i of depth p read at `x + i·lane_stride + p·depth_stride`.
+    /// A[mc, kc] packs as `pack::<MR>(a, rsa, csa, mc)`, B[kc, nc] as `pack::<NR>(b, csb, rsb, nc)`.
+    /// Packing only moves values, so every path gives the same panel.
+    unsafe fn pack<const W: usize>(dst: &mut [f32], x: *const f32, lane_stride: usize, depth_stride: usize, lanes: usize, kc: usize) {
+        for (qi, i0) in (0..lanes).step_by(W).enumerate() {
+            let n = W.min(lanes - i0);
+            let panel = &mut dst[qi * W * kc..(qi + 1) * W * kc];
+            let first = x.add(i0 * lane_stride);
+            if n == W && lane_stride == 1 {
+                // The lanes of one depth are contiguous (a row-major B, a transposed A): copies.
                 for p in 0..kc {
-                    panel[p * MR..(p + 1) * MR].copy_from_slice(std::slice::from_raw_parts(a.add(i0 + p * csa), MR));
+                    panel[p * W..(p + 1) * W].copy_from_slice(std::slice::from_raw_parts(first.add(p * depth_stride), W));
                 }
-            } else if rows >= 4 && csa == 1 {
-                // Row-major A (activations): 4 rows × 4 columns at a time, transposed in registers.
-                transpose_rows4::<MR>(panel, a.add(i0 * rsa), rsa, rows, kc);
+            } else if n >= 4 && depth_stride == 1 {
+                // Each lane is contiguous in depth (a row-major A, a weight [n, k] as B).
+                transpose_rows4::<W>(panel, first, lane_stride, n, kc);
             } else {
                 for p in 0..kc {
-                    let col = a.add(i0 * rsa + p * csa);
-                    let out = &mut panel[p * MR..(p + 1) * MR];
-                    for (i, o) in out.iter_mut().enumerate() {
-                        *o = if i < rows { *col.add(i * rsa) } else { 0.0 };
+                    for (i, o) in panel[p * W..(p + 1) * W].iter_mut().enumerate() {
+                        *o = if i < n { *first.add(i * lane_stride + p * depth_stride) } else { 0.0 };
                     }
                 }
             }
         }
     }
 
-    /// One panel of W lanes from `rows` (4 ≤ rows ≤ W) source rows contiguous in p (row i at
-    /// `a + i·rsa`: a row-major A, or a transposed B's columns): `panel[p·W + i] = a[i][p]`, zero
+    /// One panel of W lanes from `rows` (4 ≤ rows ≤ W) lanes contiguous in p (lane i at
+    /// `a + i·rsa`): `panel[p·W + i] = a[i][p]`, zero
     /// for i ≥ rows. Groups of 4 rows go through SSE 4×4 transposes (4 loads, 8 shuffles, 4
     /// stores for 16 values); the rest element by element.
     unsafe fn transpose_rows4<const W: usize>(panel: &mut [f32], a: *const f32, rsa: usize, rows: usize, kc: usize) {
@@ -259,30 +260,6 @@ mod packed {
         for p in 0..kc {
             for i in 4 * groups..W {
                 *out.add(p * W + i) = if i < rows { *a.add(i * rsa + p) } else { 0.0 };
-            }
-        }
-    }
-
-    /// Packs B[kc, nc] into column panels of NR: panel q holds, for each p, columns q·NR.. of
-    /// row p (zero beyond nc).
-    unsafe fn pack_b<const NR: usize>(dst: &mut [f32], b: *const f32, rsb: usize, csb: usize, kc: usize, nc: usize) {
-        for (qi, j0) in (0..nc).step_by(NR).enumerate() {
-            let cols = NR.min(nc - j0);
-            let panel = &mut dst[qi * NR * kc..(qi + 1) * NR * kc];
-            if csb == 1 && cols == NR {
-                for p in 0..kc {
-                    let row = std::slice::from_raw_parts(b.add(p * rsb + j0), NR);
-                    panel[p * NR..(p + 1) * NR].copy_from_slice(row);
-                }
-            } else if rsb == 1 && cols >= 4 {
-                // B stored transposed (a weight [n, k]): each column is contiguous in p.
-                transpose_rows4::<NR>(panel, b.add(j0 * csb), csb, cols, kc);
-            } else {
-                for p in 0..kc {
-                    for j in 0..NR {
-                        panel[p * NR + j] = if j < cols { *b.add(p * rsb + (j0 + j) * csb) } else { 0.0 };
-                    }
-                }
             }
         }
     }
