@@ -50,11 +50,19 @@ pub struct TokenStats {
     pub entropy: Vec<f32>,
 }
 
-/// Above this many logits (T·V floats) the head works in row chunks and recomputes the logits
-/// in the backward instead of keeping them all.
-const LOGITS_CACHE_LIMIT: usize = 32 << 20;
-/// Rows per chunk when the logits are not kept.
+/// Above this many logits (T·V floats, 512 MB) the head works in row chunks and recomputes the
+/// logits in the backward instead of keeping them all.
+const LOGITS_CACHE_LIMIT: usize = 128 << 20;
+/// Rows per chunk of the head's evaluation-only passes (the logits are never kept).
 const HEAD_CHUNK_ROWS: usize = 256;
+
+/// Rows per chunk of a training step's head when its logits are not kept: as many as two chunk
+/// buffers (logits and their gradient) hold within `limit` floats, since every chunk packs the
+/// whole head weight `[V, D]` for the matrix kernel again (three times: logits, recomputed
+/// logits, d hidden); with 256-row chunks that packing cost as much as a third of the head.
+fn head_chunk_rows(v: usize, limit: usize) -> usize {
+    (limit / 2 / v.max(1)).max(HEAD_CHUNK_ROWS)
+}
 
 /// Activations of one layer kept for the backward.
 #[derive(Default)]
@@ -137,6 +145,18 @@ pub struct Workspace {
     dx: Vec<f32>,
     dhf: Vec<f32>,
     back: BackBufs,
+    /// Most logits kept at once (floats); `None`: [`LOGITS_CACHE_LIMIT`].
+    logits_limit: Option<usize>,
+}
+
+impl Workspace {
+    /// A workspace that keeps at most `floats` logits (head rows × vocabulary) at once: above
+    /// it the head of a training step runs in row chunks and computes the logits twice (less
+    /// memory, more work). The default is 128 Mi floats (512 MB). The result is the same either
+    /// way, up to float rounding of the head's weight gradient.
+    pub fn with_logits_limit(floats: usize) -> Workspace {
+        Workspace { logits_limit: Some(floats), ..Workspace::default() }
+    }
 }
 
 /// Sequence-level context shared by forward and backward.
@@ -418,16 +438,18 @@ impl Model {
         let mut row_lp = vec![0f32; n];
         let mut row_en = vec![0f32; n];
         let mut row_lse = vec![0f32; n];
-        let cache = n * v <= LOGITS_CACHE_LIMIT;
+        let limit = ws.logits_limit.unwrap_or(LOGITS_CACHE_LIMIT);
+        let cache = n * v <= limit;
+        let chunk = head_chunk_rows(v, limit);
         if cache {
             // ws.head [n, V]: the logits, then the probabilities (the head backward reads them)
             fit(&mut ws.head, n * v);
             ops::linear_forward(&mut ws.head, &ws.hs, self.p(wh), None, n, d, v);
             ops::logsoftmax_forward_inplace(&mut row_lp, &mut row_en, &mut row_lse, &mut ws.head, &head.targets, v);
         } else {
-            fit(&mut ws.head, HEAD_CHUNK_ROWS * v);
-            for r0 in (0..n).step_by(HEAD_CHUNK_ROWS) {
-                let r1 = (r0 + HEAD_CHUNK_ROWS).min(n);
+            fit(&mut ws.head, chunk * v);
+            for r0 in (0..n).step_by(chunk) {
+                let r1 = (r0 + chunk).min(n);
                 let z = &mut ws.head[..(r1 - r0) * v];
                 ops::linear_forward(z, &ws.hs[r0 * d..r1 * d], self.p(wh), None, r1 - r0, d, v);
                 ops::logsoftmax_forward(
@@ -468,9 +490,9 @@ impl Model {
                 ops::logsoftmax_backward_from_probs(dl, &head.targets, &dlogp_row, v);
                 ops::linear_backward(Some(&mut ws.dhs), gw, None, dl, &ws.hs, self.p(wh), n, d, v);
             } else {
-                fit(&mut ws.head2, HEAD_CHUNK_ROWS * v);
-                for r0 in (0..n).step_by(HEAD_CHUNK_ROWS) {
-                    let r1 = (r0 + HEAD_CHUNK_ROWS).min(n);
+                fit(&mut ws.head2, chunk * v);
+                for r0 in (0..n).step_by(chunk) {
+                    let r1 = (r0 + chunk).min(n);
                     let m = r1 - r0;
                     let (zc, dzc) = (&mut ws.head[..m * v], &mut ws.head2[..m * v]);
                     ops::linear_forward(zc, &ws.hs[r0 * d..r1 * d], self.p(wh), None, m, d, v);

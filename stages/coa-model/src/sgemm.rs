@@ -290,6 +290,11 @@ mod packed {
         pub unsafe fn tile(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
             let mut acc = [[_mm256_setzero_ps(); 2]; MR];
             let (mut ap, mut bp) = (a, b);
+            // C's lines, asked for before the k loop (see the AVX-512 kernel).
+            for i in 0..mr {
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + nr - 1) as *const i8);
+            }
             for _ in 0..kc {
                 let b0 = _mm256_loadu_ps(bp);
                 let b1 = _mm256_loadu_ps(bp.add(8));
@@ -340,6 +345,12 @@ mod packed {
         pub unsafe fn tile(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
             let mut acc = [[_mm512_setzero_ps(); 2]; MR];
             let (mut ap, mut bp) = (a, b);
+            // The C tile is read (beta ≠ 0) and written after the k loop: ask for its lines now,
+            // so that they arrive while the FMAs run (the epilogue would wait on L2 or L3).
+            for i in 0..mr {
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + nr - 1) as *const i8);
+            }
             for _ in 0..kc {
                 let b0 = _mm512_loadu_ps(bp);
                 let b1 = _mm512_loadu_ps(bp.add(16));

@@ -656,3 +656,32 @@ fn a_reused_workspace_changes_no_result() {
         }
     }
 }
+
+/// A head whose logits are not all kept (a workspace with a small logits limit: row chunks, the
+/// logits computed again in the backward) gives the stats and gradients of the kept head, for
+/// a tied and an untied head, with a mask of needed tokens: over 256 rows, so several chunks.
+#[test]
+fn a_chunked_head_equals_the_kept_head() {
+    for tied in [true, false] {
+        let m = Model::init(small_config("llama", tied), 5).unwrap();
+        let ids = random_ids(700, 97, 8);
+        let need: Vec<u8> = (0..700).map(|i| (i % 4 != 1) as u8).collect();
+        let dloss = |s: &coa_model::TokenStats| -> Vec<f32> { s.logp.iter().enumerate().map(|(i, &l)| if l != 0.0 { -0.002 * (1 + i % 3) as f32 } else { 0.0 }).collect() };
+        let seq = Seq::new(&ids);
+        let mut kept = m.params.zeros_like();
+        let st_kept = m.forward_backward_in(&mut coa_model::Workspace::default(), &seq, Some(&need), &mut kept, &mut |s| dloss(s)).unwrap();
+        // 97 ids × 520 rows > 50,000 floats: chunks of max(50,000 / 2 / 97, 256) = 256 rows
+        let mut ws = coa_model::Workspace::with_logits_limit(50_000);
+        let mut chunked = m.params.zeros_like();
+        let st_chunked = m.forward_backward_in(&mut ws, &seq, Some(&need), &mut chunked, &mut |s| dloss(s)).unwrap();
+        for (t, (a, b)) in st_kept.logp.iter().zip(&st_chunked.logp).enumerate() {
+            assert!((a - b).abs() < 1e-5, "tied {tied}: logp of token {t}: {a} kept vs {b} chunked");
+        }
+        for (a, b) in kept.tensors.iter().zip(&chunked.tensors) {
+            let scale = a.data.iter().fold(0f32, |x, y| x.max(y.abs())).max(1e-12);
+            let err = a.data.iter().zip(&b.data).fold(0f32, |x, (p, q)| x.max((p - q).abs()));
+            assert!(err / scale < 1e-4, "tied {tied}: {}: rel err {}", a.name, err / scale);
+            assert!(a.data.iter().any(|&x| x != 0.0), "tied {tied}: {} got no gradient", a.name);
+        }
+    }
+}

@@ -143,7 +143,8 @@ pub struct TrainArgs {
     pub device: DeviceChoice,
     /// Compute every row alone. By default (CPU), rows of a micro-batch that begin with the same
     /// prompt (a suite's instruction, the G rollouts of a task) run as one sequence with the
-    /// prompt computed once: the same update up to float rounding, with less work.
+    /// prompt computed once, and the other rows as one sequence of independent segments (larger
+    /// matrix products): the same update up to float rounding, with less work.
     #[arg(long)]
     pub no_share_prompts: bool,
     /// Worker threads (default: all cores). Does not change the result.

