@@ -66,7 +66,7 @@ pub fn gemm(m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: 
         (m, n)
     } else {
         let long = m.max(n);
-        let per_thread = if long >= 512 * threads { 1 } else { 2 };
+        let per_thread = if long >= 512 * threads || k >= 2048 { 1 } else { 2 };
         let t = long.div_ceil(per_thread * threads).next_multiple_of(16).min(long);
         if m >= n { (t, n) } else { (m, t) }
     };
