@@ -543,18 +543,16 @@ impl Model {
         let (qd, kvd) = (nh * hd, nkv * hd);
         let g = &mut grads.tensors;
         // MLP: x3 = x2 + down(silu(gate(h2)) * up(h2)), h2 = rmsnorm(x2)
-        b.da.iter_mut().for_each(|x| *x = 0.0);
         {
             let (dw, db) = grad_pair(g, li.wd, li.bd);
-            ops::linear_backward(Some(&mut b.da), dw, db, dx, &a.a, self.p(li.wd), t, inter, d);
+            ops::linear_backward_to(&mut b.da, dw, db, dx, &a.a, self.p(li.wd), t, inter, d);
         }
         b.dg.iter_mut().for_each(|x| *x = 0.0);
         b.du.iter_mut().for_each(|x| *x = 0.0);
         ops::swiglu_backward(&mut b.dg, &mut b.du, &b.da, &a.g, &a.u);
-        b.dh.iter_mut().for_each(|x| *x = 0.0);
         {
             let (dw, db) = grad_pair(g, li.wg, li.bg);
-            ops::linear_backward(Some(&mut b.dh), dw, db, &b.dg, &a.h2, self.p(li.wg), t, d, inter);
+            ops::linear_backward_to(&mut b.dh, dw, db, &b.dg, &a.h2, self.p(li.wg), t, d, inter);
         }
         {
             let (dw, db) = grad_pair(g, li.wu, li.bu);
@@ -562,10 +560,9 @@ impl Model {
         }
         ops::rmsnorm_backward(dx, &mut g[li.ln2].data, &b.dh, &a.x2, self.p(li.ln2), &a.rstd2, d);
         // Attention: x2 = x + o_proj(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = rmsnorm(x)
-        b.datt.iter_mut().for_each(|x| *x = 0.0);
         {
             let (dw, db) = grad_pair(g, li.wo, li.bo);
-            ops::linear_backward(Some(&mut b.datt), dw, db, dx, &a.att, self.p(li.wo), t, qd, d);
+            ops::linear_backward_to(&mut b.datt, dw, db, dx, &a.att, self.p(li.wo), t, qd, d);
         }
         b.dq.iter_mut().for_each(|x| *x = 0.0);
         b.dk.iter_mut().for_each(|x| *x = 0.0);
@@ -588,10 +585,9 @@ impl Model {
         );
         ops::rope_backward(&mut b.dq, &cx.cos, &cx.sin, nh, hd);
         ops::rope_backward(&mut b.dk, &cx.cos, &cx.sin, nkv, hd);
-        b.dh.iter_mut().for_each(|x| *x = 0.0);
         {
             let (dw, db) = grad_pair(g, li.wq, li.bq);
-            ops::linear_backward(Some(&mut b.dh), dw, db, &b.dq, &a.h1, self.p(li.wq), t, d, qd);
+            ops::linear_backward_to(&mut b.dh, dw, db, &b.dq, &a.h1, self.p(li.wq), t, d, qd);
         }
         {
             let (dw, db) = grad_pair(g, li.wk, li.bk);
@@ -619,7 +615,7 @@ struct BackBufs {
 }
 
 impl BackBufs {
-    /// Sizes every buffer for `t` tokens (each is zeroed where it is used).
+    /// Sizes every buffer for `t` tokens (each is zeroed, or written whole, where it is used).
     fn fit(&mut self, c: &ModelConfig, t: usize) {
         let hd = c.head_dim();
         let (qd, kvd, i) = (c.num_attention_heads * hd, c.num_key_value_heads * hd, c.intermediate_size);

@@ -126,8 +126,30 @@ pub fn linear_backward(
     i: usize,
     o: usize,
 ) {
-    if let Some(dx) = dx {
-        gemm(t, i, o, dout, false, w, false, dx, 1.0);
+    linear_backward_beta(dx.map(|d| (d, 1.0)), dw, db, dout, x, w, t, i, o)
+}
+
+/// [`linear_backward`] that writes `dx[T,I] = dout @ w` instead of adding to it (the first
+/// contribution to a gradient: no zeroing pass over dx, and C is not read).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward_to(dx: &mut [f32], dw: &mut [f32], db: Option<&mut [f32]>, dout: &[f32], x: &[f32], w: &[f32], t: usize, i: usize, o: usize) {
+    linear_backward_beta(Some((dx, 0.0)), dw, db, dout, x, w, t, i, o)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn linear_backward_beta(
+    dx: Option<(&mut [f32], f32)>,
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    dout: &[f32],
+    x: &[f32],
+    w: &[f32],
+    t: usize,
+    i: usize,
+    o: usize,
+) {
+    if let Some((dx, beta)) = dx {
+        gemm(t, i, o, dout, false, w, false, dx, beta);
     }
     gemm(o, i, t, dout, true, x, false, dw, 1.0);
     if let Some(db) = db {
