@@ -537,13 +537,41 @@ pub fn attention_backward_prefix(
     n_kv_heads: usize,
     hd: usize,
 ) {
+    attention_backward_keep(dq, dk, dv, dout, q, k, v, out, lse, seg_start, prefix, n_heads, n_kv_heads, hd, ATT_KEEP_LIMIT)
+}
+
+/// Most floats of probabilities and score gradients (together) the attention backward keeps
+/// from its first pass for its second (512 MB); a longer sequence recomputes them instead.
+const ATT_KEEP_LIMIT: usize = 128 << 20;
+
+/// [`attention_backward_prefix`]. Pass 1 computes, per (query head, query block), the block's
+/// probabilities P and score gradients dS and from them dQ; pass 2 needs the same P and dS by
+/// key block. When all of them fit in `keep_limit` floats, pass 1 keeps them and pass 2 is two
+/// products per (query block, key run) (dV += Pᵀ·dO, dK += scale·dSᵀ·Q); otherwise pass 2
+/// recomputes them in the transposed layout (two more products and the exponentials again).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_backward_keep(
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    seg_start: &[usize],
+    prefix: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    hd: usize,
+    keep_limit: usize,
+) {
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     assert!(q.len() == t_len * qw && dq.len() == t_len * qw && dout.len() == t_len * qw && out.len() == t_len * qw);
     assert!(k.len() == t_len * kw && v.len() == t_len * kw && dk.len() == t_len * kw && dv.len() == t_len * kw);
     assert!(lse.len() == t_len * n_heads);
-    let group = n_heads / n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
     // Queries that see key j: [j, seg_end[j]) within a segment; every later token for a prefix key.
     let mut seg_end = segment_ends(seg_start);
     seg_end[..prefix].iter_mut().for_each(|e| *e = t_len);
@@ -568,20 +596,103 @@ pub fn attention_backward_prefix(
     }
     let (lse_hm, delta_hm) = (&lse_hm, &delta_hm);
 
+    // Where task (h, query block) keeps its P and dS [nb, nk]: offsets into `kept` (P) and
+    // `kept_ds`, if all of them fit.
+    let block_cols = |blk: usize| {
+        let i0 = blk * ATT_BLOCK;
+        let (np, k0) = key_span(seg_start, prefix, i0);
+        np + (i0 + ATT_BLOCK).min(t_len) - k0
+    };
+    let mut offsets = Vec::with_capacity(n_heads * n_blocks + 1);
+    offsets.push(0usize);
+    for _ in 0..n_heads {
+        for blk in 0..n_blocks {
+            let nb = (blk * ATT_BLOCK + ATT_BLOCK).min(t_len) - blk * ATT_BLOCK;
+            offsets.push(offsets.last().unwrap() + nb * block_cols(blk));
+        }
+    }
+    let kept_len = *offsets.last().unwrap();
+    let keep = 2 * kept_len <= keep_limit;
+    // The calling thread's buffers, grown to the longest sequence and reused (every kept float
+    // is written by pass 1 before pass 2 reads it): a fresh zeroed allocation per layer cost
+    // more in page faults than the recomputation saved.
+    KEPT.with(|cell| {
+        let mut bufs = cell.borrow_mut();
+        let (kept, kept_ds) = &mut *bufs;
+        if keep && kept.len() < kept_len {
+            kept.resize(kept_len, 0.0);
+            kept_ds.resize(kept_len, 0.0);
+        }
+        attention_backward_passes(
+            dq, dk, dv, dout, q, k, v, lse, seg_start, prefix, n_heads, n_kv_heads, hd, delta, lse_hm, delta_hm, &seg_end, &offsets, keep.then_some((kept, kept_ds)),
+        )
+    })
+}
+
+thread_local! {
+    /// P and dS kept by the attention backward's first pass (see [`attention_backward_keep`]).
+    static KEPT: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The two passes of [`attention_backward_keep`]; `kept`: buffers for P and dS of at least
+/// `offsets.last()` floats each, or `None` to recompute them in pass 2.
+#[allow(clippy::too_many_arguments)]
+fn attention_backward_passes(
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    lse: &[f32],
+    seg_start: &[usize],
+    prefix: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    hd: usize,
+    delta: &[f32],
+    lse_hm: &[f32],
+    delta_hm: &[f32],
+    seg_end: &[usize],
+    offsets: &[usize],
+    kept: Option<(&mut Vec<f32>, &mut Vec<f32>)>,
+) {
+    let t_len = seg_start.len();
+    let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
+    let group = n_heads / n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let n_blocks = t_len.div_ceil(ATT_BLOCK);
+    let keep = kept.is_some();
+    let (kept, kept_ds) = kept.map_or((&mut [][..], &mut [][..]), |(a, b)| (&mut a[..], &mut b[..]));
+    let (keptp, kept_dsp) = (SendPtr(kept.as_mut_ptr()), SendPtr(kept_ds.as_mut_ptr()));
+
     // Pass 1: dq. Task (h, query block [i0, i1)) against the block's keys (see key_span).
     let dqp = SendPtr(dq.as_mut_ptr());
     (0..n_heads * n_blocks).into_par_iter().for_each_init(
         || (Vec::new(), Vec::new()),
-        |(s, dp), task| {
-            let dqp = dqp;
+        |(s_own, dp_own), task| {
+            let (dqp, keptp, kept_dsp) = (dqp, keptp, kept_dsp);
             let (h, blk) = (task / n_blocks, task % n_blocks);
             let g = h / group;
             let i0 = blk * ATT_BLOCK;
             let i1 = (i0 + ATT_BLOCK).min(t_len);
             let (np, k0) = key_span(seg_start, prefix, i0);
             let (nb, nk) = (i1 - i0, np + i1 - k0);
-            s.resize(nb * nk, 0.0);
-            dp.resize(nb * nk, 0.0);
+            let (s, dp): (&mut [f32], &mut [f32]) = if keep {
+                // SAFETY: [offsets[task], offsets[task + 1]) (= nb·nk floats) of kept and
+                // kept_ds belong to this task alone.
+                unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(keptp.0.add(offsets[task]), nb * nk),
+                        std::slice::from_raw_parts_mut(kept_dsp.0.add(offsets[task]), nb * nk),
+                    )
+                }
+            } else {
+                s_own.resize(nb * nk, 0.0);
+                dp_own.resize(nb * nk, 0.0);
+                (&mut s_own[..], &mut dp_own[..])
+            };
             // SAFETY: reads inside q, k, v, dout; see attention_forward_prefix.
             unsafe {
                 // S = Q·Kᵀ, dP = dO·Vᵀ   [nb, nk]
@@ -603,6 +714,11 @@ pub fn attention_backward_prefix(
                 crate::simd::attn_ds_row(&mut pr[lo..hi], &mut dsr[lo..hi], scale, l, d);
                 dsr[a..lo].iter_mut().for_each(|x| *x = 0.0);
                 dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
+                if keep {
+                    // pass 2 reads whole columns: what the row does not see is 0
+                    pr[a..lo].iter_mut().for_each(|x| *x = 0.0);
+                    pr[hi..].iter_mut().for_each(|x| *x = 0.0);
+                }
             }
             // dQ[i0..i1, h] += scale · dS · K[keys, g]
             // SAFETY: rows i0..i1, head h of dq belong to this task alone.
@@ -616,11 +732,54 @@ pub fn attention_backward_prefix(
         },
     );
 
-    // Pass 2: dk, dv. Task (g, key block [j0, j1)) against queries [j0, seg_end[j1 − 1]),
-    // over every query head of the group, in the transposed layout (keys as rows).
     let dkp = SendPtr(dk.as_mut_ptr());
     let dvp = SendPtr(dv.as_mut_ptr());
     let seg_end = &seg_end;
+    if keep {
+        // Pass 2 from the kept P and dS: task (g, key block [j0, j1)), for every query head of
+        // the group and every query block that may see these keys, the keys' columns of that
+        // block (its prefix columns, then its own keys from k0; columns of keys a row does not
+        // see hold 0).
+        let (kept, kept_ds) = (&*kept, &*kept_ds);
+        (0..n_kv_heads * n_blocks).into_par_iter().for_each(|task| {
+            let (dkp, dvp) = (dkp, dvp);
+            let (g, kb) = (task / n_blocks, task % n_blocks);
+            let j0 = kb * ATT_BLOCK;
+            let j1 = (j0 + ATT_BLOCK).min(t_len);
+            let e = seg_end[j0..j1].iter().copied().max().unwrap_or(j1);
+            for h in g * group..(g + 1) * group {
+                for qb in kb..e.div_ceil(ATT_BLOCK) {
+                    let i0 = qb * ATT_BLOCK;
+                    let i1 = (i0 + ATT_BLOCK).min(t_len);
+                    let (np, k0) = key_span(seg_start, prefix, i0);
+                    let nk = np + i1 - k0;
+                    let off = offsets[h * n_blocks + qb];
+                    // (first key, end key, first column) of the runs of [j0, j1) in this block
+                    let prefix_run = (j0, j1.min(np), j0);
+                    let own_run = (j0.max(k0), j1.min(i1), np + j0.max(k0) - k0);
+                    for (ja, jb, col) in [prefix_run, own_run] {
+                        if ja >= jb {
+                            continue;
+                        }
+                        // SAFETY: the block's kept rows are [off, off + nb·nk), columns
+                        // col..col + (jb − ja) ≤ nk; rows ja..jb, kv head g of dk / dv belong to
+                        // this task alone; dout and q rows i0..i1 are in bounds.
+                        unsafe {
+                            let (pa, dsa) = (kept.as_ptr().add(off + col), kept_ds.as_ptr().add(off + col));
+                            let (dop, qp) = (dout.as_ptr().add(i0 * qw + h * hd), q.as_ptr().add(i0 * qw + h * hd));
+                            sgemm(jb - ja, hd, i1 - i0, 1.0, pa, 1, nk, dop, qw, 1, 1.0, dvp.0.add(ja * kw + g * hd), kw);
+                            sgemm(jb - ja, hd, i1 - i0, scale, dsa, 1, nk, qp, qw, 1, 1.0, dkp.0.add(ja * kw + g * hd), kw);
+                        }
+                    }
+                }
+            }
+        });
+        return;
+    }
+
+    // Pass 2 recomputing P and dS: task (g, key block [j0, j1)) against queries
+    // [j0, seg_end[j1 − 1]), over every query head of the group, in the transposed layout
+    // (keys as rows).
     (0..n_kv_heads * n_blocks).into_par_iter().for_each_init(
         || (Vec::new(), Vec::new()),
         |(s, dp), task| {
@@ -819,4 +978,39 @@ pub fn masked_cross_entropy(logits: &[f32], targets: &[u32], mask: &[f32], v: us
     let mut d = vec![0f32; r * v];
     logsoftmax_backward(&mut d, logits, &lse, &tg, &dlogp, v);
     (loss as f32, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SplitMix64;
+
+    /// The attention backward's two second passes (from the kept P and dS, and recomputing them)
+    /// give the same gradients: one sequence, segments whose bounds are not block-aligned, and a
+    /// shared prefix that ends inside a block, with grouped heads.
+    #[test]
+    fn attention_backward_kept_and_recomputed_agree() {
+        let (nh, nkv, hd) = (4, 2, 16);
+        let mut rng = SplitMix64::new(5);
+        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
+        let t = 300;
+        let segs: Vec<i32> = (0..t).map(|i| if i < 70 { 0 } else if i < 150 { 1 } else if i < 230 { 2 } else { 3 }).collect();
+        for (seg, prefix) in [(None, 0), (Some(&segs), 0), (Some(&segs), 70)] {
+            let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
+            let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
+            let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
+            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, nh, nkv, hd);
+            let grads = |limit: usize| {
+                let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
+                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, nh, nkv, hd, limit);
+                (dq, dk, dv)
+            };
+            let (kept, recomputed) = (grads(usize::MAX), grads(0));
+            for (name, a, b) in [("dq", &kept.0, &recomputed.0), ("dk", &kept.1, &recomputed.1), ("dv", &kept.2, &recomputed.2)] {
+                let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                assert!(scale > 0.0 && err <= 1e-5 * scale, "segments {}, prefix {prefix}: {name} differs by {err} (scale {scale})", seg.is_some());
+            }
+        }
+    }
 }
