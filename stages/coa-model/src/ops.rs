@@ -585,17 +585,6 @@ pub(crate) fn attention_backward_keep(
         }
     });
     let delta = &delta;
-    // The same, head-major [Hq, T], for pass 2's column-wise use.
-    let mut lse_hm = vec![0f32; t_len * n_heads];
-    let mut delta_hm = vec![0f32; t_len * n_heads];
-    for i in 0..t_len {
-        for h in 0..n_heads {
-            lse_hm[h * t_len + i] = lse[i * n_heads + h];
-            delta_hm[h * t_len + i] = delta[i * n_heads + h];
-        }
-    }
-    let (lse_hm, delta_hm) = (&lse_hm, &delta_hm);
-
     // Where task (h, query block) keeps its P and dS [nb, nk]: offsets into `kept` (P) and
     // `kept_ds`, if all of them fit.
     let block_cols = |blk: usize| {
@@ -613,6 +602,18 @@ pub(crate) fn attention_backward_keep(
     }
     let kept_len = *offsets.last().unwrap();
     let keep = 2 * kept_len <= keep_limit;
+    // lse and delta head-major [Hq, T], for a recomputing pass 2's column-wise use.
+    let (mut lse_hm, mut delta_hm) = (Vec::new(), Vec::new());
+    if !keep {
+        lse_hm.resize(t_len * n_heads, 0.0);
+        delta_hm.resize(t_len * n_heads, 0.0);
+        for i in 0..t_len {
+            for h in 0..n_heads {
+                lse_hm[h * t_len + i] = lse[i * n_heads + h];
+                delta_hm[h * t_len + i] = delta[i * n_heads + h];
+            }
+        }
+    }
     // The calling thread's buffers, grown to the longest sequence and reused (every kept float
     // is written by pass 1 before pass 2 reads it): a fresh zeroed allocation per layer cost
     // more in page faults than the recomputation saved.
@@ -624,7 +625,7 @@ pub(crate) fn attention_backward_keep(
             kept_ds.resize(kept_len, 0.0);
         }
         attention_backward_passes(
-            dq, dk, dv, dout, q, k, v, lse, seg_start, prefix, n_heads, n_kv_heads, hd, delta, lse_hm, delta_hm, &seg_end, &offsets, keep.then_some((kept, kept_ds)),
+            dq, dk, dv, dout, q, k, v, lse, seg_start, prefix, n_heads, n_kv_heads, hd, delta, &lse_hm, &delta_hm, &seg_end, &offsets, keep.then_some((kept, kept_ds)),
         )
     })
 }
