@@ -540,6 +540,11 @@ pub fn attention_backward_prefix(
     attention_backward_keep(dq, dk, dv, dout, q, k, v, out, lse, seg_start, prefix, n_heads, n_kv_heads, hd, ATT_KEEP_LIMIT)
 }
 
+thread_local! {
+    /// P and dS kept by the attention backward's first pass (see [`attention_backward_keep`]).
+    static KEPT: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 /// Most floats of probabilities and score gradients (together) the attention backward keeps
 /// from its first pass for its second (512 MB); a longer sequence recomputes them instead.
 const ATT_KEEP_LIMIT: usize = 128 << 20;
@@ -616,56 +621,15 @@ pub(crate) fn attention_backward_keep(
     }
     // The calling thread's buffers, grown to the longest sequence and reused (every kept float
     // is written by pass 1 before pass 2 reads it): a fresh zeroed allocation per layer cost
-    // more in page faults than the recomputation saved.
-    KEPT.with(|cell| {
-        let mut bufs = cell.borrow_mut();
-        let (kept, kept_ds) = &mut *bufs;
-        if keep && kept.len() < kept_len {
-            kept.resize(kept_len, 0.0);
-            kept_ds.resize(kept_len, 0.0);
-        }
-        attention_backward_passes(
-            dq, dk, dv, dout, q, k, v, lse, seg_start, prefix, n_heads, n_kv_heads, hd, delta, &lse_hm, &delta_hm, &seg_end, &offsets, keep.then_some((kept, kept_ds)),
-        )
-    })
-}
-
-thread_local! {
-    /// P and dS kept by the attention backward's first pass (see [`attention_backward_keep`]).
-    static KEPT: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-}
-
-/// The two passes of [`attention_backward_keep`]; `kept`: buffers for P and dS of at least
-/// `offsets.last()` floats each, or `None` to recompute them in pass 2.
-#[allow(clippy::too_many_arguments)]
-fn attention_backward_passes(
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    lse: &[f32],
-    seg_start: &[usize],
-    prefix: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-    delta: &[f32],
-    lse_hm: &[f32],
-    delta_hm: &[f32],
-    seg_end: &[usize],
-    offsets: &[usize],
-    kept: Option<(&mut Vec<f32>, &mut Vec<f32>)>,
-) {
-    let t_len = seg_start.len();
-    let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
+    // more in page faults than the recomputation saved. Put back when the passes are done.
+    let (mut kept, mut kept_ds) = KEPT.take();
+    if keep && kept.len() < kept_len {
+        kept.resize(kept_len, 0.0);
+        kept_ds.resize(kept_len, 0.0);
+    }
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let n_blocks = t_len.div_ceil(ATT_BLOCK);
-    let keep = kept.is_some();
-    let (kept, kept_ds) = kept.map_or((&mut [][..], &mut [][..]), |(a, b)| (&mut a[..], &mut b[..]));
+    let offsets = &offsets;
     let (keptp, kept_dsp) = (SendPtr(kept.as_mut_ptr()), SendPtr(kept_ds.as_mut_ptr()));
 
     // Pass 1: dq. Task (h, query block [i0, i1)) against the block's keys (see key_span).
@@ -741,7 +705,6 @@ fn attention_backward_passes(
         // the group and every query block that may see these keys, the keys' columns of that
         // block (its prefix columns, then its own keys from k0; columns of keys a row does not
         // see hold 0).
-        let (kept, kept_ds) = (&*kept, &*kept_ds);
         (0..n_kv_heads * n_blocks).into_par_iter().for_each(|task| {
             let (dkp, dvp) = (dkp, dvp);
             let (g, kb) = (task / n_blocks, task % n_blocks);
@@ -775,6 +738,7 @@ fn attention_backward_passes(
                 }
             }
         });
+        KEPT.set((kept, kept_ds));
         return;
     }
 
@@ -821,6 +785,7 @@ fn attention_backward_passes(
             }
         },
     );
+    KEPT.set((kept, kept_ds));
 }
 
 // ---------------------------------------------------------------------------------------------
