@@ -27,7 +27,7 @@ use crate::model::Model;
 use crate::ops::{self, SendPtr};
 use crate::params::layout;
 
-/// Query rows per attention task (as in `ops::attention_forward`).
+/// Query rows per attention task of a multi-token item (a prompt).
 const ATT_BLOCK: usize = 64;
 
 

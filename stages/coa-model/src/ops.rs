@@ -369,8 +369,11 @@ pub fn segment_ends(seg_start: &[usize]) -> Vec<usize> {
 // ---------------------------------------------------------------------------------------------
 // attention
 
-/// Query / key rows per attention task.
-const ATT_BLOCK: usize = 64;
+/// Query / key rows per attention task. Each task packs its keys and values for the kernel, so
+/// larger blocks pack them fewer times: 128 trained 2-5% faster than 64 (same loss bits at 6
+/// digits) on rows of 512 and of up to 4096 tokens, and the score block of a 4096-token row
+/// (128 × 4096 floats, 2 MB) still fits a core's L2.
+const ATT_BLOCK: usize = 128;
 
 /// Causal grouped-query attention within segments, scale 1/sqrt(hd).
 /// `out[T, Hq*hd]` and `lse[T, Hq]` (log-sum-exp of the scaled scores) are written;

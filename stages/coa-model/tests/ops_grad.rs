@@ -271,11 +271,11 @@ fn check_attention(seg_start: &[usize], seed: u64, qk_scale: f32) {
     assert!(rel_err(&dv, &nv) < TOL, "dv {}", rel_err(&dv, &nv));
 }
 
-/// Longer than one 64-row attention block, with segments that straddle block boundaries.
+/// Longer than two attention blocks (128 rows), with segments that straddle block boundaries.
 #[test]
 fn attention_multi_block_segments() {
     let mut seg_ids = Vec::new();
-    for (s, n) in [50usize, 30, 1, 60, 9].iter().enumerate() {
+    for (s, n) in [50usize, 30, 1, 60, 9, 120, 40].iter().enumerate() {
         seg_ids.extend(std::iter::repeat(s as i32).take(*n));
     }
     let t = seg_ids.len();
