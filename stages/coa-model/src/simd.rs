@@ -734,7 +734,7 @@ unsafe fn dots3x3_avx2(x: [&[f32]; 3], w: [&[f32]; 3], n8: usize) -> [[[f32; 8];
 }
 
 /// [`linear_rows_blocked`] on CPUs with AVX-512: each output is a 16-lane dot product over the
-/// first `i / 16 * 16` inputs, reduced by one fixed tree ([`hsum16`]), plus the tail in order, so
+/// first `i / 16 * 16` inputs, reduced by one fixed tree ([`hsum16_avx512`]), plus the tail in order, so
 /// a row's result is the same whatever the number of rows (the sum order differs from the AVX2
 /// path's, which this CPU does not run). A decode step is bound by reading the weights: one
 /// 64-byte load of a weight row feeds one FMA per row of the block, and the register blocks are
