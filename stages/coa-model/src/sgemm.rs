@@ -3,9 +3,14 @@
 //!
 //! On x86-64 it is a packed, cache-blocked GEMM (BLIS structure): B is packed into column panels
 //! of NR and A into row panels of MR (blocks of KC along k, MC rows, NC columns), and an MR×NR
-//! register-blocked kernel computes each C tile. Two kernels, chosen once per process by the CPU:
-//! AVX-512 (12×32: 24 zmm accumulators, Intel since Skylake-SP, AMD since Zen 4) and AVX2 + FMA
-//! (6×16: 12 ymm accumulators, the Haswell / Zen shape). Elsewhere it calls `matrixmultiply`.
+//! register-blocked kernel computes each C tile. The kernel broadcasts A's values and loads B's
+//! as vectors, so, as BLIS does for its broadcast operand, one A micro-panel stays in L1 while the
+//! kernel walks along the packed B block in L2 (A's panel outer, B's inner: on 2048x1536x576
+//! single-threaded ~165 GFLOP/s against ~143 the other way round, where a 32 KB B micro-panel
+//! had to survive a 12 KB A panel's stream in a 48 KB L1). Two kernels, chosen once per process
+//! by the CPU: AVX-512 (12×32: 24 zmm accumulators, Intel since Skylake-SP, AMD since Zen 4)
+//! and AVX2 + FMA (6×16: 12 ymm accumulators, the Haswell / Zen shape). Elsewhere it calls
+//! `matrixmultiply`.
 //! `COA_CPU_KERNEL=avx2` forces the AVX2 kernel (to compare the two on one machine).
 //!
 //! Every C element is `Σ_k a·b` accumulated by FMA in k order within each KC block, blocks added
@@ -13,14 +18,15 @@
 //! the element in its tile or the tiling of C by the caller: so the two kernels give the same bits,
 //! and splitting C across threads does not change any result bit.
 
-/// Depth of a packed block: a 12×KC panel of A (12 KB) and a KC×32 panel of B (32 KB) fit in L1.
+/// Depth of a packed block: a 12×KC micro-panel of A (12 KB) stays in L1.
 /// Part of the arithmetic (each block is summed apart, then added to C), so the same for every
 /// kernel.
 const KC: usize = 256;
-/// Rows of A packed at once: MC×KC floats (144 KB) stay in L2. A multiple of every kernel's MR.
+/// Rows of A packed at once (MC×KC floats, 144 KB). A multiple of every kernel's MR.
 const MC: usize = 144;
-/// Columns of B packed at once: KC×NC floats (3 MB) stay in L3. A multiple of every kernel's NR.
-const NC: usize = 3072;
+/// Columns of B packed at once: KC×NC floats (1 MB) stay in L2 while every A micro-panel of the
+/// block walks along them (512 and 1536 were slower). A multiple of every kernel's NR.
+const NC: usize = 1024;
 
 /// The packed kernel this process runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,14 +168,18 @@ mod packed {
         PACKED.with(|bufs| {
             let mut bufs = bufs.borrow_mut();
             let (pa, pb) = &mut *bufs;
-            let need_a = MC.min(m.next_multiple_of(MR)) * KC.min(k);
-            let need_b = KC.min(k) * NC.min(n.next_multiple_of(NR));
+            // 16 floats of slack: the panels start on a 64-byte line, so that no vector load of
+            // a packed panel straddles two cache lines.
+            let need_a = MC.min(m.next_multiple_of(MR)) * KC.min(k) + 16;
+            let need_b = KC.min(k) * NC.min(n.next_multiple_of(NR)) + 16;
             if pa.len() < need_a {
                 pa.resize(need_a, 0.0);
             }
             if pb.len() < need_b {
                 pb.resize(need_b, 0.0);
             }
+            let (off_a, off_b) = (pa.as_ptr().align_offset(64), pb.as_ptr().align_offset(64));
+            let (pa, pb) = (&mut pa[off_a..], &mut pb[off_b..]);
             for jc in (0..n).step_by(NC) {
                 let nc = NC.min(n - jc);
                 for pc in (0..k).step_by(KC) {
@@ -180,12 +190,12 @@ mod packed {
                     for ic in (0..m).step_by(MC) {
                         let mc = MC.min(m - ic);
                         pack::<MR>(pa, a.add(ic * rsa + pc * csa), rsa, csa, mc, kc);
-                        for jr in (0..nc).step_by(NR) {
-                            let nr = NR.min(nc - jr);
-                            let bp = pb.as_ptr().add(jr * kc);
-                            for ir in (0..mc).step_by(MR) {
-                                let mr = MR.min(mc - ir);
-                                let ap = pa.as_ptr().add(ir * kc);
+                        for ir in (0..mc).step_by(MR) {
+                            let mr = MR.min(mc - ir);
+                            let ap = pa.as_ptr().add(ir * kc);
+                            for jr in (0..nc).step_by(NR) {
+                                let nr = NR.min(nc - jr);
+                                let bp = pb.as_ptr().add(jr * kc);
                                 let cp = c.add((ic + ir) * ldc + jc + jr);
                                 tile(kc, alpha, ap, bp, beta_blk, cp, ldc, mr, nr);
                             }
@@ -201,16 +211,29 @@ mod packed {
     /// A[mc, kc] packs as `pack::<MR>(a, rsa, csa, mc)`, B[kc, nc] as `pack::<NR>(b, csb, rsb, nc)`.
     /// Packing only moves values, so every path gives the same panel.
     unsafe fn pack<const W: usize>(dst: &mut [f32], x: *const f32, lane_stride: usize, depth_stride: usize, lanes: usize, kc: usize) {
-        for (qi, i0) in (0..lanes).step_by(W).enumerate() {
+        let full = lanes / W;
+        if lane_stride == 1 && full > 0 {
+            // The lanes of one depth are contiguous (a row-major B, a transposed A): copy every
+            // full panel's W lanes of depth p before moving to p + 1, so the source is read row
+            // by row (one sequential stream the prefetchers follow) rather than panel by panel
+            // (kc strided 48- or 128-byte reads, each on another page).
+            for p in 0..kc {
+                let row = x.add(p * depth_stride);
+                for qi in 0..full {
+                    let o = qi * W * kc + p * W;
+                    dst[o..o + W].copy_from_slice(std::slice::from_raw_parts(row.add(qi * W), W));
+                }
+            }
+            if full * W == lanes {
+                return;
+            }
+        }
+        let skip = if lane_stride == 1 { full } else { 0 };
+        for (qi, i0) in (0..lanes).step_by(W).enumerate().skip(skip) {
             let n = W.min(lanes - i0);
             let panel = &mut dst[qi * W * kc..(qi + 1) * W * kc];
             let first = x.add(i0 * lane_stride);
-            if n == W && lane_stride == 1 {
-                // The lanes of one depth are contiguous (a row-major B, a transposed A): copies.
-                for p in 0..kc {
-                    panel[p * W..(p + 1) * W].copy_from_slice(std::slice::from_raw_parts(first.add(p * depth_stride), W));
-                }
-            } else if n >= 4 && depth_stride == 1 {
+            if n >= 4 && depth_stride == 1 {
                 // Each lane is contiguous in depth (a row-major A, a weight [n, k] as B).
                 transpose_rows4::<W>(panel, first, lane_stride, n, kc);
             } else {
@@ -507,5 +530,32 @@ mod tests {
             };
         }
         assert!(whole.iter().zip(&tiled).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+
+    /// The register kernel alone, its panels in L1 (one 12x32 tile, k = KC, 200k times): the
+    /// ceiling the blocking aims at (`cargo test --release -p coa-model --lib kernel_in_l1 --
+    /// --ignored --nocapture`; measured ~190 GFLOP/s a core on this repo's 2-core Xeon, where
+    /// `ops::gemm` reaches ~165 on 2048x1536x576 single-threaded).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[ignore]
+    fn kernel_in_l1() {
+        if kernel() != Kernel::Avx512 {
+            eprintln!("kernel_in_l1: skipped, this CPU runs {:?}", kernel());
+            return;
+        }
+        let (mr, nr) = (packed::avx512::MR, packed::avx512::NR);
+        let a = vec![0.5f32; KC * mr];
+        let b = vec![0.25f32; KC * nr + 16];
+        let b0 = b.as_ptr().align_offset(64);
+        let mut c = vec![0f32; mr * nr];
+        let reps = 200_000;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            // SAFETY: a [KC·MR], b [KC·NR] from b0 and c [MR·NR] are in bounds; the CPU has AVX-512F.
+            unsafe { packed::avx512::tile(KC, 1.0, a.as_ptr(), b.as_ptr().add(b0), 1.0, c.as_mut_ptr(), nr, mr, nr) };
+        }
+        let flop = 2.0 * (mr * nr * KC) as f64 * reps as f64;
+        eprintln!("avx512 tile, panels in L1: {:.1} GFLOP/s", flop / t.elapsed().as_secs_f64() / 1e9);
     }
 }
