@@ -211,25 +211,28 @@ mod packed {
     /// A[mc, kc] packs as `pack::<MR>(a, rsa, csa, mc)`, B[kc, nc] as `pack::<NR>(b, csb, rsb, nc)`.
     /// Packing only moves values, so every path gives the same panel.
     unsafe fn pack<const W: usize>(dst: &mut [f32], x: *const f32, lane_stride: usize, depth_stride: usize, lanes: usize, kc: usize) {
-        let full = lanes / W;
-        if lane_stride == 1 && full > 0 {
+        if lane_stride == 1 {
             // The lanes of one depth are contiguous (a row-major B, a transposed A): copy every
-            // full panel's W lanes of depth p before moving to p + 1, so the source is read row
-            // by row (one sequential stream the prefetchers follow) rather than panel by panel
-            // (kc strided 48- or 128-byte reads, each on another page).
+            // panel's W lanes of depth p before moving to p + 1, so the source is read row by
+            // row (one sequential stream the prefetchers follow) rather than panel by panel (kc
+            // strided 48- or 128-byte reads, each on another page). A last partial panel is
+            // copied too and padded with zeros.
+            let (full, rem) = (lanes / W, lanes % W);
             for p in 0..kc {
                 let row = x.add(p * depth_stride);
                 for qi in 0..full {
                     let o = qi * W * kc + p * W;
                     dst[o..o + W].copy_from_slice(std::slice::from_raw_parts(row.add(qi * W), W));
                 }
+                if rem > 0 {
+                    let o = full * W * kc + p * W;
+                    dst[o..o + rem].copy_from_slice(std::slice::from_raw_parts(row.add(full * W), rem));
+                    dst[o + rem..o + W].fill(0.0);
+                }
             }
-            if full * W == lanes {
-                return;
-            }
+            return;
         }
-        let skip = if lane_stride == 1 { full } else { 0 };
-        for (qi, i0) in (0..lanes).step_by(W).enumerate().skip(skip) {
+        for (qi, i0) in (0..lanes).step_by(W).enumerate() {
             let n = W.min(lanes - i0);
             let panel = &mut dst[qi * W * kc..(qi + 1) * W * kc];
             let first = x.add(i0 * lane_stride);
