@@ -6,9 +6,9 @@
 //! measured is the GPU's own error: bf16 activations (each rounding is a relative error of at most
 //! 2^-9), bf16 P and dS inside attention, the bf16 residual-stream gradient, and fp32 accumulation
 //! in another order. Through two layers that is a few tenths of a percent per activation; a
-//! gradient sums many such terms, so its relative L2 error stays around 1%. Tolerances (values in
-//! `check_grads`): loss within 2e-2 relative, each gradient tensor relative L2 error <= 5e-2 (bias
-//! gradients 1e-1) and cosine >= 0.99 — a wrong index, missing term or transposed matmul gives
+//! gradient sums many such terms, so its relative L2 error stays around 2%. Tolerances (measured, in
+//! `check_grads`): loss within 2e-2 relative, each gradient tensor relative L2 error <= 5e-2 in the
+//! SFT form and 8e-2 in the RL form (bias gradients 1e-1), cosine >= 0.99 — a wrong index, missing term or transposed matmul gives
 //! O(1) errors. The model is initialised with a larger spread (initializer_range 0.08) than usual
 //! so that its predictions are far from uniform and the loss depends on getting the targets right.
 //!
@@ -97,19 +97,24 @@ fn rel_l2(got: &[f32], want: &[f32]) -> (f64, f64) {
     (rel, cos)
 }
 
-/// Every gradient tensor: relative L2 error <= 5e-2 and cosine >= 0.99; bias gradients relative L2
-/// <= 1e-1: each is a sum over every token of terms of both signs (most of all in the RL form,
-/// whose per-token weights have random signs), and the cancellation inflates the relative error of
-/// the sum (measured: up to ~5e-2). The k_proj bias gets no other exception: it is added before
-/// RoPE, which rotates it by a different angle at every position, so its gradient is not zero.
+/// Every gradient tensor: relative L2 error <= `weight_max` and cosine >= 0.99; bias gradients
+/// relative L2 <= 1e-1. A gradient is a sum over every token of terms of both signs, and the
+/// cancellation inflates the relative error of the sum, most of all in the RL form, whose
+/// per-token weights have random signs. Measured over 150 random seeds (2026-11-27, emulated
+/// device), the largest relative error of a weight gradient was 2.7e-2 in the SFT form (median
+/// 1.6e-2) and 4.7e-2 in the RL form (median 2.1e-2, 99th percentile 3.5e-2), with one earlier seed
+/// at 5.7e-2 (qwen2's layer-1 q_proj, cosine 0.998); bias gradients at most 5.7e-2. Hence 5e-2 for
+/// SFT and 8e-2 for RL: a wrong index, missing term or transposed matmul gives errors of order 1.
+/// The k_proj bias gets no other exception: it is added before RoPE, which rotates it by a
+/// different angle at every position, so its gradient is not zero.
 #[track_caller]
-fn check_grads(label: &str, gpu: &Params, cpu: &Params) {
+fn check_grads(label: &str, gpu: &Params, cpu: &Params, weight_max: f64) {
     for (g, c) in gpu.tensors.iter().zip(&cpu.tensors) {
         assert_eq!(g.name, c.name);
         let (rel, cos) = rel_l2(&g.data, &c.data);
         let norm = c.data.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
         eprintln!("  {label}: {}: |g| {norm:.3e}, rel L2 err {rel:.2e}, cos {cos:.5}", g.name);
-        let max_rel = if g.name.ends_with(".bias") { 1e-1 } else { 5e-2 };
+        let max_rel = if g.name.ends_with(".bias") { 1e-1 } else { weight_max };
         assert!(rel <= max_rel && cos >= 0.99, "{label}: gradient of {}: relative L2 error {rel:e} (max {max_rel:e}), cosine {cos} (min 0.99)", g.name);
     }
 }
@@ -173,7 +178,7 @@ fn gpu_model_matches_cpu_on_one_batch() {
         let (lg, lc) = (loss(&st_gpu), loss(&st_cpu));
         eprintln!("{label}: SFT loss gpu {lg:.5} cpu {lc:.5}");
         assert!((lg - lc).abs() <= 2e-2 * lc.abs(), "{label}: loss {lg} vs cpu {lc}");
-        check_grads(&format!("{label} SFT"), &g_gpu, &g_cpu);
+        check_grads(&format!("{label} SFT"), &g_gpu, &g_cpu, 5e-2);
 
         // RL form: d loss / d logp from the statistics (two passes over the logits, entropies):
         // c_t * p_t, a function of the log-probs like DAPO's ratio term.
@@ -187,7 +192,7 @@ fn gpu_model_matches_cpu_on_one_batch() {
         let st_gpu = gm.forward_backward(&s, DLogp::FromStats(&mut rl)).unwrap();
         gm.download_grads(&mut g_gpu).unwrap();
         check_stats(&format!("{label} RL"), &b, &st_gpu, &st_cpu, true);
-        check_grads(&format!("{label} RL"), &g_gpu, &g_cpu);
+        check_grads(&format!("{label} RL"), &g_gpu, &g_cpu, 8e-2);
 
         // Forward only.
         let st_gpu = gm.token_stats(&s).unwrap();
