@@ -6,11 +6,12 @@
 //! measured is the GPU's own error: bf16 activations (each rounding is a relative error of at most
 //! 2^-9), bf16 P and dS inside attention, the bf16 residual-stream gradient, and fp32 accumulation
 //! in another order. Through two layers that is a few tenths of a percent per activation; a
-//! gradient sums many such terms, so its relative L2 error stays around 2%. Tolerances (measured, in
-//! `check_grads`): loss within 2e-2 relative, each gradient tensor relative L2 error <= 5e-2 in the
-//! SFT form and 8e-2 in the RL form (bias gradients 1e-1), cosine >= 0.99 — a wrong index, missing term or transposed matmul gives
-//! O(1) errors. The model is initialised with a larger spread (initializer_range 0.08) than usual
-//! so that its predictions are far from uniform and the loss depends on getting the targets right.
+//! gradient sums many such terms, so its relative L2 error stays around 2%. Tolerances (measured;
+//! see `check_grads`): loss within 2e-2 relative, each gradient tensor relative L2 error <= 5e-2
+//! in the SFT form and 8e-2 in the RL form (bias gradients 1e-1), cosine >= 0.99 — a wrong index,
+//! missing term or transposed matmul gives O(1) errors. The model is initialised with a larger
+//! spread (initializer_range 0.08) than usual so that its predictions are far from uniform and the
+//! loss depends on getting the targets right.
 //!
 //! Without a CUDA device the tests run on the emulated CUDA device (the same kernels and host code
 //! on the CPU; a line says so); `COA_TEST_DEVICE=cuda` makes them fail instead.
