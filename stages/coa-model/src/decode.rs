@@ -6,14 +6,16 @@
 //!
 //! [`Model::extend`] is the one forward: it appends any number of new tokens to any number of
 //! distinct slots in one call (a prompt prefill, a one-token decode step, an observation appended
-//! after a tool call: all the same), runs every linear layer once over all the new rows
-//! (`ops::gemm`), attention in parallel against the slot's cached keys (per query head and block
+//! after a tool call: all the same), runs every linear layer once over all the new rows (through
+//! the model's weights packed once on its first decode call, the operand layout of the GEMM
+//! kernel, so a step streams each weight once and packs nothing), attention in parallel against the slot's cached keys (per query head and block
 //! of queries for a multi-token item, per key/value head for a one-token item: the query heads
 //! that share it read its keys once), and returns the logits of the last new position of each slot.
 //! [`Model::prefill`] and [`Model::decode_step`] are its two common shapes.
 //!
-//! The result equals [`Model::logits`] on the whole sequence (same ops, same softmax kernel; only
-//! the blocking of the attention sums differs): the tests hold it to 1e-5 relative. Every parallel
+//! The result equals [`Model::logits`] on the whole sequence (same ops, the linear layers' bits
+//! identical, same softmax kernel; only the blocking of the attention sums differs): the tests
+//! hold it to 1e-5 relative. Every parallel
 //! task writes its own rows and heads, so results do not depend on the thread count.
 
 // `let p = p;` inside closures makes them capture the Send pointer wrappers whole.
@@ -26,6 +28,7 @@ use crate::config::ModelConfig;
 use crate::model::Model;
 use crate::ops::{self, SendPtr};
 use crate::params::layout;
+use crate::sgemm::PackedB;
 
 /// Query rows per attention task of a multi-token item (a prompt).
 const ATT_BLOCK: usize = 64;
@@ -156,25 +159,64 @@ struct AttTask {
     single: bool,
 }
 
-/// `out[R,O] = x[R,I] @ w[O,I]ᵀ + b`: rows `..r_multi` through `ops::linear_forward` (sgemm),
-/// the rest as one dot product per output (each output element computed the same way whatever
-/// the number of rows or threads).
-#[allow(clippy::too_many_arguments)]
-fn linear_split(out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, r_multi: usize, r: usize, i: usize, o: usize) {
-    if r_multi > 0 {
-        ops::linear_forward(&mut out[..r_multi * o], &x[..r_multi * i], w, b, r_multi, i, o);
+/// A model's linear weights packed once for decoding (the head included): per tensor index of
+/// `Params::tensors`, the packed weight, or `None` for tensors that are not a linear layer's.
+/// Built on the model's first decode call (`Model::decode_weights`); `None` as a whole where the
+/// CPU has no packed kernel.
+pub(crate) struct DecodeWeights {
+    packed: Vec<Option<PackedB>>,
+}
+
+impl std::fmt::Debug for DecodeWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DecodeWeights {{ {} packed }}", self.packed.iter().flatten().count())
     }
-    let rs = r - r_multi;
-    if rs == 0 {
-        return;
-    }
-    let (out, x) = (&mut out[r_multi * o..r * o], &x[r_multi * i..r * i]);
-    crate::simd::linear_rows_blocked(out, x, w, rs, i, o);
-    if let Some(b) = b {
-        for row in out.chunks_mut(o) {
-            row.iter_mut().zip(b).for_each(|(y, bb)| *y += bb);
+}
+
+impl DecodeWeights {
+    /// Packs every linear layer's weight of `model` and its head; `None` without a packed kernel.
+    pub(crate) fn new(model: &Model) -> Option<DecodeWeights> {
+        let c = &model.config;
+        let lay = layout(c);
+        let (d, qd, kvd, inter) = (c.hidden_size, c.num_attention_heads * c.head_dim(), c.num_key_value_heads * c.head_dim(), c.intermediate_size);
+        let mut shapes: Vec<(usize, usize, usize)> = Vec::new();
+        for li in &lay.layers {
+            shapes.extend([(li.wq, qd, d), (li.wk, kvd, d), (li.wv, kvd, d), (li.wo, d, qd), (li.wg, inter, d), (li.wu, inter, d), (li.wd, d, inter)]);
         }
+        shapes.push((lay.lm_head.unwrap_or(lay.embed), c.vocab_size, d));
+        let mut packed: Vec<Option<PackedB>> = (0..model.params.tensors.len()).map(|_| None).collect();
+        let built: Vec<Option<PackedB>> = shapes.par_iter().map(|&(t, o, i)| PackedB::new(&model.params.tensors[t].data, o, i)).collect();
+        for (&(t, _, _), pw) in shapes.iter().zip(built) {
+            packed[t] = Some(pw?);
+        }
+        Some(DecodeWeights { packed })
     }
+}
+
+/// `out[R,O] = x[R,I] @ w[O,I]ᵀ + b` through a prepacked weight, in parallel over blocks of
+/// output columns (each reads its part of the weight once for all rows). The same bits as
+/// `ops::linear_forward`, whatever the rows or the threads.
+pub(crate) fn linear_packed(out: &mut [f32], x: &[f32], w: &PackedB, b: Option<&[f32]>, r: usize, i: usize, o: usize) {
+    debug_assert!(out.len() == r * o && x.len() == r * i && w.n() == o);
+    let panels = o.div_ceil(w.panel());
+    // Four tasks per thread (balance), whole panels each.
+    let per = panels.div_ceil(4 * rayon::current_num_threads().max(1)).max(1);
+    let cols = per * w.panel();
+    let xa = w.pack_a(r, x);
+    let outp = SendPtr(out.as_mut_ptr());
+    (0..panels.div_ceil(per)).into_par_iter().for_each(|t| {
+        let outp = outp;
+        let (j0, j1) = (t * cols, ((t + 1) * cols).min(o));
+        // SAFETY: out holds r·o values; columns j0..j1 belong to this task alone.
+        unsafe { w.gemm_cols(&xa, outp.0, j0, j1) };
+        if let Some(b) = b {
+            for row in 0..r {
+                // SAFETY: as above.
+                let cols = unsafe { std::slice::from_raw_parts_mut(outp.0.add(row * o + j0), j1 - j0) };
+                cols.iter_mut().zip(&b[j0..j1]).for_each(|(y, bb)| *y += bb);
+            }
+        }
+    });
 }
 
 impl Model {
@@ -241,16 +283,14 @@ impl Model {
         let pb = |i: Option<usize>| i.map(|i| self.params.tensors[i].data.as_slice());
 
         // Rows: the new tokens of the multi-token items (prompts, observations), then those of the
-        // one-token items (decode steps). The first go through `ops::gemm`, the others through
-        // row-wise dot products (no packing of the weights: ~5x faster at small batch). The path
-        // of a row depends only on its own item, so a sequence's logits do not depend on what
-        // else shares the batch.
+        // one-token items (decode steps). Every linear layer takes all of them at once, and each
+        // output is the same sum in the same order whatever the other rows (the packed kernel's
+        // contract), so a sequence's logits do not depend on what else shares the batch.
         let r: usize = items.iter().map(|(_, ids)| ids.len()).sum();
         let order: Vec<usize> = (0..items.len())
             .filter(|&i| items[i].1.len() > 1)
             .chain((0..items.len()).filter(|&i| items[i].1.len() == 1))
             .collect();
-        let r_multi: usize = items.iter().filter(|(_, ids)| ids.len() > 1).map(|(_, ids)| ids.len()).sum();
         let mut ids_all = Vec::with_capacity(r);
         let mut positions = Vec::with_capacity(r);
         // Per item (in item order): (slot, first row, rows, first position)
@@ -275,8 +315,12 @@ impl Model {
                 }
             }
         }
-        let lin = |out: &mut [f32], x: &[f32], w: usize, b: Option<usize>, i: usize, o: usize| {
-            linear_split(out, x, p(w), pb(b), r_multi, r, i, o)
+        // Every row through the weights packed once (where the CPU has a packed kernel), else
+        // through `ops::linear_forward`: the same bits either way.
+        let packed = self.decode_weights();
+        let lin = |out: &mut [f32], x: &[f32], w: usize, b: Option<usize>, i: usize, o: usize| match packed {
+            Some(dw) => linear_packed(out, x, dw.packed[w].as_ref().expect("a linear weight is packed"), pb(b), r, i, o),
+            None => ops::linear_forward(out, x, p(w), pb(b), r, i, o),
         };
 
         let mut x = vec![0f32; r * d];
@@ -402,14 +446,17 @@ impl Model {
         } else {
             order.iter().map(|&it| spans[it].1 + spans[it].2 - 1).collect()
         };
-        let sel_multi = sel.iter().filter(|&&row| row < r_multi).count();
         let xs: Vec<f32> = sel.iter().flat_map(|&row| x[row * d..(row + 1) * d].iter().copied()).collect();
         let rows = sel.len();
         let mut rs = vec![0f32; rows];
         let mut hf = vec![0f32; rows * d];
         ops::rmsnorm_forward(&mut hf, &mut rs, &xs, p(lay.norm), eps, d);
         let mut z = vec![0f32; rows * v];
-        linear_split(&mut z, &hf, p(lay.lm_head.unwrap_or(lay.embed)), None, sel_multi, rows, d, v);
+        let head = lay.lm_head.unwrap_or(lay.embed);
+        match packed {
+            Some(dw) => linear_packed(&mut z, &hf, dw.packed[head].as_ref().expect("the head is packed"), None, rows, d, v),
+            None => ops::linear_forward(&mut z, &hf, p(head), None, rows, d, v),
+        }
         // Back to item order (already so when no one-token item precedes a multi-token one).
         if order.iter().enumerate().all(|(k, &it)| k == it) {
             return Ok(z);

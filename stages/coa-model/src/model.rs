@@ -9,7 +9,7 @@ use crate::params::{layout, param_specs, LayerIdx, Layout, Params, Tensor};
 use crate::rng::{fnv1a, SplitMix64};
 
 /// A Llama / Qwen2 decoder with f32 parameters.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Model {
     pub config: ModelConfig,
     pub params: Params,
@@ -18,6 +18,15 @@ pub struct Model {
     /// get the head's). With the bottom two thirds frozen a step costs about half as much. 0: all
     /// layers train. Not saved: a property of a run, not of the weights.
     pub frozen_layers: usize,
+    /// The linear weights packed for decoding, from `params` as they are at the first decode
+    /// call (decoding serves frozen weights: training never decodes; a clone starts without).
+    decode_weights: std::sync::OnceLock<Option<crate::decode::DecodeWeights>>,
+}
+
+impl Clone for Model {
+    fn clone(&self) -> Model {
+        Model { config: self.config.clone(), params: self.params.clone(), frozen_layers: self.frozen_layers, decode_weights: Default::default() }
+    }
 }
 
 /// One sequence (or a packed row of several).
@@ -202,13 +211,19 @@ impl Model {
                 t
             })
             .collect();
-        Ok(Model { config, params: Params { tensors }, frozen_layers: 0 })
+        Ok(Model { config, params: Params { tensors }, frozen_layers: 0, decode_weights: Default::default() })
+    }
+
+    /// The weights packed for decoding, packed on the first call (`None`: the CPU has no packed
+    /// kernel, and decoding multiplies the weights as they are).
+    pub(crate) fn decode_weights(&self) -> Option<&crate::decode::DecodeWeights> {
+        self.decode_weights.get_or_init(|| crate::decode::DecodeWeights::new(self)).as_ref()
     }
 
     /// Wrap existing parameters; errors unless they match the config's canonical layout.
     pub fn new(config: ModelConfig, params: Params) -> Result<Model> {
         config.validate()?;
-        let m = Model { config, params, frozen_layers: 0 };
+        let m = Model { config, params, frozen_layers: 0, decode_weights: Default::default() };
         m.check_layout()?;
         Ok(m)
     }

@@ -131,6 +131,141 @@ unsafe fn sgemm_with(
     );
 }
 
+/// A weight `w[n, k]` (a linear layer's `[out, in]`) packed once, as the B operand of `x · wᵀ`,
+/// into the panels the register kernel reads: for a model whose weights do not change
+/// (decoding), each product then streams the weight once, with no packing per call. Products
+/// through it give the same bits as [`sgemm`] on the unpacked weight (same KC blocks, same
+/// kernel), so a row's result does not depend on the path or on the other rows.
+pub(crate) struct PackedB {
+    n: usize,
+    k: usize,
+    kernel: Kernel,
+    /// KC blocks in k order; block `pc` (at `pc · n_pad`) holds the panels of NR columns, each
+    /// `kc` deep, from `off` (64-byte aligned).
+    data: Vec<f32>,
+    off: usize,
+}
+
+impl std::fmt::Debug for PackedB {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedB {{ n: {}, k: {}, kernel: {:?} }}", self.n, self.k, self.kernel)
+    }
+}
+
+impl PackedB {
+    /// Packs `w[n, k]` for this CPU's kernel; `None` where it has none (the portable path).
+    pub(crate) fn new(w: &[f32], n: usize, k: usize) -> Option<PackedB> {
+        assert_eq!(w.len(), n * k, "PackedB: w has {} elements, expected {n}x{k}", w.len());
+        PackedB::with_kernel(kernel(), w, n, k)
+    }
+
+    fn with_kernel(kernel: Kernel, w: &[f32], n: usize, k: usize) -> Option<PackedB> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let nr = match kernel {
+                Kernel::Avx512 => packed::avx512::NR,
+                Kernel::Avx2 => packed::avx2::NR,
+                Kernel::Portable => return None,
+            };
+            let n_pad = n.next_multiple_of(nr);
+            let mut data = vec![0f32; n_pad * k + 16];
+            let off = data.as_ptr().align_offset(64);
+            for pc in (0..k).step_by(KC) {
+                let kc = KC.min(k - pc);
+                let dst = &mut data[off + pc * n_pad..];
+                // SAFETY: B(p, j) = w[j·k + p] addresses w [n, k] for p < kc, j < n.
+                unsafe {
+                    match kernel {
+                        Kernel::Avx512 => packed::pack::<{ packed::avx512::NR }>(dst, w.as_ptr().add(pc), k, 1, n, kc),
+                        _ => packed::pack::<{ packed::avx2::NR }>(dst, w.as_ptr().add(pc), k, 1, n, kc),
+                    }
+                }
+            }
+            Some(PackedB { n, k, kernel, data, off })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (kernel, w, n, k);
+            None
+        }
+    }
+
+    /// Output columns (the weight's rows).
+    pub(crate) fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Columns per panel: a column range handed to [`PackedB::gemm_cols`] starts on a multiple.
+    pub(crate) fn panel(&self) -> usize {
+        match self.kernel {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => packed::avx512::NR,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => packed::avx2::NR,
+            _ => 1,
+        }
+    }
+
+    /// The left operand `a[m, k]` (row-major) packed for [`PackedB::gemm_cols`]: once per
+    /// product, shared by the threads that split its columns.
+    pub(crate) fn pack_a(&self, m: usize, a: &[f32]) -> PackedA {
+        assert_eq!(a.len(), m * self.k, "PackedB::pack_a: a has {} elements, expected {m}x{}", a.len(), self.k);
+        let mr = self.mr();
+        let m_pad = m.next_multiple_of(mr);
+        let mut data = vec![0f32; m_pad * self.k];
+        #[cfg(target_arch = "x86_64")]
+        for pc in (0..self.k).step_by(KC) {
+            let kc = KC.min(self.k - pc);
+            let dst = &mut data[pc * m_pad..];
+            // SAFETY: A(i, p) = a[i·k + p] addresses a [m, k] for i < m, p < kc.
+            unsafe {
+                match self.kernel {
+                    Kernel::Avx512 => packed::pack::<{ packed::avx512::MR }>(dst, a.as_ptr().add(pc), self.k, 1, m, kc),
+                    _ => packed::pack::<{ packed::avx2::MR }>(dst, a.as_ptr().add(pc), self.k, 1, m, kc),
+                }
+            }
+        }
+        PackedA { m, data }
+    }
+
+    fn mr(&self) -> usize {
+        match self.kernel {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => packed::avx512::MR,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => packed::avx2::MR,
+            _ => 1,
+        }
+    }
+
+    /// `C[:, j0..j1] = A · wᵀ[:, j0..j1]` for `C[m, n]` row-major (not read), `j0` a multiple of
+    /// [`PackedB::panel`].
+    ///
+    /// # Safety
+    /// `c` holds m·n values, and no other thread accesses columns j0..j1 of C.
+    pub(crate) unsafe fn gemm_cols(&self, a: &PackedA, c: *mut f32, j0: usize, j1: usize) {
+        debug_assert!((j0 == j1 || j0.is_multiple_of(self.panel())) && j0 <= j1 && j1 <= self.n);
+        if a.m == 0 || j0 == j1 {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        match self.kernel {
+            Kernel::Avx512 => packed::run_prepacked::<{ packed::avx512::MR }, { packed::avx512::NR }>(self, a, c, j0, j1, packed::avx512::tile),
+            Kernel::Avx2 => packed::run_prepacked::<{ packed::avx2::MR }, { packed::avx2::NR }>(self, a, c, j0, j1, packed::avx2::tile),
+            Kernel::Portable => unreachable!("PackedB is never built for the portable kernel"),
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (a, c, j0, j1);
+    }
+}
+
+/// A left operand packed by [`PackedB::pack_a`]: per KC block (at `pc · m_pad`), panels of MR
+/// rows, each `kc` deep.
+pub(crate) struct PackedA {
+    m: usize,
+    data: Vec<f32>,
+}
+
 #[cfg(target_arch = "x86_64")]
 mod packed {
     use super::{KC, MC, NC};
@@ -206,11 +341,43 @@ mod packed {
         });
     }
 
+    /// [`super::PackedB::gemm_cols`]: for each KC block, the rows in blocks of MC (in L2), and
+    /// for each prepacked panel of B (read once, in L1) every row tile of the block: a decode
+    /// step's few rows stream each weight panel once.
+    pub(super) unsafe fn run_prepacked<const MR: usize, const NR: usize>(
+        w: &super::PackedB,
+        a: &super::PackedA,
+        c: *mut f32,
+        j0: usize,
+        j1: usize,
+        tile: Tile,
+    ) {
+        let (m, n, k) = (a.m, w.n, w.k);
+        let (n_pad, m_pad) = (n.next_multiple_of(NR), m.next_multiple_of(MR));
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            let beta_blk = if pc == 0 { 0.0 } else { 1.0 };
+            let block_b = w.data.as_ptr().add(w.off + pc * n_pad);
+            let block_a = a.data.as_ptr().add(pc * m_pad);
+            for ic in (0..m).step_by(MC) {
+                let mc = MC.min(m - ic);
+                for jr in (j0..j1).step_by(NR) {
+                    let nr = NR.min(j1 - jr);
+                    let bp = block_b.add(jr * kc);
+                    for ir in (ic..ic + mc).step_by(MR) {
+                        let mr = MR.min(m - ir);
+                        tile(kc, 1.0, block_a.add(ir * kc), bp, beta_blk, c.add(ir * n + jr), n, mr, nr);
+                    }
+                }
+            }
+        }
+    }
+
     /// Packs an operand into panels of W lanes, `kc` deep: panel q holds, for each p, lanes
     /// q·W.. (zero beyond `lanes`), lane i of depth p read at `x + i·lane_stride + p·depth_stride`.
     /// A[mc, kc] packs as `pack::<MR>(a, rsa, csa, mc)`, B[kc, nc] as `pack::<NR>(b, csb, rsb, nc)`.
     /// Packing only moves values, so every path gives the same panel.
-    unsafe fn pack<const W: usize>(dst: &mut [f32], x: *const f32, lane_stride: usize, depth_stride: usize, lanes: usize, kc: usize) {
+    pub(super) unsafe fn pack<const W: usize>(dst: &mut [f32], x: *const f32, lane_stride: usize, depth_stride: usize, lanes: usize, kc: usize) {
         if lane_stride == 1 {
             // The lanes of one depth are contiguous (a row-major B, a transposed A): copy every
             // panel's W lanes of depth p before moving to p + 1, so the source is read row by
@@ -365,11 +532,36 @@ mod packed {
         /// Two zmm vectors.
         pub const NR: usize = 32;
 
-        /// See [`super::Tile`]; requires AVX-512F.
+        /// See [`super::Tile`]; requires AVX-512F. A tile of `mr < MR` rows (the last row block,
+        /// or a decode step's few rows) runs a kernel with `mr` accumulator rows: the same FMAs
+        /// per element in the same order, without the work on zero-padded rows (a one-row
+        /// product would otherwise do 12 times its FMAs).
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx512f")]
         pub unsafe fn tile(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
-            let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+            match mr {
+                1 => rows::<1>(kc, alpha, a, b, beta, c, ldc, nr),
+                2 => rows::<2>(kc, alpha, a, b, beta, c, ldc, nr),
+                3 => rows::<3>(kc, alpha, a, b, beta, c, ldc, nr),
+                4 => rows::<4>(kc, alpha, a, b, beta, c, ldc, nr),
+                5 => rows::<5>(kc, alpha, a, b, beta, c, ldc, nr),
+                6 => rows::<6>(kc, alpha, a, b, beta, c, ldc, nr),
+                7 => rows::<7>(kc, alpha, a, b, beta, c, ldc, nr),
+                8 => rows::<8>(kc, alpha, a, b, beta, c, ldc, nr),
+                9 => rows::<9>(kc, alpha, a, b, beta, c, ldc, nr),
+                10 => rows::<10>(kc, alpha, a, b, beta, c, ldc, nr),
+                11 => rows::<11>(kc, alpha, a, b, beta, c, ldc, nr),
+                _ => rows::<MR>(kc, alpha, a, b, beta, c, ldc, nr),
+            }
+        }
+
+        /// [`tile`] on its first `R ≤ MR` rows (the A panel keeps its MR stride).
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn rows<const R: usize>(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, nr: usize) {
+            let mr = R;
+            let mut acc = [[_mm512_setzero_ps(); 2]; R];
             let (mut ap, mut bp) = (a, b);
             // The C tile is read (beta ≠ 0) and written after the k loop: ask for its lines now,
             // so that they arrive while the FMAs run (the epilogue would wait on L2 or L3).
@@ -388,7 +580,7 @@ mod packed {
                 ap = ap.add(MR);
                 bp = bp.add(NR);
             }
-            if mr == MR && nr == NR {
+            if nr == NR {
                 let va = _mm512_set1_ps(alpha);
                 let vb = _mm512_set1_ps(beta);
                 for (i, row) in acc.iter().enumerate() {
@@ -511,6 +703,36 @@ mod tests {
             let (wide, narrow) = (run(Kernel::Avx512), run(Kernel::Avx2));
             let same = wide.iter().zip(&narrow).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "case {case}: {m}x{n}x{k} a_t={a_t} b_t={b_t} beta={beta}: the kernels differ");
+        }
+    }
+
+    /// A prepacked weight gives [`sgemm`]'s bits for `x · wᵀ` on any column range and any row
+    /// count (one row, a decode step's few, more than MC), k across KC blocks, every kernel.
+    #[test]
+    fn prepacked_weights_match_sgemm_bit_for_bit() {
+        let mut rng = SplitMix64::new(5);
+        for kernel in kernels() {
+            for &(m, n, k) in &[(1, 1, 1), (1, 70, 576), (3, 33, 257), (12, 32, 256), (13, 200, 600), (50, 96, 513), (150, 40, 70)] {
+                let w = random(n * k, &mut rng);
+                let x = random(m * k, &mut rng);
+                let Some(pw) = PackedB::with_kernel(kernel, &w, n, k) else {
+                    assert_eq!(kernel, Kernel::Portable);
+                    continue;
+                };
+                let mut want = vec![f32::NAN; m * n];
+                // SAFETY: x [m,k], w [n,k] read as wᵀ [k,n], want [m,n], all in bounds.
+                unsafe { sgemm_with(kernel, m, n, k, 1.0, x.as_ptr(), k, 1, w.as_ptr(), 1, k, 0.0, want.as_mut_ptr(), n) };
+                let mut got = vec![f32::NAN; m * n];
+                let step = pw.panel();
+                let xa = pw.pack_a(m, &x);
+                // Column ranges of one panel, then the rest: as threads split C.
+                for (j0, j1) in [(0, step.min(n)), (step.min(n), n)] {
+                    // SAFETY: got holds m·n values; one range at a time.
+                    unsafe { pw.gemm_cols(&xa, got.as_mut_ptr(), j0, j1) };
+                }
+                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{kernel:?} {m}x{n}x{k}: the prepacked product differs from sgemm");
+            }
         }
     }
 

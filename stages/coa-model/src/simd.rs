@@ -257,114 +257,6 @@ mod tests {
     }
 }
 
-/// `out[R,O] = x[R,I] @ w[O,I]ᵀ` (written) for a few rows R (a decode step): every output is an
-/// 8-lane dot product of its row and weight row, lanes summed in a fixed order, so a row's result
-/// does not depend on the other rows. The AVX2+FMA kernel computes blocks of up to 3 rows × 4
-/// outputs in registers: each weight vector loaded feeds 3 rows, each row vector 4 outputs, and
-/// the weights are read straight from memory (no packing: at a few rows, packing them would cost
-/// as much as the products). Parallel over blocks of 64 outputs.
-pub fn linear_rows(out: &mut [f32], x: &[f32], w: &[f32], r: usize, i: usize, o: usize) {
-    use rayon::prelude::*;
-    assert!(out.len() == r * o && x.len() == r * i && w.len() == o * i, "linear_rows: shapes");
-    const CHUNK: usize = 64;
-    let outp = crate::ops::SendPtr(out.as_mut_ptr());
-    (0..o.div_ceil(CHUNK)).into_par_iter().for_each(|ch| {
-        let outp = outp;
-        let (o0, o1) = (ch * CHUNK, ((ch + 1) * CHUNK).min(o));
-        let mut oo = o0;
-        while oo < o1 {
-            let no = (o1 - oo).min(4);
-            let mut t = 0;
-            while t < r {
-                let nr = (r - t).min(3);
-                let mut acc = [[0f32; 4]; 3];
-                dots_block(&x[t * i..(t + nr) * i], &w[oo * i..(oo + no) * i], i, nr, no, &mut acc);
-                for (rr, row) in acc.iter().enumerate().take(nr) {
-                    for (k, &v) in row.iter().enumerate().take(no) {
-                        // SAFETY: (t + rr, oo + k) is inside out, and column oo + k belongs to this
-                        // chunk's task alone.
-                        unsafe { *outp.0.add((t + rr) * o + oo + k) = v };
-                    }
-                }
-                t += nr;
-            }
-            oo += no;
-        }
-    });
-}
-
-/// Dot products of `nr` rows of `x[nr, I]` with `no` rows of `w[no, I]` into `acc[row][out]`.
-fn dots_block(x: &[f32], w: &[f32], i: usize, nr: usize, no: usize, acc: &mut [[f32; 4]; 3]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has the features; slices hold nr·I and no·I values.
-            unsafe { dots_block_avx2(x, w, i, nr, no, acc) };
-            return;
-        }
-    }
-    for r in 0..nr {
-        for k in 0..no {
-            let (xr, wr) = (&x[r * i..(r + 1) * i], &w[k * i..(k + 1) * i]);
-            let mut lanes = [0f32; 8];
-            let n8 = i / 8 * 8;
-            for j in (0..n8).step_by(8) {
-                for l in 0..8 {
-                    lanes[l] = xr[j + l].mul_add(wr[j + l], lanes[l]);
-                }
-            }
-            let mut s = hsum8(&lanes);
-            for j in n8..i {
-                s += xr[j] * wr[j];
-            }
-            acc[r][k] = s;
-        }
-    }
-}
-
-/// The fixed lane order of every 8-lane sum: (0+4, 1+5, 2+6, 3+7), then (a+c, b+d), then the two.
-#[inline(always)]
-fn hsum8(l: &[f32; 8]) -> f32 {
-    let q = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
-    let p = [q[0] + q[2], q[1] + q[3]];
-    p[0] + p[1]
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_block_avx2(x: &[f32], w: &[f32], i: usize, nr: usize, no: usize, acc: &mut [[f32; 4]; 3]) {
-    use std::arch::x86_64::*;
-    let n8 = i / 8 * 8;
-    let (xp, wp) = (x.as_ptr(), w.as_ptr());
-    let mut a = [[_mm256_setzero_ps(); 4]; 3];
-    // Rows and outputs beyond nr / no point at row 0 / output 0 (valid memory); their sums are
-    // not returned.
-    let xr: [*const f32; 3] = std::array::from_fn(|r| xp.add(if r < nr { r * i } else { 0 }));
-    let wr: [*const f32; 4] = std::array::from_fn(|k| wp.add(if k < no { k * i } else { 0 }));
-    let mut j = 0;
-    while j < n8 {
-        let xv = [_mm256_loadu_ps(xr[0].add(j)), _mm256_loadu_ps(xr[1].add(j)), _mm256_loadu_ps(xr[2].add(j))];
-        for k in 0..4 {
-            let wv = _mm256_loadu_ps(wr[k].add(j));
-            a[0][k] = _mm256_fmadd_ps(xv[0], wv, a[0][k]);
-            a[1][k] = _mm256_fmadd_ps(xv[1], wv, a[1][k]);
-            a[2][k] = _mm256_fmadd_ps(xv[2], wv, a[2][k]);
-        }
-        j += 8;
-    }
-    for r in 0..nr {
-        for k in 0..no {
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), a[r][k]);
-            let mut s = hsum8(&lanes);
-            for jj in n8..i {
-                s += *xr[r].add(jj) * *wr[k].add(jj);
-            }
-            acc[r][k] = s;
-        }
-    }
-}
-
 /// Attention of one new token's `group` query heads that share one key/value head (a decode step
 /// under grouped-query attention) against that head's `nk` cached keys and values:
 /// `out[g] = softmax(q[g]·Kᵀ · scale) V` for `q[group, hd]`, `k[nk, hd]`, `v[nk, hd]` (rows
@@ -606,20 +498,32 @@ mod attend_tests {
     }
 }
 
-/// GFLOP/s (the best of many calls: a busy machine disturbs the median) of [`linear_rows`] and
-/// [`linear_rows_blocked`] on SmolLM2-135M's shapes, at ROWS rows (default 1, 16, 32):
-/// `ROWS="16 32" cargo test -p coa-model --lib linear_rows_speed -- --ignored --nocapture`
+/// GFLOP/s (the best of many calls: a busy machine disturbs the median) of a linear layer's
+/// product on SmolLM2-135M's shapes at ROWS rows (default 1, 16, 48): `ops::linear_forward`
+/// (packs the weight on every call, as training does) and `decode::linear_packed` (the weight
+/// packed once, as decoding does); both give the same bits:
+/// `ROWS="16 48" cargo test -p coa-model --lib linear_speed -- --ignored --nocapture`
 #[cfg(test)]
 #[test]
 #[ignore = "a measurement: run alone on a quiet machine"]
-fn linear_rows_speed() {
+fn linear_speed() {
     let rows: Vec<usize> = std::env::var("ROWS")
-        .map_or(vec![1, 16, 32], |s| s.split_whitespace().map(|a| a.parse().expect("ROWS")).collect());
+        .map_or(vec![1, 16, 48], |s| s.split_whitespace().map(|a| a.parse().expect("ROWS")).collect());
     type Rows = fn(&mut [f32], &[f32], &[f32], usize, usize, usize);
     for &r in &rows {
         for (i, o) in [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49174)] {
             let sgemm: Rows = |out, x, w, r, i, o| crate::ops::linear_forward(out, x, w, None, r, i, o);
-            for (name, f) in [("linear_rows", linear_rows as Rows), ("linear_rows_blocked", linear_rows_blocked), ("ops::linear_forward", sgemm)] {
+            let packed: Rows = |out, x, w, r, i, o| {
+                thread_local!(static PW: std::cell::RefCell<Option<((usize, usize), crate::sgemm::PackedB)>> = const { std::cell::RefCell::new(None) });
+                PW.with(|pw| {
+                    let mut pw = pw.borrow_mut();
+                    if pw.as_ref().is_none_or(|(p, _)| *p != (w.as_ptr() as usize, o)) {
+                        *pw = Some(((w.as_ptr() as usize, o), crate::sgemm::PackedB::new(w, o, i).expect("a packed kernel")));
+                    }
+                    crate::decode::linear_packed(out, x, &pw.as_ref().unwrap().1, None, r, i, o);
+                })
+            };
+            for (name, f) in [("ops::linear_forward", sgemm as Rows), ("decode::linear_packed", packed)] {
                 let x: Vec<f32> = (0..r * i).map(|k| (k % 7) as f32 * 0.1).collect();
                 let w: Vec<f32> = (0..o * i).map(|k| (k % 5) as f32 * 0.1).collect();
                 let mut out = vec![0f32; r * o];
@@ -631,282 +535,8 @@ fn linear_rows_speed() {
                     f(&mut out, &x, &w, r, i, o);
                     best = best.min(t0.elapsed().as_secs_f64());
                 }
-                println!("{name:20} rows {r:3} {i:5}x{o:5}: {:6.1} GFLOP/s", flop / best / 1e9);
+                println!("{name:21} rows {r:3} {i:5}x{o:5}: {:6.1} GFLOP/s", flop / best / 1e9);
             }
         }
-    }
-}
-
-/// `out[R,O] = x[R,I] @ w[O,I]ᵀ` for the few rows of a decode step, as dot products (no packing
-/// of the weights), each row's result independent of the other rows: on CPUs with AVX-512,
-/// [`linear_rows_avx512`]; with AVX2, [`linear_rows`]'s result bit for bit from a faster block
-/// ([`linear_rows_avx2`]); else [`linear_rows`].
-pub fn linear_rows_blocked(out: &mut [f32], x: &[f32], w: &[f32], r: usize, i: usize, o: usize) {
-    assert!(out.len() == r * o && x.len() == r * i && w.len() == o * i, "linear_rows_blocked: shapes");
-    #[cfg(target_arch = "x86_64")]
-    {
-        match crate::sgemm::kernel() {
-            crate::sgemm::Kernel::Avx512 => return linear_rows_avx512(out, x, w, r, i, o),
-            crate::sgemm::Kernel::Avx2 => return linear_rows_avx2(out, x, w, r, i, o),
-            crate::sgemm::Kernel::Portable => {}
-        }
-    }
-    linear_rows(out, x, w, r, i, o);
-}
-
-/// [`linear_rows_blocked`]'s AVX2 + FMA path (the CPU must have both): [`linear_rows`] with the
-/// same result bit for bit (each output's 8 lanes accumulate over the inputs in the same order
-/// and are reduced by the same `hsum8`), from a 3-row × 3-output register block that fits AVX2's
-/// 16 registers (9 sums, 3 row vectors, 1 weight vector): the 3 × 4 block of [`linear_rows`]
-/// needs 16 plus a temporary, and LLVM spills its sums to the stack, which made it ~3x slower
-/// than sgemm at 32 rows. Rows are taken 12 at a time (their 27 KiB of x at 576 inputs stays in
-/// L1 while 3 weight rows stream past), in parallel over blocks of 32 outputs.
-#[cfg(target_arch = "x86_64")]
-fn linear_rows_avx2(out: &mut [f32], x: &[f32], w: &[f32], r: usize, i: usize, o: usize) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 32;
-    const RT: usize = 12;
-    let outp = crate::ops::SendPtr(out.as_mut_ptr());
-    let n8 = i / 8 * 8;
-    (0..o.div_ceil(CHUNK)).into_par_iter().for_each(|ch| {
-        let outp = outp;
-        let (o0, o1) = (ch * CHUNK, ((ch + 1) * CHUNK).min(o));
-        for t0 in (0..r).step_by(RT) {
-            let t1 = (t0 + RT).min(r);
-            for oo in (o0..o1).step_by(3) {
-                let no = (o1 - oo).min(3);
-                for t in (t0..t1).step_by(3) {
-                    let nr = (t1 - t).min(3);
-                    // Rows / outputs beyond nr / no repeat row t / output oo (valid
-                    // memory); their sums are not kept.
-                    let xr: [&[f32]; 3] = std::array::from_fn(|q| &x[(t + if q < nr { q } else { 0 }) * i..][..i]);
-                    let wr: [&[f32]; 3] = std::array::from_fn(|k| &w[(oo + if k < no { k } else { 0 }) * i..][..i]);
-                    // SAFETY: the CPU has the features; every slice holds i ≥ n8 values.
-                    let lanes = unsafe { dots3x3_avx2(xr, wr, n8) };
-                    for q in 0..nr {
-                        for k in 0..no {
-                            let mut s = hsum8(&lanes[q][k]);
-                            for jj in n8..i {
-                                s += xr[q][jj] * wr[k][jj];
-                            }
-                            // SAFETY: (t + q, oo + k) is inside out, and column oo + k
-                            // belongs to this chunk alone.
-                            unsafe { *outp.0.add((t + q) * o + oo + k) = s };
-                        }
-                    }
-                }
-            }
-        }
-    });
-}
-
-/// The 8-lane partial sums of 3 rows · 3 weight rows over the first `n8` inputs (a multiple of 8).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots3x3_avx2(x: [&[f32]; 3], w: [&[f32]; 3], n8: usize) -> [[[f32; 8]; 3]; 3] {
-    use std::arch::x86_64::*;
-    let (x0, x1, x2) = (x[0].as_ptr(), x[1].as_ptr(), x[2].as_ptr());
-    let (w0, w1, w2) = (w[0].as_ptr(), w[1].as_ptr(), w[2].as_ptr());
-    let z = _mm256_setzero_ps();
-    let (mut a00, mut a01, mut a02, mut a10, mut a11, mut a12, mut a20, mut a21, mut a22) = (z, z, z, z, z, z, z, z, z);
-    let mut j = 0;
-    while j < n8 {
-        let (v0, v1, v2) = (_mm256_loadu_ps(x0.add(j)), _mm256_loadu_ps(x1.add(j)), _mm256_loadu_ps(x2.add(j)));
-        let u = _mm256_loadu_ps(w0.add(j));
-        a00 = _mm256_fmadd_ps(v0, u, a00);
-        a10 = _mm256_fmadd_ps(v1, u, a10);
-        a20 = _mm256_fmadd_ps(v2, u, a20);
-        let u = _mm256_loadu_ps(w1.add(j));
-        a01 = _mm256_fmadd_ps(v0, u, a01);
-        a11 = _mm256_fmadd_ps(v1, u, a11);
-        a21 = _mm256_fmadd_ps(v2, u, a21);
-        let u = _mm256_loadu_ps(w2.add(j));
-        a02 = _mm256_fmadd_ps(v0, u, a02);
-        a12 = _mm256_fmadd_ps(v1, u, a12);
-        a22 = _mm256_fmadd_ps(v2, u, a22);
-        j += 8;
-    }
-    let mut lanes = [[[0f32; 8]; 3]; 3];
-    for (l, a) in lanes.iter_mut().flatten().zip([a00, a01, a02, a10, a11, a12, a20, a21, a22]) {
-        _mm256_storeu_ps(l.as_mut_ptr(), a);
-    }
-    lanes
-}
-
-/// [`linear_rows_blocked`] on CPUs with AVX-512: each output is a 16-lane dot product over the
-/// first `i / 16 * 16` inputs, reduced by one fixed tree ([`hsum16_avx512`]), plus the tail in order, so
-/// a row's result is the same whatever the number of rows (the sum order differs from the AVX2
-/// path's, which this CPU does not run). A decode step is bound by reading the weights: one
-/// 64-byte load of a weight row feeds one FMA per row of the block, and the register blocks are
-/// 1 row × 8 outputs (batch 1: eight weight streams in flight) or up to 6 rows × 4 outputs
-/// (24 sums in 32 registers), in parallel over blocks of 32 outputs.
-#[cfg(target_arch = "x86_64")]
-fn linear_rows_avx512(out: &mut [f32], x: &[f32], w: &[f32], r: usize, i: usize, o: usize) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 32;
-    let outp = crate::ops::SendPtr(out.as_mut_ptr());
-    (0..o.div_ceil(CHUNK)).into_par_iter().for_each(|ch| {
-        let outp = outp;
-        let (o0, o1) = (ch * CHUNK, ((ch + 1) * CHUNK).min(o));
-        let ob = if r == 1 { 8 } else { 4 };
-        for oo in (o0..o1).step_by(ob) {
-            let no = (o1 - oo).min(ob);
-            let mut t = 0;
-            while t < r {
-                let nr = (r - t).min(6);
-                let xs = &x[t * i..(t + nr) * i];
-                let ws = &w[oo * i..(oo + no) * i];
-                let mut sums = [[0f32; 8]; 6];
-                // SAFETY: the kernel was detected; xs holds nr rows and ws no rows of i values.
-                unsafe {
-                    match nr {
-                        1 => dots_avx512::<1, 8>(xs, ws, i, no, &mut sums),
-                        2 => dots_avx512::<2, 4>(xs, ws, i, no, &mut sums),
-                        3 => dots_avx512::<3, 4>(xs, ws, i, no, &mut sums),
-                        4 => dots_avx512::<4, 4>(xs, ws, i, no, &mut sums),
-                        5 => dots_avx512::<5, 4>(xs, ws, i, no, &mut sums),
-                        _ => dots_avx512::<6, 4>(xs, ws, i, no, &mut sums),
-                    }
-                }
-                for (q, row) in sums.iter().enumerate().take(nr) {
-                    for (k, &s) in row.iter().enumerate().take(no) {
-                        // SAFETY: (t + q, oo + k) is inside out, and column oo + k belongs to
-                        // this chunk alone.
-                        unsafe { *outp.0.add((t + q) * o + oo + k) = s };
-                    }
-                }
-                t += nr;
-            }
-        }
-    });
-}
-
-/// `sums[q][k] = x[q] · w[k]` for the R rows of `x[R, I]` and the first `no ≤ O` rows of
-/// `w[no, I]` (outputs beyond `no` reread row 0 and are not written).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn dots_avx512<const R: usize, const O: usize>(x: &[f32], w: &[f32], i: usize, no: usize, sums: &mut [[f32; 8]; 6]) {
-    use std::arch::x86_64::*;
-    let n16 = i / 16 * 16;
-    let xr: [*const f32; R] = std::array::from_fn(|q| x.as_ptr().add(q * i));
-    let wr: [*const f32; O] = std::array::from_fn(|k| w.as_ptr().add(if k < no { k * i } else { 0 }));
-    let mut acc = [[_mm512_setzero_ps(); O]; R];
-    let mut j = 0;
-    while j < n16 {
-        let xv: [__m512; R] = std::array::from_fn(|q| _mm512_loadu_ps(xr[q].add(j)));
-        for k in 0..O {
-            let u = _mm512_loadu_ps(wr[k].add(j));
-            for q in 0..R {
-                acc[q][k] = _mm512_fmadd_ps(xv[q], u, acc[q][k]);
-            }
-        }
-        j += 16;
-    }
-    // The sums leave the registers through memory: reduced in place, LLVM spilled the
-    // accumulators inside the loop above (~10% slower decode).
-    let acc = std::hint::black_box(acc);
-    for q in 0..R {
-        for k in 0..no {
-            let mut s = hsum16_avx512(acc[q][k]);
-            for jj in n16..i {
-                s += *xr[q].add(jj) * *wr[k].add(jj);
-            }
-            sums[q][k] = s;
-        }
-    }
-}
-
-/// The 16 lanes' sum in one fixed order (halves folded, then [`hsum8`]'s tree), in registers:
-/// stored and summed as scalars, the sums took as long as the dot products at 576 inputs.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn hsum16_avx512(a: std::arch::x86_64::__m512) -> f32 {
-    use std::arch::x86_64::*;
-    // m[k] = l[k] + l[k + 8]
-    let m = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))));
-    // q[k] = m[k] + m[k + 4]
-    let q = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-    // p = [q0 + q2, q1 + q3], then p0 + p1
-    let p = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)))
-}
-
-#[cfg(all(test, target_arch = "x86_64"))]
-#[test]
-fn avx512_rows_do_not_depend_on_the_batch_and_match_f64() {
-    if crate::sgemm::kernel() != crate::sgemm::Kernel::Avx512 {
-        eprintln!("avx512_rows_do_not_depend_on_the_batch_and_match_f64: skipped, this CPU runs no AVX-512 kernel");
-        return;
-    }
-    // The register reduction is hsum8 of the folded halves, bit for bit.
-    let l: [f32; 16] = std::array::from_fn(|k| ((k * 7919 % 113) as f32 - 56.0) * 1.37e-3 * (1 << (k % 9)) as f32);
-    // SAFETY: the CPU has AVX-512F (the kernel was detected).
-    let got = unsafe { hsum16_avx512(std::arch::x86_64::_mm512_loadu_ps(l.as_ptr())) };
-    assert_eq!(got.to_bits(), hsum8(&std::array::from_fn(|k| l[k] + l[k + 8])).to_bits());
-    // rows across the 1-row and 6-row blocks, inputs across the 16-lane tail, outputs across the
-    // 8- and 4-output groups and the 32-output tasks.
-    for (r, i, o) in [(1, 576, 70), (2, 9, 5), (16, 576, 192), (13, 300, 37), (7, 1536, 33), (40, 7, 3), (6, 520, 129)] {
-        let x: Vec<f32> = (0..r * i).map(|k| ((k * 37 % 101) as f32 - 50.0) * 0.013).collect();
-        let w: Vec<f32> = (0..o * i).map(|k| ((k * 53 % 97) as f32 - 48.0) * 0.011).collect();
-        let mut all = vec![f32::NAN; r * o];
-        linear_rows_avx512(&mut all, &x, &w, r, i, o);
-        for t in 0..r {
-            let mut one = vec![f32::NAN; o];
-            linear_rows_avx512(&mut one, &x[t * i..(t + 1) * i], &w, 1, i, o);
-            assert_eq!(one, all[t * o..(t + 1) * o], "rows {r}, inputs {i}, outputs {o}: row {t} alone differs");
-        }
-        let err = (0..r * o)
-            .map(|e| (all[e] as f64 - (0..i).map(|j| x[e / o * i + j] as f64 * w[e % o * i + j] as f64).sum::<f64>()).abs())
-            .fold(0f64, f64::max);
-        assert!(err < 1e-3, "rows {r}, inputs {i}, outputs {o}: max abs err {err} against f64");
-    }
-}
-
-#[cfg(test)]
-#[test]
-fn linear_rows_blocked_equals_linear_rows_bit_for_bit() {
-    // rows across the 3-row blocks and 12-row tiles, inputs across the 256 block and the 8-lane
-    // tail, outputs across the 4-output groups and 32-output tasks.
-    for (r, i, o) in [
-        (1, 576, 70),
-        (2, 9, 5),
-        (16, 576, 192),
-        (32, 1536, 33),
-        (13, 300, 64),
-        (40, 7, 3),
-        (5, 520, 129),
-    ] {
-        let x: Vec<f32> = (0..r * i)
-            .map(|k| ((k * 37 % 101) as f32 - 50.0) * 0.013)
-            .collect();
-        let w: Vec<f32> = (0..o * i)
-            .map(|k| ((k * 53 % 97) as f32 - 48.0) * 0.011)
-            .collect();
-        let (mut a, mut b) = (vec![0f32; r * o], vec![1f32; r * o]);
-        linear_rows(&mut a, &x, &w, r, i, o);
-        #[cfg(target_arch = "x86_64")]
-        if crate::sgemm::kernel() != crate::sgemm::Kernel::Portable {
-            // The AVX2 path, whichever path this CPU's linear_rows_blocked takes.
-            linear_rows_avx2(&mut b, &x, &w, r, i, o);
-            assert_eq!(a, b, "rows {r}, inputs {i}, outputs {o}");
-        }
-        linear_rows_blocked(&mut b, &x, &w, r, i, o);
-        let want: Vec<f64> = (0..r * o)
-            .map(|e| {
-                (0..i)
-                    .map(|j| x[e / o * i + j] as f64 * w[e % o * i + j] as f64)
-                    .sum()
-            })
-            .collect();
-        let err = b
-            .iter()
-            .zip(&want)
-            .map(|(&g, &w)| (g as f64 - w).abs())
-            .fold(0f64, f64::max);
-        assert!(
-            err < 1e-3,
-            "rows {r}, inputs {i}, outputs {o}: max abs err {err} against f64"
-        );
     }
 }
