@@ -191,6 +191,7 @@ pub struct ModelPolicy<'a> {
 
 impl<'a> ModelPolicy<'a> {
     pub fn new(model: &'a Model, slots: usize, max_len: usize) -> Result<Self> {
+        model.prepare_decoding();
         Ok(ModelPolicy { model, cache: KvCache::new(&model.config, slots, max_len)? })
     }
 }

@@ -34,6 +34,8 @@ fn main() -> anyhow::Result<()> {
     };
     let batches: Vec<usize> =
         if positional.len() > 1 { positional[1..].iter().map(|b| b.parse()).collect::<Result<_, _>>()? } else { vec![1, 8, 32] };
+    // Weights packed for decoding before any timing, as loading a model to decode does.
+    m.prepare_decoding();
     let vocab = m.config.vocab_size;
     let threads = rayon::current_num_threads();
     for batch in batches {

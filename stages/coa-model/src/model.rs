@@ -220,6 +220,12 @@ impl Model {
         self.decode_weights.get_or_init(|| crate::decode::DecodeWeights::new(self)).as_ref()
     }
 
+    /// Packs the weights for decoding now (a copy of the linear layers, as many bytes again),
+    /// rather than in the first decode call: part of loading a model to decode with.
+    pub fn prepare_decoding(&self) {
+        self.decode_weights();
+    }
+
     /// Wrap existing parameters; errors unless they match the config's canonical layout.
     pub fn new(config: ModelConfig, params: Params) -> Result<Model> {
         config.validate()?;
