@@ -8,15 +8,16 @@
 //! distinct slots in one call (a prompt prefill, a one-token decode step, an observation appended
 //! after a tool call: all the same), runs every linear layer once over all the new rows (through
 //! the model's weights packed once on its first decode call, the operand layout of the GEMM
-//! kernel, so a step streams each weight once and packs nothing), attention in parallel against the slot's cached keys (per query head and block
-//! of queries for a multi-token item, per key/value head for a one-token item: the query heads
-//! that share it read its keys once), and returns the logits of the last new position of each slot.
+//! kernel, so a step streams each weight once and packs nothing), attention in parallel against
+//! the slot's cached keys (per query head and block of queries for a multi-token item, per
+//! key/value head for a one-token item: the query heads that share it read its keys once), and
+//! returns the logits of the last new position of each slot.
 //! [`Model::prefill`] and [`Model::decode_step`] are its two common shapes.
 //!
 //! The result equals [`Model::logits`] on the whole sequence (same ops, the linear layers' bits
 //! identical, same softmax kernel; only the blocking of the attention sums differs): the tests
-//! hold it to 1e-5 relative. Every parallel
-//! task writes its own rows and heads, so results do not depend on the thread count.
+//! hold it to 1e-5 relative. Every parallel task writes its own rows and heads, so results do not
+//! depend on the thread count.
 
 // `let p = p;` inside closures makes them capture the Send pointer wrappers whole.
 #![allow(clippy::redundant_locals)]
@@ -176,17 +177,14 @@ impl std::fmt::Debug for DecodeWeights {
 impl DecodeWeights {
     /// Packs every linear layer's weight of `model` and its head; `None` without a packed kernel.
     pub(crate) fn new(model: &Model) -> Option<DecodeWeights> {
-        let c = &model.config;
-        let lay = layout(c);
-        let (d, qd, kvd, inter) = (c.hidden_size, c.num_attention_heads * c.head_dim(), c.num_key_value_heads * c.head_dim(), c.intermediate_size);
-        let mut shapes: Vec<(usize, usize, usize)> = Vec::new();
-        for li in &lay.layers {
-            shapes.extend([(li.wq, qd, d), (li.wk, kvd, d), (li.wv, kvd, d), (li.wo, d, qd), (li.wg, inter, d), (li.wu, inter, d), (li.wd, d, inter)]);
-        }
-        shapes.push((lay.lm_head.unwrap_or(lay.embed), c.vocab_size, d));
-        let mut packed: Vec<Option<PackedB>> = (0..model.params.tensors.len()).map(|_| None).collect();
-        let built: Vec<Option<PackedB>> = shapes.par_iter().map(|&(t, o, i)| PackedB::new(&model.params.tensors[t].data, o, i)).collect();
-        for (&(t, _, _), pw) in shapes.iter().zip(built) {
+        let lay = layout(&model.config);
+        let mut linears: Vec<usize> = lay.layers.iter().flat_map(|li| [li.wq, li.wk, li.wv, li.wo, li.wg, li.wu, li.wd]).collect();
+        linears.push(lay.lm_head.unwrap_or(lay.embed));
+        let tensors = &model.params.tensors;
+        // Each [out, in] weight as the B operand of x · wᵀ.
+        let built: Vec<Option<PackedB>> = linears.par_iter().map(|&t| PackedB::new(&tensors[t].data, tensors[t].shape[0], tensors[t].shape[1])).collect();
+        let mut packed: Vec<Option<PackedB>> = (0..tensors.len()).map(|_| None).collect();
+        for (&t, pw) in linears.iter().zip(built) {
             packed[t] = Some(pw?);
         }
         Some(DecodeWeights { packed })

@@ -140,6 +140,9 @@ pub(crate) struct PackedB {
     n: usize,
     k: usize,
     kernel: Kernel,
+    /// The kernel's tile: rows of A, columns of B (a panel).
+    mr: usize,
+    nr: usize,
     /// KC blocks in k order; block `pc` (at `pc · n_pad`) holds the panels of NR columns, each
     /// `kc` deep, from `off` (64-byte aligned).
     data: Vec<f32>,
@@ -162,9 +165,9 @@ impl PackedB {
     fn with_kernel(kernel: Kernel, w: &[f32], n: usize, k: usize) -> Option<PackedB> {
         #[cfg(target_arch = "x86_64")]
         {
-            let nr = match kernel {
-                Kernel::Avx512 => packed::avx512::NR,
-                Kernel::Avx2 => packed::avx2::NR,
+            let (mr, nr) = match kernel {
+                Kernel::Avx512 => (packed::avx512::MR, packed::avx512::NR),
+                Kernel::Avx2 => (packed::avx2::MR, packed::avx2::NR),
                 Kernel::Portable => return None,
             };
             let n_pad = n.next_multiple_of(nr);
@@ -181,7 +184,7 @@ impl PackedB {
                     }
                 }
             }
-            Some(PackedB { n, k, kernel, data, off })
+            Some(PackedB { n, k, kernel, mr, nr, data, off })
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -197,21 +200,14 @@ impl PackedB {
 
     /// Columns per panel: a column range handed to [`PackedB::gemm_cols`] starts on a multiple.
     pub(crate) fn panel(&self) -> usize {
-        match self.kernel {
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => packed::avx512::NR,
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => packed::avx2::NR,
-            _ => 1,
-        }
+        self.nr
     }
 
     /// The left operand `a[m, k]` (row-major) packed for [`PackedB::gemm_cols`]: once per
     /// product, shared by the threads that split its columns.
     pub(crate) fn pack_a(&self, m: usize, a: &[f32]) -> PackedA {
         assert_eq!(a.len(), m * self.k, "PackedB::pack_a: a has {} elements, expected {m}x{}", a.len(), self.k);
-        let mr = self.mr();
-        let m_pad = m.next_multiple_of(mr);
+        let m_pad = m.next_multiple_of(self.mr);
         let mut data = vec![0f32; m_pad * self.k];
         #[cfg(target_arch = "x86_64")]
         for pc in (0..self.k).step_by(KC) {
@@ -226,16 +222,6 @@ impl PackedB {
             }
         }
         PackedA { m, data }
-    }
-
-    fn mr(&self) -> usize {
-        match self.kernel {
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => packed::avx512::MR,
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => packed::avx2::MR,
-            _ => 1,
-        }
     }
 
     /// `C[:, j0..j1] = A · wᵀ[:, j0..j1]` for `C[m, n]` row-major (not read), `j0` a multiple of
@@ -367,7 +353,7 @@ mod packed {
                     for ir in (ic..ic + mc).step_by(MR) {
                         let mr = MR.min(m - ir);
                         if ir == ic && w.kernel == super::Kernel::Avx512 {
-                            // The next panel of this block (or the first of the next block) comes in meanwhile.
+                            // The first row tile of a panel brings in the next panel of this block meanwhile.
                             let pf = if jr + NR < j1 { bp.add(NR * kc) } else { std::ptr::null() };
                             avx512::tile_pf(kc, block_a.add(ir * kc), bp, beta_blk, c.add(ir * n + jr), n, mr, nr, pf);
                             continue;
@@ -545,19 +531,41 @@ mod packed {
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx512f")]
         pub unsafe fn tile(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
+            tile_rows::<false>(kc, alpha, a, b, beta, c, ldc, mr, nr, std::ptr::null())
+        }
+
+        /// [`tile`] with alpha 1 that also asks, at each step of k, for the matching 128 bytes of
+        /// another B panel `pf` (null: none): the next weight panel of a prepacked product arrives
+        /// from memory while this one's FMAs run (decoding at batch 16: 2% to 39% faster over
+        /// five back-to-back pairs, median 8%; the same hints issued for a whole panel at once,
+        /// to L2, gained nothing).
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx512f")]
+        pub unsafe fn tile_pf(kc: usize, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, pf: *const f32) {
+            if pf.is_null() {
+                return tile(kc, 1.0, a, b, beta, c, ldc, mr, nr);
+            }
+            tile_rows::<true>(kc, 1.0, a, b, beta, c, ldc, mr, nr, pf)
+        }
+
+        /// The kernel with `mr` accumulator rows, prefetching `pf` when PF.
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn tile_rows<const PF: bool>(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, pf: *const f32) {
             match mr {
-                1 => rows::<1>(kc, alpha, a, b, beta, c, ldc, nr),
-                2 => rows::<2>(kc, alpha, a, b, beta, c, ldc, nr),
-                3 => rows::<3>(kc, alpha, a, b, beta, c, ldc, nr),
-                4 => rows::<4>(kc, alpha, a, b, beta, c, ldc, nr),
-                5 => rows::<5>(kc, alpha, a, b, beta, c, ldc, nr),
-                6 => rows::<6>(kc, alpha, a, b, beta, c, ldc, nr),
-                7 => rows::<7>(kc, alpha, a, b, beta, c, ldc, nr),
-                8 => rows::<8>(kc, alpha, a, b, beta, c, ldc, nr),
-                9 => rows::<9>(kc, alpha, a, b, beta, c, ldc, nr),
-                10 => rows::<10>(kc, alpha, a, b, beta, c, ldc, nr),
-                11 => rows::<11>(kc, alpha, a, b, beta, c, ldc, nr),
-                _ => rows::<MR>(kc, alpha, a, b, beta, c, ldc, nr),
+                1 => rows::<1, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                2 => rows::<2, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                3 => rows::<3, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                4 => rows::<4, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                5 => rows::<5, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                6 => rows::<6, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                7 => rows::<7, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                8 => rows::<8, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                9 => rows::<9, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                10 => rows::<10, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                11 => rows::<11, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
+                _ => rows::<MR, PF>(kc, alpha, a, b, beta, c, ldc, nr, pf),
             }
         }
 
@@ -565,40 +573,7 @@ mod packed {
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = "avx512f")]
-        unsafe fn rows<const R: usize>(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, nr: usize) {
-            rows_pf::<R, false>(kc, alpha, a, b, beta, c, ldc, nr, std::ptr::null())
-        }
-
-        /// [`tile`] with alpha 1 that also asks, at each step of k, for the matching 128 bytes of
-        /// another B panel `pf` (null: none): the next weight panel of a prepacked product arrives
-        /// from memory while this one's FMAs run (measured: decoding at batch 16 ~20% faster; the
-        /// same hints issued for a whole panel at once, to L2, gained nothing).
-        #[allow(clippy::too_many_arguments)]
-        #[target_feature(enable = "avx512f")]
-        pub unsafe fn tile_pf(kc: usize, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, pf: *const f32) {
-            if pf.is_null() {
-                return tile(kc, 1.0, a, b, beta, c, ldc, mr, nr);
-            }
-            match mr {
-                1 => rows_pf::<1, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                2 => rows_pf::<2, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                3 => rows_pf::<3, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                4 => rows_pf::<4, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                5 => rows_pf::<5, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                6 => rows_pf::<6, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                7 => rows_pf::<7, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                8 => rows_pf::<8, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                9 => rows_pf::<9, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                10 => rows_pf::<10, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                11 => rows_pf::<11, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-                _ => rows_pf::<MR, true>(kc, 1.0, a, b, beta, c, ldc, nr, pf),
-            }
-        }
-
-        #[allow(clippy::too_many_arguments)]
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        unsafe fn rows_pf<const R: usize, const PF: bool>(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, nr: usize, pf: *const f32) {
+        unsafe fn rows<const R: usize, const PF: bool>(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, nr: usize, pf: *const f32) {
             let mr = R;
             let mut acc = [[_mm512_setzero_ps(); 2]; R];
             let (mut ap, mut bp) = (a, b);
