@@ -126,6 +126,11 @@ pub struct PolicyArgs {
     /// Sequences decoded together (KV-cache slots).
     #[arg(long, value_parser = positive, default_value = "16", value_name = "N")]
     batch: usize,
+    /// Prefill every prompt whole on the CPU, instead of copying the keys and values of the prefix
+    /// it shares with a recent prompt (the same bits either way; the copy saves about two thirds
+    /// of a prompt's prefill, and all but two tokens of it for a task's later samples).
+    #[arg(long)]
+    no_prefix_reuse: bool,
     /// Where to decode: `cpu` (f32, deterministic for any --batch and thread count); `cuda` or
     /// `cuda:N` (bf16 weights and KV cache with fp32 accumulation: an error when no GPU is
     /// usable); `auto` (the GPU when one is usable, else the CPU with a note on stderr). Sampling
@@ -178,21 +183,95 @@ pub trait Policy {
     fn n_slots(&self) -> usize;
     /// Empties a slot for a new sequence.
     fn reset(&mut self, slot: usize);
+    /// Empties a slot for a new sequence that begins with `prompt`, and returns how many of the
+    /// prompt's first tokens the slot already holds (a cached prefix the caller does not feed), or
+    /// `None`: start it after the next forward, when a prompt being prefilled now, which shares
+    /// more with it, can be reused.
+    fn start(&mut self, slot: usize, prompt: &[u32]) -> Result<Option<usize>> {
+        let _ = prompt;
+        self.reset(slot);
+        Ok(Some(0))
+    }
     /// Appends `ids` to each slot of `items` (distinct slots) and returns the logits
     /// `[items, vocab]` of the last new position of each.
     fn extend(&mut self, items: &[(usize, &[u32])]) -> Result<Vec<f32>>;
 }
 
 /// The real model on CPU with a KV cache.
+///
+/// **Prompt prefixes are computed once.** Prompts share long prefixes: the suite's instructions
+/// (about two thirds of a prompt), and the whole prompt for the G samples of one task. After a
+/// prompt is prefilled, its keys and values are copied into one of [`PREFIX_ENTRIES`] spare cache
+/// slots (the one already holding a prompt that shares at least [`MIN_SHARED`] tokens with it, else
+/// the least recently used); a new sequence starts from a copy of the longest prefix it shares
+/// with a kept prompt and feeds only the rest. A sequence that shares more with a prompt being
+/// prefilled in this very forward waits one forward for it (the first of a wave of same-suite
+/// prompts, a task's first sample, goes alone). The rest is at least two tokens, so it runs the
+/// multi-token attention path a whole prompt runs, and the result is the same bits as prefilling
+/// the whole prompt (keys and values of a position depend only on the tokens up to it; test
+/// `a_shared_prefix_prefills_to_the_same_bits`).
 pub struct ModelPolicy<'a> {
     pub model: &'a Model,
+    /// `slots` sequence slots, then the `PREFIX_ENTRIES` slots that keep prompts.
     pub cache: KvCache,
+    slots: usize,
+    reuse_prefixes: bool,
+    /// Per spare slot: the prompt it holds and when it was last used or stored.
+    kept: Vec<(Vec<u32>, u64)>,
+    /// Per sequence slot: its prompt, from `start` until the forward that prefills it.
+    prefilling: Vec<Option<Vec<u32>>>,
+    clock: u64,
 }
+
+/// Tokens `a` and `b` start with in common.
+fn shared_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Spare cache slots that keep recent prompts for reuse (one per suite of a mixed run, and then some).
+pub const PREFIX_ENTRIES: usize = 4;
+/// Shortest shared prefix worth copying, and the least a kept prompt must share with a new one to
+/// be replaced by it.
+pub const MIN_SHARED: usize = 16;
 
 impl<'a> ModelPolicy<'a> {
     pub fn new(model: &'a Model, slots: usize, max_len: usize) -> Result<Self> {
         model.prepare_decoding();
-        Ok(ModelPolicy { model, cache: KvCache::new(&model.config, slots, max_len)? })
+        Ok(ModelPolicy {
+            model,
+            cache: KvCache::new(&model.config, slots + PREFIX_ENTRIES, max_len)?,
+            slots,
+            reuse_prefixes: true,
+            kept: vec![(Vec::new(), 0); PREFIX_ENTRIES],
+            prefilling: vec![None; slots],
+            clock: 0,
+        })
+    }
+
+    /// Prefills every prompt whole (`--no-prefix-reuse`).
+    pub fn without_prefix_reuse(mut self) -> Self {
+        self.reuse_prefixes = false;
+        self
+    }
+
+    /// The kept prompt sharing the longest prefix with `prompt`: (spare index, shared tokens).
+    fn best_kept(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+        self.kept.iter().enumerate().map(|(e, (k, _))| (e, shared_prefix(k, prompt))).max_by_key(|&(e, n)| (n, std::cmp::Reverse(e)))
+    }
+
+    /// Keeps the prompt that `slot` has just prefilled.
+    fn keep(&mut self, slot: usize, prompt: Vec<u32>) -> Result<()> {
+        self.clock += 1;
+        let e = match self.best_kept(&prompt) {
+            Some((e, n)) if n >= MIN_SHARED => e,
+            _ => (0..PREFIX_ENTRIES).min_by_key(|&e| self.kept[e].1).expect("PREFIX_ENTRIES > 0"),
+        };
+        if self.kept[e].0 != prompt {
+            self.cache.copy_prefix(slot, self.slots + e, prompt.len())?;
+            self.kept[e].0 = prompt;
+        }
+        self.kept[e].1 = self.clock;
+        Ok(())
     }
 }
 
@@ -225,13 +304,48 @@ impl Policy for ModelPolicy<'_> {
         self.model.config.vocab_size
     }
     fn n_slots(&self) -> usize {
-        self.cache.n_slots()
+        self.slots
     }
     fn reset(&mut self, slot: usize) {
         self.cache.reset(slot);
+        self.prefilling[slot] = None;
+    }
+    fn start(&mut self, slot: usize, prompt: &[u32]) -> Result<Option<usize>> {
+        self.reset(slot);
+        if !self.reuse_prefixes {
+            return Ok(Some(0));
+        }
+        // At least two tokens are fed: the multi-token path, the one a whole prompt takes.
+        let most = prompt.len().saturating_sub(2);
+        let (e, from_kept) = match self.best_kept(prompt) {
+            Some((e, n)) if n.min(most) >= MIN_SHARED => (e, n.min(most)),
+            _ => (0, 0),
+        };
+        let in_flight = self.prefilling.iter().flatten().map(|p| shared_prefix(p, prompt)).max().unwrap_or(0).min(most);
+        if in_flight >= from_kept + MIN_SHARED {
+            return Ok(None);
+        }
+        self.prefilling[slot] = Some(prompt.to_vec());
+        if from_kept > 0 {
+            self.cache.copy_prefix(self.slots + e, slot, from_kept)?;
+            self.clock += 1;
+            self.kept[e].1 = self.clock;
+        }
+        Ok(Some(from_kept))
     }
     fn extend(&mut self, items: &[(usize, &[u32])]) -> Result<Vec<f32>> {
-        self.model.extend(&mut self.cache, items)
+        if let Some(&(slot, _)) = items.iter().find(|&&(slot, _)| slot >= self.slots) {
+            bail!("slot {slot} is out of range (the policy has {} slots)", self.slots);
+        }
+        let logits = self.model.extend(&mut self.cache, items)?;
+        for &(slot, _) in items {
+            if let Some(prompt) = self.prefilling[slot].take() {
+                if self.cache.len(slot) == prompt.len() {
+                    self.keep(slot, prompt)?;
+                }
+            }
+        }
+        Ok(logits)
     }
 }
 
@@ -449,6 +563,8 @@ pub struct GenStats {
     pub forwards: u64,
     /// Tokens fed to the model (prompts, sampled tokens, observations).
     pub tokens_fed: u64,
+    /// Prompt tokens the policy already held (kept prefixes), not fed.
+    pub prompt_tokens_reused: u64,
     pub tokens_sampled: u64,
     pub tool_calls: u64,
     pub decode_secs: f64,
@@ -465,7 +581,7 @@ pub fn generate(
     jobs: impl IntoIterator<Item = Job>,
     done: &mut dyn FnMut(usize, Sample) -> Result<bool>,
 ) -> Result<GenStats> {
-    let mut jobs = jobs.into_iter();
+    let mut jobs = jobs.into_iter().peekable();
     let mut slots: Vec<Option<Active>> = (0..policy.n_slots()).map(|_| None).collect();
     let mut stats = GenStats::default();
     let mut exhausted = false;
@@ -476,16 +592,20 @@ pub fn generate(
                 if a.is_some() {
                     continue;
                 }
-                match jobs.next() {
+                match jobs.peek() {
                     Some(job) => {
                         if job.prompt_ids.is_empty() {
                             bail!("job {}: empty prompt", job.key);
                         }
-                        policy.reset(slot);
+                        // Jobs start in order: one that waits for a prompt being prefilled holds
+                        // back the rest until the next forward.
+                        let Some(held) = policy.start(slot, &job.prompt_ids)? else { break };
+                        let job = jobs.next().expect("peeked");
+                        stats.prompt_tokens_reused += held as u64;
                         *a = Some(Active {
                             key: job.key,
                             rng: Rng::new(job.seed),
-                            pending: job.prompt_ids.clone(),
+                            pending: job.prompt_ids[held..].to_vec(),
                             s: Sample { prompt_ids: job.prompt_ids, turns: 1, ..Sample::default() },
                             turn_start: 0,
                         });
@@ -694,6 +814,9 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         }
         None => {
             cpu_policy = ModelPolicy::new(&model, slots, max_len)?;
+            if args.no_prefix_reuse {
+                cpu_policy = cpu_policy.without_prefix_reuse();
+            }
             (&mut cpu_policy, "cpu".to_string())
         }
     };
@@ -795,6 +918,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     }
     stage.note("tokens_sampled", gen.tokens_sampled);
     stage.note("tokens_fed", gen.tokens_fed);
+    stage.note("prompt_tokens_reused", gen.prompt_tokens_reused);
     stage.note("tool_calls", gen.tool_calls);
     stage.note("forwards", gen.forwards);
     stage.note("decode_secs", (gen.decode_secs * 1000.0).round() / 1000.0);

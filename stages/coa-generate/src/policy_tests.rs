@@ -295,6 +295,10 @@ fn tiny_model(v: usize) -> Model {
 }
 
 fn run_model(m: &Model, v: &Vocab, batch: usize, threads: usize, seed: u64) -> Vec<Sample> {
+    run_model_stats(m, v, batch, threads, seed, true).0
+}
+
+fn run_model_stats(m: &Model, v: &Vocab, batch: usize, threads: usize, seed: u64, reuse: bool) -> (Vec<Sample>, GenStats) {
     let codec = Codec::new(v).unwrap();
     let env = Echo::new();
     let questions = ["What is 6 times 7?", "Who wrote it?", "Where?"];
@@ -310,15 +314,18 @@ fn run_model(m: &Model, v: &Vocab, batch: usize, threads: usize, seed: u64) -> V
     let c = SampleConfig { temperature: 1.0, top_p: 0.95, max_response_tokens: 40, max_turns: 4, max_observation_tokens: Some(8) };
     let mut out: Vec<Option<Sample>> = vec![None; jobs.len()];
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-    pool.install(|| {
+    let stats = pool.install(|| {
         let mut policy = ModelPolicy::new(m, batch, longest + 40).unwrap();
+        if !reuse {
+            policy = policy.without_prefix_reuse();
+        }
         generate(&mut policy, &env, &codec, &c, jobs, &mut |k, s| {
             assert!(out[k].replace(s).is_none(), "sample {k} twice");
             Ok(true)
         })
-        .unwrap();
+        .unwrap()
     });
-    out.into_iter().map(|s| s.expect("every job finishes")).collect()
+    (out.into_iter().map(|s| s.expect("every job finishes")).collect(), stats)
 }
 
 #[test]
@@ -338,6 +345,24 @@ fn the_model_loop_is_deterministic_by_seed_whatever_the_batch_and_threads() {
         for (i, (&mk, &lp)) in s.loss_mask.iter().zip(&s.logprobs).enumerate() {
             assert!(if mk == 0 { lp == 0.0 } else { lp <= 0.0 && lp.is_finite() }, "token {i}: mask {mk} logprob {lp}");
         }
+    }
+}
+
+#[test]
+fn reused_prompt_prefixes_sample_what_whole_prefills_sample() {
+    let v = vocab();
+    let m = tiny_model(v.size());
+    // batch 9: every job at once (a prompt's later samples wait one forward for its first).
+    for batch in [1, 4, 9] {
+        let (whole, ws) = run_model_stats(&m, &v, batch, 2, 5, false);
+        let (reused, rs) = run_model_stats(&m, &v, batch, 2, 5, true);
+        assert_eq!(reused, whole, "batch {batch}");
+        assert_eq!(ws.prompt_tokens_reused, 0);
+        // Three tasks of three samples share the suite's instructions, a task's samples the whole
+        // prompt: most prompt tokens come from kept prefixes, and are not fed.
+        let prompts: u64 = whole.iter().map(|s| s.prompt_ids.len() as u64).sum();
+        assert!(rs.prompt_tokens_reused * 2 > prompts, "batch {batch}: {} of {prompts} prompt tokens reused", rs.prompt_tokens_reused);
+        assert_eq!(rs.tokens_fed + rs.prompt_tokens_reused, ws.tokens_fed, "batch {batch}");
     }
 }
 
