@@ -583,6 +583,10 @@ pub fn generate(
 ) -> Result<GenStats> {
     let mut jobs = jobs.into_iter().peekable();
     let mut slots: Vec<Option<Active>> = (0..policy.n_slots()).map(|_| None).collect();
+    // Every slot starts empty, whatever an earlier (stopped) run left in flight.
+    for slot in 0..slots.len() {
+        policy.reset(slot);
+    }
     let mut stats = GenStats::default();
     let mut exhausted = false;
     loop {
@@ -619,6 +623,9 @@ pub fn generate(
         }
         let active: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].is_some()).collect();
         if active.is_empty() {
+            if jobs.peek().is_some() {
+                bail!("the policy deferred a job while no sequence was in flight");
+            }
             return Ok(stats);
         }
         // One batched forward.

@@ -367,6 +367,28 @@ fn reused_prompt_prefixes_sample_what_whole_prefills_sample() {
 }
 
 #[test]
+fn a_run_starts_from_empty_slots_whatever_the_policy_held() {
+    // A slot started and never fed (a run that failed mid-way) must not make this run's jobs wait
+    // for a prefill that will never come.
+    let v = vocab();
+    let m = tiny_model(v.size());
+    let codec = Codec::new(&v).unwrap();
+    let p = codec.prompt_ids("math", "What is 6 times 7?").unwrap();
+    let jobs = || (0..4).map(|k| Job { key: k, prompt_ids: p.clone(), seed: k as u64 });
+    let c = SampleConfig { temperature: 1.0, top_p: 1.0, max_response_tokens: 12, max_turns: 2, max_observation_tokens: Some(8) };
+    let run = |policy: &mut ModelPolicy| {
+        let mut got = vec![None; 4];
+        generate(policy, &Echo::new(), &codec, &c, jobs(), &mut |k, s| Ok(got[k].replace(s).is_none())).unwrap();
+        got
+    };
+    let mut policy = ModelPolicy::new(&m, 2, p.len() + 12).unwrap();
+    assert_eq!(policy.start(1, &p).unwrap(), Some(0));
+    let got = run(&mut policy);
+    assert!(got.iter().all(Option::is_some));
+    assert_eq!(got, run(&mut ModelPolicy::new(&m, 2, p.len() + 12).unwrap().without_prefix_reuse()));
+}
+
+#[test]
 fn a_stopped_run_drops_the_samples_in_flight() {
     let v = vocab();
     let codec = Codec::new(&v).unwrap();
