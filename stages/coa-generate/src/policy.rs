@@ -255,22 +255,28 @@ impl<'a> ModelPolicy<'a> {
     }
 
     /// The kept prompt sharing the longest prefix with `prompt`: (spare index, shared tokens).
-    fn best_kept(&self, prompt: &[u32]) -> Option<(usize, usize)> {
-        self.kept.iter().enumerate().map(|(e, (k, _))| (e, shared_prefix(k, prompt))).max_by_key(|&(e, n)| (n, std::cmp::Reverse(e)))
+    fn best_kept(&self, prompt: &[u32]) -> (usize, usize) {
+        let shared = self.kept.iter().map(|(k, _)| shared_prefix(k, prompt));
+        shared.enumerate().max_by_key(|&(e, n)| (n, std::cmp::Reverse(e))).unwrap_or((0, 0))
+    }
+
+    /// Marks kept prompt `e` as just used.
+    fn touch(&mut self, e: usize) {
+        self.clock += 1;
+        self.kept[e].1 = self.clock;
     }
 
     /// Keeps the prompt that `slot` has just prefilled.
     fn keep(&mut self, slot: usize, prompt: Vec<u32>) -> Result<()> {
-        self.clock += 1;
         let e = match self.best_kept(&prompt) {
-            Some((e, n)) if n >= MIN_SHARED => e,
-            _ => (0..PREFIX_ENTRIES).min_by_key(|&e| self.kept[e].1).expect("PREFIX_ENTRIES > 0"),
+            (e, n) if n >= MIN_SHARED => e,
+            _ => (0..PREFIX_ENTRIES).min_by_key(|&e| self.kept[e].1).unwrap_or(0),
         };
         if self.kept[e].0 != prompt {
             self.cache.copy_prefix(slot, self.slots + e, prompt.len())?;
             self.kept[e].0 = prompt;
         }
-        self.kept[e].1 = self.clock;
+        self.touch(e);
         Ok(())
     }
 }
@@ -318,7 +324,7 @@ impl Policy for ModelPolicy<'_> {
         // At least two tokens are fed: the multi-token path, the one a whole prompt takes.
         let most = prompt.len().saturating_sub(2);
         let (e, from_kept) = match self.best_kept(prompt) {
-            Some((e, n)) if n.min(most) >= MIN_SHARED => (e, n.min(most)),
+            (e, n) if n.min(most) >= MIN_SHARED => (e, n.min(most)),
             _ => (0, 0),
         };
         let in_flight = self.prefilling.iter().flatten().map(|p| shared_prefix(p, prompt)).max().unwrap_or(0).min(most);
@@ -328,8 +334,7 @@ impl Policy for ModelPolicy<'_> {
         self.prefilling[slot] = Some(prompt.to_vec());
         if from_kept > 0 {
             self.cache.copy_prefix(self.slots + e, slot, from_kept)?;
-            self.clock += 1;
-            self.kept[e].1 = self.clock;
+            self.touch(e);
         }
         Ok(Some(from_kept))
     }
