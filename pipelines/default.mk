@@ -31,7 +31,7 @@ by_size = $(if $(filter full,$(SIZE)),$(3),$(if $(filter smoke,$(SIZE)),$(1),$(2
 
 RUN        ?= $(call by_size,smoke,default,full)
 # The suites of the run: distilled, trained on and evaluated.
-SUITES     ?= $(call by_size,multihop math code,math,multihop math code)
+SUITES     ?= $(call by_size,multihop math code,math code,multihop math code)
 SEED       ?= 1
 TEST_SEED  ?= 2
 

@@ -25,7 +25,7 @@ SFT_BPE_SUITE    ?= $(firstword $(SUITES))
 SFT_MAX_LEN      ?= $(call by_size,2048,2048,3584)
 SFT_OVERLONG     ?= truncate
 # The run's length: SFT_EPOCHS passes over the data when set, else SFT_STEPS optimizer steps.
-SFT_EPOCHS       ?= $(call by_size,,3,)
+SFT_EPOCHS       ?= $(call by_size,,2,)
 SFT_STEPS        ?= $(call by_size,300,,1500)
 SFT_BATCH_TOKENS ?= $(call by_size,8192,8192,65536)
 SFT_LR           ?= $(call by_size,2e-3,2e-4,1e-3)

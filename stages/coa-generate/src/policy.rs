@@ -647,12 +647,23 @@ pub fn generate(
         if logits.len() != active.len() * v {
             bail!("the policy returned {} logits for {} sequences of a {v}-token vocabulary", logits.len(), active.len());
         }
-        // Sample; collect tool calls.
+        // Sample every row in parallel (a softmax over the vocabulary each; every row draws from
+        // its own generator, so the threads change no result); then collect tool calls in order.
+        let picks: Vec<Result<(u32, f32)>> = {
+            use rayon::prelude::*;
+            let mut rows: Vec<(&[f32], &mut Rng)> = Vec::with_capacity(active.len());
+            let mut it = slots.iter_mut().enumerate();
+            for (row, &slot) in active.iter().enumerate() {
+                let a = it.find(|(i, _)| *i == slot).and_then(|(_, a)| a.as_mut()).expect("active");
+                rows.push((&logits[row * v..(row + 1) * v], &mut a.rng));
+            }
+            rows.into_par_iter().map(|(z, rng)| sample_token(z, cfg.temperature, cfg.top_p, rng)).collect()
+        };
         let mut calls: Vec<(usize, Tag, String)> = Vec::new();
         let mut finished: Vec<usize> = Vec::new();
-        for (row, &slot) in active.iter().enumerate() {
+        for (&slot, pick) in active.iter().zip(picks) {
             let a = slots[slot].as_mut().expect("active");
-            let (tok, lp) = sample_token(&logits[row * v..(row + 1) * v], cfg.temperature, cfg.top_p, &mut a.rng)?;
+            let (tok, lp) = pick?;
             stats.tokens_sampled += 1;
             a.s.response_ids.push(tok);
             a.s.loss_mask.push(1);

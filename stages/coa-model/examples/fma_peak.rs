@@ -1,0 +1,76 @@
+//! One core's peak multiply-add rate in f32 (AVX-512 `vfmadd231ps`) against bf16 dot products
+//! with f32 accumulation (AVX-512 BF16 `vdpbf16ps`, what a bf16 matrix kernel on this CPU would
+//! run), each on 12 independent accumulator chains so that latency does not limit them.
+//!
+//!     cargo run --release -p coa-model --example fma_peak
+//!
+//! Why it exists: bf16 products are only worth a kernel where `vdpbf16ps` gives more FLOP/s than
+//! f32 FMA; on the 2-core Xeon this project measures on it gives half (README, "Benchmarks").
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+    use std::time::Instant;
+
+    /// Independent accumulators: more than latency × issue rate of either instruction, and few
+    /// enough to stay in registers.
+    const CHAINS: usize = 12;
+
+    /// GFLOP/s of `iters` rounds of CHAINS f32 FMAs (16 lanes × 2 FLOP each).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma_f32(iters: usize) -> f64 {
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        let b = _mm512_set1_ps(1e-9);
+        let t = Instant::now();
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm512_fmadd_ps(b, b, *a);
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let sum: f32 = acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum();
+        std::hint::black_box(sum);
+        (iters * CHAINS * 32) as f64 / secs / 1e9
+    }
+
+    /// GFLOP/s of `iters` rounds of CHAINS `vdpbf16ps` (16 lanes × 2 products × 2 FLOP each).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn dot_bf16(iters: usize) -> f64 {
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        // bf16 0x3000 = 2^-31: the sums stay small and normal.
+        let b: __m512bh = std::mem::transmute(_mm512_set1_epi16(0x3000));
+        let t = Instant::now();
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm512_dpbf16_ps(*a, b, b);
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let sum: f32 = acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum();
+        std::hint::black_box(sum);
+        (iters * CHAINS * 64) as f64 / secs / 1e9
+    }
+}
+
+fn main() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !std::is_x86_feature_detected!("avx512f") {
+            println!("this CPU has no AVX-512: nothing to compare");
+            return;
+        }
+        let iters = 25_000_000;
+        // SAFETY: AVX-512F is present (checked above).
+        let f32_rate = (0..3).map(|_| unsafe { x86::fma_f32(iters) }).fold(0.0, f64::max);
+        println!("f32 FMA (vfmadd231ps zmm), one core:  {f32_rate:.1} GFLOP/s");
+        if std::is_x86_feature_detected!("avx512bf16") {
+            // SAFETY: AVX-512 BF16 is present (checked just above).
+            let bf16_rate = (0..3).map(|_| unsafe { x86::dot_bf16(iters) }).fold(0.0, f64::max);
+            println!("bf16 dot (vdpbf16ps zmm), one core:   {bf16_rate:.1} GFLOP/s ({:.2}x f32)", bf16_rate / f32_rate);
+        } else {
+            println!("this CPU has no AVX-512 BF16");
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    println!("an x86-64 measurement; nothing to do on this CPU");
+}
