@@ -1,6 +1,7 @@
 //! One core's peak multiply-add rate in f32 (AVX-512 `vfmadd231ps`) against bf16 dot products
 //! with f32 accumulation (AVX-512 BF16 `vdpbf16ps`, what a bf16 matrix kernel on this CPU would
-//! run), each on 12 independent accumulator chains so that latency does not limit them.
+//! run) and fp16 FMA (AVX-512 FP16, fp16 accumulation), each on 12 independent accumulator
+//! chains so that latency does not limit them.
 //!
 //!     cargo run --release -p coa-model --example fma_peak
 //!
@@ -50,6 +51,36 @@ mod x86 {
         std::hint::black_box(sum);
         (iters * CHAINS * 64) as f64 / secs / 1e9
     }
+
+    /// GFLOP/s of `iters` rounds of 12 fp16 FMAs (`vfmadd231ph`: 32 lanes × 2 FLOP each, fp16
+    /// accumulation), in assembly: the fp16 intrinsics are not stable Rust.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma_fp16(iters: usize) -> f64 {
+        let b = [0x1400u16; 32]; // fp16 2^-10 in every lane
+        let t = Instant::now();
+        std::arch::asm!(
+            "vmovdqu16 zmm12, [{b}]",
+            "vpxord zmm0, zmm0, zmm0", "vpxord zmm1, zmm1, zmm1", "vpxord zmm2, zmm2, zmm2",
+            "vpxord zmm3, zmm3, zmm3", "vpxord zmm4, zmm4, zmm4", "vpxord zmm5, zmm5, zmm5",
+            "vpxord zmm6, zmm6, zmm6", "vpxord zmm7, zmm7, zmm7", "vpxord zmm8, zmm8, zmm8",
+            "vpxord zmm9, zmm9, zmm9", "vpxord zmm10, zmm10, zmm10", "vpxord zmm11, zmm11, zmm11",
+            "2:",
+            "vfmadd231ph zmm0, zmm12, zmm12", "vfmadd231ph zmm1, zmm12, zmm12", "vfmadd231ph zmm2, zmm12, zmm12",
+            "vfmadd231ph zmm3, zmm12, zmm12", "vfmadd231ph zmm4, zmm12, zmm12", "vfmadd231ph zmm5, zmm12, zmm12",
+            "vfmadd231ph zmm6, zmm12, zmm12", "vfmadd231ph zmm7, zmm12, zmm12", "vfmadd231ph zmm8, zmm12, zmm12",
+            "vfmadd231ph zmm9, zmm12, zmm12", "vfmadd231ph zmm10, zmm12, zmm12", "vfmadd231ph zmm11, zmm12, zmm12",
+            "dec {n}",
+            "jnz 2b",
+            b = in(reg) b.as_ptr(),
+            n = inout(reg) iters.max(1) => _,
+            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _,
+            out("zmm6") _, out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+            out("zmm12") _,
+            options(nostack, readonly),
+        );
+        let secs = t.elapsed().as_secs_f64();
+        (iters.max(1) * 12 * 64) as f64 / secs / 1e9
+    }
 }
 
 fn main() {
@@ -69,6 +100,11 @@ fn main() {
             println!("bf16 dot (vdpbf16ps zmm), one core:   {bf16_rate:.1} GFLOP/s ({:.2}x f32)", bf16_rate / f32_rate);
         } else {
             println!("this CPU has no AVX-512 BF16");
+        }
+        if std::is_x86_feature_detected!("avx512fp16") {
+            // SAFETY: AVX-512 FP16 (and so AVX-512F) is present.
+            let fp16_rate = (0..3).map(|_| unsafe { x86::fma_fp16(iters) }).fold(0.0, f64::max);
+            println!("fp16 FMA (vfmadd231ph zmm), one core: {fp16_rate:.1} GFLOP/s ({:.2}x f32; fp16 accumulation)", fp16_rate / f32_rate);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
