@@ -36,7 +36,7 @@ help:
 	@echo "make math-verify-table  HF math-verify's verdicts on the agreement table (bench venv) and math_equal's agreement"
 	@echo "variables: RUN=name (runs/<name>/), DEVICE=cpu|cuda|auto (training and policy decoding; cuda with"
 	@echo "           SFT_MODEL=small or larger), SIZE=default|smoke|full (default: the pretrained SmolLM2 student"
-	@echo "           on math (SUITES="math code" adds code), about an hour on 2 CPU cores; smoke: a tiny model from scratch, the"
+	@echo "           on math and code (SUITES=math for math alone), about an hour on 2 CPU cores; smoke: a tiny model from scratch, the"
 	@echo "           20-minute plumbing check; full: a real run's sizes, the default with DEVICE=cuda), and every"
 	@echo "           size in pipelines/default.mk"
 	@echo "sharding:  EXECUTOR=local|slurm SHARDS=N (distill's teacher and extraction, eval's teacher and students, each rl"
