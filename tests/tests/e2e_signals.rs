@@ -2,7 +2,7 @@
 //! (and running code in the sandbox) removes the temporary file and every sandbox run, and the
 //! stage still dies of the signal, as a caller expects.
 
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,12 +32,22 @@ fn a_stage_told_to_stop_leaves_no_temporary_output() {
         .unwrap();
     assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
     for signal in [libc::SIGTERM, libc::SIGINT] {
-        let mut mas = Command::new(bin("coa-generate"))
-            .args(["mas", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "-o", "mas_out.parquet"])
+        let mut mas = Command::new(bin("coa-generate"));
+        mas.args(["mas", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "-o", "mas_out.parquet"])
             .current_dir(d)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::null());
+        // A stage keeps an ignored signal ignored (as under `nohup`), and a background job of a
+        // non-interactive shell (a CI runner's, say) inherits SIGINT ignored: give the stage the
+        // default dispositions a terminal gives it, which is what this test is about.
+        // SAFETY: only async-signal-safe `signal(2)` calls between fork and exec.
+        unsafe {
+            mas.pre_exec(|| {
+                libc::signal(libc::SIGTERM, libc::SIG_DFL);
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut mas = mas.spawn().unwrap();
         // Wait for the temporary output, then a little longer: batches are being written.
         let deadline = Instant::now() + Duration::from_secs(30);
         while !names(d).iter().any(|n| n.starts_with(".mas_out.parquet.")) {
@@ -51,4 +61,44 @@ fn a_stage_told_to_stop_leaves_no_temporary_output() {
         assert_eq!(status.signal(), Some(signal), "the stage should die of the signal: {status:?}");
         assert_eq!(names(d), ["corpus.parquet", "tasks.parquet"], "after signal {signal}");
     }
+}
+
+#[test]
+fn a_signal_ignored_by_the_caller_stays_ignored() {
+    // `nohup stage ...` (SIGHUP ignored) and background jobs of scripts (SIGINT ignored) must not
+    // be stopped by the signal their caller chose to ignore; SIGTERM still stops them cleanly.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let gen = Command::new(bin("coa-generate"))
+        .args(["tasks", "--suite", "multihop", "--n", "400", "--suite", "code", "--n", "200", "--seed", "1", "--corpus-out", "corpus.parquet", "-o", "tasks.parquet"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    let mut mas = Command::new(bin("coa-generate"));
+    mas.args(["mas", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "-o", "mas_out.parquet"])
+        .current_dir(d)
+        .stderr(Stdio::null());
+    // SAFETY: only async-signal-safe `signal(2)` calls between fork and exec.
+    unsafe {
+        mas.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut mas = mas.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !names(d).iter().any(|n| n.starts_with(".mas_out.parquet.")) {
+        assert!(Instant::now() < deadline, "no temporary output appeared: {:?}", names(d));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    unsafe { libc::kill(mas.id() as i32, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(mas.try_wait().unwrap().is_none(), "an ignored SIGINT stopped the stage");
+    assert!(names(d).iter().any(|n| n.starts_with(".mas_out.parquet.")), "the temporary output went away: {:?}", names(d));
+    unsafe { libc::kill(mas.id() as i32, libc::SIGTERM) };
+    let status = mas.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    assert_eq!(names(d), ["corpus.parquet", "tasks.parquet"]);
 }
