@@ -341,8 +341,11 @@ fn top(logits: &[f32], pick: Option<usize>) -> (usize, f32, f32) {
 /// tokens, so every step compares the two decoders on the same context: the GPU's greedy pick
 /// equals the CPU's wherever the CPU's top two logits are more than `TIE` apart (bf16 noise is
 /// 0.04-0.08 on these logits: a closer pair may flip), and the log-prob of the chosen token agrees
-/// within 5e-2 nats + 1% at every step. A GPU decoding on its own therefore emits exactly the CPU's
-/// tokens up to the first near tie.
+/// within 7.5e-2 nats + 1.5% at every step. A GPU decoding on its own therefore emits exactly the
+/// CPU's tokens up to the first near tie. That bound is 1.5x what 200 random seeds needed
+/// (2026-11-28; each seed's worst step against 5e-2 + 1%: median 0.59, 95th percentile 0.85, 99th
+/// 1.0, worst 1.10, so the old bound failed about one run in a hundred); a wrong position, cache
+/// slot or mask costs whole nats.
 #[test]
 fn decoder_greedy_rollouts_match_cpu() {
     use coa_kernels::decode::GpuDecoder;
@@ -385,7 +388,7 @@ fn decoder_greedy_rollouts_match_cpu() {
                     }
                     let err = (gpu_lp - cpu_lp).abs();
                     worst_lp = worst_lp.max(err);
-                    assert!(err <= 5e-2 + 1e-2 * cpu_lp.abs(), "{label}: slot {s}, token {at}: log p {gpu_lp} vs {cpu_lp} on the CPU");
+                    assert!(err <= 7.5e-2 + 1.5e-2 * cpu_lp.abs(), "{label}: slot {s}, token {at}: log p {gpu_lp} vs {cpu_lp} on the CPU");
                     rollout[s].push(pick as u32);
                     vec![pick as u32]
                 })
