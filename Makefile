@@ -50,7 +50,9 @@ build:
 
 test: cuda-deps model-optional hf-venv-optional
 	@command -v $(PYTHON) >/dev/null || { echo "make test: python3 is needed (the code sandbox runs it)"; exit 1; }
-	$(CARGO) build $(addprefix -p ,$(STAGES))
+	@# The stage binaries with the tests' feature set (the tests read outputs with polars' own
+	@# Parquet reader, coa-filter does not link it): one polars build, and `cargo test` reuses it.
+	$(CARGO) build --workspace --bins --tests
 	$(CARGO) test --workspace --no-fail-fast
 
 include pipelines/shard.mk
