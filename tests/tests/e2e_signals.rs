@@ -4,7 +4,7 @@
 
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn bin(name: &str) -> PathBuf {
@@ -21,40 +21,51 @@ fn names(dir: &Path) -> Vec<String> {
     v
 }
 
-#[test]
-fn a_stage_told_to_stop_leaves_no_temporary_output() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// Tasks for a `mas` run long enough to be stopped mid-write (multihop searches, code runs).
+fn write_tasks(d: &Path) {
     let gen = Command::new(bin("coa-generate"))
         .args(["tasks", "--suite", "multihop", "--n", "400", "--suite", "code", "--n", "200", "--seed", "1", "--corpus-out", "corpus.parquet", "-o", "tasks.parquet"])
         .current_dir(d)
         .output()
         .unwrap();
     assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+}
+
+/// Starts `coa-generate mas` with SIGTERM at its default and SIGINT as given, and returns once its
+/// temporary output exists. A stage keeps an ignored signal ignored (as under `nohup`), and a
+/// background job of a non-interactive shell (a CI runner's, say) inherits SIGINT ignored, so
+/// the caller's dispositions are set here rather than inherited.
+fn start_mas_writing(d: &Path, sigint: libc::sighandler_t) -> Child {
+    let mut mas = Command::new(bin("coa-generate"));
+    mas.args(["mas", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "-o", "mas_out.parquet"])
+        .current_dir(d)
+        .stderr(Stdio::null());
+    // SAFETY: only async-signal-safe `signal(2)` calls between fork and exec.
+    unsafe {
+        mas.pre_exec(move || {
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
+            libc::signal(libc::SIGINT, sigint);
+            Ok(())
+        });
+    }
+    let mut mas = mas.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !names(d).iter().any(|n| n.starts_with(".mas_out.parquet.")) {
+        assert!(Instant::now() < deadline, "no temporary output appeared: {:?}", names(d));
+        assert!(mas.try_wait().unwrap().is_none(), "mas finished before it could be stopped; give it more tasks");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    mas
+}
+
+#[test]
+fn a_stage_told_to_stop_leaves_no_temporary_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_tasks(d);
     for signal in [libc::SIGTERM, libc::SIGINT] {
-        let mut mas = Command::new(bin("coa-generate"));
-        mas.args(["mas", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "-o", "mas_out.parquet"])
-            .current_dir(d)
-            .stderr(Stdio::null());
-        // A stage keeps an ignored signal ignored (as under `nohup`), and a background job of a
-        // non-interactive shell (a CI runner's, say) inherits SIGINT ignored: give the stage the
-        // default dispositions a terminal gives it, which is what this test is about.
-        // SAFETY: only async-signal-safe `signal(2)` calls between fork and exec.
-        unsafe {
-            mas.pre_exec(|| {
-                libc::signal(libc::SIGTERM, libc::SIG_DFL);
-                libc::signal(libc::SIGINT, libc::SIG_DFL);
-                Ok(())
-            });
-        }
-        let mut mas = mas.spawn().unwrap();
-        // Wait for the temporary output, then a little longer: batches are being written.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !names(d).iter().any(|n| n.starts_with(".mas_out.parquet.")) {
-            assert!(Instant::now() < deadline, "no temporary output appeared: {:?}", names(d));
-            assert!(mas.try_wait().unwrap().is_none(), "mas finished before it could be stopped; give it more tasks");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let mut mas = start_mas_writing(d, libc::SIG_DFL);
+        // A little longer: batches are being written.
         std::thread::sleep(Duration::from_millis(300));
         unsafe { libc::kill(mas.id() as i32, signal) };
         let status = mas.wait().unwrap();
@@ -69,30 +80,8 @@ fn a_signal_ignored_by_the_caller_stays_ignored() {
     // be stopped by the signal their caller chose to ignore; SIGTERM still stops them cleanly.
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let gen = Command::new(bin("coa-generate"))
-        .args(["tasks", "--suite", "multihop", "--n", "400", "--suite", "code", "--n", "200", "--seed", "1", "--corpus-out", "corpus.parquet", "-o", "tasks.parquet"])
-        .current_dir(d)
-        .output()
-        .unwrap();
-    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
-    let mut mas = Command::new(bin("coa-generate"));
-    mas.args(["mas", "-i", "tasks.parquet", "--corpus", "corpus.parquet", "-o", "mas_out.parquet"])
-        .current_dir(d)
-        .stderr(Stdio::null());
-    // SAFETY: only async-signal-safe `signal(2)` calls between fork and exec.
-    unsafe {
-        mas.pre_exec(|| {
-            libc::signal(libc::SIGINT, libc::SIG_IGN);
-            libc::signal(libc::SIGTERM, libc::SIG_DFL);
-            Ok(())
-        });
-    }
-    let mut mas = mas.spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !names(d).iter().any(|n| n.starts_with(".mas_out.parquet.")) {
-        assert!(Instant::now() < deadline, "no temporary output appeared: {:?}", names(d));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    write_tasks(d);
+    let mut mas = start_mas_writing(d, libc::SIG_IGN);
     unsafe { libc::kill(mas.id() as i32, libc::SIGINT) };
     std::thread::sleep(Duration::from_millis(500));
     assert!(mas.try_wait().unwrap().is_none(), "an ignored SIGINT stopped the stage");
