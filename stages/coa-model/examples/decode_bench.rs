@@ -4,17 +4,18 @@
 //! Default: a random 256-token prompt per slot (prefill timed), then 128 decode steps.
 //! `--context N`: one random N-token prompt prefilled once and copied to every slot
 //! (`KvCache::copy_prefix`), then the decode steps alone: the contexts RL rollouts decode at.
+//! `--weights f32|bf16|int8`: the format decoding holds the weights in (`DecodeDtype`).
 //!
 //!     RAYON_NUM_THREADS=2 cargo run --release -p coa-model --example decode_bench \
-//!         [-- CHECKPOINT [BATCH...] [--context N] [--steps N]]
+//!         [-- CHECKPOINT [BATCH...] [--context N] [--steps N] [--weights F]]
 
 use anyhow::{bail, Context};
 use coa_model::rng::random_ids;
-use coa_model::{KvCache, Model, ModelConfig};
+use coa_model::{DecodeDtype, KvCache, Model, ModelConfig};
 
 fn main() -> anyhow::Result<()> {
     let mut positional = Vec::new();
-    let (mut context, mut steps) = (None, 128usize);
+    let (mut context, mut steps, mut dtype) = (None, 128usize, DecodeDtype::F32);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |flag: &str| -> anyhow::Result<usize> {
@@ -24,7 +25,8 @@ fn main() -> anyhow::Result<()> {
         match a.as_str() {
             "--context" => context = Some(value("--context")?),
             "--steps" => steps = value("--steps")?,
-            s if s.starts_with("--") => bail!("unknown flag {s} (expected --context N, --steps N)"),
+            "--weights" => dtype = args.next().context("--weights needs f32, bf16 or int8")?.parse()?,
+            s if s.starts_with("--") => bail!("unknown flag {s} (expected --context N, --steps N, --weights F)"),
             _ => positional.push(a),
         }
     }
@@ -35,7 +37,7 @@ fn main() -> anyhow::Result<()> {
     let batches: Vec<usize> =
         if positional.len() > 1 { positional[1..].iter().map(|b| b.parse()).collect::<Result<_, _>>()? } else { vec![1, 8, 32] };
     // Weights packed for decoding before any timing, as loading a model to decode does.
-    m.prepare_decoding();
+    m.prepare_decoding_as(dtype)?;
     let vocab = m.config.vocab_size;
     let threads = rayon::current_num_threads();
     for batch in batches {
@@ -66,9 +68,9 @@ fn main() -> anyhow::Result<()> {
             dt * 1000.0 / steps as f64
         );
         match context {
-            Some(n) => println!("{name}, {threads} threads, batch {batch}, context {n}..{}: {decode}", n + steps),
+            Some(n) => println!("{name}, {dtype} weights, {threads} threads, batch {batch}, context {n}..{}: {decode}", n + steps),
             None => println!(
-                "{name}, {threads} threads, batch {batch}: prefill {:.0} tok/s, {decode}",
+                "{name}, {dtype} weights, {threads} threads, batch {batch}: prefill {:.0} tok/s, {decode}",
                 (batch * prompt) as f64 / prefill
             ),
         }

@@ -29,6 +29,7 @@ use crate::config::ModelConfig;
 use crate::model::Model;
 use crate::ops::{self, SendPtr};
 use crate::params::layout;
+use crate::quant::DecodeDtype;
 use crate::sgemm::PackedB;
 
 /// Query rows per attention task of a multi-token item (a prompt).
@@ -160,34 +161,38 @@ struct AttTask {
     single: bool,
 }
 
-/// A model's linear weights packed once for decoding (the head included): per tensor index of
-/// `Params::tensors`, the packed weight, or `None` for tensors that are not a linear layer's.
-/// Built on the model's first decode call (`Model::decode_weights`); `None` as a whole where the
-/// CPU has no packed kernel.
+/// A model's linear weights packed once for decoding (the head included), in one
+/// [`DecodeDtype`]: per tensor index of `Params::tensors`, the packed weight, or `None` for
+/// tensors that are not a linear layer's. Built on the model's first decode call
+/// (`Model::decode_weights`) or by `Model::prepare_decoding_as`; `None` as a whole where the CPU
+/// has no packed kernel.
 pub(crate) struct DecodeWeights {
+    pub(crate) dtype: DecodeDtype,
     packed: Vec<Option<PackedB>>,
 }
 
 impl std::fmt::Debug for DecodeWeights {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DecodeWeights {{ {} packed }}", self.packed.iter().flatten().count())
+        write!(f, "DecodeWeights {{ {} packed, {} }}", self.packed.iter().flatten().count(), self.dtype)
     }
 }
 
 impl DecodeWeights {
-    /// Packs every linear layer's weight of `model` and its head; `None` without a packed kernel.
-    pub(crate) fn new(model: &Model) -> Option<DecodeWeights> {
+    /// Packs every linear layer's weight of `model` and its head in `dtype`; `None` without a
+    /// packed kernel.
+    pub(crate) fn new(model: &Model, dtype: DecodeDtype) -> Option<DecodeWeights> {
         let lay = layout(&model.config);
         let mut linears: Vec<usize> = lay.layers.iter().flat_map(|li| [li.wq, li.wk, li.wv, li.wo, li.wg, li.wu, li.wd]).collect();
         linears.push(lay.lm_head.unwrap_or(lay.embed));
         let tensors = &model.params.tensors;
         // Each [out, in] weight as the B operand of x · wᵀ.
-        let built: Vec<Option<PackedB>> = linears.par_iter().map(|&t| PackedB::new(&tensors[t].data, tensors[t].shape[0], tensors[t].shape[1])).collect();
+        let built: Vec<Option<PackedB>> =
+            linears.par_iter().map(|&t| PackedB::new_as(&tensors[t].data, tensors[t].shape[0], tensors[t].shape[1], dtype)).collect();
         let mut packed: Vec<Option<PackedB>> = (0..tensors.len()).map(|_| None).collect();
         for (&t, pw) in linears.iter().zip(built) {
             packed[t] = Some(pw?);
         }
-        Some(DecodeWeights { packed })
+        Some(DecodeWeights { dtype, packed })
     }
 }
 
@@ -246,6 +251,13 @@ impl Model {
     }
 
     fn extend_impl(&self, cache: &mut KvCache, items: &[(usize, &[u32])], all: bool) -> Result<Vec<f32>> {
+        // A call runs one parallel loop per layer and op (~240 for a decode step of a 30-layer
+        // model). From a thread outside rayon's pool each would be a job injected into the pool
+        // and a wake-up of the blocked caller; run the whole call on a worker instead, whose
+        // loops the other workers pick up while they still spin.
+        if rayon::current_thread_index().is_none() {
+            return rayon::scope(|_| self.extend_impl(cache, items, all));
+        }
         let c = &self.config;
         cache.check_model(c)?;
         if items.is_empty() {
@@ -323,6 +335,10 @@ impl Model {
 
         let mut x = vec![0f32; r * d];
         ops::embedding_forward(&mut x, &ids_all, p(lay.embed), d);
+        // The embedding table is a weight like the others: its rows in the decoding format.
+        if let Some(dw) = packed {
+            dw.dtype.round_weight(&mut x, d);
+        }
         let mut rstd = vec![0f32; r];
         let mut h = vec![0f32; r * d];
         let mut q = vec![0f32; r * qd];

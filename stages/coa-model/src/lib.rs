@@ -7,6 +7,7 @@
 //! - [`gguf`]: a llama.cpp GGUF file (llama / qwen2; F32, F16, BF16, Q8_0, Q4_0, Q4_1) read as
 //!   the same model, tokenizer and chat template HF transformers derives from it.
 //! - [`decode`]: [`KvCache`] and batched incremental decoding (`prefill`, `decode_step`, `extend`).
+//! - [`quant`]: [`DecodeDtype`], the formats decoding can hold its weights in (f32, bf16, int8).
 //! - [`ops`]: every op as plain f32 functions, forward and backward: the CPU reference the GPU
 //!   kernels are tested against.
 
@@ -17,6 +18,7 @@ pub mod io;
 pub mod model;
 pub mod ops;
 pub mod params;
+pub mod quant;
 pub mod rng;
 mod sgemm;
 pub(crate) mod simd;
@@ -25,4 +27,5 @@ pub use config::{Llama3Rope, ModelConfig, TokenIds};
 pub use decode::KvCache;
 pub use io::SaveDtype;
 pub use model::{Model, Seq, TokenStats, Workspace};
+pub use quant::DecodeDtype;
 pub use params::{layout, param_specs, LayerIdx, Layout, ParamSpec, Params, Tensor};

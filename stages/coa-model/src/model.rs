@@ -214,16 +214,40 @@ impl Model {
         Ok(Model { config, params: Params { tensors }, frozen_layers: 0, decode_weights: Default::default() })
     }
 
-    /// The weights packed for decoding, packed on the first call (`None`: the CPU has no packed
-    /// kernel, and decoding multiplies the weights as they are).
+    /// The weights packed for decoding, packed on the first call in f32 unless
+    /// [`Model::prepare_decoding_as`] chose another format (`None`: the CPU has no packed kernel,
+    /// and decoding multiplies the f32 weights as they are).
     pub(crate) fn decode_weights(&self) -> Option<&crate::decode::DecodeWeights> {
-        self.decode_weights.get_or_init(|| crate::decode::DecodeWeights::new(self)).as_ref()
+        self.decode_weights.get_or_init(|| crate::decode::DecodeWeights::new(self, crate::DecodeDtype::F32)).as_ref()
     }
 
     /// Packs the weights for decoding now (a copy of the linear layers, as many bytes again),
     /// rather than in the first decode call: part of loading a model to decode with.
     pub fn prepare_decoding(&self) {
         self.decode_weights();
+    }
+
+    /// [`Model::prepare_decoding`] in `dtype`: every later decode call multiplies the weights as
+    /// that format holds them ([`crate::DecodeDtype::round_weight`]). An error if this model
+    /// already decodes in another format, or if `dtype` is not f32 and the CPU has no packed
+    /// kernel (x86-64 with AVX2 and FMA).
+    pub fn prepare_decoding_as(&self, dtype: crate::DecodeDtype) -> Result<()> {
+        let got = self.decode_weights.get_or_init(|| crate::decode::DecodeWeights::new(self, dtype));
+        match got {
+            Some(dw) if dw.dtype != dtype => {
+                bail!("this model already decodes with {} weights, not {dtype} (load it again to change)", dw.dtype)
+            }
+            None if dtype != crate::DecodeDtype::F32 => {
+                bail!("{dtype} decoding weights need an x86-64 CPU with AVX2 and FMA (this one decodes in f32 only)")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The format decoding holds the weights in (f32 until the first decode call or
+    /// [`Model::prepare_decoding_as`]).
+    pub fn decode_dtype(&self) -> crate::DecodeDtype {
+        self.decode_weights.get().and_then(|d| d.as_ref()).map_or(crate::DecodeDtype::F32, |d| d.dtype)
     }
 
     /// Wrap existing parameters; errors unless they match the config's canonical layout.

@@ -22,11 +22,14 @@
 /// Part of the arithmetic (each block is summed apart, then added to C), so the same for every
 /// kernel.
 const KC: usize = 256;
+const _: () = assert!(KC.is_multiple_of(crate::quant::INT8_GROUP), "an int8 group never straddles two KC blocks");
 /// Rows of A packed at once (MC×KC floats, 144 KB). A multiple of every kernel's MR.
 const MC: usize = 144;
 /// Columns of B packed at once: KC×NC floats (1 MB) stay in L2 while every A micro-panel of the
 /// block walks along them (512 and 1536 were slower). A multiple of every kernel's NR.
 const NC: usize = 1024;
+
+use crate::quant::{self, DecodeDtype};
 
 /// The packed kernel this process runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,33 +139,50 @@ unsafe fn sgemm_with(
 /// (decoding), each product then streams the weight once, with no packing per call. Products
 /// through it give the same bits as [`sgemm`] on the unpacked weight (same KC blocks, same
 /// kernel), so a row's result does not depend on the path or on the other rows.
+///
+/// In a narrower format ([`DecodeDtype`]) the AVX-512 kernel streams bf16 or int8 panels and
+/// widens each value to the f32 that [`DecodeDtype::round_weight`] gives (then the same FMAs), so
+/// a product equals [`sgemm`] on the rounded weight, bit for bit; the AVX2 kernel holds those
+/// rounded values as f32 (the same bits, none of the bytes saved).
 pub(crate) struct PackedB {
     n: usize,
     k: usize,
     kernel: Kernel,
+    dtype: DecodeDtype,
     /// The kernel's tile: rows of A, columns of B (a panel).
     mr: usize,
     nr: usize,
-    /// KC blocks in k order; block `pc` (at `pc · n_pad`) holds the panels of NR columns, each
-    /// `kc` deep, from `off` (64-byte aligned).
-    data: Vec<f32>,
+    /// KC blocks in k order; block `pc` (at `pc · n_pad` values) holds the panels of NR
+    /// columns, each `kc` deep, from `off` (64-byte aligned).
+    panels: Panels,
     off: usize,
+}
+
+/// The values of a [`PackedB`], in the panel order above.
+enum Panels {
+    F32(Vec<f32>),
+    /// Per depth p of a 32-column panel, 32 values as 16 u32 lanes: lane t holds column t in its
+    /// low half and column 16 + t in its high half (one shift and one mask widen them).
+    Bf16(Vec<u16>),
+    /// Per depth p, the panel's 32 columns in order; `scales[(p / INT8_GROUP) · n_pad + j]`.
+    Int8 { q: Vec<i8>, scales: Vec<f32> },
 }
 
 impl std::fmt::Debug for PackedB {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedB {{ n: {}, k: {}, kernel: {:?} }}", self.n, self.k, self.kernel)
+        write!(f, "PackedB {{ n: {}, k: {}, kernel: {:?}, dtype: {} }}", self.n, self.k, self.kernel, self.dtype)
     }
 }
 
 impl PackedB {
-    /// Packs `w[n, k]` for this CPU's kernel; `None` where it has none (the portable path).
-    pub(crate) fn new(w: &[f32], n: usize, k: usize) -> Option<PackedB> {
+    /// Packs `w[n, k]` in `dtype` for this CPU's kernel; `None` where it has none (the portable
+    /// path).
+    pub(crate) fn new_as(w: &[f32], n: usize, k: usize, dtype: DecodeDtype) -> Option<PackedB> {
         assert_eq!(w.len(), n * k, "PackedB: w has {} elements, expected {n}x{k}", w.len());
-        PackedB::with_kernel(kernel(), w, n, k)
+        PackedB::with_kernel(kernel(), w, n, k, dtype)
     }
 
-    fn with_kernel(kernel: Kernel, w: &[f32], n: usize, k: usize) -> Option<PackedB> {
+    fn with_kernel(kernel: Kernel, w: &[f32], n: usize, k: usize, dtype: DecodeDtype) -> Option<PackedB> {
         #[cfg(target_arch = "x86_64")]
         {
             let (mr, nr) = match kernel {
@@ -184,11 +204,58 @@ impl PackedB {
                     }
                 }
             }
-            Some(PackedB { n, k, kernel, mr, nr, data, off })
+            let panels = match (dtype, kernel) {
+                (DecodeDtype::F32, _) => Panels::F32(data),
+                // The AVX2 kernel reads f32: the format's values, as f32.
+                (DecodeDtype::Bf16, _) if kernel != Kernel::Avx512 => {
+                    data.iter_mut().for_each(|x| *x = quant::bf16_value(*x));
+                    Panels::F32(data)
+                }
+                (DecodeDtype::Int8, _) if kernel != Kernel::Avx512 => {
+                    let mut rounded = w.to_vec();
+                    DecodeDtype::Int8.round_weight(&mut rounded, k);
+                    return PackedB::with_kernel(kernel, &rounded, n, k, DecodeDtype::F32).map(|p| PackedB { dtype, ..p });
+                }
+                (DecodeDtype::Bf16, _) => {
+                    // Every depth of every panel is 32 consecutive values (NR = 32).
+                    let mut out = vec![0u16; data.len()];
+                    for (o, v) in out[off..off + n_pad * k].chunks_exact_mut(32).zip(data[off..off + n_pad * k].chunks_exact(32)) {
+                        for t in 0..16 {
+                            o[2 * t] = quant::bf16_bits(v[t]);
+                            o[2 * t + 1] = quant::bf16_bits(v[16 + t]);
+                        }
+                    }
+                    Panels::Bf16(out)
+                }
+                (DecodeDtype::Int8, _) => {
+                    let groups = k.div_ceil(quant::INT8_GROUP);
+                    let mut scales = vec![0f32; groups * n_pad];
+                    for (j, row) in w.chunks_exact(k).enumerate() {
+                        for (g, group) in row.chunks(quant::INT8_GROUP).enumerate() {
+                            scales[g * n_pad + j] = quant::int8_scale(group);
+                        }
+                    }
+                    let mut q = vec![0i8; data.len()];
+                    for pc in (0..k).step_by(KC) {
+                        let kc = KC.min(k - pc);
+                        for jr in (0..n_pad).step_by(nr) {
+                            for p in 0..kc {
+                                let at = off + pc * n_pad + jr * kc + p * nr;
+                                let s = &scales[((pc + p) / quant::INT8_GROUP) * n_pad + jr..][..nr];
+                                for t in 0..nr {
+                                    q[at + t] = quant::int8_quant(data[at + t], s[t]);
+                                }
+                            }
+                        }
+                    }
+                    Panels::Int8 { q, scales }
+                }
+            };
+            Some(PackedB { n, k, kernel, dtype, mr, nr, panels, off })
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (kernel, w, n, k);
+            let _ = (kernel, w, n, k, dtype);
             None
         }
     }
@@ -235,10 +302,61 @@ impl PackedB {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        match self.kernel {
-            Kernel::Avx512 => packed::run_prepacked::<{ packed::avx512::MR }, { packed::avx512::NR }>(self, a, c, j0, j1, packed::avx512::tile),
-            Kernel::Avx2 => packed::run_prepacked::<{ packed::avx2::MR }, { packed::avx2::NR }>(self, a, c, j0, j1, packed::avx2::tile),
-            Kernel::Portable => unreachable!("PackedB is never built for the portable kernel"),
+        {
+            use packed::{avx2, avx512};
+            let (n, n_pad) = (self.n, self.n.next_multiple_of(self.nr));
+            // Where panel jr of the KC block at pc starts, in values of the panels' type.
+            let at = |pc: usize, jr: usize, kc: usize| self.off + pc * n_pad + jr * kc;
+            match (&self.panels, self.kernel) {
+                (Panels::F32(d), Kernel::Avx512) => {
+                    packed::run_prepacked::<{ avx512::MR }, { avx512::NR }>(self, a, c, j0, j1, |pc, kc, ap, jr, beta, cp, mr, nr, _, next| {
+                        let bp = d.as_ptr().add(at(pc, jr, kc));
+                        // The first row tile of a panel brings in the next panel of this block meanwhile.
+                        match next {
+                            true => avx512::tile_pf(kc, ap, bp, beta, cp, n, mr, nr, bp.add(avx512::NR * kc)),
+                            false => avx512::tile(kc, 1.0, ap, bp, beta, cp, n, mr, nr),
+                        }
+                    })
+                }
+                (Panels::F32(d), _) => packed::run_prepacked::<{ avx2::MR }, { avx2::NR }>(self, a, c, j0, j1, |pc, kc, ap, jr, beta, cp, mr, nr, _, _| {
+                    avx2::tile(kc, 1.0, ap, d.as_ptr().add(at(pc, jr, kc)), beta, cp, n, mr, nr)
+                }),
+                (Panels::Bf16(_) | Panels::Int8 { .. }, _) => {
+                    // Where a block has more than one row tile (a prompt, a batch of decode rows
+                    // over 12), each panel is widened to f32 once, into `wide` (in L1), for all
+                    // of them; a single row tile widens as it multiplies.
+                    let mut wide = vec![0f32; KC * avx512::NR + 16];
+                    let wide = wide.as_mut_ptr().add(wide.as_ptr().align_offset(64));
+                    let fmt = |pc: usize, jr: usize, kc: usize| -> (*const u8, *const f32, usize, usize) {
+                        match &self.panels {
+                            Panels::Bf16(d) => (d.as_ptr().add(at(pc, jr, kc)) as *const u8, std::ptr::null(), 0, 2 * avx512::NR),
+                            Panels::Int8 { q, scales } => {
+                                (q.as_ptr().add(at(pc, jr, kc)) as *const u8, scales.as_ptr().add(pc / quant::INT8_GROUP * n_pad + jr), n_pad, avx512::NR)
+                            }
+                            Panels::F32(_) => unreachable!(),
+                        }
+                    };
+                    let bf16 = matches!(self.panels, Panels::Bf16(_));
+                    packed::run_prepacked::<{ avx512::MR }, { avx512::NR }>(self, a, c, j0, j1, |pc, kc, ap, jr, beta, cp, mr, nr, first, next| {
+                        let (bp, sp, s_stride, step) = fmt(pc, jr, kc);
+                        let pf = if next { bp.add(step * kc) } else { std::ptr::null() };
+                        if a.m.min(MC) <= avx512::MR {
+                            match bf16 {
+                                true => avx512::qtile::<{ avx512::BF16 }>(kc, ap, bp, sp, s_stride, beta, cp, n, mr, nr, pf),
+                                false => avx512::qtile::<{ avx512::INT8 }>(kc, ap, bp, sp, s_stride, beta, cp, n, mr, nr, pf),
+                            }
+                            return;
+                        }
+                        if first {
+                            match bf16 {
+                                true => avx512::widen::<{ avx512::BF16 }>(kc, bp, sp, s_stride, wide),
+                                false => avx512::widen::<{ avx512::INT8 }>(kc, bp, sp, s_stride, wide),
+                            }
+                        }
+                        avx512::tile(kc, 1.0, ap, wide, beta, cp, n, mr, nr)
+                    })
+                }
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (a, c, j0, j1);
@@ -329,36 +447,31 @@ mod packed {
 
     /// [`super::PackedB::gemm_cols`]: for each KC block, the rows in blocks of MC (in L2), and
     /// for each prepacked panel of B (read once, in L1) every row tile of the block: a decode
-    /// step's few rows stream each weight panel once.
+    /// step's few rows stream each weight panel once. `tile(pc, kc, a panel, jr, beta, c tile,
+    /// mr, nr, first, next)` computes one tile: `first` for the first row tile of the row block
+    /// on this panel, `next` where that one should also prefetch the block's next panel.
     pub(super) unsafe fn run_prepacked<const MR: usize, const NR: usize>(
         w: &super::PackedB,
         a: &super::PackedA,
         c: *mut f32,
         j0: usize,
         j1: usize,
-        tile: Tile,
+        tile: impl Fn(usize, usize, *const f32, usize, f32, *mut f32, usize, usize, bool, bool),
     ) {
         let (m, n, k) = (a.m, w.n, w.k);
-        let (n_pad, m_pad) = (n.next_multiple_of(NR), m.next_multiple_of(MR));
+        let m_pad = m.next_multiple_of(MR);
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
             let beta_blk = if pc == 0 { 0.0 } else { 1.0 };
-            let block_b = w.data.as_ptr().add(w.off + pc * n_pad);
             let block_a = a.data.as_ptr().add(pc * m_pad);
             for ic in (0..m).step_by(MC) {
                 let mc = MC.min(m - ic);
                 for jr in (j0..j1).step_by(NR) {
                     let nr = NR.min(j1 - jr);
-                    let bp = block_b.add(jr * kc);
                     for ir in (ic..ic + mc).step_by(MR) {
                         let mr = MR.min(m - ir);
-                        if ir == ic && w.kernel == super::Kernel::Avx512 {
-                            // The first row tile of a panel brings in the next panel of this block meanwhile.
-                            let pf = if jr + NR < j1 { bp.add(NR * kc) } else { std::ptr::null() };
-                            avx512::tile_pf(kc, block_a.add(ir * kc), bp, beta_blk, c.add(ir * n + jr), n, mr, nr, pf);
-                            continue;
-                        }
-                        tile(kc, 1.0, block_a.add(ir * kc), bp, beta_blk, c.add(ir * n + jr), n, mr, nr);
+                        let next = ir == ic && jr + NR < j1;
+                        tile(pc, kc, block_a.add(ir * kc), jr, beta_blk, c.add(ir * n + jr), mr, nr, ir == ic, next);
                     }
                 }
             }
@@ -600,6 +713,13 @@ mod packed {
                 ap = ap.add(MR);
                 bp = bp.add(NR);
             }
+            store(&acc, alpha, beta, c, ldc, nr);
+        }
+
+        /// `C = alpha · acc + beta · C` for the tile's R rows and `nr` columns.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn store<const R: usize>(acc: &[[__m512; 2]; R], alpha: f32, beta: f32, c: *mut f32, ldc: usize, nr: usize) {
             if nr == NR {
                 let va = _mm512_set1_ps(alpha);
                 let vb = _mm512_set1_ps(beta);
@@ -619,7 +739,112 @@ mod packed {
                     _mm512_storeu_ps(tile[i].as_mut_ptr(), row[0]);
                     _mm512_storeu_ps(tile[i].as_mut_ptr().add(16), row[1]);
                 }
-                super::store_partial(&tile, alpha, beta, c, ldc, mr, nr);
+                super::store_partial(&tile, alpha, beta, c, ldc, R, nr);
+            }
+        }
+
+        /// Widens one depth of a bf16 or int8 panel (32 columns) to two f32 vectors, keeping
+        /// the int8 group's scales between calls (depths in order from 0).
+        struct Widen<const FMT: u8> {
+            high: __m512i,
+            s: [__m512; 2],
+            sp: *const f32,
+            s_stride: usize,
+        }
+
+        impl<const FMT: u8> Widen<FMT> {
+            #[inline]
+            #[target_feature(enable = "avx512f")]
+            unsafe fn new(scales: *const f32, s_stride: usize) -> Self {
+                Widen { high: _mm512_set1_epi32(0xffff_0000u32 as i32), s: [_mm512_setzero_ps(); 2], sp: scales, s_stride }
+            }
+
+            /// Depth `p`'s values, at `bp`.
+            #[inline]
+            #[target_feature(enable = "avx512f")]
+            unsafe fn load(&mut self, bp: *const u8, p: usize) -> [__m512; 2] {
+                if FMT == BF16 {
+                    let v = _mm512_loadu_si512(bp as *const __m512i);
+                    return [_mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)), _mm512_castsi512_ps(_mm512_and_si512(v, self.high))];
+                }
+                if p % crate::quant::INT8_GROUP == 0 {
+                    self.s = [_mm512_loadu_ps(self.sp), _mm512_loadu_ps(self.sp.add(16))];
+                    self.sp = self.sp.add(self.s_stride);
+                }
+                let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(bp as *const __m128i));
+                let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(bp.add(16) as *const __m128i));
+                [_mm512_mul_ps(_mm512_cvtepi32_ps(q0), self.s[0]), _mm512_mul_ps(_mm512_cvtepi32_ps(q1), self.s[1])]
+            }
+        }
+
+        /// [`qtile`]'s panel formats.
+        pub const BF16: u8 = 1;
+        pub const INT8: u8 = 2;
+
+        /// [`tile`] (alpha 1) over a panel of bf16 (`FMT` = [`BF16`], 64 bytes per depth) or
+        /// int8 values (`FMT` = [`INT8`], 32 bytes per depth, scaled by `scales[g·s_stride + j]`
+        /// for depth group g): each value is widened to its f32 (bf16: exact; int8: q · scale,
+        /// one rounding) and then fed to the same FMAs, so the tile equals [`tile`] on those
+        /// f32 values bit for bit. `pf` (null: none) is the next panel, prefetched as we go.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx512f")]
+        pub unsafe fn qtile<const FMT: u8>(kc: usize, a: *const f32, b: *const u8, scales: *const f32, s_stride: usize, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, pf: *const u8) {
+            match mr {
+                1 => qrows::<1, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                2 => qrows::<2, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                3 => qrows::<3, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                4 => qrows::<4, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                5 => qrows::<5, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                6 => qrows::<6, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                7 => qrows::<7, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                8 => qrows::<8, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                9 => qrows::<9, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                10 => qrows::<10, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                11 => qrows::<11, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+                _ => qrows::<MR, FMT>(kc, a, b, scales, s_stride, beta, c, ldc, nr, pf),
+            }
+        }
+
+        /// [`qtile`] on its first `R ≤ MR` rows.
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn qrows<const R: usize, const FMT: u8>(kc: usize, a: *const f32, b: *const u8, scales: *const f32, s_stride: usize, beta: f32, c: *mut f32, ldc: usize, nr: usize, pf: *const u8) {
+            let step = if FMT == BF16 { 2 * NR } else { NR };
+            let mut acc = [[_mm512_setzero_ps(); 2]; R];
+            let (mut ap, mut bp) = (a, b);
+            for i in 0..R {
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + nr - 1) as *const i8);
+            }
+            let mut w = Widen::<FMT>::new(scales, s_stride);
+            for p in 0..kc {
+                if !pf.is_null() && (FMT == BF16 || p % 2 == 0) {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.add(p * step) as *const i8);
+                }
+                let [b0, b1] = w.load(bp, p);
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let ai = _mm512_set1_ps(*ap.add(i));
+                    row[0] = _mm512_fmadd_ps(ai, b0, row[0]);
+                    row[1] = _mm512_fmadd_ps(ai, b1, row[1]);
+                }
+                ap = ap.add(MR);
+                bp = bp.add(step);
+            }
+            store(&acc, 1.0, beta, c, ldc, nr);
+        }
+
+        /// A bf16 or int8 panel (see [`qtile`]) widened to the f32 panel [`tile`] reads,
+        /// `out[kc · NR]`: the same values [`qtile`] multiplies.
+        #[target_feature(enable = "avx512f")]
+        pub unsafe fn widen<const FMT: u8>(kc: usize, b: *const u8, scales: *const f32, s_stride: usize, out: *mut f32) {
+            let step = if FMT == BF16 { 2 * NR } else { NR };
+            let mut w = Widen::<FMT>::new(scales, s_stride);
+            for p in 0..kc {
+                let bp = b.add(p * step);
+                let [b0, b1] = w.load(bp, p);
+                _mm512_store_ps(out.add(p * NR), b0);
+                _mm512_store_ps(out.add(p * NR + 16), b1);
             }
         }
     }
@@ -726,6 +951,23 @@ mod tests {
         }
     }
 
+    /// Whether `x[m, k] · pwᵀ` through the packed weight, its columns split as threads split
+    /// them (one panel, then the rest), has the bits of [`sgemm`] on `w[n, k]`.
+    fn packed_equals_sgemm(kernel: Kernel, pw: &PackedB, x: &[f32], w: &[f32], m: usize) -> bool {
+        let (n, k) = (pw.n, pw.k);
+        let mut want = vec![f32::NAN; m * n];
+        // SAFETY: x [m,k], w [n,k] read as wᵀ [k,n], want [m,n], all in bounds.
+        unsafe { sgemm_with(kernel, m, n, k, 1.0, x.as_ptr(), k, 1, w.as_ptr(), 1, k, 0.0, want.as_mut_ptr(), n) };
+        let mut got = vec![f32::NAN; m * n];
+        let step = pw.panel();
+        let xa = pw.pack_a(m, x);
+        for (j0, j1) in [(0, step.min(n)), (step.min(n), n)] {
+            // SAFETY: got holds m·n values; one range at a time.
+            unsafe { pw.gemm_cols(&xa, got.as_mut_ptr(), j0, j1) };
+        }
+        got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+
     /// A prepacked weight gives [`sgemm`]'s bits for `x · wᵀ` on any column range and any row
     /// count (one row, a decode step's few, more than MC), k across KC blocks, every kernel.
     #[test]
@@ -735,23 +977,38 @@ mod tests {
             for &(m, n, k) in &[(1, 1, 1), (1, 70, 576), (3, 33, 257), (12, 32, 256), (13, 200, 600), (50, 96, 513), (150, 40, 70)] {
                 let w = random(n * k, &mut rng);
                 let x = random(m * k, &mut rng);
-                let Some(pw) = PackedB::with_kernel(kernel, &w, n, k) else {
+                let Some(pw) = PackedB::with_kernel(kernel, &w, n, k, DecodeDtype::F32) else {
                     assert_eq!(kernel, Kernel::Portable);
                     continue;
                 };
-                let mut want = vec![f32::NAN; m * n];
-                // SAFETY: x [m,k], w [n,k] read as wᵀ [k,n], want [m,n], all in bounds.
-                unsafe { sgemm_with(kernel, m, n, k, 1.0, x.as_ptr(), k, 1, w.as_ptr(), 1, k, 0.0, want.as_mut_ptr(), n) };
-                let mut got = vec![f32::NAN; m * n];
-                let step = pw.panel();
-                let xa = pw.pack_a(m, &x);
-                // Column ranges of one panel, then the rest: as threads split C.
-                for (j0, j1) in [(0, step.min(n)), (step.min(n), n)] {
-                    // SAFETY: got holds m·n values; one range at a time.
-                    unsafe { pw.gemm_cols(&xa, got.as_mut_ptr(), j0, j1) };
+                assert!(packed_equals_sgemm(kernel, &pw, &x, &w, m), "{kernel:?} {m}x{n}x{k}: the prepacked product differs from sgemm");
+            }
+        }
+    }
+
+    /// A weight packed as bf16 or int8 gives [`sgemm`]'s bits on the weight rounded by
+    /// [`DecodeDtype::round_weight`]: the narrow panels widen to exactly those values (every
+    /// kernel; row counts across the 12-row tile; k across KC blocks and int8 groups; a last
+    /// partial panel; column ranges as threads split them).
+    #[test]
+    fn narrow_weights_match_sgemm_on_the_rounded_weight_bit_for_bit() {
+        let mut rng = SplitMix64::new(9);
+        for kernel in kernels() {
+            for dtype in [DecodeDtype::Bf16, DecodeDtype::Int8] {
+                for &(m, n, k) in &[(1, 1, 1), (1, 70, 576), (3, 33, 257), (12, 64, 256), (16, 200, 600), (29, 96, 1536), (150, 40, 70)] {
+                    // Rows of very different magnitudes, so the int8 groups' scales differ.
+                    let w: Vec<f32> = random(n * k, &mut rng).iter().enumerate().map(|(i, x)| x * (1 + (i / k) % 5 + 10 * (i % k / 64 % 2)) as f32).collect();
+                    let x = random(m * k, &mut rng);
+                    let Some(pw) = PackedB::with_kernel(kernel, &w, n, k, dtype) else {
+                        assert_eq!(kernel, Kernel::Portable);
+                        continue;
+                    };
+                    let mut rounded = w.clone();
+                    dtype.round_weight(&mut rounded, k);
+                    assert!(n * k == 1 || rounded != w, "{dtype:?} rounds these weights");
+                    let same = packed_equals_sgemm(kernel, &pw, &x, &rounded, m);
+                    assert!(same, "{kernel:?} {dtype:?} {m}x{n}x{k}: differs from sgemm on the rounded weight");
                 }
-                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{kernel:?} {m}x{n}x{k}: the prepacked product differs from sgemm");
             }
         }
     }

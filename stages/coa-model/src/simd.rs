@@ -518,7 +518,7 @@ fn linear_speed() {
                 PW.with(|pw| {
                     let mut pw = pw.borrow_mut();
                     if pw.as_ref().is_none_or(|(p, _)| *p != (w.as_ptr() as usize, o)) {
-                        *pw = Some(((w.as_ptr() as usize, o), crate::sgemm::PackedB::new(w, o, i).expect("a packed kernel")));
+                        *pw = Some(((w.as_ptr() as usize, o), crate::sgemm::PackedB::new_as(w, o, i, crate::DecodeDtype::F32).expect("a packed kernel")));
                     }
                     crate::decode::linear_packed(out, x, &pw.as_ref().unwrap().1, None, r, i, o);
                 })

@@ -3,7 +3,7 @@
 //! decoding each alone, and bad calls are errors.
 
 use coa_model::rng::random_ids;
-use coa_model::{KvCache, Model, ModelConfig, Seq, TokenIds};
+use coa_model::{DecodeDtype, KvCache, Model, ModelConfig, Seq, TokenIds};
 
 fn config(model_type: &str, tied: bool, nh: usize, nkv: usize) -> ModelConfig {
     let mut c = ModelConfig::preset("tiny", 61).unwrap();
@@ -215,4 +215,52 @@ fn bad_calls_are_errors() {
     let mut c2 = KvCache::new(&other, 1, 8).unwrap();
     let e = m.prefill(&mut c2, 0, &[1]).unwrap_err().to_string();
     assert!(e.contains("kv heads"), "{e}");
+}
+
+/// `m` with every weight matrix (embedding, linear layers, head) rounded as `dtype` holds it.
+fn rounded(m: &Model, dtype: DecodeDtype) -> Model {
+    let mut r = m.clone();
+    for t in r.params.iter_mut().filter(|t| t.shape.len() == 2) {
+        let k = t.shape[1];
+        dtype.round_weight(&mut t.data, k);
+    }
+    r
+}
+
+/// Prompts of 70 and 5 tokens in two slots, then 12 decode steps of both: every logit returned.
+fn decode_run(m: &Model) -> Vec<f32> {
+    let seq = random_ids(90, m.config.vocab_size, 6);
+    let mut c = KvCache::new(&m.config, 2, 100).unwrap();
+    let mut out = m.extend(&mut c, &[(0, &seq[..70]), (1, &seq[70..75])]).unwrap();
+    for s in 0..12 {
+        out.extend(m.decode_step(&mut c, &[0, 1], &[seq[75 + s], seq[76 + s]]).unwrap());
+    }
+    out
+}
+
+#[test]
+fn narrow_decoding_weights_decode_as_the_rounded_model() {
+    for (mt, tied) in [("llama", false), ("qwen2", true)] {
+        let m = model(config(mt, tied, 4, 2), 12);
+        let exact = decode_run(&m);
+        for (dtype, bound) in [(DecodeDtype::Bf16, 0.03), (DecodeDtype::Int8, 0.08)] {
+            let narrow = m.clone();
+            if let Err(e) = narrow.prepare_decoding_as(dtype) {
+                eprintln!("narrow_decoding_weights_decode_as_the_rounded_model: skipped ({e:#})");
+                return;
+            }
+            assert_eq!(narrow.decode_dtype(), dtype);
+            let got = decode_run(&narrow);
+            // The same bits as f32 decoding of the model whose weights hold the rounded values.
+            let want = decode_run(&rounded(&m, dtype));
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{mt} {dtype}: not the rounded model's bits");
+            // And near the f32 model (the rounding moves the logits, not by much).
+            let err = rel_err(&got, &exact);
+            assert!(err > 0.0 && err < bound, "{mt} {dtype}: logits {err:.4} (relative) from the f32 model's");
+            eprintln!("{mt} {dtype}: logits {err:.4} (max, relative) from the f32 model's");
+            // The format is fixed once chosen.
+            let again = narrow.prepare_decoding_as(DecodeDtype::F32).unwrap_err().to_string();
+            assert!(again.contains(dtype.name()) && again.contains("f32"), "{again}");
+        }
+    }
 }
