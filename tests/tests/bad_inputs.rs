@@ -274,6 +274,7 @@ fn coa_generate_policy() {
     directory_outputs(&["coa-generate", "policy", "--checkpoint", &ckpt, "--corpus", &corpus, "-i", &fx.path("tasks.parquet")], &["-o", "--stats"]);
     refuses("a negative sample count", &s(&["coa-generate", "policy", "--checkpoint", &ckpt, "-i", &fx.path("tasks.parquet"), "--n", "-5"]), &["--n", "`-5`: expected a whole number of at least 1"]);
     refuses("a checkpoint that is not one", &s(&["coa-generate", "policy", "--checkpoint", &fx.path("tok.json"), "-i", &fx.path("tasks.parquet")]), &["tok.json"]);
+    refuses("an unknown weight format", &s(&["coa-generate", "policy", "--checkpoint", &ckpt, "-i", &fx.path("tasks.parquet"), "--decode-weights", "fp8"]), &["--decode-weights", "fp8", "bf16"]);
 }
 
 #[test]

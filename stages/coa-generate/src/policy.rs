@@ -138,6 +138,13 @@ pub struct PolicyArgs {
     /// device (a correctness check of the GPU code, not a fast device).
     #[arg(long, value_name = "auto|cpu|cuda[:N]|emu", default_value = "cpu")]
     device: DeviceChoice,
+    /// The format the CPU decoder holds the weights in: `f32` (as trained; the trainer's
+    /// log-probs bit for bit), `bf16`, or `int8` (symmetric, one scale per 64 inputs of an
+    /// output). A decode step reads every weight once, so bf16 and int8 read a half and about
+    /// a quarter of the bytes and decode faster; the logits move by the rounding (RL then sees a
+    /// non-zero sampling-vs-trainer log-prob mismatch).
+    #[arg(long, value_name = "f32|bf16|int8", default_value = "f32")]
+    decode_weights: coa_model::DecodeDtype,
     /// Keep taking tasks until --groups informative groups (rewards not all equal) exist.
     #[arg(long, requires = "groups")]
     oversample: bool,
@@ -824,6 +831,9 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     let supported = check_decodable(&model.config);
     let (policy, device_name): (&mut dyn Policy, String) = match gpu_for_model(device, args.device, supported, "decodes this model").map_err(|e| anyhow!("{e}"))? {
         Some(info) => {
+            if args.decode_weights != coa_model::DecodeDtype::F32 {
+                bail!("--decode-weights {}: the CPU decoder's option; the GPU decoder (--device {}) holds bf16 weights", args.decode_weights, args.device);
+            }
             let at = |e: coa_kernels::Error| anyhow!("--device {}: {e}", args.device);
             let gpu = Gpu::open(&info).map_err(at)?;
             gpu.warm_up().map_err(at)?;
@@ -836,11 +846,12 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
             (&mut gpu_policy, info.to_string())
         }
         None => {
+            model.prepare_decoding_as(args.decode_weights).context("--decode-weights")?;
             cpu_policy = ModelPolicy::new(&model, slots, max_len)?;
             if args.no_prefix_reuse {
                 cpu_policy = cpu_policy.without_prefix_reuse();
             }
-            (&mut cpu_policy, "cpu".to_string())
+            (&mut cpu_policy, if args.decode_weights == coa_model::DecodeDtype::F32 { "cpu".to_string() } else { format!("cpu ({} weights)", args.decode_weights) })
         }
     };
     let cfg = SampleConfig {

@@ -349,6 +349,28 @@ fn the_model_loop_is_deterministic_by_seed_whatever_the_batch_and_threads() {
 }
 
 #[test]
+fn narrow_decoding_weights_sample_as_the_rounded_model() {
+    let v = vocab();
+    let m = tiny_model(v.size());
+    for dtype in [coa_model::DecodeDtype::Bf16, coa_model::DecodeDtype::Int8] {
+        let narrow = m.clone();
+        if let Err(e) = narrow.prepare_decoding_as(dtype) {
+            eprintln!("narrow_decoding_weights_sample_as_the_rounded_model: skipped ({e:#})");
+            return;
+        }
+        let mut rounded = m.clone();
+        for t in rounded.params.iter_mut().filter(|t| t.shape.len() == 2) {
+            let k = t.shape[1];
+            dtype.round_weight(&mut t.data, k);
+        }
+        let got = run_model(&narrow, &v, 4, 2, 7);
+        assert_eq!(got, run_model(&rounded, &v, 4, 2, 7), "{dtype}: the samples and log-probs of the rounded model");
+        let exact = run_model(&m, &v, 4, 2, 7);
+        assert!(got.iter().zip(&exact).any(|(a, b)| a.logprobs != b.logprobs), "{dtype}: the rounding moves the log-probs");
+    }
+}
+
+#[test]
 fn reused_prompt_prefixes_sample_what_whole_prefills_sample() {
     let v = vocab();
     let m = tiny_model(v.size());

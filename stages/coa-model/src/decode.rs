@@ -200,17 +200,30 @@ impl DecodeWeights {
 /// output columns (each reads its part of the weight once for all rows). The same bits as
 /// `ops::linear_forward`, whatever the rows or the threads.
 pub(crate) fn linear_packed(out: &mut [f32], x: &[f32], w: &PackedB, b: Option<&[f32]>, r: usize, i: usize, o: usize) {
-    debug_assert!(out.len() == r * o && x.len() == r * i && w.n() == o);
-    let panels = o.div_ceil(w.panel());
+    debug_assert!(w.n() == o);
+    linears_packed(&mut [(out, w, b)], x, r, i);
+}
+
+/// Several linear layers of one input, `outs[t].0[R, O_t] = x[R,I] @ w_t[O_t,I]ᵀ + b_t` (a
+/// layer's q, k and v; its gate and up): the input packed once and one parallel loop over the
+/// column blocks of all of them, so a decode step waits for one loop, not three.
+pub(crate) fn linears_packed(outs: &mut [(&mut [f32], &PackedB, Option<&[f32]>)], x: &[f32], r: usize, i: usize) {
+    debug_assert!(x.len() == r * i && outs.iter().all(|(out, w, _)| out.len() == r * w.n()));
+    let panels: usize = outs.iter().map(|(_, w, _)| w.n().div_ceil(w.panel())).sum();
     // Four tasks per thread (balance), whole panels each.
     let per = panels.div_ceil(4 * rayon::current_num_threads().max(1)).max(1);
-    let cols = per * w.panel();
-    let xa = w.pack_a(r, x);
-    let outp = SendPtr(out.as_mut_ptr());
-    (0..panels.div_ceil(per)).into_par_iter().for_each(|t| {
-        let outp = outp;
-        let (j0, j1) = (t * cols, ((t + 1) * cols).min(o));
-        // SAFETY: out holds r·o values; columns j0..j1 belong to this task alone.
+    let xa = outs[0].1.pack_a(r, x);
+    // (output, first column, last column) per task, in output order.
+    let mut tasks = Vec::new();
+    for (t, (_, w, _)) in outs.iter().enumerate() {
+        let cols = per * w.panel();
+        tasks.extend((0..w.n().div_ceil(cols)).map(|c| (t, c * cols, ((c + 1) * cols).min(w.n()))));
+    }
+    let targets: Vec<(SendPtr, &PackedB, Option<&[f32]>)> = outs.iter_mut().map(|(out, w, b)| (SendPtr(out.as_mut_ptr()), &**w, *b)).collect();
+    tasks.into_par_iter().for_each(|(t, j0, j1)| {
+        let (outp, w, b) = &targets[t];
+        let o = w.n();
+        // SAFETY: output t holds r·o values; its columns j0..j1 belong to this task alone.
         unsafe { w.gemm_cols(&xa, outp.0, j0, j1) };
         if let Some(b) = b {
             for row in 0..r {
@@ -326,11 +339,16 @@ impl Model {
             }
         }
         // Every row through the weights packed once (where the CPU has a packed kernel), else
-        // through `ops::linear_forward`: the same bits either way.
+        // through `ops::linear_forward`: the same bits either way. `lin` takes the layers that
+        // share the input `x` as (output, weight, bias, outputs).
         let packed = self.decode_weights();
-        let lin = |out: &mut [f32], x: &[f32], w: usize, b: Option<usize>, i: usize, o: usize| match packed {
-            Some(dw) => linear_packed(out, x, dw.packed[w].as_ref().expect("a linear weight is packed"), pb(b), r, i, o),
-            None => ops::linear_forward(out, x, p(w), pb(b), r, i, o),
+        let lin = |x: &[f32], i: usize, layers: &mut [(&mut [f32], usize, Option<usize>, usize)]| match packed {
+            Some(dw) => {
+                let mut outs: Vec<_> =
+                    layers.iter_mut().map(|(out, w, b, _)| (&mut **out, dw.packed[*w].as_ref().expect("a linear weight is packed"), pb(*b))).collect();
+                linears_packed(&mut outs, x, r, i)
+            }
+            None => layers.iter_mut().for_each(|(out, w, b, o)| ops::linear_forward(out, x, p(*w), pb(*b), r, i, *o)),
         };
 
         let mut x = vec![0f32; r * d];
@@ -356,9 +374,7 @@ impl Model {
         let head_stride = cache.max_len * hd;
         for (l, li) in lay.layers.iter().enumerate() {
             ops::rmsnorm_forward(&mut h, &mut rstd, &x, p(li.ln1), eps, d);
-            lin(&mut q, &h, li.wq, li.bq, d, qd);
-            lin(&mut k, &h, li.wk, li.bk, d, kvd);
-            lin(&mut vv, &h, li.wv, li.bv, d, kvd);
+            lin(&h, d, &mut [(&mut q, li.wq, li.bq, qd), (&mut k, li.wk, li.bk, kvd), (&mut vv, li.wv, li.bv, kvd)]);
             ops::rope_forward(&mut q, &cos, &sin, nh, hd);
             ops::rope_forward(&mut k, &cos, &sin, nkv, hd);
             // Store the new keys and values in the cache.
@@ -442,13 +458,12 @@ impl Model {
                     );
                 }
             });
-            lin(&mut y, &att, li.wo, li.bo, qd, d);
+            lin(&att, qd, &mut [(&mut y, li.wo, li.bo, d)]);
             x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
             ops::rmsnorm_forward(&mut h, &mut rstd, &x, p(li.ln2), eps, d);
-            lin(&mut g, &h, li.wg, li.bg, d, inter);
-            lin(&mut u, &h, li.wu, li.bu, d, inter);
+            lin(&h, d, &mut [(&mut g, li.wg, li.bg, inter), (&mut u, li.wu, li.bu, inter)]);
             ops::swiglu_forward(&mut a, &g, &u);
-            lin(&mut y, &a, li.wd, li.bd, inter, d);
+            lin(&a, inter, &mut [(&mut y, li.wd, li.bd, d)]);
             x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
         }
         for &(slot, _, n, _) in &spans {
