@@ -1,8 +1,11 @@
 //! Incremental decoding with a KV cache, batched over sequences at different positions.
 //!
 //! A [`KvCache`] holds, per layer, the rotated keys and the values of up to `n_slots` sequences
-//! of up to `max_len` tokens each (`[n_slots, Hk, max_len, hd]`: one head's keys are contiguous,
-//! so a decode step streams them; allocated once, untouched pages are never committed). A *slot* is one sequence; its length grows as tokens are fed.
+//! of up to `max_len` tokens each (`[n_slots, Hk, cap, hd]`, `cap` = `max_len` rounded up to
+//! [`KEY_TILE`]: one head's keys and values are contiguous, so a decode step streams them;
+//! a head's keys in tiles of 16 keys × hd, [`crate::simd::key_at`], so that its scores need no
+//! horizontal sums; allocated once, untouched pages are never committed). A *slot* is one
+//! sequence; its length grows as tokens are fed.
 //!
 //! [`Model::extend`] is the one forward: it appends any number of new tokens to any number of
 //! distinct slots in one call (a prompt prefill, a one-token decode step, an observation appended
@@ -30,6 +33,7 @@ use crate::model::Model;
 use crate::ops::{self, SendPtr};
 use crate::params::layout;
 use crate::quant::DecodeDtype;
+use crate::simd::{key_at, KEY_TILE};
 use crate::sgemm::PackedB;
 
 /// Query rows per attention task of a multi-token item (a prompt).
@@ -42,11 +46,13 @@ pub struct KvCache {
     n_layers: usize,
     n_slots: usize,
     max_len: usize,
+    /// Positions per head: `max_len` rounded up to whole key tiles.
+    cap: usize,
     n_kv: usize,
     hd: usize,
-    /// Per layer: rotated keys `[n_slots, Hk, max_len, hd]`.
+    /// Per layer: rotated keys `[n_slots, Hk, cap / KEY_TILE, hd, KEY_TILE]`.
     k: Vec<Vec<f32>>,
-    /// Per layer: values `[n_slots, Hk, max_len, hd]`.
+    /// Per layer: values `[n_slots, Hk, cap, hd]`.
     v: Vec<Vec<f32>>,
     /// Tokens held by each slot.
     len: Vec<usize>,
@@ -60,8 +66,9 @@ impl KvCache {
             bail!("a KV cache needs at least one slot and one position (got {n_slots} slots of {max_len} tokens)");
         }
         let (n_kv, hd) = (config.num_key_value_heads, config.head_dim());
+        let cap = max_len.checked_next_multiple_of(KEY_TILE).unwrap_or(usize::MAX);
         let per_layer = n_slots
-            .checked_mul(max_len)
+            .checked_mul(cap)
             .and_then(|x| x.checked_mul(n_kv * hd))
             .filter(|&x| x.checked_mul(2 * 4 * config.num_hidden_layers).is_some())
             .ok_or_else(|| anyhow::anyhow!("KV cache of {n_slots} slots x {max_len} tokens is too large"))?;
@@ -70,6 +77,7 @@ impl KvCache {
             n_layers,
             n_slots,
             max_len,
+            cap,
             n_kv,
             hd,
             k: (0..n_layers).map(|_| vec![0f32; per_layer]).collect(),
@@ -112,11 +120,21 @@ impl KvCache {
             bail!("copy_prefix: slot {from} holds {} tokens, not {n}", self.len[from]);
         }
         if from != to {
-            let head = self.max_len * self.hd;
-            for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
-                for gk in 0..self.n_kv {
-                    let (src, dst) = ((from * self.n_kv + gk) * head, (to * self.n_kv + gk) * head);
-                    layer.copy_within(src..src + n * self.hd, dst);
+            let (head, hd) = (self.cap * self.hd, self.hd);
+            // Values: the first n rows. Keys: the whole tiles, then the first n mod 16 keys of
+            // each dimension of the last one.
+            let (whole, rest) = (n / KEY_TILE * KEY_TILE, n % KEY_TILE);
+            for gk in 0..self.n_kv {
+                let (src, dst) = ((from * self.n_kv + gk) * head, (to * self.n_kv + gk) * head);
+                for layer in &mut self.v {
+                    layer.copy_within(src..src + n * hd, dst);
+                }
+                for layer in &mut self.k {
+                    layer.copy_within(src..src + whole * hd, dst);
+                    for d in 0..hd * (rest > 0) as usize {
+                        let at = key_at(whole, d, hd);
+                        layer.copy_within(src + at..src + at + rest, dst + at);
+                    }
                 }
             }
         }
@@ -126,7 +144,7 @@ impl KvCache {
 
     /// Bytes allocated (keys and values of every layer).
     pub fn bytes(&self) -> usize {
-        2 * self.n_layers * self.n_slots * self.max_len * self.n_kv * self.hd * 4
+        2 * self.n_layers * self.n_slots * self.cap * self.n_kv * self.hd * 4
     }
 
     fn check_model(&self, c: &ModelConfig) -> Result<()> {
@@ -369,9 +387,10 @@ impl Model {
         let mut a = vec![0f32; r * inter];
         let group = nh / nkv;
         let scale = 1.0 / (hd as f32).sqrt();
-        // Key/value row `j` of head `gk` of slot `s`: `(s·Hk + gk)·max_len + j` rows of hd.
-        let slot_stride = cache.max_len * kvd;
-        let head_stride = cache.max_len * hd;
+        // Head `gk` of slot `s` starts at `(s·Hk + gk)·cap·hd`: its values in rows of hd, its
+        // keys in tiles (`key_at`).
+        let slot_stride = cache.cap * kvd;
+        let head_stride = cache.cap * hd;
         for (l, li) in lay.layers.iter().enumerate() {
             ops::rmsnorm_forward(&mut h, &mut rstd, &x, p(li.ln1), eps, d);
             lin(&h, d, &mut [(&mut q, li.wq, li.bq, qd), (&mut k, li.wk, li.bk, kvd), (&mut vv, li.wv, li.bv, kvd)]);
@@ -384,8 +403,10 @@ impl Model {
                     let head = slot * slot_stride + gk * head_stride;
                     for i in 0..n {
                         let (dst, src) = (head + (p0 + i) * hd, (r0 + i) * kvd + gk * hd);
-                        kc[dst..dst + hd].copy_from_slice(&k[src..src + hd]);
                         vc[dst..dst + hd].copy_from_slice(&vv[src..src + hd]);
+                        for (d, &x) in k[src..src + hd].iter().enumerate() {
+                            kc[head + key_at(p0 + i, d, hd)] = x;
+                        }
                     }
                 }
             }
@@ -393,7 +414,7 @@ impl Model {
             let (kc, vc) = (&cache.k[l], &cache.v[l]);
             let outp = SendPtr(att.as_mut_ptr());
             let qref = &q;
-            tasks.par_iter().for_each_init(Vec::new, |s: &mut Vec<f32>, t| {
+            tasks.par_iter().for_each_init(|| (Vec::new(), Vec::new()), |(s, rows): &mut (Vec<f32>, Vec<f32>), t| {
                 let outp = outp;
                 // Keys 0..p0+nb of the slot; row i (position p0+i) sees keys 0..=p0+i.
                 let nk = t.p0 + t.nb;
@@ -403,14 +424,21 @@ impl Model {
                     let (q0, w) = (t.r0 * qd + t.h * group * hd, group * hd);
                     // SAFETY: row r0, heads h·group..(h+1)·group of `att` belong to this task alone.
                     let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(q0), w) };
-                    let (kh, vh) = (&kc[kbase..kbase + nk * hd], &vc[kbase..kbase + nk * hd]);
+                    let (kh, vh) = (&kc[kbase..kbase + nk.div_ceil(KEY_TILE) * KEY_TILE * hd], &vc[kbase..kbase + nk * hd]);
                     crate::simd::attend_group(o, &qref[q0..q0 + w], kh, vh, group, nk, hd, scale, s);
                     return;
                 }
                 let kbase = t.slot * slot_stride + (t.h / group) * head_stride;
                 s.resize(t.nb * nk, 0.0);
-                // SAFETY: reads stay inside q (rows r0..r0+nb, head h) and the slot's first nk
-                // cache rows of kv head h / group; the written block of `att` (rows r0..r0+nb, head h)
+                // The head's first nk keys as rows [nk, hd], the GEMM's operand.
+                rows.resize(nk * hd, 0.0);
+                for (tile, keys) in kc[kbase..].chunks_exact(KEY_TILE * hd).zip(rows.chunks_mut(KEY_TILE * hd)) {
+                    for (l, row) in keys.chunks_exact_mut(hd).enumerate() {
+                        row.iter_mut().enumerate().for_each(|(d, x)| *x = tile[d * KEY_TILE + l]);
+                    }
+                }
+                // SAFETY: reads stay inside q (rows r0..r0+nb, head h) and `rows` (the slot's first
+                // nk keys of kv head h / group); the written block of `att` (rows r0..r0+nb, head h)
                 // belongs to this task alone.
                 unsafe {
                     matrixmultiply::sgemm(
@@ -421,7 +449,7 @@ impl Model {
                         qref.as_ptr().add(t.r0 * qd + t.h * hd),
                         qd as isize,
                         1,
-                        kc.as_ptr().add(kbase),
+                        rows.as_ptr(),
                         1,
                         hd as isize,
                         0.0,

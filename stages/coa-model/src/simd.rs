@@ -257,23 +257,36 @@ mod tests {
     }
 }
 
+/// Keys per tile of a KV cache head's keys (see [`key_at`]).
+pub const KEY_TILE: usize = 16;
+
+/// Where element `d` of key `j` lies among one head's cached keys, stored in tiles of
+/// [`KEY_TILE`] keys, each `[hd, KEY_TILE]` (one dimension of 16 consecutive keys is one
+/// 64-byte vector): a decode step's scores `q·kⱼ` then run down the dimensions with one FMA per
+/// 16 keys and no horizontal sums.
+#[inline]
+pub fn key_at(j: usize, d: usize, hd: usize) -> usize {
+    (j / KEY_TILE * hd + d) * KEY_TILE + j % KEY_TILE
+}
+
 /// Attention of one new token's `group` query heads that share one key/value head (a decode step
 /// under grouped-query attention) against that head's `nk` cached keys and values:
-/// `out[g] = softmax(q[g]·Kᵀ · scale) V` for `q[group, hd]`, `k[nk, hd]`, `v[nk, hd]` (rows
-/// contiguous), `out[group, hd]`; `scores` is scratch (resized to `group·nk`).
+/// `out[g] = softmax(q[g]·Kᵀ · scale) V` for `q[group, hd]`, keys `kt` in tiles ([`key_at`],
+/// `nk.div_ceil(KEY_TILE)` whole tiles), `v[nk, hd]` (rows contiguous), `out[group, hd]`;
+/// `scores` is scratch (resized to `group·nk`).
 ///
 /// Every cached key and value is read once for the whole group (not once per query head), and the
-/// result depends only on `q`, `k` and `v`: each score is an 8-lane dot product reduced in a fixed
-/// order (that of [`hsum8_pairs`]), the softmax is [`max`], [`exp_affine_sum`] and [`scale`], and
-/// each output element sums p_j·v_j over j in order.
+/// result depends only on `q`, the keys and `v`: each score sums q[d]·k[d] by FMA in d order, the
+/// softmax is [`max`], [`exp_affine_sum`] and [`scale`], and each output element sums p_j·v_j
+/// over j in order.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_group(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], group: usize, nk: usize, hd: usize, scale: f32, scores: &mut Vec<f32>) {
+pub fn attend_group(out: &mut [f32], q: &[f32], kt: &[f32], v: &[f32], group: usize, nk: usize, hd: usize, scale: f32, scores: &mut Vec<f32>) {
     assert!(
-        out.len() == group * hd && q.len() == group * hd && k.len() >= nk * hd && v.len() >= nk * hd && nk > 0,
+        out.len() == group * hd && q.len() == group * hd && kt.len() >= nk.div_ceil(KEY_TILE) * KEY_TILE * hd && v.len() >= nk * hd && nk > 0,
         "attend_group: shapes"
     );
     scores.resize(group * nk, 0.0);
-    attend_scores(scores, q, k, group, nk, hd);
+    attend_scores(scores, q, kt, group, nk, hd);
     for s in scores.chunks_mut(nk) {
         let mx = max(s) * scale;
         let sum = exp_affine_sum(s, scale, mx);
@@ -282,80 +295,95 @@ pub fn attend_group(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], group: usi
     attend_values(out, scores, v, group, nk, hd);
 }
 
-/// The fixed summation order of an 8-lane dot product's lanes in [`attend_group`]:
-/// ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)), what the AVX2 kernel's `hadd` tree computes.
-#[inline(always)]
-fn hsum8_pairs(l: &[f32; 8]) -> f32 {
-    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
-}
-
-/// `s[g, j] = q[g] · k[j]` for `s[group, nk]`.
-fn attend_scores(s: &mut [f32], q: &[f32], k: &[f32], group: usize, nk: usize, hd: usize) {
+/// `s[g, j] = q[g] · k[j]` for `s[group, nk]`, keys in tiles.
+fn attend_scores(s: &mut [f32], q: &[f32], kt: &[f32], group: usize, nk: usize, hd: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        if hd % 8 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has the features; the shapes were checked by the caller.
-            unsafe { attend_scores_avx2(s, q, k, group, nk, hd) };
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has the feature; the shapes were checked by the caller.
+            unsafe { attend_scores_avx512(s, q, kt, group, nk, hd) };
+            return;
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: as above.
+            unsafe { attend_scores_fma(s, q, kt, group, nk, hd) };
             return;
         }
     }
-    attend_scores_plain(s, q, k, group, nk, hd);
+    attend_scores_plain(s, q, kt, group, nk, hd);
 }
 
-/// The portable [`attend_scores`] (same sums, same order as the AVX2 kernel).
-fn attend_scores_plain(s: &mut [f32], q: &[f32], k: &[f32], group: usize, nk: usize, hd: usize) {
-    for g in 0..group {
-        let qg = &q[g * hd..(g + 1) * hd];
-        for j in 0..nk {
-            let kj = &k[j * hd..(j + 1) * hd];
-            let mut lanes = [0f32; 8];
-            let n8 = hd / 8 * 8;
-            for d in (0..n8).step_by(8) {
-                for l in 0..8 {
-                    lanes[l] = qg[d + l].mul_add(kj[d + l], lanes[l]);
-                }
+/// The portable [`attend_scores`] (the same sums in the same order as the vector kernels).
+#[inline(always)]
+fn attend_scores_plain(s: &mut [f32], q: &[f32], kt: &[f32], group: usize, nk: usize, hd: usize) {
+    for t in 0..nk.div_ceil(KEY_TILE) {
+        let tile = &kt[t * hd * KEY_TILE..(t + 1) * hd * KEY_TILE];
+        let n = (nk - t * KEY_TILE).min(KEY_TILE);
+        for g in 0..group {
+            let mut acc = [0f32; KEY_TILE];
+            for (qd, kd) in q[g * hd..(g + 1) * hd].iter().zip(tile.chunks_exact(KEY_TILE)) {
+                acc.iter_mut().zip(kd).for_each(|(a, &k)| *a = qd.mul_add(k, *a));
             }
-            let mut acc = hsum8_pairs(&lanes);
-            for d in n8..hd {
-                acc += qg[d] * kj[d];
-            }
-            s[g * nk + j] = acc;
+            s[g * nk + t * KEY_TILE..][..n].copy_from_slice(&acc[..n]);
         }
     }
 }
 
+/// [`attend_scores_plain`] compiled for AVX2 + FMA (vectorised by the compiler, the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_scores_avx2(s: &mut [f32], q: &[f32], k: &[f32], group: usize, nk: usize, hd: usize) {
-    use std::arch::x86_64::*;
-    let (qp, kp) = (q.as_ptr(), k.as_ptr());
-    // Blocks of 4 keys; a last partial block repeats its last key (valid memory), whose extra
-    // sums are not stored.
-    let mut j = 0;
-    while j < nk {
-        let nb = (nk - j).min(4);
-        let kr: [*const f32; 4] = std::array::from_fn(|t| kp.add((j + t.min(nb - 1)) * hd));
-        for g in 0..group {
-            let qg = qp.add(g * hd);
-            let mut a = [_mm256_setzero_ps(); 4];
-            let mut d = 0;
-            while d < hd {
-                let qv = _mm256_loadu_ps(qg.add(d));
-                for t in 0..4 {
-                    a[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[t].add(d)), a[t]);
-                }
-                d += 8;
-            }
-            // lanes (0+1, 2+3) of a0, a1, then of a2, a3; then (01+23); then the two halves.
-            let h01 = _mm256_hadd_ps(a[0], a[1]);
-            let h23 = _mm256_hadd_ps(a[2], a[3]);
-            let h = _mm256_hadd_ps(h01, h23);
-            let sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            let mut four = [0f32; 4];
-            _mm_storeu_ps(four.as_mut_ptr(), sums);
-            s[g * nk + j..g * nk + j + nb].copy_from_slice(&four[..nb]);
+unsafe fn attend_scores_fma(s: &mut [f32], q: &[f32], kt: &[f32], group: usize, nk: usize, hd: usize) {
+    attend_scores_plain(s, q, kt, group, nk, hd)
+}
+
+/// [`attend_scores`] on AVX-512: two tiles (32 keys) at a time against up to four query heads
+/// (eight accumulator chains, enough to hide the FMA latency).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn attend_scores_avx512(s: &mut [f32], q: &[f32], kt: &[f32], group: usize, nk: usize, hd: usize) {
+    let mut g0 = 0;
+    while g0 < group {
+        match group - g0 {
+            1 => scores_heads::<1>(s, q, kt, g0, nk, hd),
+            2 => scores_heads::<2>(s, q, kt, g0, nk, hd),
+            3 => scores_heads::<3>(s, q, kt, g0, nk, hd),
+            _ => scores_heads::<4>(s, q, kt, g0, nk, hd),
         }
-        j += nb;
+        g0 += (group - g0).min(4);
+    }
+}
+
+/// Query heads `g0..g0 + G` of [`attend_scores_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn scores_heads<const G: usize>(s: &mut [f32], q: &[f32], kt: &[f32], g0: usize, nk: usize, hd: usize) {
+    use std::arch::x86_64::*;
+    let tiles = nk.div_ceil(KEY_TILE);
+    let (qp, sp) = (q.as_ptr().add(g0 * hd), s.as_mut_ptr().add(g0 * nk));
+    let mut t = 0;
+    while t < tiles {
+        // A last odd tile pairs with itself (valid memory); its copy is not stored.
+        let t1 = (t + 1).min(tiles - 1);
+        let (k0, k1) = (kt.as_ptr().add(t * hd * KEY_TILE), kt.as_ptr().add(t1 * hd * KEY_TILE));
+        let mut a = [[_mm512_setzero_ps(); 2]; G];
+        for d in 0..hd {
+            let (kv0, kv1) = (_mm512_loadu_ps(k0.add(d * KEY_TILE)), _mm512_loadu_ps(k1.add(d * KEY_TILE)));
+            for (g, ag) in a.iter_mut().enumerate() {
+                let qv = _mm512_set1_ps(*qp.add(g * hd + d));
+                ag[0] = _mm512_fmadd_ps(qv, kv0, ag[0]);
+                ag[1] = _mm512_fmadd_ps(qv, kv1, ag[1]);
+            }
+        }
+        for (g, ag) in a.iter().enumerate() {
+            for (h, tt) in [t, t + 1].into_iter().enumerate() {
+                if tt < tiles {
+                    let n = (nk - tt * KEY_TILE).min(KEY_TILE);
+                    _mm512_mask_storeu_ps(sp.add(g * nk + tt * KEY_TILE), ((1u32 << n) - 1) as u16, ag[h]);
+                }
+            }
+        }
+        t += 2;
     }
 }
 
@@ -363,6 +391,11 @@ unsafe fn attend_scores_avx2(s: &mut [f32], q: &[f32], k: &[f32], group: usize, 
 fn attend_values(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize, hd: usize) {
     #[cfg(target_arch = "x86_64")]
     {
+        if hd % 16 == 0 && std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has the feature; the shapes were checked by the caller.
+            unsafe { attend_values_avx512(out, p, v, group, nk, hd) };
+            return;
+        }
         if hd % 8 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU has the features; the shapes were checked by the caller.
             unsafe { attend_values_avx2(out, p, v, group, nk, hd) };
@@ -434,6 +467,56 @@ unsafe fn attend_values_cols<const NC: usize>(out: &mut [f32], p: &[f32], v: &[f
     }
 }
 
+/// [`attend_values`] on AVX-512: up to 3 query heads × 64 output columns in 12 registers, each
+/// value row read once per 64 columns (the same sums, in the same order, as the other kernels).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn attend_values_avx512(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize, hd: usize) {
+    let mut g0 = 0;
+    while g0 < group {
+        let ng = (group - g0).min(3);
+        let mut c = 0;
+        while c < hd {
+            match (hd - c) / 16 {
+                1 => values_cols512::<1>(out, p, v, g0, ng, nk, hd, c),
+                2 => values_cols512::<2>(out, p, v, g0, ng, nk, hd, c),
+                3 => values_cols512::<3>(out, p, v, g0, ng, nk, hd, c),
+                _ => values_cols512::<4>(out, p, v, g0, ng, nk, hd, c),
+            }
+            c += 16 * ((hd - c) / 16).min(4);
+        }
+        g0 += ng;
+    }
+}
+
+/// Columns `c..c + 16·NC` of heads `g0..g0 + ng` (ng ≤ 3) of [`attend_values_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn values_cols512<const NC: usize>(out: &mut [f32], p: &[f32], v: &[f32], g0: usize, ng: usize, nk: usize, hd: usize, c: usize) {
+    use std::arch::x86_64::*;
+    let (vp, op) = (v.as_ptr(), out.as_mut_ptr());
+    // Heads beyond ng read head g0's probabilities (valid memory); their sums are not stored.
+    let pr: [*const f32; 3] = std::array::from_fn(|g| p.as_ptr().add((g0 + if g < ng { g } else { 0 }) * nk));
+    let mut a = [[_mm512_setzero_ps(); NC]; 3];
+    for j in 0..nk {
+        let vr = vp.add(j * hd + c);
+        let pb = [_mm512_set1_ps(*pr[0].add(j)), _mm512_set1_ps(*pr[1].add(j)), _mm512_set1_ps(*pr[2].add(j))];
+        for t in 0..NC {
+            let vv = _mm512_loadu_ps(vr.add(16 * t));
+            a[0][t] = _mm512_fmadd_ps(pb[0], vv, a[0][t]);
+            a[1][t] = _mm512_fmadd_ps(pb[1], vv, a[1][t]);
+            a[2][t] = _mm512_fmadd_ps(pb[2], vv, a[2][t]);
+        }
+    }
+    for (g, ag) in a.iter().enumerate().take(ng) {
+        for (t, &at) in ag.iter().enumerate() {
+            _mm512_storeu_ps(op.add((g0 + g) * hd + c + 16 * t), at);
+        }
+    }
+}
+
 #[cfg(test)]
 mod attend_tests {
     use super::*;
@@ -446,6 +529,18 @@ mod attend_tests {
                 (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
             })
             .collect()
+    }
+
+    /// Keys `k[nk, hd]` in the cache's tiles ([`key_at`]); the last tile's unused lanes hold NaN,
+    /// which no result may see.
+    fn tiled(k: &[f32], nk: usize, hd: usize) -> Vec<f32> {
+        let mut t = vec![f32::NAN; nk.div_ceil(KEY_TILE) * KEY_TILE * hd];
+        for j in 0..nk {
+            for d in 0..hd {
+                t[key_at(j, d, hd)] = k[j * hd + d];
+            }
+        }
+        t
     }
 
     /// softmax(q·Kᵀ·scale)·V in f64, one query head at a time.
@@ -475,7 +570,7 @@ mod attend_tests {
             let scale = 1.0 / (hd as f32).sqrt();
             let mut out = vec![f32::NAN; group * hd];
             let mut scratch = Vec::new();
-            attend_group(&mut out, &q, &k, &v, group, nk, hd, scale, &mut scratch);
+            attend_group(&mut out, &q, &tiled(&k, nk, hd), &v, group, nk, hd, scale, &mut scratch);
             let want = reference(&q, &k, &v, group, nk, hd, scale);
             let err = out.iter().zip(&want).map(|(&a, &b)| (a as f64 - b).abs()).fold(0f64, f64::max);
             assert!(err < 2e-5, "group {group} hd {hd} nk {nk}: max abs err {err}");
@@ -486,14 +581,23 @@ mod attend_tests {
     fn attend_kernels_equal_the_portable_ones_bit_for_bit() {
         for (group, hd, nk) in [(3, 64, 1), (3, 64, 1031), (2, 16, 70), (4, 24, 9), (7, 40, 33)] {
             let (q, k, p) = (random(group * hd, 4), random(nk * hd, 5), random(group * nk, 6));
+            let kt = tiled(&k, nk, hd);
             let (mut s1, mut s2) = (vec![0f32; group * nk], vec![1f32; group * nk]);
-            attend_scores(&mut s1, &q, &k, group, nk, hd);
-            attend_scores_plain(&mut s2, &q, &k, group, nk, hd);
+            attend_scores(&mut s1, &q, &kt, group, nk, hd);
+            attend_scores_plain(&mut s2, &q, &kt, group, nk, hd);
             assert_eq!(s1, s2, "scores: group {group} hd {hd} nk {nk}");
+            // The GEMM kernel's dot products, as a prompt's attention computes them.
             let (mut o1, mut o2) = (vec![0f32; group * hd], vec![1f32; group * hd]);
             attend_values(&mut o1, &p, &k, group, nk, hd);
             attend_values_plain(&mut o2, &p, &k, group, nk, hd);
             assert_eq!(o1, o2, "values: group {group} hd {hd} nk {nk}");
+            #[cfg(target_arch = "x86_64")]
+            if hd % 8 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                let mut o3 = vec![1f32; group * hd];
+                // SAFETY: the CPU has the features; shapes as above.
+                unsafe { attend_values_avx2(&mut o3, &p, &k, group, nk, hd) };
+                assert_eq!(o1, o3, "values, AVX2: group {group} hd {hd} nk {nk}");
+            }
         }
     }
 }
@@ -538,5 +642,41 @@ fn linear_speed() {
                 println!("{name:21} rows {r:3} {i:5}x{o:5}: {:6.1} GFLOP/s", flop / best / 1e9);
             }
         }
+    }
+}
+
+/// Time of one-token attention over SmolLM2-135M's shapes (3 query heads per key/value head,
+/// hd 64, 364 cached keys), one thread, for HEADS heads (default 1440: a batch-16 decode step's
+/// 16 slots × 30 layers × 3 heads, each head's keys and values in its own memory, so they come
+/// from DRAM as in decoding; HEADS=16 keeps them in cache):
+/// `HEADS=16 cargo test --release -p coa-model --lib attend_speed -- --ignored --nocapture`
+#[cfg(test)]
+#[test]
+#[ignore = "a measurement: run alone on a quiet machine"]
+fn attend_speed() {
+    let (group, hd, nk, heads) = (3usize, 64usize, 364usize, std::env::var("HEADS").map_or(1440, |h| h.parse().expect("HEADS")));
+    let stride = 512 * hd;
+    let k: Vec<f32> = (0..heads * stride).map(|i| (i % 13) as f32 * 0.01).collect();
+    let v = k.clone();
+    let q: Vec<f32> = (0..group * hd).map(|i| (i % 7) as f32 * 0.1).collect();
+    let mut out = vec![0f32; group * hd];
+    let mut s = Vec::new();
+    for rep in 0..3 {
+        let t = std::time::Instant::now();
+        for h in 0..heads {
+            attend_group(&mut out, &q, &k[h * stride..], &v[h * stride..], group, nk, hd, 0.125, &mut s);
+        }
+        let dt = t.elapsed().as_secs_f64();
+        eprintln!("rep {rep}: {:.2} ms for {heads} heads, {:.1} GB/s", dt * 1e3, (2 * heads * nk * hd * 4) as f64 / dt / 1e9);
+        let t = std::time::Instant::now();
+        for h in 0..heads {
+            attend_scores(&mut s[..group * nk], &q, &k[h * stride..], group, nk, hd);
+        }
+        eprintln!("  scores alone {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
+        let t = std::time::Instant::now();
+        for h in 0..heads {
+            attend_values(&mut out, &s[..group * nk], &v[h * stride..], group, nk, hd);
+        }
+        eprintln!("  values alone {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
     }
 }
