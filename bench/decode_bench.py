@@ -6,9 +6,9 @@ Both sides read the same HF checkpoint with the same number of threads (RAYON_NU
 torch). Each row of a batch is a 256-token prompt followed by 128 generated tokens (greedy; HF with
 `min_new_tokens=max_new_tokens=128` so no row stops early). A side's throughput is the batch's
 generated tokens divided by the wall time of prompt + 128 steps (the best of `--repeat` runs).
-Ours runs once per weight format (`--weights f32 bf16 int8`: the format `decode_bench --weights`
-and `coa-generate policy --decode-weights` hold the weights in); transformers runs in fp32 (the
-peer the target is set against) and in bf16. Run it on an otherwise idle machine.
+Ours runs once per format (`--formats f32:f32 bf16:bf16 int8:bf16`: weights and KV cache, as
+`decode_bench --weights --kv` and `coa-generate policy --decode-weights --kv-cache` hold them);
+transformers runs in fp32 (the peer the target is set against) and in bf16. Run it on an otherwise idle machine.
 
 The same run measures the machine's limits (f32 `torch.mm` GFLOP/s and the read bandwidth of a
 1 GiB sum, same threads) and writes the roofline each row cannot beat: a decode step reads every
@@ -28,9 +28,10 @@ import sys
 import time
 
 
-def ours(example, ckpt, threads, batch, weights):
+def ours(example, ckpt, threads, batch, weights, kv):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    out = subprocess.run([example, ckpt, str(batch), "--weights", weights], env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([example, ckpt, str(batch), "--weights", weights, "--kv", kv], env=env, check=True,
+                         capture_output=True, text=True).stdout
     m = re.search(r"prefill (\d+) tok/s, decode (\d+) tok/s", out)
     if not m:
         sys.exit(f"decode_bench printed no rates: {out!r}")
@@ -79,16 +80,16 @@ def timed(f):
 
 
 # Bytes a decode step reads per weight, by the format our decoder holds them in (int8: one f32
-# scale per 64 weights).
-WEIGHT_BYTES = {"f32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 64}
+# scale per 32 weights).
+WEIGHT_BYTES = {"f32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 32}
 
 
-def roofline(cfg, n_params, batch, gflops, gbps, weight_bytes=4.0, prompt=256, steps=128):
+def roofline(cfg, n_params, batch, gflops, gbps, weight_bytes=4.0, kv_size=4, prompt=256, steps=128):
     """Upper bounds (tok/s) on generated tokens per second: (prompt + decode, decode alone)."""
     L, nkv, nh = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.num_attention_heads
     hd = cfg.hidden_size // nh
     att_flops = lambda pos: 4 * L * nh * hd * pos  # q·k and p·v of one new row at position pos
-    kv_bytes = lambda pos: 2 * L * nkv * hd * pos * 4
+    kv_bytes = lambda pos: 2 * L * nkv * hd * pos * kv_size
     decode = 0.0
     for s in range(steps):
         pos = prompt + s
@@ -105,8 +106,8 @@ def main():
     ap.add_argument("--checkpoint", required=True, help="an HF checkpoint directory (both sides read it)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    ap.add_argument("--weights", nargs="+", default=["f32", "bf16", "int8"], choices=list(WEIGHT_BYTES),
-                    help="formats our decoder holds the weights in (one row each)")
+    ap.add_argument("--formats", nargs="+", default=["f32:f32", "bf16:bf16", "int8:bf16"],
+                    help="WEIGHTS:KV formats of our decoder, one row each (weights f32|bf16|int8, KV cache f32|bf16)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -125,9 +126,11 @@ def main():
         hf16_rate, hf16_decode = hf(model_bf16, torch, b, vocab, a.repeat)
         print(f"batch {b}: transformers generate f32 {hf_rate:.0f} tok/s (decode alone {hf_decode:.0f}), "
               f"bf16 {hf16_rate:.0f} ({hf16_decode:.0f})", flush=True)
-        for w in a.weights:
-            ours_rate, ours_decode = max(ours(a.example, a.checkpoint, a.threads, b, w) for _ in range(a.repeat))
-            bound, bound_decode = roofline(model.config, n_params, b, gflops, gbps, WEIGHT_BYTES[w])
+        for f in a.formats:
+            w, kv = f.split(":")
+            ours_rate, ours_decode = max(ours(a.example, a.checkpoint, a.threads, b, w, kv) for _ in range(a.repeat))
+            bound, bound_decode = roofline(model.config, n_params, b, gflops, gbps, WEIGHT_BYTES[w], 2 if kv == "bf16" else 4)
+            w = f"{w} / {kv}"
             rows.append((b, w, ours_rate, hf_rate, ours_decode, hf_decode, bound, bound_decode, hf16_rate, hf16_decode))
             print(f"batch {b}, {w} weights: ours {ours_rate:.0f} tok/s, ratio {ours_rate / hf_rate:.2f}x; "
                   f"decode alone {ours_decode:.0f}, ratio {ours_decode / hf_decode:.2f}x", flush=True)
@@ -137,14 +140,15 @@ def main():
         f"Checkpoint `{a.checkpoint}` ({n_params / 1e6:.0f}M parameters), "
         f"{a.threads} threads, {platform.processor() or platform.machine()}, torch {torch.__version__}, transformers {transformers.__version__}.",
         "Each row: a 256-token prompt, then 128 greedy tokens; generated tokens per second of prompt + decode (best of "
-        f"{a.repeat}). Ours holds the weights in the row's format (`decode_bench --weights`, `coa-generate policy "
-        "--decode-weights`: f32 as trained, bf16, or int8 with a scale per 64 inputs; activations, KV cache and "
-        "sums stay f32); transformers runs in f32 (the issue's peer) and in bf16 (`dtype=torch.bfloat16`).",
+        f"{a.repeat}). Ours holds the weights and the KV cache in the row's formats (`decode_bench --weights --kv`, "
+        "`coa-generate policy --decode-weights --kv-cache`: weights f32 as trained, bf16, or int8 with a scale per 32 "
+        "inputs; the cache f32 or bf16; activations and sums stay f32); transformers runs in f32 (the issue's peer) "
+        "and in bf16 (`dtype=torch.bfloat16`).",
         "",
         "Decode alone: the 128 steps without the prompt (ours as the example times it; transformers: generate's time",
         "less one forward pass over the prompts).",
         "",
-        "| batch | our weights | ours (tok/s) | transformers f32 (tok/s) | ratio | decode alone: ours | transformers f32 | ratio |",
+        "| batch | our weights / KV cache | ours (tok/s) | transformers f32 (tok/s) | ratio | decode alone: ours | transformers f32 | ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
     lines += [f"| {b} | {w} | {o:.0f} | {h:.0f} | {o / h:.2f}x | {od:.0f} | {hd:.0f} | {od / hd:.2f}x |"
@@ -157,11 +161,11 @@ def main():
         f"Roofline of this machine, measured in the same run: f32 `torch.mm` {gflops:.0f} GFLOP/s, read bandwidth "
         f"{gbps:.1f} GB/s ({a.threads} threads). A decode step reads every weight ({n_params * 4 / 1e6:.0f} MB in f32, "
         f"{n_params * 2 / 1e6:.0f} MB in bf16, {n_params * WEIGHT_BYTES['int8'] / 1e6:.0f} MB in int8) and the "
-        "batch's f32 KV cache once and does 2 FLOPs per weight per row plus attention; the prompt's FLOPs run at the "
+        "batch's KV cache (in its format) once and does 2 FLOPs per weight per row plus attention; the prompt's FLOPs run at the "
         "f32 peak. No implementation holding the weights in that format can beat these bounds here; 3x transformers "
         "f32 is the issue's target.",
         "",
-        "| batch | our weights | bound: prompt + decode (tok/s) | ours, % of bound | 3x transformers | bound: decode alone | ours, % of bound | 3x transformers |",
+        "| batch | our weights / KV cache | bound: prompt + decode (tok/s) | ours, % of bound | 3x transformers | bound: decode alone | ours, % of bound | 3x transformers |",
         "|---|---|---|---|---|---|---|---|",
     ]
     lines += [f"| {b} | {w} | {bd:.0f} | {100 * o / bd:.0f}% | {3 * h:.0f} | {bdd:.0f} | {100 * od / bdd:.0f}% | {3 * hd:.0f} |"

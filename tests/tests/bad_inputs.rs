@@ -275,6 +275,7 @@ fn coa_generate_policy() {
     refuses("a negative sample count", &s(&["coa-generate", "policy", "--checkpoint", &ckpt, "-i", &fx.path("tasks.parquet"), "--n", "-5"]), &["--n", "`-5`: expected a whole number of at least 1"]);
     refuses("a checkpoint that is not one", &s(&["coa-generate", "policy", "--checkpoint", &fx.path("tok.json"), "-i", &fx.path("tasks.parquet")]), &["tok.json"]);
     refuses("an unknown weight format", &s(&["coa-generate", "policy", "--checkpoint", &ckpt, "-i", &fx.path("tasks.parquet"), "--decode-weights", "fp8"]), &["--decode-weights", "fp8", "bf16"]);
+    refuses("an int8 KV cache", &s(&["coa-generate", "policy", "--checkpoint", &ckpt, "-i", &fx.path("tasks.parquet"), "--kv-cache", "int8"]), &["--kv-cache", "int8", "f32 or bf16"]);
 }
 
 #[test]

@@ -90,6 +90,15 @@ fn top_p(s: &str) -> Result<f32, String> {
     }
 }
 
+/// `--kv-cache`: f32 or bf16.
+fn kv_format(s: &str) -> Result<coa_model::DecodeDtype, String> {
+    match s.parse::<coa_model::DecodeDtype>() {
+        Ok(coa_model::DecodeDtype::Int8) => Err("`int8`: the KV cache holds f32 or bf16".to_string()),
+        Ok(d) => Ok(d),
+        Err(_) => Err(format!("`{s}`: expected f32 or bf16")),
+    }
+}
+
 #[derive(clap::Args)]
 #[command(after_help = "Examples:\n  coa-generate policy --checkpoint ckpt -i tasks.parquet --corpus corpus.parquet --n 8 -o rollouts.parquet\n  \
 coa-generate policy --checkpoint ckpt -i tasks.parquet --corpus corpus.parquet --n 8 --oversample --groups 32 | coa-score --tasks tasks.parquet")]
@@ -139,12 +148,17 @@ pub struct PolicyArgs {
     #[arg(long, value_name = "auto|cpu|cuda[:N]|emu", default_value = "cpu")]
     device: DeviceChoice,
     /// The format the CPU decoder holds the weights in: `f32` (as trained; the trainer's
-    /// log-probs bit for bit), `bf16`, or `int8` (symmetric, one scale per 64 inputs of an
+    /// log-probs bit for bit), `bf16`, or `int8` (symmetric, one scale per 32 inputs of an
     /// output). A decode step reads every weight once, so bf16 and int8 read a half and about
     /// a quarter of the bytes and decode faster; the logits move by the rounding (RL then sees a
     /// non-zero sampling-vs-trainer log-prob mismatch).
     #[arg(long, value_name = "f32|bf16|int8", default_value = "f32")]
     decode_weights: coa_model::DecodeDtype,
+    /// The format the CPU decoder's KV cache holds keys and values in: `f32`, or `bf16` (half
+    /// the bytes each step's attention reads, which dominates long contexts; each key and value
+    /// rounded once when stored).
+    #[arg(long, value_name = "f32|bf16", default_value = "f32", value_parser = kv_format)]
+    kv_cache: coa_model::DecodeDtype,
     /// Keep taking tasks until --groups informative groups (rewards not all equal) exist.
     #[arg(long, requires = "groups")]
     oversample: bool,
@@ -243,10 +257,15 @@ pub const MIN_SHARED: usize = 16;
 
 impl<'a> ModelPolicy<'a> {
     pub fn new(model: &'a Model, slots: usize, max_len: usize) -> Result<Self> {
+        ModelPolicy::with_cache(model, slots, max_len, coa_model::DecodeDtype::F32)
+    }
+
+    /// [`ModelPolicy::new`] with the KV cache stored as `kv` (f32 or bf16).
+    pub fn with_cache(model: &'a Model, slots: usize, max_len: usize, kv: coa_model::DecodeDtype) -> Result<Self> {
         model.prepare_decoding();
         Ok(ModelPolicy {
             model,
-            cache: KvCache::new(&model.config, slots + PREFIX_ENTRIES, max_len)?,
+            cache: KvCache::new_as(&model.config, slots + PREFIX_ENTRIES, max_len, kv)?,
             slots,
             reuse_prefixes: true,
             kept: vec![(Vec::new(), 0); PREFIX_ENTRIES],
@@ -831,8 +850,13 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     let supported = check_decodable(&model.config);
     let (policy, device_name): (&mut dyn Policy, String) = match gpu_for_model(device, args.device, supported, "decodes this model").map_err(|e| anyhow!("{e}"))? {
         Some(info) => {
-            if args.decode_weights != coa_model::DecodeDtype::F32 {
-                bail!("--decode-weights {}: the CPU decoder's option; the GPU decoder (--device {}) holds bf16 weights", args.decode_weights, args.device);
+            if args.decode_weights != coa_model::DecodeDtype::F32 || args.kv_cache != coa_model::DecodeDtype::F32 {
+                bail!(
+                    "--decode-weights {} --kv-cache {}: the CPU decoder's options; the GPU decoder (--device {}) holds bf16 weights and KV cache",
+                    args.decode_weights,
+                    args.kv_cache,
+                    args.device
+                );
             }
             let at = |e: coa_kernels::Error| anyhow!("--device {}: {e}", args.device);
             let gpu = Gpu::open(&info).map_err(at)?;
@@ -847,11 +871,12 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         }
         None => {
             model.prepare_decoding_as(args.decode_weights).context("--decode-weights")?;
-            cpu_policy = ModelPolicy::new(&model, slots, max_len)?;
+            cpu_policy = ModelPolicy::with_cache(&model, slots, max_len, args.kv_cache)?;
             if args.no_prefix_reuse {
                 cpu_policy = cpu_policy.without_prefix_reuse();
             }
-            (&mut cpu_policy, if args.decode_weights == coa_model::DecodeDtype::F32 { "cpu".to_string() } else { format!("cpu ({} weights)", args.decode_weights) })
+            let exact = args.decode_weights == coa_model::DecodeDtype::F32 && args.kv_cache == coa_model::DecodeDtype::F32;
+            (&mut cpu_policy, if exact { "cpu".to_string() } else { format!("cpu ({} weights, {} KV cache)", args.decode_weights, args.kv_cache) })
         }
     };
     let cfg = SampleConfig {

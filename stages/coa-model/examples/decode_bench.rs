@@ -4,10 +4,11 @@
 //! Default: a random 256-token prompt per slot (prefill timed), then 128 decode steps.
 //! `--context N`: one random N-token prompt prefilled once and copied to every slot
 //! (`KvCache::copy_prefix`), then the decode steps alone: the contexts RL rollouts decode at.
-//! `--weights f32|bf16|int8`: the format decoding holds the weights in (`DecodeDtype`).
+//! `--weights f32|bf16|int8`: the format decoding holds the weights in (`DecodeDtype`);
+//! `--kv f32|bf16`: the KV cache's.
 //!
 //!     RAYON_NUM_THREADS=2 cargo run --release -p coa-model --example decode_bench \
-//!         [-- CHECKPOINT [BATCH...] [--context N] [--steps N] [--weights F]]
+//!         [-- CHECKPOINT [BATCH...] [--context N] [--steps N] [--weights F] [--kv F]]
 
 use anyhow::{bail, Context};
 use coa_model::rng::random_ids;
@@ -15,7 +16,7 @@ use coa_model::{DecodeDtype, KvCache, Model, ModelConfig};
 
 fn main() -> anyhow::Result<()> {
     let mut positional = Vec::new();
-    let (mut context, mut steps, mut dtype) = (None, 128usize, DecodeDtype::F32);
+    let (mut context, mut steps, mut dtype, mut kv) = (None, 128usize, DecodeDtype::F32, DecodeDtype::F32);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |flag: &str| -> anyhow::Result<usize> {
@@ -26,7 +27,8 @@ fn main() -> anyhow::Result<()> {
             "--context" => context = Some(value("--context")?),
             "--steps" => steps = value("--steps")?,
             "--weights" => dtype = args.next().context("--weights needs f32, bf16 or int8")?.parse()?,
-            s if s.starts_with("--") => bail!("unknown flag {s} (expected --context N, --steps N, --weights F)"),
+            "--kv" => kv = args.next().context("--kv needs f32 or bf16")?.parse()?,
+            s if s.starts_with("--") => bail!("unknown flag {s} (expected --context N, --steps N, --weights F, --kv F)"),
             _ => positional.push(a),
         }
     }
@@ -42,7 +44,7 @@ fn main() -> anyhow::Result<()> {
     let threads = rayon::current_num_threads();
     for batch in batches {
         let prompt = context.unwrap_or(256);
-        let mut cache = KvCache::new(&m.config, batch, prompt + steps)?;
+        let mut cache = KvCache::new_as(&m.config, batch, prompt + steps, kv)?;
         let t0 = std::time::Instant::now();
         if context.is_some() {
             m.prefill(&mut cache, 0, &random_ids(prompt, vocab, 0))?;
@@ -68,9 +70,9 @@ fn main() -> anyhow::Result<()> {
             dt * 1000.0 / steps as f64
         );
         match context {
-            Some(n) => println!("{name}, {dtype} weights, {threads} threads, batch {batch}, context {n}..{}: {decode}", n + steps),
+            Some(n) => println!("{name}, {dtype} weights, {kv} cache, {threads} threads, batch {batch}, context {n}..{}: {decode}", n + steps),
             None => println!(
-                "{name}, {dtype} weights, {threads} threads, batch {batch}: prefill {:.0} tok/s, {decode}",
+                "{name}, {dtype} weights, {kv} cache, {threads} threads, batch {batch}: prefill {:.0} tok/s, {decode}",
                 (batch * prompt) as f64 / prefill
             ),
         }

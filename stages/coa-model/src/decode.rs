@@ -33,12 +33,57 @@ use crate::model::Model;
 use crate::ops::{self, SendPtr};
 use crate::params::layout;
 use crate::quant::DecodeDtype;
-use crate::simd::{key_at, KEY_TILE};
+use crate::simd::{key_at, KvElem, KvRows, KEY_TILE};
 use crate::sgemm::PackedB;
 
 /// Query rows per attention task of a multi-token item (a prompt).
 const ATT_BLOCK: usize = 64;
 
+
+/// One layer's cached keys or values, as stored: f32, or bf16 (half the bytes a decode step's
+/// attention reads; each value rounded to nearest even when stored, widened exactly when read).
+#[derive(Clone, Debug)]
+enum KvStore {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl KvStore {
+    fn zeros(dtype: DecodeDtype, n: usize) -> KvStore {
+        match dtype {
+            DecodeDtype::Bf16 => KvStore::Bf16(vec![0; n]),
+            _ => KvStore::F32(vec![0.0; n]),
+        }
+    }
+
+    /// Values `at..at + n`.
+    fn rows(&self, at: usize, n: usize) -> KvRows<'_> {
+        match self {
+            KvStore::F32(x) => KvRows::F32(&x[at..at + n]),
+            KvStore::Bf16(x) => KvRows::Bf16(&x[at..at + n]),
+        }
+    }
+
+    /// Stores `xs` from `at` on.
+    fn set(&mut self, at: usize, xs: &[f32]) {
+        match self {
+            KvStore::F32(x) => x[at..at + xs.len()].copy_from_slice(xs),
+            KvStore::Bf16(x) => x[at..at + xs.len()].iter_mut().zip(xs).for_each(|(y, &v)| *y = crate::quant::bf16_bits(v)),
+        }
+    }
+
+    /// Stores `x` at `i`.
+    fn set_one(&mut self, i: usize, x: f32) {
+        self.set(i, std::slice::from_ref(&x));
+    }
+
+    fn copy_within(&mut self, src: std::ops::Range<usize>, dst: usize) {
+        match self {
+            KvStore::F32(x) => x.copy_within(src, dst),
+            KvStore::Bf16(x) => x.copy_within(src, dst),
+        }
+    }
+}
 
 /// Keys and values of up to `n_slots` sequences (see the module docs).
 #[derive(Clone, Debug)]
@@ -50,18 +95,29 @@ pub struct KvCache {
     cap: usize,
     n_kv: usize,
     hd: usize,
+    /// How keys and values are stored (f32 or bf16).
+    dtype: DecodeDtype,
     /// Per layer: rotated keys `[n_slots, Hk, cap / KEY_TILE, hd, KEY_TILE]`.
-    k: Vec<Vec<f32>>,
+    k: Vec<KvStore>,
     /// Per layer: values `[n_slots, Hk, cap, hd]`.
-    v: Vec<Vec<f32>>,
+    v: Vec<KvStore>,
     /// Tokens held by each slot.
     len: Vec<usize>,
 }
 
 impl KvCache {
-    /// A cache for `n_slots` sequences of at most `max_len` tokens of a model with `config`.
+    /// A cache for `n_slots` sequences of at most `max_len` tokens of a model with `config`, in
+    /// f32.
     pub fn new(config: &ModelConfig, n_slots: usize, max_len: usize) -> Result<KvCache> {
+        KvCache::new_as(config, n_slots, max_len, DecodeDtype::F32)
+    }
+
+    /// [`KvCache::new`] storing keys and values as `dtype`: f32, or bf16 (an error for int8).
+    pub fn new_as(config: &ModelConfig, n_slots: usize, max_len: usize, dtype: DecodeDtype) -> Result<KvCache> {
         config.validate()?;
+        if dtype == DecodeDtype::Int8 {
+            bail!("a KV cache holds f32 or bf16 keys and values, not int8");
+        }
         if n_slots == 0 || max_len == 0 {
             bail!("a KV cache needs at least one slot and one position (got {n_slots} slots of {max_len} tokens)");
         }
@@ -80,8 +136,9 @@ impl KvCache {
             cap,
             n_kv,
             hd,
-            k: (0..n_layers).map(|_| vec![0f32; per_layer]).collect(),
-            v: (0..n_layers).map(|_| vec![0f32; per_layer]).collect(),
+            dtype,
+            k: (0..n_layers).map(|_| KvStore::zeros(dtype, per_layer)).collect(),
+            v: (0..n_layers).map(|_| KvStore::zeros(dtype, per_layer)).collect(),
             len: vec![0; n_slots],
         })
     }
@@ -144,7 +201,13 @@ impl KvCache {
 
     /// Bytes allocated (keys and values of every layer).
     pub fn bytes(&self) -> usize {
-        2 * self.n_layers * self.n_slots * self.cap * self.n_kv * self.hd * 4
+        let size = if self.dtype == DecodeDtype::Bf16 { 2 } else { 4 };
+        2 * self.n_layers * self.n_slots * self.cap * self.n_kv * self.hd * size
+    }
+
+    /// How keys and values are stored.
+    pub fn dtype(&self) -> DecodeDtype {
+        self.dtype
     }
 
     fn check_model(&self, c: &ModelConfig) -> Result<()> {
@@ -251,6 +314,15 @@ pub(crate) fn linears_packed(outs: &mut [(&mut [f32], &PackedB, Option<&[f32]>)]
             }
         }
     });
+}
+
+/// Keys stored in tiles (`kt`, whole tiles covering `rows.len() / hd` keys) as rows `[nk, hd]`.
+fn untile_keys<T: KvElem>(kt: &[T], rows: &mut [f32], hd: usize) {
+    for (tile, keys) in kt.chunks_exact(KEY_TILE * hd).zip(rows.chunks_mut(KEY_TILE * hd)) {
+        for (l, row) in keys.chunks_exact_mut(hd).enumerate() {
+            row.iter_mut().enumerate().for_each(|(d, x)| *x = tile[d * KEY_TILE + l].to_f32());
+        }
+    }
 }
 
 impl Model {
@@ -403,9 +475,9 @@ impl Model {
                     let head = slot * slot_stride + gk * head_stride;
                     for i in 0..n {
                         let (dst, src) = (head + (p0 + i) * hd, (r0 + i) * kvd + gk * hd);
-                        vc[dst..dst + hd].copy_from_slice(&vv[src..src + hd]);
+                        vc.set(dst, &vv[src..src + hd]);
                         for (d, &x) in k[src..src + hd].iter().enumerate() {
-                            kc[head + key_at(p0 + i, d, hd)] = x;
+                            kc.set_one(head + key_at(p0 + i, d, hd), x);
                         }
                     }
                 }
@@ -414,7 +486,7 @@ impl Model {
             let (kc, vc) = (&cache.k[l], &cache.v[l]);
             let outp = SendPtr(att.as_mut_ptr());
             let qref = &q;
-            tasks.par_iter().for_each_init(|| (Vec::new(), Vec::new()), |(s, rows): &mut (Vec<f32>, Vec<f32>), t| {
+            tasks.par_iter().for_each_init(|| (Vec::new(), Vec::new(), Vec::new()), |(s, rows, vrows): &mut (Vec<f32>, Vec<f32>, Vec<f32>), t| {
                 let outp = outp;
                 // Keys 0..p0+nb of the slot; row i (position p0+i) sees keys 0..=p0+i.
                 let nk = t.p0 + t.nb;
@@ -424,19 +496,27 @@ impl Model {
                     let (q0, w) = (t.r0 * qd + t.h * group * hd, group * hd);
                     // SAFETY: row r0, heads h·group..(h+1)·group of `att` belong to this task alone.
                     let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(q0), w) };
-                    let (kh, vh) = (&kc[kbase..kbase + nk.div_ceil(KEY_TILE) * KEY_TILE * hd], &vc[kbase..kbase + nk * hd]);
+                    let (kh, vh) = (kc.rows(kbase, nk.div_ceil(KEY_TILE) * KEY_TILE * hd), vc.rows(kbase, nk * hd));
                     crate::simd::attend_group(o, &qref[q0..q0 + w], kh, vh, group, nk, hd, scale, s);
                     return;
                 }
                 let kbase = t.slot * slot_stride + (t.h / group) * head_stride;
                 s.resize(t.nb * nk, 0.0);
-                // The head's first nk keys as rows [nk, hd], the GEMM's operand.
+                // The head's first nk keys as rows [nk, hd] in f32, the GEMM's operand; its
+                // values too where they are stored in bf16.
                 rows.resize(nk * hd, 0.0);
-                for (tile, keys) in kc[kbase..].chunks_exact(KEY_TILE * hd).zip(rows.chunks_mut(KEY_TILE * hd)) {
-                    for (l, row) in keys.chunks_exact_mut(hd).enumerate() {
-                        row.iter_mut().enumerate().for_each(|(d, x)| *x = tile[d * KEY_TILE + l]);
-                    }
+                match kc.rows(kbase, nk.div_ceil(KEY_TILE) * KEY_TILE * hd) {
+                    KvRows::F32(kt) => untile_keys(kt, rows, hd),
+                    KvRows::Bf16(kt) => untile_keys(kt, rows, hd),
                 }
+                let vbase = match vc.rows(kbase, nk * hd) {
+                    KvRows::F32(v) => v.as_ptr(),
+                    KvRows::Bf16(v) => {
+                        vrows.clear();
+                        vrows.extend(v.iter().map(|x| x.to_f32()));
+                        vrows.as_ptr()
+                    }
+                };
                 // SAFETY: reads stay inside q (rows r0..r0+nb, head h) and `rows` (the slot's first
                 // nk keys of kv head h / group); the written block of `att` (rows r0..r0+nb, head h)
                 // belongs to this task alone.
@@ -476,7 +556,7 @@ impl Model {
                         s.as_ptr(),
                         nk as isize,
                         1,
-                        vc.as_ptr().add(kbase),
+                        vbase,
                         hd as isize,
                         1,
                         0.0,

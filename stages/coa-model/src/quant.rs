@@ -12,7 +12,7 @@
 use anyhow::{bail, Result};
 
 /// Inputs of one output column sharing an int8 scale; a divisor of the GEMM's KC blocks.
-pub const INT8_GROUP: usize = 64;
+pub const INT8_GROUP: usize = 32;
 
 /// How decoding holds the weights it multiplies (the embedding table, every linear layer, the
 /// head); norms and biases stay f32.
@@ -24,7 +24,9 @@ pub enum DecodeDtype {
     /// Rounded to bfloat16, to nearest even (2 bytes).
     Bf16,
     /// Symmetric int8 with one f32 scale per [`INT8_GROUP`] inputs of an output: scale =
-    /// max |w| / 127 over the group, value = round(w / scale) · scale (~1.06 bytes).
+    /// max |w| / 127 over the group, value = round(w / scale) · scale (1.125 bytes; the group of
+    /// llama.cpp's Q8_0). Groups of 64 were measured too: on 32 greedy math responses of
+    /// SmolLM2-135M their log-probs moved 1.6x as far from f32's for 3% more speed.
     Int8,
 }
 
@@ -122,7 +124,7 @@ mod tests {
 
     #[test]
     fn int8_groups_keep_their_maximum_and_bound_the_error() {
-        // Two rows of 150 inputs: groups of 64, 64 and 22 per row, each with its own scale.
+        // Two rows of 150 inputs: groups of 32 (the last of 22) per row, each with its own scale.
         let k = 150;
         let w: Vec<f32> = (0..2 * k).map(|i| ((i * 37 % 101) as f32 - 50.0) * if i % k < 64 { 0.001 } else { 0.1 }).collect();
         let mut r = w.clone();

@@ -257,6 +257,42 @@ mod tests {
     }
 }
 
+/// A KV cache head's keys or values as stored: f32, or bf16 bits (widened exactly on load).
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+impl KvRows<'_> {
+    /// Values held.
+    pub fn n_values(&self) -> usize {
+        match self {
+            KvRows::F32(x) => x.len(),
+            KvRows::Bf16(x) => x.len(),
+        }
+    }
+}
+
+/// A stored KV element, widened to f32.
+pub(crate) trait KvElem: Copy {
+    fn to_f32(self) -> f32;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem for u16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self as u32) << 16)
+    }
+}
+
 /// Keys per tile of a KV cache head's keys (see [`key_at`]).
 pub const KEY_TILE: usize = 16;
 
@@ -280,9 +316,9 @@ pub fn key_at(j: usize, d: usize, hd: usize) -> usize {
 /// softmax is [`max`], [`exp_affine_sum`] and [`scale`], and each output element sums p_j·v_j
 /// over j in order.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_group(out: &mut [f32], q: &[f32], kt: &[f32], v: &[f32], group: usize, nk: usize, hd: usize, scale: f32, scores: &mut Vec<f32>) {
+pub fn attend_group(out: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, group: usize, nk: usize, hd: usize, scale: f32, scores: &mut Vec<f32>) {
     assert!(
-        out.len() == group * hd && q.len() == group * hd && kt.len() >= nk.div_ceil(KEY_TILE) * KEY_TILE * hd && v.len() >= nk * hd && nk > 0,
+        out.len() == group * hd && q.len() == group * hd && kt.n_values() >= nk.div_ceil(KEY_TILE) * KEY_TILE * hd && v.n_values() >= nk * hd && nk > 0,
         "attend_group: shapes"
     );
     scores.resize(group * nk, 0.0);
@@ -296,7 +332,7 @@ pub fn attend_group(out: &mut [f32], q: &[f32], kt: &[f32], v: &[f32], group: us
 }
 
 /// `s[g, j] = q[g] · k[j]` for `s[group, nk]`, keys in tiles.
-fn attend_scores(s: &mut [f32], q: &[f32], kt: &[f32], group: usize, nk: usize, hd: usize) {
+fn attend_scores(s: &mut [f32], q: &[f32], kt: KvRows, group: usize, nk: usize, hd: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
@@ -306,23 +342,31 @@ fn attend_scores(s: &mut [f32], q: &[f32], kt: &[f32], group: usize, nk: usize, 
         }
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: as above.
-            unsafe { attend_scores_fma(s, q, kt, group, nk, hd) };
+            unsafe {
+                match kt {
+                    KvRows::F32(k) => attend_scores_fma(s, q, k, group, nk, hd),
+                    KvRows::Bf16(k) => attend_scores_fma(s, q, k, group, nk, hd),
+                }
+            }
             return;
         }
     }
-    attend_scores_plain(s, q, kt, group, nk, hd);
+    match kt {
+        KvRows::F32(k) => attend_scores_plain(s, q, k, group, nk, hd),
+        KvRows::Bf16(k) => attend_scores_plain(s, q, k, group, nk, hd),
+    }
 }
 
 /// The portable [`attend_scores`] (the same sums in the same order as the vector kernels).
 #[inline(always)]
-fn attend_scores_plain(s: &mut [f32], q: &[f32], kt: &[f32], group: usize, nk: usize, hd: usize) {
+fn attend_scores_plain<T: KvElem>(s: &mut [f32], q: &[f32], kt: &[T], group: usize, nk: usize, hd: usize) {
     for t in 0..nk.div_ceil(KEY_TILE) {
         let tile = &kt[t * hd * KEY_TILE..(t + 1) * hd * KEY_TILE];
         let n = (nk - t * KEY_TILE).min(KEY_TILE);
         for g in 0..group {
             let mut acc = [0f32; KEY_TILE];
             for (qd, kd) in q[g * hd..(g + 1) * hd].iter().zip(tile.chunks_exact(KEY_TILE)) {
-                acc.iter_mut().zip(kd).for_each(|(a, &k)| *a = qd.mul_add(k, *a));
+                acc.iter_mut().zip(kd).for_each(|(a, &k)| *a = qd.mul_add(k.to_f32(), *a));
             }
             s[g * nk + t * KEY_TILE..][..n].copy_from_slice(&acc[..n]);
         }
@@ -332,43 +376,65 @@ fn attend_scores_plain(s: &mut [f32], q: &[f32], kt: &[f32], group: usize, nk: u
 /// [`attend_scores_plain`] compiled for AVX2 + FMA (vectorised by the compiler, the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_scores_fma(s: &mut [f32], q: &[f32], kt: &[f32], group: usize, nk: usize, hd: usize) {
+unsafe fn attend_scores_fma<T: KvElem>(s: &mut [f32], q: &[f32], kt: &[T], group: usize, nk: usize, hd: usize) {
     attend_scores_plain(s, q, kt, group, nk, hd)
+}
+
+/// 16 consecutive stored values from `p`, widened to f32 (`BF16`: u16 bits, else f32).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16<const BF16: bool>(p: *const u8) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    if BF16 {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i))))
+    } else {
+        _mm512_loadu_ps(p as *const f32)
+    }
 }
 
 /// [`attend_scores`] on AVX-512: two tiles (32 keys) at a time against up to four query heads
 /// (eight accumulator chains, enough to hide the FMA latency).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn attend_scores_avx512(s: &mut [f32], q: &[f32], kt: &[f32], group: usize, nk: usize, hd: usize) {
+unsafe fn attend_scores_avx512(s: &mut [f32], q: &[f32], kt: KvRows, group: usize, nk: usize, hd: usize) {
+    let (k, bf16) = match kt {
+        KvRows::F32(k) => (k.as_ptr() as *const u8, false),
+        KvRows::Bf16(k) => (k.as_ptr() as *const u8, true),
+    };
     let mut g0 = 0;
     while g0 < group {
-        match group - g0 {
-            1 => scores_heads::<1>(s, q, kt, g0, nk, hd),
-            2 => scores_heads::<2>(s, q, kt, g0, nk, hd),
-            3 => scores_heads::<3>(s, q, kt, g0, nk, hd),
-            _ => scores_heads::<4>(s, q, kt, g0, nk, hd),
+        match (group - g0, bf16) {
+            (1, false) => scores_heads::<1, false>(s, q, k, g0, nk, hd),
+            (2, false) => scores_heads::<2, false>(s, q, k, g0, nk, hd),
+            (3, false) => scores_heads::<3, false>(s, q, k, g0, nk, hd),
+            (_, false) => scores_heads::<4, false>(s, q, k, g0, nk, hd),
+            (1, true) => scores_heads::<1, true>(s, q, k, g0, nk, hd),
+            (2, true) => scores_heads::<2, true>(s, q, k, g0, nk, hd),
+            (3, true) => scores_heads::<3, true>(s, q, k, g0, nk, hd),
+            (_, true) => scores_heads::<4, true>(s, q, k, g0, nk, hd),
         }
         g0 += (group - g0).min(4);
     }
 }
 
-/// Query heads `g0..g0 + G` of [`attend_scores_avx512`].
+/// Query heads `g0..g0 + G` of [`attend_scores_avx512`], keys at `kt` (f32, or bf16 bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn scores_heads<const G: usize>(s: &mut [f32], q: &[f32], kt: &[f32], g0: usize, nk: usize, hd: usize) {
+unsafe fn scores_heads<const G: usize, const BF16: bool>(s: &mut [f32], q: &[f32], kt: *const u8, g0: usize, nk: usize, hd: usize) {
     use std::arch::x86_64::*;
+    let size = if BF16 { 2 } else { 4 };
     let tiles = nk.div_ceil(KEY_TILE);
     let (qp, sp) = (q.as_ptr().add(g0 * hd), s.as_mut_ptr().add(g0 * nk));
     let mut t = 0;
     while t < tiles {
         // A last odd tile pairs with itself (valid memory); its copy is not stored.
         let t1 = (t + 1).min(tiles - 1);
-        let (k0, k1) = (kt.as_ptr().add(t * hd * KEY_TILE), kt.as_ptr().add(t1 * hd * KEY_TILE));
+        let (k0, k1) = (kt.add(t * hd * KEY_TILE * size), kt.add(t1 * hd * KEY_TILE * size));
         let mut a = [[_mm512_setzero_ps(); 2]; G];
         for d in 0..hd {
-            let (kv0, kv1) = (_mm512_loadu_ps(k0.add(d * KEY_TILE)), _mm512_loadu_ps(k1.add(d * KEY_TILE)));
+            let (kv0, kv1) = (load16::<BF16>(k0.add(d * KEY_TILE * size)), load16::<BF16>(k1.add(d * KEY_TILE * size)));
             for (g, ag) in a.iter_mut().enumerate() {
                 let qv = _mm512_set1_ps(*qp.add(g * hd + d));
                 ag[0] = _mm512_fmadd_ps(qv, kv0, ag[0]);
@@ -388,7 +454,7 @@ unsafe fn scores_heads<const G: usize>(s: &mut [f32], q: &[f32], kt: &[f32], g0:
 }
 
 /// `out[g] = Σ_j p[g, j] · v[j]` for `p[group, nk]`, `out[group, hd]`.
-fn attend_values(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize, hd: usize) {
+fn attend_values(out: &mut [f32], p: &[f32], v: KvRows, group: usize, nk: usize, hd: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         if hd % 16 == 0 && std::is_x86_feature_detected!("avx512f") {
@@ -396,23 +462,28 @@ fn attend_values(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize,
             unsafe { attend_values_avx512(out, p, v, group, nk, hd) };
             return;
         }
-        if hd % 8 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has the features; the shapes were checked by the caller.
-            unsafe { attend_values_avx2(out, p, v, group, nk, hd) };
-            return;
+        if let KvRows::F32(v) = v {
+            if hd % 8 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has the features; the shapes were checked by the caller.
+                unsafe { attend_values_avx2(out, p, v, group, nk, hd) };
+                return;
+            }
         }
     }
-    attend_values_plain(out, p, v, group, nk, hd);
+    match v {
+        KvRows::F32(v) => attend_values_plain(out, p, v, group, nk, hd),
+        KvRows::Bf16(v) => attend_values_plain(out, p, v, group, nk, hd),
+    }
 }
 
-/// The portable [`attend_values`] (same sums, same order as the AVX2 kernel).
-fn attend_values_plain(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize, hd: usize) {
+/// The portable [`attend_values`] (same sums, same order as the vector kernels).
+fn attend_values_plain<T: KvElem>(out: &mut [f32], p: &[f32], v: &[T], group: usize, nk: usize, hd: usize) {
     out.iter_mut().for_each(|x| *x = 0.0);
     for g in 0..group {
         let o = &mut out[g * hd..(g + 1) * hd];
         for j in 0..nk {
             let pj = p[g * nk + j];
-            o.iter_mut().zip(&v[j * hd..(j + 1) * hd]).for_each(|(a, &b)| *a = pj.mul_add(b, *a));
+            o.iter_mut().zip(&v[j * hd..(j + 1) * hd]).for_each(|(a, &b)| *a = pj.mul_add(b.to_f32(), *a));
         }
     }
 }
@@ -471,17 +542,25 @@ unsafe fn attend_values_cols<const NC: usize>(out: &mut [f32], p: &[f32], v: &[f
 /// value row read once per 64 columns (the same sums, in the same order, as the other kernels).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn attend_values_avx512(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize, hd: usize) {
+unsafe fn attend_values_avx512(out: &mut [f32], p: &[f32], v: KvRows, group: usize, nk: usize, hd: usize) {
+    let (v, bf16) = match v {
+        KvRows::F32(v) => (v.as_ptr() as *const u8, false),
+        KvRows::Bf16(v) => (v.as_ptr() as *const u8, true),
+    };
     let mut g0 = 0;
     while g0 < group {
         let ng = (group - g0).min(3);
         let mut c = 0;
         while c < hd {
-            match (hd - c) / 16 {
-                1 => values_cols512::<1>(out, p, v, g0, ng, nk, hd, c),
-                2 => values_cols512::<2>(out, p, v, g0, ng, nk, hd, c),
-                3 => values_cols512::<3>(out, p, v, g0, ng, nk, hd, c),
-                _ => values_cols512::<4>(out, p, v, g0, ng, nk, hd, c),
+            match ((hd - c) / 16, bf16) {
+                (1, false) => values_cols512::<1, false>(out, p, v, g0, ng, nk, hd, c),
+                (2, false) => values_cols512::<2, false>(out, p, v, g0, ng, nk, hd, c),
+                (3, false) => values_cols512::<3, false>(out, p, v, g0, ng, nk, hd, c),
+                (_, false) => values_cols512::<4, false>(out, p, v, g0, ng, nk, hd, c),
+                (1, true) => values_cols512::<1, true>(out, p, v, g0, ng, nk, hd, c),
+                (2, true) => values_cols512::<2, true>(out, p, v, g0, ng, nk, hd, c),
+                (3, true) => values_cols512::<3, true>(out, p, v, g0, ng, nk, hd, c),
+                (_, true) => values_cols512::<4, true>(out, p, v, g0, ng, nk, hd, c),
             }
             c += 16 * ((hd - c) / 16).min(4);
         }
@@ -489,22 +568,24 @@ unsafe fn attend_values_avx512(out: &mut [f32], p: &[f32], v: &[f32], group: usi
     }
 }
 
-/// Columns `c..c + 16·NC` of heads `g0..g0 + ng` (ng ≤ 3) of [`attend_values_avx512`].
+/// Columns `c..c + 16·NC` of heads `g0..g0 + ng` (ng ≤ 3) of [`attend_values_avx512`], values
+/// at `v` (f32, or bf16 bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn values_cols512<const NC: usize>(out: &mut [f32], p: &[f32], v: &[f32], g0: usize, ng: usize, nk: usize, hd: usize, c: usize) {
+unsafe fn values_cols512<const NC: usize, const BF16: bool>(out: &mut [f32], p: &[f32], v: *const u8, g0: usize, ng: usize, nk: usize, hd: usize, c: usize) {
     use std::arch::x86_64::*;
-    let (vp, op) = (v.as_ptr(), out.as_mut_ptr());
+    let size = if BF16 { 2 } else { 4 };
+    let op = out.as_mut_ptr();
     // Heads beyond ng read head g0's probabilities (valid memory); their sums are not stored.
     let pr: [*const f32; 3] = std::array::from_fn(|g| p.as_ptr().add((g0 + if g < ng { g } else { 0 }) * nk));
     let mut a = [[_mm512_setzero_ps(); NC]; 3];
     for j in 0..nk {
-        let vr = vp.add(j * hd + c);
+        let vr = v.add((j * hd + c) * size);
         let pb = [_mm512_set1_ps(*pr[0].add(j)), _mm512_set1_ps(*pr[1].add(j)), _mm512_set1_ps(*pr[2].add(j))];
         for t in 0..NC {
-            let vv = _mm512_loadu_ps(vr.add(16 * t));
+            let vv = load16::<BF16>(vr.add(16 * t * size));
             a[0][t] = _mm512_fmadd_ps(pb[0], vv, a[0][t]);
             a[1][t] = _mm512_fmadd_ps(pb[1], vv, a[1][t]);
             a[2][t] = _mm512_fmadd_ps(pb[2], vv, a[2][t]);
@@ -562,18 +643,30 @@ mod attend_tests {
         out
     }
 
+    /// `x` as bf16 bits (and the f32 values those hold).
+    fn bf16(x: &[f32]) -> (Vec<u16>, Vec<f32>) {
+        let bits: Vec<u16> = x.iter().map(|&v| crate::quant::bf16_bits(v)).collect();
+        let values = bits.iter().map(|&b| b.to_f32()).collect();
+        (bits, values)
+    }
+
     #[test]
     fn attend_group_matches_the_f64_reference() {
-        // GQA groups 1..7, head dims with and without a full 32-column block, 1 to 1000+ keys.
+        // GQA groups 1..7, head dims with and without a full 32-column block, 1 to 1000+ keys;
+        // keys and values stored in f32 and in bf16 (the reference then reads the bf16 values).
         for (group, hd, nk) in [(3, 64, 1), (3, 64, 5), (3, 64, 1031), (1, 8, 3), (2, 16, 70), (4, 24, 9), (7, 40, 33), (2, 12, 6)] {
             let (q, k, v) = (random(group * hd, 1), random(nk * hd, 2), random(nk * hd, 3));
             let scale = 1.0 / (hd as f32).sqrt();
-            let mut out = vec![f32::NAN; group * hd];
-            let mut scratch = Vec::new();
-            attend_group(&mut out, &q, &tiled(&k, nk, hd), &v, group, nk, hd, scale, &mut scratch);
-            let want = reference(&q, &k, &v, group, nk, hd, scale);
-            let err = out.iter().zip(&want).map(|(&a, &b)| (a as f64 - b).abs()).fold(0f64, f64::max);
-            assert!(err < 2e-5, "group {group} hd {hd} nk {nk}: max abs err {err}");
+            let ((kb, k16), (vb, v16)) = (bf16(&tiled(&k, nk, hd)), bf16(&v));
+            let k16_rows: Vec<f32> = (0..nk * hd).map(|i| k16[key_at(i / hd, i % hd, hd)]).collect();
+            for (kt, vr, kref, vref) in [(KvRows::F32(&tiled(&k, nk, hd)), KvRows::F32(&v), &k, &v), (KvRows::Bf16(&kb), KvRows::Bf16(&vb), &k16_rows, &v16)] {
+                let mut out = vec![f32::NAN; group * hd];
+                let mut scratch = Vec::new();
+                attend_group(&mut out, &q, kt, vr, group, nk, hd, scale, &mut scratch);
+                let want = reference(&q, kref, vref, group, nk, hd, scale);
+                let err = out.iter().zip(&want).map(|(&a, &b)| (a as f64 - b).abs()).fold(0f64, f64::max);
+                assert!(err < 2e-5, "group {group} hd {hd} nk {nk} {kt:?}: max abs err {err}", kt = std::mem::discriminant(&kt));
+            }
         }
     }
 
@@ -582,13 +675,16 @@ mod attend_tests {
         for (group, hd, nk) in [(3, 64, 1), (3, 64, 1031), (2, 16, 70), (4, 24, 9), (7, 40, 33)] {
             let (q, k, p) = (random(group * hd, 4), random(nk * hd, 5), random(group * nk, 6));
             let kt = tiled(&k, nk, hd);
+            let ((ktb, _), (kb, _)) = (bf16(&kt), bf16(&k));
             let (mut s1, mut s2) = (vec![0f32; group * nk], vec![1f32; group * nk]);
-            attend_scores(&mut s1, &q, &kt, group, nk, hd);
+            attend_scores(&mut s1, &q, KvRows::F32(&kt), group, nk, hd);
             attend_scores_plain(&mut s2, &q, &kt, group, nk, hd);
             assert_eq!(s1, s2, "scores: group {group} hd {hd} nk {nk}");
-            // The GEMM kernel's dot products, as a prompt's attention computes them.
+            attend_scores(&mut s1, &q, KvRows::Bf16(&ktb), group, nk, hd);
+            attend_scores_plain(&mut s2, &q, &ktb, group, nk, hd);
+            assert_eq!(s1, s2, "scores, bf16 keys: group {group} hd {hd} nk {nk}");
             let (mut o1, mut o2) = (vec![0f32; group * hd], vec![1f32; group * hd]);
-            attend_values(&mut o1, &p, &k, group, nk, hd);
+            attend_values(&mut o1, &p, KvRows::F32(&k), group, nk, hd);
             attend_values_plain(&mut o2, &p, &k, group, nk, hd);
             assert_eq!(o1, o2, "values: group {group} hd {hd} nk {nk}");
             #[cfg(target_arch = "x86_64")]
@@ -598,6 +694,9 @@ mod attend_tests {
                 unsafe { attend_values_avx2(&mut o3, &p, &k, group, nk, hd) };
                 assert_eq!(o1, o3, "values, AVX2: group {group} hd {hd} nk {nk}");
             }
+            attend_values(&mut o1, &p, KvRows::Bf16(&kb), group, nk, hd);
+            attend_values_plain(&mut o2, &p, &kb, group, nk, hd);
+            assert_eq!(o1, o2, "values, bf16: group {group} hd {hd} nk {nk}");
         }
     }
 }
@@ -648,7 +747,7 @@ fn linear_speed() {
 /// Time of one-token attention over SmolLM2-135M's shapes (3 query heads per key/value head,
 /// hd 64, 364 cached keys), one thread, for HEADS heads (default 1440: a batch-16 decode step's
 /// 16 slots × 30 layers × 3 heads, each head's keys and values in its own memory, so they come
-/// from DRAM as in decoding; HEADS=16 keeps them in cache):
+/// from DRAM as in decoding; HEADS=16 keeps them in cache; BF16=1 stores them in bf16):
 /// `HEADS=16 cargo test --release -p coa-model --lib attend_speed -- --ignored --nocapture`
 #[cfg(test)]
 #[test]
@@ -657,25 +756,27 @@ fn attend_speed() {
     let (group, hd, nk, heads) = (3usize, 64usize, 364usize, std::env::var("HEADS").map_or(1440, |h| h.parse().expect("HEADS")));
     let stride = 512 * hd;
     let k: Vec<f32> = (0..heads * stride).map(|i| (i % 13) as f32 * 0.01).collect();
-    let v = k.clone();
+    // BF16=1: the cache in bf16.
+    let k16: Vec<u16> = k.iter().map(|&x| crate::quant::bf16_bits(x)).collect();
+    let rows = |x: usize| if std::env::var_os("BF16").is_some() { KvRows::Bf16(&k16[x..]) } else { KvRows::F32(&k[x..]) };
     let q: Vec<f32> = (0..group * hd).map(|i| (i % 7) as f32 * 0.1).collect();
     let mut out = vec![0f32; group * hd];
     let mut s = Vec::new();
     for rep in 0..3 {
         let t = std::time::Instant::now();
         for h in 0..heads {
-            attend_group(&mut out, &q, &k[h * stride..], &v[h * stride..], group, nk, hd, 0.125, &mut s);
+            attend_group(&mut out, &q, rows(h * stride), rows(h * stride), group, nk, hd, 0.125, &mut s);
         }
         let dt = t.elapsed().as_secs_f64();
-        eprintln!("rep {rep}: {:.2} ms for {heads} heads, {:.1} GB/s", dt * 1e3, (2 * heads * nk * hd * 4) as f64 / dt / 1e9);
+        eprintln!("rep {rep}: {:.2} ms for {heads} heads, {:.1} GB/s", dt * 1e3, (2 * heads * nk * hd * if std::env::var_os("BF16").is_some() { 2 } else { 4 }) as f64 / dt / 1e9);
         let t = std::time::Instant::now();
         for h in 0..heads {
-            attend_scores(&mut s[..group * nk], &q, &k[h * stride..], group, nk, hd);
+            attend_scores(&mut s[..group * nk], &q, rows(h * stride), group, nk, hd);
         }
         eprintln!("  scores alone {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
         let t = std::time::Instant::now();
         for h in 0..heads {
-            attend_values(&mut out, &s[..group * nk], &v[h * stride..], group, nk, hd);
+            attend_values(&mut out, &s[..group * nk], rows(h * stride), group, nk, hd);
         }
         eprintln!("  values alone {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
     }

@@ -133,19 +133,24 @@ fn batched_decode_equals_single_decode() {
 fn a_copied_prefix_decodes_like_its_own_prefill() {
     let m = model(config("llama", true, 4, 2), 7);
     let v = m.config.vocab_size;
-    let seq = random_ids(30, v, 8);
+    let seq = random_ids(40, v, 8);
+    // Copies of whole key tiles (16 keys) and of part of one, from caches in f32 and in bf16.
+    for (dtype, n) in [(DecodeDtype::F32, 12), (DecodeDtype::F32, 35), (DecodeDtype::Bf16, 12), (DecodeDtype::Bf16, 35)] {
+        let mut c = KvCache::new_as(&m.config, 3, 50, dtype).unwrap();
+        m.prefill(&mut c, 0, &seq[..n + 3]).unwrap();
+        c.copy_prefix(0, 2, n).unwrap();
+        assert_eq!(c.len(2), n);
+        let mut fresh = KvCache::new_as(&m.config, 1, 50, dtype).unwrap();
+        m.prefill(&mut fresh, 0, &seq[..n]).unwrap();
+        for &t in &seq[n..n + 4] {
+            let a = m.decode_step(&mut c, &[2], &[t]).unwrap();
+            let b = m.decode_step(&mut fresh, &[0], &[t]).unwrap();
+            assert_eq!(a, b, "{dtype} cache, {n} tokens: a copied prefix decodes exactly as the slot that prefilled it");
+        }
+        assert_eq!(c.len(0), n + 3, "the source slot is untouched");
+    }
     let mut c = KvCache::new(&m.config, 3, 40).unwrap();
     m.prefill(&mut c, 0, &seq[..20]).unwrap();
-    c.copy_prefix(0, 2, 12).unwrap();
-    assert_eq!(c.len(2), 12);
-    let mut fresh = KvCache::new(&m.config, 1, 40).unwrap();
-    m.prefill(&mut fresh, 0, &seq[..12]).unwrap();
-    for &t in &seq[12..16] {
-        let a = m.decode_step(&mut c, &[2], &[t]).unwrap();
-        let b = m.decode_step(&mut fresh, &[0], &[t]).unwrap();
-        assert_eq!(a, b, "a copied prefix decodes exactly as the slot that prefilled it");
-    }
-    assert_eq!(c.len(0), 20, "the source slot is untouched");
     let e = c.copy_prefix(1, 2, 1).unwrap_err().to_string();
     assert!(e.contains("holds 0 tokens"), "{e}");
     assert!(c.copy_prefix(0, 3, 1).unwrap_err().to_string().contains("out of range"));
@@ -158,14 +163,15 @@ fn a_shared_prefix_prefills_to_the_same_bits() {
     // steps. Shared lengths inside and across the 64-row attention blocks, rests of 2 to 90 tokens.
     let m = model(config("llama", true, 4, 2), 11);
     let v = m.config.vocab_size;
-    for (len_a, len_b, shared) in [(150, 170, 100), (150, 150, 148), (80, 72, 70), (40, 30, 17), (200, 135, 64)] {
+    let cases = [(150, 170, 100, DecodeDtype::F32), (150, 150, 148, DecodeDtype::F32), (80, 72, 70, DecodeDtype::F32), (40, 30, 17, DecodeDtype::F32)];
+    for (len_a, len_b, shared, dtype) in cases.into_iter().chain([(200, 135, 64, DecodeDtype::F32), (150, 170, 100, DecodeDtype::Bf16), (40, 30, 17, DecodeDtype::Bf16)]) {
         let a = random_ids(len_a, v, 12);
         let mut b = random_ids(len_b, v, 13);
         b[..shared].copy_from_slice(&a[..shared]);
         let tail = random_ids(6, v, 14);
-        let mut whole = KvCache::new(&m.config, 1, 220).unwrap();
+        let mut whole = KvCache::new_as(&m.config, 1, 220, dtype).unwrap();
         let mut want = vec![m.prefill(&mut whole, 0, &b).unwrap()];
-        let mut reuse = KvCache::new(&m.config, 2, 220).unwrap();
+        let mut reuse = KvCache::new_as(&m.config, 2, 220, dtype).unwrap();
         m.prefill(&mut reuse, 0, &a).unwrap();
         reuse.copy_prefix(0, 1, shared).unwrap();
         let mut got = vec![m.extend(&mut reuse, &[(1, &b[shared..])]).unwrap()];
@@ -173,7 +179,7 @@ fn a_shared_prefix_prefills_to_the_same_bits() {
             want.push(m.decode_step(&mut whole, &[0], &[t]).unwrap());
             got.push(m.decode_step(&mut reuse, &[1], &[t]).unwrap());
         }
-        assert_eq!(got, want, "prompts of {len_a} and {len_b} tokens sharing {shared}");
+        assert_eq!(got, want, "prompts of {len_a} and {len_b} tokens sharing {shared}, {dtype} cache");
     }
 }
 
@@ -263,4 +269,28 @@ fn narrow_decoding_weights_decode_as_the_rounded_model() {
             assert!(again.contains(dtype.name()) && again.contains("f32"), "{again}");
         }
     }
+}
+
+#[test]
+fn a_bf16_cache_decodes_near_the_f32_cache_in_half_the_bytes() {
+    for (mt, tied) in [("llama", false), ("qwen2", true)] {
+        let m = model(config(mt, tied, 4, 2), 13);
+        let seq = random_ids(90, m.config.vocab_size, 6);
+        let run = |dtype| {
+            let mut c = KvCache::new_as(&m.config, 2, 100, dtype).unwrap();
+            let mut out = m.extend(&mut c, &[(0, &seq[..70]), (1, &seq[70..75])]).unwrap();
+            for s in 0..12 {
+                out.extend(m.decode_step(&mut c, &[0, 1], &[seq[75 + s], seq[76 + s]]).unwrap());
+            }
+            (out, c.bytes())
+        };
+        let ((exact, bytes32), (half, bytes16)) = (run(DecodeDtype::F32), run(DecodeDtype::Bf16));
+        assert_eq!(bytes16 * 2, bytes32);
+        let err = rel_err(&half, &exact);
+        assert!(err > 0.0 && err < 0.015, "{mt}: logits {err:.4} (relative) from the f32 cache's");
+        eprintln!("{mt}: bf16 cache logits {err:.4} (max, relative) from the f32 cache's");
+    }
+    let c = config("llama", false, 4, 2);
+    let e = KvCache::new_as(&c, 1, 10, DecodeDtype::Int8).unwrap_err().to_string();
+    assert!(e.contains("int8") && e.contains("bf16"), "{e}");
 }
