@@ -106,9 +106,15 @@ $(TORCH_VENV)/.ok: bench/requirements-torch.txt
 	$(TORCH_VENV)/bin/pip install -q -r bench/requirements-torch.txt
 	touch $@
 
-# Decoding of a trained student (an HF checkpoint directory) against transformers generate.
-DECODE_CKPT ?= $(RUNDIR)/sft/checkpoint
-bench-decode: $(TORCH_VENV)/.ok
+# Decoding against transformers generate, on an HF checkpoint directory: by default the
+# pretrained SmolLM2-135M-Instruct of `make model`, written as one by the gguf_to_hf example
+# (DECODE_CKPT=runs/default/sft/checkpoint for the trained student: the same shapes).
+SMOLLM2_HF := $(MODEL_CACHE)/SmolLM2-135M-Instruct-hf
+DECODE_CKPT ?= $(SMOLLM2_HF)
+$(SMOLLM2_HF)/config.json: $(SMOLLM2_GGUF)
+	$(CARGO) run --profile $(PROFILE) -p coa-model --example gguf_to_hf -- $< $(@D)
+
+bench-decode: $(TORCH_VENV)/.ok $(DECODE_CKPT)/config.json
 	$(CARGO) build --profile $(PROFILE) -p coa-model --example decode_bench
 	$(TORCH_VENV)/bin/python bench/decode_bench.py --example $(BIN)/examples/decode_bench --checkpoint $(DECODE_CKPT) \
 	    --threads 2 --batches 1 16 --out bench/results/decode.md
