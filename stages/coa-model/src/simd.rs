@@ -322,7 +322,7 @@ pub fn attend_group(out: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, group: us
         "attend_group: shapes"
     );
     scores.resize(group * nk, 0.0);
-    attend_scores(scores, q, kt, group, nk, hd);
+    attend_scores(scores, q, kt, v, group, nk, hd);
     for s in scores.chunks_mut(nk) {
         let mx = max(s) * scale;
         let sum = exp_affine_sum(s, scale, mx);
@@ -331,13 +331,14 @@ pub fn attend_group(out: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, group: us
     attend_values(out, scores, v, group, nk, hd);
 }
 
-/// `s[g, j] = q[g] · k[j]` for `s[group, nk]`, keys in tiles.
-fn attend_scores(s: &mut [f32], q: &[f32], kt: KvRows, group: usize, nk: usize, hd: usize) {
+/// `s[g, j] = q[g] · k[j]` for `s[group, nk]`, keys in tiles; the values `v` that come next are
+/// asked for from memory meanwhile (AVX-512 path).
+fn attend_scores(s: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, group: usize, nk: usize, hd: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has the feature; the shapes were checked by the caller.
-            unsafe { attend_scores_avx512(s, q, kt, group, nk, hd) };
+            unsafe { attend_scores_avx512(s, q, kt, v, group, nk, hd) };
             return;
         }
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
@@ -397,32 +398,42 @@ unsafe fn load16<const BF16: bool>(p: *const u8) -> std::arch::x86_64::__m512 {
 /// (eight accumulator chains, enough to hide the FMA latency).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn attend_scores_avx512(s: &mut [f32], q: &[f32], kt: KvRows, group: usize, nk: usize, hd: usize) {
+unsafe fn attend_scores_avx512(s: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, group: usize, nk: usize, hd: usize) {
     let (k, bf16) = match kt {
         KvRows::F32(k) => (k.as_ptr() as *const u8, false),
         KvRows::Bf16(k) => (k.as_ptr() as *const u8, true),
     };
+    let v = match v {
+        KvRows::F32(v) => v.as_ptr() as *const u8,
+        KvRows::Bf16(v) => v.as_ptr() as *const u8,
+    };
     let mut g0 = 0;
     while g0 < group {
+        // The first pass over the keys asks for the values.
+        let pv = if g0 == 0 { v } else { std::ptr::null() };
         match (group - g0, bf16) {
-            (1, false) => scores_heads::<1, false>(s, q, k, g0, nk, hd),
-            (2, false) => scores_heads::<2, false>(s, q, k, g0, nk, hd),
-            (3, false) => scores_heads::<3, false>(s, q, k, g0, nk, hd),
-            (_, false) => scores_heads::<4, false>(s, q, k, g0, nk, hd),
-            (1, true) => scores_heads::<1, true>(s, q, k, g0, nk, hd),
-            (2, true) => scores_heads::<2, true>(s, q, k, g0, nk, hd),
-            (3, true) => scores_heads::<3, true>(s, q, k, g0, nk, hd),
-            (_, true) => scores_heads::<4, true>(s, q, k, g0, nk, hd),
+            (1, false) => scores_heads::<1, false>(s, q, k, pv, g0, nk, hd),
+            (2, false) => scores_heads::<2, false>(s, q, k, pv, g0, nk, hd),
+            (3, false) => scores_heads::<3, false>(s, q, k, pv, g0, nk, hd),
+            (_, false) => scores_heads::<4, false>(s, q, k, pv, g0, nk, hd),
+            (1, true) => scores_heads::<1, true>(s, q, k, pv, g0, nk, hd),
+            (2, true) => scores_heads::<2, true>(s, q, k, pv, g0, nk, hd),
+            (3, true) => scores_heads::<3, true>(s, q, k, pv, g0, nk, hd),
+            (_, true) => scores_heads::<4, true>(s, q, k, pv, g0, nk, hd),
         }
         g0 += (group - g0).min(4);
     }
 }
 
-/// Query heads `g0..g0 + G` of [`attend_scores_avx512`], keys at `kt` (f32, or bf16 bits).
+/// Query heads `g0..g0 + G` of [`attend_scores_avx512`], keys at `kt` (f32, or bf16 bits). With
+/// `pv` (the values, same type; null: none), each pair of tiles also prefetches the values of its
+/// 32 keys and the next pair's keys, spread over its steps: one head's keys and values are a fresh
+/// stream from DRAM each call, and their misses then overlap the FMAs rather than stall them
+/// (1,440 heads of 364 keys, one thread: 25.6 -> 23.2 ms in f32, 21.0 -> 14.5 ms in bf16).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn scores_heads<const G: usize, const BF16: bool>(s: &mut [f32], q: &[f32], kt: *const u8, g0: usize, nk: usize, hd: usize) {
+unsafe fn scores_heads<const G: usize, const BF16: bool>(s: &mut [f32], q: &[f32], kt: *const u8, pv: *const u8, g0: usize, nk: usize, hd: usize) {
     use std::arch::x86_64::*;
     let size = if BF16 { 2 } else { 4 };
     let tiles = nk.div_ceil(KEY_TILE);
@@ -433,7 +444,16 @@ unsafe fn scores_heads<const G: usize, const BF16: bool>(s: &mut [f32], q: &[f32
         let t1 = (t + 1).min(tiles - 1);
         let (k0, k1) = (kt.add(t * hd * KEY_TILE * size), kt.add(t1 * hd * KEY_TILE * size));
         let mut a = [[_mm512_setzero_ps(); 2]; G];
+        // The values of keys t·16.. (and the next pair of key tiles) are 32·hd·size bytes each:
+        // size / 2 lines of 64 bytes per step d.
+        let vblock = pv.wrapping_add(t * KEY_TILE * hd * size);
         for d in 0..hd {
+            if !pv.is_null() {
+                for line in 0..size / 2 {
+                    _mm_prefetch::<_MM_HINT_T0>(vblock.wrapping_add((d * size / 2 + line) * 64) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(k0.wrapping_add(2 * KEY_TILE * hd * size + (d * size / 2 + line) * 64) as *const i8);
+                }
+            }
             let (kv0, kv1) = (load16::<BF16>(k0.add(d * KEY_TILE * size)), load16::<BF16>(k1.add(d * KEY_TILE * size)));
             for (g, ag) in a.iter_mut().enumerate() {
                 let qv = _mm512_set1_ps(*qp.add(g * hd + d));
@@ -677,10 +697,10 @@ mod attend_tests {
             let kt = tiled(&k, nk, hd);
             let ((ktb, _), (kb, _)) = (bf16(&kt), bf16(&k));
             let (mut s1, mut s2) = (vec![0f32; group * nk], vec![1f32; group * nk]);
-            attend_scores(&mut s1, &q, KvRows::F32(&kt), group, nk, hd);
+            attend_scores(&mut s1, &q, KvRows::F32(&kt), KvRows::F32(&k), group, nk, hd);
             attend_scores_plain(&mut s2, &q, &kt, group, nk, hd);
             assert_eq!(s1, s2, "scores: group {group} hd {hd} nk {nk}");
-            attend_scores(&mut s1, &q, KvRows::Bf16(&ktb), group, nk, hd);
+            attend_scores(&mut s1, &q, KvRows::Bf16(&ktb), KvRows::Bf16(&kb), group, nk, hd);
             attend_scores_plain(&mut s2, &q, &ktb, group, nk, hd);
             assert_eq!(s1, s2, "scores, bf16 keys: group {group} hd {hd} nk {nk}");
             let (mut o1, mut o2) = (vec![0f32; group * hd], vec![1f32; group * hd]);
@@ -755,28 +775,31 @@ fn linear_speed() {
 fn attend_speed() {
     let (group, hd, nk, heads) = (3usize, 64usize, 364usize, std::env::var("HEADS").map_or(1440, |h| h.parse().expect("HEADS")));
     let stride = 512 * hd;
-    let k: Vec<f32> = (0..heads * stride).map(|i| (i % 13) as f32 * 0.01).collect();
+    // Keys then values of every head, in one buffer (the values of head h at (heads + h) · stride).
+    let kv: Vec<f32> = (0..2 * heads * stride).map(|i| (i % 13) as f32 * 0.01).collect();
     // BF16=1: the cache in bf16.
-    let k16: Vec<u16> = k.iter().map(|&x| crate::quant::bf16_bits(x)).collect();
-    let rows = |x: usize| if std::env::var_os("BF16").is_some() { KvRows::Bf16(&k16[x..]) } else { KvRows::F32(&k[x..]) };
+    let bf16 = std::env::var_os("BF16").is_some();
+    let kv16: Vec<u16> = kv.iter().map(|&x| crate::quant::bf16_bits(x)).collect();
+    let rows = |x: usize| if bf16 { KvRows::Bf16(&kv16[x..]) } else { KvRows::F32(&kv[x..]) };
+    let vals = |h: usize| rows((heads + h) * stride);
     let q: Vec<f32> = (0..group * hd).map(|i| (i % 7) as f32 * 0.1).collect();
     let mut out = vec![0f32; group * hd];
     let mut s = Vec::new();
     for rep in 0..3 {
         let t = std::time::Instant::now();
         for h in 0..heads {
-            attend_group(&mut out, &q, rows(h * stride), rows(h * stride), group, nk, hd, 0.125, &mut s);
+            attend_group(&mut out, &q, rows(h * stride), vals(h), group, nk, hd, 0.125, &mut s);
         }
         let dt = t.elapsed().as_secs_f64();
-        eprintln!("rep {rep}: {:.2} ms for {heads} heads, {:.1} GB/s", dt * 1e3, (2 * heads * nk * hd * if std::env::var_os("BF16").is_some() { 2 } else { 4 }) as f64 / dt / 1e9);
+        eprintln!("rep {rep}: {:.2} ms for {heads} heads, {:.1} GB/s", dt * 1e3, (2 * heads * nk * hd * if bf16 { 2 } else { 4 }) as f64 / dt / 1e9);
         let t = std::time::Instant::now();
         for h in 0..heads {
-            attend_scores(&mut s[..group * nk], &q, rows(h * stride), group, nk, hd);
+            attend_scores(&mut s[..group * nk], &q, rows(h * stride), vals(h), group, nk, hd);
         }
         eprintln!("  scores alone {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
         let t = std::time::Instant::now();
         for h in 0..heads {
-            attend_values(&mut out, &s[..group * nk], rows(h * stride), group, nk, hd);
+            attend_values(&mut out, &s[..group * nk], vals(h), group, nk, hd);
         }
         eprintln!("  values alone {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
     }
