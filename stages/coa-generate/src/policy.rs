@@ -149,13 +149,14 @@ pub struct PolicyArgs {
     device: DeviceChoice,
     /// The format the CPU decoder holds the weights in: `f32` (as trained; the trainer's
     /// log-probs bit for bit), `bf16`, or `int8` (symmetric, one scale per 32 inputs of an
-    /// output). A decode step reads every weight once, so bf16 and int8 read a half and about
-    /// a quarter of the bytes and decode faster; the logits move by the rounding (RL then sees a
-    /// non-zero sampling-vs-trainer log-prob mismatch).
+    /// output). A decode step reads every weight once, so on AVX-512 CPUs bf16 and int8 read a
+    /// half and about a quarter of the bytes and decode faster (with AVX2 alone the rounded
+    /// values are kept as f32: the rounding without the speed); the logits move by the rounding
+    /// (RL then sees a non-zero sampling-vs-trainer log-prob mismatch).
     #[arg(long, value_name = "f32|bf16|int8", default_value = "f32")]
     decode_weights: coa_model::DecodeDtype,
     /// The format the CPU decoder's KV cache holds keys and values in: `f32`, or `bf16` (half
-    /// the bytes each step's attention reads, which dominates long contexts; each key and value
+    /// the bytes each step's attention reads, which grow with the context; each key and value
     /// rounded once when stored).
     #[arg(long, value_name = "f32|bf16", default_value = "f32", value_parser = kv_format)]
     kv_cache: coa_model::DecodeDtype,

@@ -228,7 +228,8 @@ impl Model {
     }
 
     /// [`Model::prepare_decoding`] in `dtype`: every later decode call multiplies the weights as
-    /// that format holds them ([`crate::DecodeDtype::round_weight`]). An error if this model
+    /// that format holds them ([`crate::DecodeDtype::round_weight`]). A clone of the model starts
+    /// unprepared (f32 unless prepared again). An error if this model
     /// already decodes in another format, or if `dtype` is not f32 and the CPU has no packed
     /// kernel (x86-64 with AVX2 and FMA).
     pub fn prepare_decoding_as(&self, dtype: crate::DecodeDtype) -> Result<()> {

@@ -153,7 +153,7 @@ pub(crate) struct PackedB {
     mr: usize,
     nr: usize,
     /// KC blocks in k order; block `pc` (at `pc · n_pad` values) holds the panels of NR
-    /// columns, each `kc` deep, from `off` (64-byte aligned).
+    /// columns, each `kc` deep, from `off` (in values of the panels' type; 64-byte aligned).
     panels: Panels,
     off: usize,
 }
@@ -218,14 +218,16 @@ impl PackedB {
                 }
                 (DecodeDtype::Bf16, _) => {
                     // Every depth of every panel is 32 consecutive values (NR = 32).
-                    let mut out = vec![0u16; data.len()];
-                    for (o, v) in out[off..off + n_pad * k].chunks_exact_mut(32).zip(data[off..off + n_pad * k].chunks_exact(32)) {
+                    let mut out = vec![0u16; n_pad * k + 32];
+                    let out_off = out.as_ptr().align_offset(64);
+                    let (dst, src) = (&mut out[out_off..out_off + n_pad * k], &data[off..off + n_pad * k]);
+                    for (o, v) in dst.chunks_exact_mut(32).zip(src.chunks_exact(32)) {
                         for t in 0..16 {
                             o[2 * t] = quant::bf16_bits(v[t]);
                             o[2 * t + 1] = quant::bf16_bits(v[16 + t]);
                         }
                     }
-                    Panels::Bf16(out)
+                    return Some(PackedB { n, k, kernel, dtype, mr, nr, panels: Panels::Bf16(out), off: out_off });
                 }
                 (DecodeDtype::Int8, _) => {
                     let groups = k.div_ceil(quant::INT8_GROUP);
@@ -235,20 +237,21 @@ impl PackedB {
                             scales[g * n_pad + j] = quant::int8_scale(group);
                         }
                     }
-                    let mut q = vec![0i8; data.len()];
+                    let mut q = vec![0i8; n_pad * k + 64];
+                    let q_off = q.as_ptr().align_offset(64);
                     for pc in (0..k).step_by(KC) {
                         let kc = KC.min(k - pc);
                         for jr in (0..n_pad).step_by(nr) {
                             for p in 0..kc {
-                                let at = off + pc * n_pad + jr * kc + p * nr;
+                                let at = pc * n_pad + jr * kc + p * nr;
                                 let s = &scales[((pc + p) / quant::INT8_GROUP) * n_pad + jr..][..nr];
                                 for t in 0..nr {
-                                    q[at + t] = quant::int8_quant(data[at + t], s[t]);
+                                    q[q_off + at + t] = quant::int8_quant(data[off + at + t], s[t]);
                                 }
                             }
                         }
                     }
-                    Panels::Int8 { q, scales }
+                    return Some(PackedB { n, k, kernel, dtype, mr, nr, panels: Panels::Int8 { q, scales }, off: q_off });
                 }
             };
             Some(PackedB { n, k, kernel, dtype, mr, nr, panels, off })
@@ -769,7 +772,8 @@ mod packed {
                 }
                 if p % crate::quant::INT8_GROUP == 0 {
                     self.s = [_mm512_loadu_ps(self.sp), _mm512_loadu_ps(self.sp.add(16))];
-                    self.sp = self.sp.add(self.s_stride);
+                    // wrapping: after the last group the pointer may pass the scales' end unread.
+                    self.sp = self.sp.wrapping_add(self.s_stride);
                 }
                 let q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(bp as *const __m128i));
                 let q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(bp.add(16) as *const __m128i));

@@ -482,12 +482,16 @@ fn attend_values(out: &mut [f32], p: &[f32], v: KvRows, group: usize, nk: usize,
             unsafe { attend_values_avx512(out, p, v, group, nk, hd) };
             return;
         }
-        if let KvRows::F32(v) = v {
-            if hd % 8 == 0 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                // SAFETY: the CPU has the features; the shapes were checked by the caller.
-                unsafe { attend_values_avx2(out, p, v, group, nk, hd) };
-                return;
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the features; the shapes were checked by the caller.
+            unsafe {
+                match v {
+                    KvRows::F32(v) if hd % 8 == 0 => attend_values_avx2(out, p, v, group, nk, hd),
+                    KvRows::F32(v) => attend_values_fma(out, p, v, group, nk, hd),
+                    KvRows::Bf16(v) => attend_values_fma(out, p, v, group, nk, hd),
+                }
             }
+            return;
         }
     }
     match v {
@@ -496,7 +500,15 @@ fn attend_values(out: &mut [f32], p: &[f32], v: KvRows, group: usize, nk: usize,
     }
 }
 
+/// [`attend_values_plain`] compiled for AVX2 + FMA (the FMAs inline; the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_values_fma<T: KvElem>(out: &mut [f32], p: &[f32], v: &[T], group: usize, nk: usize, hd: usize) {
+    attend_values_plain(out, p, v, group, nk, hd)
+}
+
 /// The portable [`attend_values`] (same sums, same order as the vector kernels).
+#[inline(always)]
 fn attend_values_plain<T: KvElem>(out: &mut [f32], p: &[f32], v: &[T], group: usize, nk: usize, hd: usize) {
     out.iter_mut().for_each(|x| *x = 0.0);
     for g in 0..group {
@@ -717,6 +729,16 @@ mod attend_tests {
             attend_values(&mut o1, &p, KvRows::Bf16(&kb), group, nk, hd);
             attend_values_plain(&mut o2, &p, &kb, group, nk, hd);
             assert_eq!(o1, o2, "values, bf16: group {group} hd {hd} nk {nk}");
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                let mut o3 = vec![1f32; group * hd];
+                // SAFETY: the CPU has the features; shapes as above.
+                unsafe { attend_values_fma(&mut o3, &p, &kb, group, nk, hd) };
+                assert_eq!(o1, o3, "values, bf16, AVX2: group {group} hd {hd} nk {nk}");
+                // SAFETY: as above.
+                unsafe { attend_scores_fma(&mut s2, &q, &ktb, group, nk, hd) };
+                assert_eq!(s1, s2, "scores, bf16 keys, AVX2: group {group} hd {hd} nk {nk}");
+            }
         }
     }
 }
