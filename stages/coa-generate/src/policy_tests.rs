@@ -359,10 +359,7 @@ fn narrow_decoding_weights_sample_as_the_rounded_model() {
             return;
         }
         let mut rounded = m.clone();
-        for t in rounded.params.iter_mut().filter(|t| t.shape.len() == 2) {
-            let k = t.shape[1];
-            dtype.round_weight(&mut t.data, k);
-        }
+        rounded.round_weights(dtype);
         let got = run_model(&narrow, &v, 4, 2, 7);
         assert_eq!(got, run_model(&rounded, &v, 4, 2, 7), "{dtype}: the samples and log-probs of the rounded model");
         let exact = run_model(&m, &v, 4, 2, 7);

@@ -64,17 +64,13 @@ impl KvStore {
         }
     }
 
-    /// Stores `xs` from `at` on.
-    fn set(&mut self, at: usize, xs: &[f32]) {
+    /// Stores `xs` at `at`, `at + stride`, ... (a value row: stride 1; a key: [`KEY_TILE`]).
+    fn set(&mut self, at: usize, stride: usize, xs: &[f32]) {
+        let slots = at..at + (xs.len() - 1) * stride + 1;
         match self {
-            KvStore::F32(x) => x[at..at + xs.len()].copy_from_slice(xs),
-            KvStore::Bf16(x) => x[at..at + xs.len()].iter_mut().zip(xs).for_each(|(y, &v)| *y = crate::quant::bf16_bits(v)),
+            KvStore::F32(x) => x[slots].iter_mut().step_by(stride).zip(xs).for_each(|(y, &v)| *y = v),
+            KvStore::Bf16(x) => x[slots].iter_mut().step_by(stride).zip(xs).for_each(|(y, &v)| *y = crate::quant::bf16_bits(v)),
         }
-    }
-
-    /// Stores `x` at `i`.
-    fn set_one(&mut self, i: usize, x: f32) {
-        self.set(i, std::slice::from_ref(&x));
     }
 
     fn copy_within(&mut self, src: std::ops::Range<usize>, dst: usize) {
@@ -475,10 +471,9 @@ impl Model {
                     let head = slot * slot_stride + gk * head_stride;
                     for i in 0..n {
                         let (dst, src) = (head + (p0 + i) * hd, (r0 + i) * kvd + gk * hd);
-                        vc.set(dst, &vv[src..src + hd]);
-                        for (d, &x) in k[src..src + hd].iter().enumerate() {
-                            kc.set_one(head + key_at(p0 + i, d, hd), x);
-                        }
+                        vc.set(dst, 1, &vv[src..src + hd]);
+                        // Dimension d of a key lies KEY_TILE values after dimension d - 1.
+                        kc.set(head + key_at(p0 + i, 0, hd), KEY_TILE, &k[src..src + hd]);
                     }
                 }
             }

@@ -245,6 +245,17 @@ impl Model {
         }
     }
 
+    /// Every weight matrix (the embedding table, the linear layers, the head) rounded as `dtype`
+    /// holds it ([`crate::DecodeDtype::round_weight`]); norms and biases as they are. What
+    /// decoding with `prepare_decoding_as(dtype)` multiplies: f32 decoding of the result gives
+    /// its bits.
+    pub fn round_weights(&mut self, dtype: crate::DecodeDtype) {
+        for t in self.params.iter_mut().filter(|t| t.shape.len() == 2) {
+            let k = t.shape[1];
+            dtype.round_weight(&mut t.data, k);
+        }
+    }
+
     /// The format decoding holds the weights in (f32 until the first decode call or
     /// [`Model::prepare_decoding_as`]).
     pub fn decode_dtype(&self) -> crate::DecodeDtype {

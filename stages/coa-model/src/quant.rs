@@ -82,9 +82,14 @@ pub(crate) fn bf16_bits(x: f32) -> u16 {
     half::bf16::from_f32(x).to_bits()
 }
 
-/// `x` rounded to bf16, as f32 (exact widening).
+/// The f32 that bf16 `bits` hold (exact widening).
+pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// `x` rounded to bf16, as f32.
 pub(crate) fn bf16_value(x: f32) -> f32 {
-    f32::from_bits((bf16_bits(x) as u32) << 16)
+    bf16_to_f32(bf16_bits(x))
 }
 
 /// The scale of an int8 group: max |w| / 127 (0 for an all-zero group).

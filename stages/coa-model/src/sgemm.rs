@@ -183,6 +183,12 @@ impl PackedB {
     }
 
     fn with_kernel(kernel: Kernel, w: &[f32], n: usize, k: usize, dtype: DecodeDtype) -> Option<PackedB> {
+        if dtype != DecodeDtype::F32 && kernel != Kernel::Avx512 {
+            // The AVX2 kernel reads f32: the format's values, as f32.
+            let mut rounded = w.to_vec();
+            dtype.round_weight(&mut rounded, k);
+            return PackedB::with_kernel(kernel, &rounded, n, k, DecodeDtype::F32).map(|p| PackedB { dtype, ..p });
+        }
         #[cfg(target_arch = "x86_64")]
         {
             let (mr, nr) = match kernel {
@@ -204,19 +210,9 @@ impl PackedB {
                     }
                 }
             }
-            let panels = match (dtype, kernel) {
-                (DecodeDtype::F32, _) => Panels::F32(data),
-                // The AVX2 kernel reads f32: the format's values, as f32.
-                (DecodeDtype::Bf16, _) if kernel != Kernel::Avx512 => {
-                    data.iter_mut().for_each(|x| *x = quant::bf16_value(*x));
-                    Panels::F32(data)
-                }
-                (DecodeDtype::Int8, _) if kernel != Kernel::Avx512 => {
-                    let mut rounded = w.to_vec();
-                    DecodeDtype::Int8.round_weight(&mut rounded, k);
-                    return PackedB::with_kernel(kernel, &rounded, n, k, DecodeDtype::F32).map(|p| PackedB { dtype, ..p });
-                }
-                (DecodeDtype::Bf16, _) => {
+            let panels = match dtype {
+                DecodeDtype::F32 => Panels::F32(data),
+                DecodeDtype::Bf16 => {
                     // Every depth of every panel is 32 consecutive values (NR = 32).
                     let mut out = vec![0u16; n_pad * k + 32];
                     let out_off = out.as_ptr().align_offset(64);
@@ -229,7 +225,7 @@ impl PackedB {
                     }
                     return Some(PackedB { n, k, kernel, dtype, mr, nr, panels: Panels::Bf16(out), off: out_off });
                 }
-                (DecodeDtype::Int8, _) => {
+                DecodeDtype::Int8 => {
                     let groups = k.div_ceil(quant::INT8_GROUP);
                     let mut scales = vec![0f32; groups * n_pad];
                     for (j, row) in w.chunks_exact(k).enumerate() {
@@ -327,9 +323,11 @@ impl PackedB {
                 (Panels::Bf16(_) | Panels::Int8 { .. }, _) => {
                     // Where a block has more than one row tile (a prompt, a batch of decode rows
                     // over 12), each panel is widened to f32 once, into `wide` (in L1), for all
-                    // of them; a single row tile widens as it multiplies.
-                    let mut wide = vec![0f32; KC * avx512::NR + 16];
-                    let wide = wide.as_mut_ptr().add(wide.as_ptr().align_offset(64));
+                    // of them; a single row tile widens as it multiplies (at batch 1, 79 against
+                    // 59 tok/s widening first), and needs no buffer.
+                    let single = a.m.min(MC) <= avx512::MR;
+                    let mut wide = if single { Vec::new() } else { vec![0f32; KC * avx512::NR + 16] };
+                    let wide = wide.as_mut_ptr().wrapping_add(wide.as_ptr().align_offset(64));
                     let fmt = |pc: usize, jr: usize, kc: usize| -> (*const u8, *const f32, usize, usize) {
                         match &self.panels {
                             Panels::Bf16(d) => (d.as_ptr().add(at(pc, jr, kc)) as *const u8, std::ptr::null(), 0, 2 * avx512::NR),
@@ -343,7 +341,7 @@ impl PackedB {
                     packed::run_prepacked::<{ avx512::MR }, { avx512::NR }>(self, a, c, j0, j1, |pc, kc, ap, jr, beta, cp, mr, nr, first, next| {
                         let (bp, sp, s_stride, step) = fmt(pc, jr, kc);
                         let pf = if next { bp.add(step * kc) } else { std::ptr::null() };
-                        if a.m.min(MC) <= avx512::MR {
+                        if single {
                             match bf16 {
                                 true => avx512::qtile::<{ avx512::BF16 }>(kc, ap, bp, sp, s_stride, beta, cp, n, mr, nr, pf),
                                 false => avx512::qtile::<{ avx512::INT8 }>(kc, ap, bp, sp, s_stride, beta, cp, n, mr, nr, pf),

@@ -289,7 +289,7 @@ impl KvElem for f32 {
 impl KvElem for u16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
-        f32::from_bits((self as u32) << 16)
+        crate::quant::bf16_to_f32(self)
     }
 }
 

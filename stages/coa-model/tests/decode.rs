@@ -226,10 +226,7 @@ fn bad_calls_are_errors() {
 /// `m` with every weight matrix (embedding, linear layers, head) rounded as `dtype` holds it.
 fn rounded(m: &Model, dtype: DecodeDtype) -> Model {
     let mut r = m.clone();
-    for t in r.params.iter_mut().filter(|t| t.shape.len() == 2) {
-        let k = t.shape[1];
-        dtype.round_weight(&mut t.data, k);
-    }
+    r.round_weights(dtype);
     r
 }
 
