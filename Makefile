@@ -108,7 +108,7 @@ $(TORCH_VENV)/.ok: bench/requirements-torch.txt
 
 # Decoding against transformers generate, on an HF checkpoint directory: by default the
 # pretrained SmolLM2-135M-Instruct of `make model`, written as one by the gguf_to_hf example
-# (DECODE_CKPT=runs/default/sft/checkpoint for the trained student: the same shapes).
+# (DECODE_CKPT=runs/default/sft/checkpoint for the trained student: the same architecture).
 SMOLLM2_HF := $(MODEL_CACHE)/SmolLM2-135M-Instruct-hf
 DECODE_CKPT ?= $(SMOLLM2_HF)
 $(SMOLLM2_HF)/config.json: $(SMOLLM2_GGUF)
