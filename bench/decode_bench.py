@@ -6,14 +6,15 @@ Both sides read the same HF checkpoint with the same number of threads (RAYON_NU
 torch). Each row of a batch is a 256-token prompt followed by 128 generated tokens (greedy; HF with
 `min_new_tokens=max_new_tokens=128` so no row stops early). A side's throughput is the batch's
 generated tokens divided by the wall time of prompt + 128 steps (the best of `--repeat` runs).
-Ours runs once per format (`--formats f32:f32 bf16:bf16 int8:bf16`: weights and KV cache, as
+Ours runs once per format (`--formats f32:f32 bf16:bf16 int8:bf16 bf16-matmul:bf16`: weights and KV cache, as
 `decode_bench --weights --kv` and `coa-generate policy --decode-weights --kv-cache` hold them);
 transformers runs in fp32 (the peer the target is set against) and in bf16. Run it on an otherwise idle machine.
 
-The same run measures the machine's limits (f32 `torch.mm` GFLOP/s and the read bandwidth of a
-1 GiB sum, same threads) and writes the roofline each row cannot beat: a decode step reads every
+The same run measures the machine's limits (f32 and bf16 `torch.mm` GFLOP/s and the read bandwidth
+of a 1 GiB sum, same threads) and writes the roofline each row cannot beat: a decode step reads every
 weight (in the row's format) and the batch's KV cache once (bytes / bandwidth) and does 2 FLOPs per weight per row plus
-attention (FLOPs / peak); a prompt costs its FLOPs at the peak. A 3x target above that bound is
+attention (FLOPs / peak); a prompt costs its FLOPs at the peak. The peak of a row's weight products is
+the f32 one, or for `bf16-matmul` (bf16 inputs, AMX tiles where the CPU has them) the bf16 one. A 3x target above that bound is
 out of reach for any implementation holding the weights in that format on this machine.
 
 usage: python bench/decode_bench.py --example target/release/examples/decode_bench \
@@ -61,16 +62,19 @@ def hf(model, torch, batch, vocab, repeat):
 
 
 def machine_limits(torch, threads):
-    """f32 matmul GFLOP/s (torch.mm, 2048^3) and read bandwidth in GB/s (sum of 1 GiB), best of 5."""
+    """f32 and bf16 matmul GFLOP/s (torch.mm, 2048^3) and read bandwidth in GB/s (sum of 1 GiB), best of 5."""
     torch.set_num_threads(threads)
     n = 2048
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    mm = min(timed(lambda: torch.mm(a, b)) for _ in range(5))
+    rates = []
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        torch.mm(a, b)
+        mm = min(timed(lambda: torch.mm(a, b)) for _ in range(5))
+        rates.append(2 * n**3 / mm / 1e9)
     x = torch.ones(1 << 28)
     x.sum()
     rd = min(timed(lambda: x.sum()) for _ in range(5))
-    return 2 * n**3 / mm / 1e9, x.numel() * 4 / rd / 1e9
+    return rates[0], rates[1], x.numel() * 4 / rd / 1e9
 
 
 def timed(f):
@@ -81,11 +85,12 @@ def timed(f):
 
 # Bytes a decode step reads per weight, by the format our decoder holds them in (int8: one f32
 # scale per 32 weights).
-WEIGHT_BYTES = {"f32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 32}
+WEIGHT_BYTES = {"f32": 4.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 32, "bf16-matmul": 2.0}
 
 
-def roofline(cfg, n_params, batch, gflops, gbps, weight_bytes=4.0, kv_size=4, prompt=256, steps=128):
-    """Upper bounds (tok/s) on generated tokens per second: (prompt + decode, decode alone)."""
+def roofline(cfg, n_params, batch, gflops, mm_gflops, gbps, weight_bytes=4.0, kv_size=4, prompt=256, steps=128):
+    """Upper bounds (tok/s) on generated tokens per second: (prompt + decode, decode alone); the
+    weight products run at `mm_gflops`, attention at `gflops`."""
     L, nkv, nh = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.num_attention_heads
     hd = cfg.hidden_size // nh
     att_flops = lambda pos: 4 * L * nh * hd * pos  # q·k and p·v of one new row at position pos
@@ -94,9 +99,9 @@ def roofline(cfg, n_params, batch, gflops, gbps, weight_bytes=4.0, kv_size=4, pr
     for s in range(steps):
         pos = prompt + s
         t_mem = (n_params * weight_bytes + batch * kv_bytes(pos)) / (gbps * 1e9)
-        t_flop = batch * (2 * n_params + att_flops(pos)) / (gflops * 1e9)
+        t_flop = batch * (2 * n_params / (mm_gflops * 1e9) + att_flops(pos) / (gflops * 1e9))
         decode += max(t_mem, t_flop)
-    prefill = batch * sum(2 * n_params + att_flops(p) for p in range(prompt)) / (gflops * 1e9)
+    prefill = batch * sum(2 * n_params / (mm_gflops * 1e9) + att_flops(p) / (gflops * 1e9) for p in range(prompt))
     return batch * steps / (prefill + decode), batch * steps / decode
 
 
@@ -106,8 +111,8 @@ def main():
     ap.add_argument("--checkpoint", required=True, help="an HF checkpoint directory (both sides read it)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    ap.add_argument("--formats", nargs="+", default=["f32:f32", "bf16:bf16", "int8:bf16"],
-                    help="WEIGHTS:KV formats of our decoder, one row each (weights f32|bf16|int8, KV cache f32|bf16)")
+    ap.add_argument("--formats", nargs="+", default=["f32:f32", "bf16:bf16", "int8:bf16", "bf16-matmul:bf16"],
+                    help="WEIGHTS:KV formats of our decoder, one row each (weights f32|bf16|int8|bf16-matmul, KV cache f32|bf16)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -118,8 +123,8 @@ def main():
     model_bf16 = transformers.AutoModelForCausalLM.from_pretrained(a.checkpoint, dtype=torch.bfloat16).eval()
     vocab = model.config.vocab_size
     n_params = sum(p.numel() for p in model.parameters())
-    gflops, gbps = machine_limits(torch, a.threads)
-    print(f"machine: torch.mm {gflops:.0f} GFLOP/s, read {gbps:.1f} GB/s ({a.threads} threads)", flush=True)
+    gflops, gflops_bf16, gbps = machine_limits(torch, a.threads)
+    print(f"machine: torch.mm f32 {gflops:.0f} GFLOP/s, bf16 {gflops_bf16:.0f}, read {gbps:.1f} GB/s ({a.threads} threads)", flush=True)
     rows = []
     for b in a.batches:
         hf_rate, hf_decode = hf(model, torch, b, vocab, a.repeat)
@@ -129,7 +134,8 @@ def main():
         for f in a.formats:
             w, kv = f.split(":")
             ours_rate, ours_decode = max(ours(a.example, a.checkpoint, a.threads, b, w, kv) for _ in range(a.repeat))
-            bound, bound_decode = roofline(model.config, n_params, b, gflops, gbps, WEIGHT_BYTES[w], 2 if kv == "bf16" else 4)
+            mm_peak = gflops_bf16 if w == "bf16-matmul" else gflops
+            bound, bound_decode = roofline(model.config, n_params, b, gflops, mm_peak, gbps, WEIGHT_BYTES[w], 2 if kv == "bf16" else 4)
             w = f"{w} / {kv}"
             rows.append((b, w, ours_rate, hf_rate, ours_decode, hf_decode, bound, bound_decode, hf16_rate, hf16_decode))
             print(f"batch {b}, {w} weights: ours {ours_rate:.0f} tok/s, ratio {ours_rate / hf_rate:.2f}x; "
@@ -142,7 +148,8 @@ def main():
         "Each row: a 256-token prompt, then 128 greedy tokens; generated tokens per second of prompt + decode (best of "
         f"{a.repeat}). Ours holds the weights and the KV cache in the row's formats (`decode_bench --weights --kv`, "
         "`coa-generate policy --decode-weights --kv-cache`: weights f32 as trained, bf16, or int8 with a scale per 32 "
-        "inputs; the cache f32 or bf16; activations and sums stay f32); transformers runs in f32 (the issue's peer) "
+        "inputs; the cache f32 or bf16; activations and sums stay f32, except in `bf16-matmul`, whose products take bf16 "
+        "weights and activations, on AMX tiles where the CPU has them); transformers runs in f32 (the issue's peer) "
         "and in bf16 (`dtype=torch.bfloat16`).",
         "",
         "Decode alone: the 128 steps without the prompt (ours as the example times it; transformers: generate's time",
@@ -158,11 +165,11 @@ def main():
         "transformers in bf16, same runs: " + "; ".join(
             f"batch {b}: {h16:.0f} tok/s, decode alone {hd16:.0f}" for b, w, *_, h16, hd16 in rows if w == rows[0][1]) + ".",
         "",
-        f"Roofline of this machine, measured in the same run: f32 `torch.mm` {gflops:.0f} GFLOP/s, read bandwidth "
+        f"Roofline of this machine, measured in the same run: `torch.mm` {gflops:.0f} GFLOP/s in f32 and {gflops_bf16:.0f} in bf16, read bandwidth "
         f"{gbps:.1f} GB/s ({a.threads} threads). A decode step reads every weight ({n_params * 4 / 1e6:.0f} MB in f32, "
         f"{n_params * 2 / 1e6:.0f} MB in bf16, {n_params * WEIGHT_BYTES['int8'] / 1e6:.0f} MB in int8) and the "
         "batch's KV cache (in its format) once and does 2 FLOPs per weight per row plus attention; the prompt's FLOPs run at the "
-        "f32 peak. No implementation holding the weights in that format can beat these bounds here; 3x transformers "
+        "f32 peak (the weight products at the bf16 one for `bf16-matmul`). No implementation holding the weights in that format can beat these bounds here; 3x transformers "
         "f32 is the issue's target.",
         "",
         "| batch | our weights / KV cache | bound: prompt + decode (tok/s) | ours, % of bound | 3x transformers | bound: decode alone | ours, % of bound | 3x transformers |",

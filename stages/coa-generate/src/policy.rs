@@ -93,8 +93,8 @@ fn top_p(s: &str) -> Result<f32, String> {
 /// `--kv-cache`: f32 or bf16.
 fn kv_format(s: &str) -> Result<coa_model::DecodeDtype, String> {
     match s.parse::<coa_model::DecodeDtype>() {
-        Ok(coa_model::DecodeDtype::Int8) => Err("`int8`: the KV cache holds f32 or bf16".to_string()),
-        Ok(d) => Ok(d),
+        Ok(d @ (coa_model::DecodeDtype::F32 | coa_model::DecodeDtype::Bf16)) => Ok(d),
+        Ok(d) => Err(format!("`{d}`: the KV cache holds f32 or bf16")),
         Err(_) => Err(format!("`{s}`: expected f32 or bf16")),
     }
 }
@@ -152,8 +152,11 @@ pub struct PolicyArgs {
     /// output). A decode step reads every weight once, so on AVX-512 CPUs bf16 and int8 read a
     /// half and about a quarter of the bytes and decode faster (with AVX2 alone the rounded
     /// values are kept as f32: the rounding without the speed); the logits move by the rounding
-    /// (RL then sees a non-zero sampling-vs-trainer log-prob mismatch).
-    #[arg(long, value_name = "f32|bf16|int8", default_value = "f32")]
+    /// (RL then sees a non-zero sampling-vs-trainer log-prob mismatch). `bf16-matmul`: bf16
+    /// weights and each product's activations rounded to bf16 too (f32 sums; the arithmetic of
+    /// bf16 inference in llama.cpp and PyTorch), which runs on AMX tiles on CPUs that have them
+    /// (Intel Xeon since Sapphire Rapids) and makes prompts several times faster there.
+    #[arg(long, value_name = "f32|bf16|int8|bf16-matmul", default_value = "f32")]
     decode_weights: coa_model::DecodeDtype,
     /// The format the CPU decoder's KV cache holds keys and values in: `f32`, or `bf16` (half
     /// the bytes each step's attention reads, which grow with the context; each key and value

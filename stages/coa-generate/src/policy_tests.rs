@@ -367,25 +367,46 @@ fn narrow_decoding_weights_sample_as_the_rounded_model() {
     }
 }
 
+/// Four samples of one math prompt (seeds 0-3, temperature 1) by `m` at `batch`, its KV cache in
+/// `kv`, with or without prefix reuse.
+fn four_samples(m: &Model, v: &Vocab, batch: usize, reuse: bool, kv: coa_model::DecodeDtype) -> Vec<Option<Sample>> {
+    let (codec, env) = (Codec::new(v).unwrap(), Echo::new());
+    let p = codec.prompt_ids("math", "What is 6 times 7?").unwrap();
+    let jobs = (0..4).map(|k| Job { key: k, prompt_ids: p.clone(), seed: k as u64 });
+    let c = SampleConfig { temperature: 1.0, top_p: 0.95, max_response_tokens: 30, max_turns: 3, max_observation_tokens: Some(8) };
+    let mut policy = ModelPolicy::with_cache(m, batch, p.len() + 30, kv).unwrap();
+    if !reuse {
+        policy = policy.without_prefix_reuse();
+    }
+    let mut out = vec![None; 4];
+    generate(&mut policy, &env, &codec, &c, jobs, &mut |k, s| Ok(out[k].replace(s).is_none())).unwrap();
+    out
+}
+
 #[test]
 fn a_bf16_cache_samples_by_seed_whatever_the_batch() {
     // The rounding happens once, when a key or value is stored: the same samples at any batch
     // size and with or without reused prefixes, as with an f32 cache.
     let v = vocab();
     let m = tiny_model(v.size());
-    let run = |batch: usize, reuse: bool| {
-        let (codec, env) = (Codec::new(&v).unwrap(), Echo::new());
-        let p = codec.prompt_ids("math", "What is 6 times 7?").unwrap();
-        let jobs = (0..4).map(|k| Job { key: k, prompt_ids: p.clone(), seed: k as u64 });
-        let c = SampleConfig { temperature: 1.0, top_p: 0.95, max_response_tokens: 30, max_turns: 3, max_observation_tokens: Some(8) };
-        let mut policy = ModelPolicy::with_cache(&m, batch, p.len() + 30, coa_model::DecodeDtype::Bf16).unwrap();
-        if !reuse {
-            policy = policy.without_prefix_reuse();
-        }
-        let mut out = vec![None; 4];
-        generate(&mut policy, &env, &codec, &c, jobs, &mut |k, s| Ok(out[k].replace(s).is_none())).unwrap();
-        out
-    };
+    let run = |batch, reuse| four_samples(&m, &v, batch, reuse, coa_model::DecodeDtype::Bf16);
+    let a = run(1, false);
+    assert!(a.iter().all(Option::is_some));
+    assert_eq!(a, run(3, true));
+    assert_eq!(a, run(4, false));
+}
+
+#[test]
+fn bf16_matmul_samples_by_seed_whatever_the_batch() {
+    // bf16 activations (AMX tiles where the CPU has them): a sequence's products do not depend on
+    // the rows beside it, so the samples are the same at any batch size, with or without reuse.
+    let v = vocab();
+    let m = tiny_model(v.size());
+    if let Err(e) = m.prepare_decoding_as(coa_model::DecodeDtype::Bf16Matmul) {
+        eprintln!("bf16_matmul_samples_by_seed_whatever_the_batch: skipped ({e:#})");
+        return;
+    }
+    let run = |batch, reuse| four_samples(&m, &v, batch, reuse, coa_model::DecodeDtype::F32);
     let a = run(1, false);
     assert!(a.iter().all(Option::is_some));
     assert_eq!(a, run(3, true));

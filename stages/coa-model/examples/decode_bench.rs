@@ -4,7 +4,7 @@
 //! Default: a random 256-token prompt per slot (prefill timed), then 128 decode steps.
 //! `--context N`: one random N-token prompt prefilled once and copied to every slot
 //! (`KvCache::copy_prefix`), then the decode steps alone: the contexts RL rollouts decode at.
-//! `--weights f32|bf16|int8`: the format decoding holds the weights in (`DecodeDtype`);
+//! `--weights f32|bf16|int8|bf16-matmul`: the format decoding holds the weights in (`DecodeDtype`);
 //! `--kv f32|bf16`: the KV cache's.
 //!
 //!     RAYON_NUM_THREADS=2 cargo run --release -p coa-model --example decode_bench \
@@ -26,7 +26,7 @@ fn main() -> anyhow::Result<()> {
         match a.as_str() {
             "--context" => context = Some(value("--context")?),
             "--steps" => steps = value("--steps")?,
-            "--weights" => dtype = args.next().context("--weights needs f32, bf16 or int8")?.parse()?,
+            "--weights" => dtype = args.next().context("--weights needs f32, bf16, int8 or bf16-matmul")?.parse()?,
             "--kv" => kv = args.next().context("--kv needs f32 or bf16")?.parse()?,
             s if s.starts_with("--") => bail!("unknown flag {s} (expected --context N, --steps N, --weights F, --kv F)"),
             _ => positional.push(a),

@@ -111,8 +111,8 @@ impl KvCache {
     /// [`KvCache::new`] storing keys and values as `dtype`: f32, or bf16 (an error for int8).
     pub fn new_as(config: &ModelConfig, n_slots: usize, max_len: usize, dtype: DecodeDtype) -> Result<KvCache> {
         config.validate()?;
-        if dtype == DecodeDtype::Int8 {
-            bail!("a KV cache holds f32 or bf16 keys and values, not int8");
+        if !matches!(dtype, DecodeDtype::F32 | DecodeDtype::Bf16) {
+            bail!("a KV cache holds f32 or bf16 keys and values, not {dtype}");
         }
         if n_slots == 0 || max_len == 0 {
             bail!("a KV cache needs at least one slot and one position (got {n_slots} slots of {max_len} tokens)");

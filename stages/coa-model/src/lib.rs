@@ -7,10 +7,13 @@
 //! - [`gguf`]: a llama.cpp GGUF file (llama / qwen2; F32, F16, BF16, Q8_0, Q4_0, Q4_1) read as
 //!   the same model, tokenizer and chat template HF transformers derives from it.
 //! - [`decode`]: [`KvCache`] and batched incremental decoding (`prefill`, `decode_step`, `extend`).
-//! - [`quant`]: [`DecodeDtype`], the formats decoding can hold its weights in (f32, bf16, int8).
+//! - [`quant`]: [`DecodeDtype`], the formats decoding can hold its weights in (f32, bf16, int8,
+//!   and bf16 with bf16 activations, which runs on AMX tiles where the CPU has them).
 //! - [`ops`]: every op as plain f32 functions, forward and backward: the CPU reference the GPU
 //!   kernels are tested against.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 pub mod config;
 pub mod decode;
 pub mod gguf;

@@ -7,7 +7,9 @@
 //! decoding gives on that model's weights rounded so (the kernels widen each stored value to
 //! exactly that f32 and then run the f32 arithmetic), which is what the tests hold it to.
 //! Training and the trainer's log-probs stay f32; a rollout decoded in bf16 or int8 has a
-//! non-zero sampling-vs-trainer log-prob mismatch.
+//! non-zero sampling-vs-trainer log-prob mismatch. [`DecodeDtype::Bf16Matmul`] also rounds the
+//! activations each product multiplies: the arithmetic of bf16 inference elsewhere, and the one
+//! AMX tiles run.
 
 use anyhow::{bail, Result};
 
@@ -28,15 +30,21 @@ pub enum DecodeDtype {
     /// llama.cpp's Q8_0). Groups of 64 were measured too: on 32 greedy math responses of
     /// SmolLM2-135M their log-probs moved 1.6x as far from f32's for 3% more speed.
     Int8,
+    /// bf16 weights, and the other input of each product (the activations) rounded to bf16 as it
+    /// is multiplied; f32 sums. The arithmetic of llama.cpp's BF16 weights and of PyTorch's bf16
+    /// autocast. It runs on AMX tiles where the CPU has them (`amx.rs`; their f32 sums round
+    /// in the tiles' own way), elsewhere on the bf16 path with the activations rounded first.
+    Bf16Matmul,
 }
 
 impl DecodeDtype {
-    /// `"f32"`, `"bf16"` or `"int8"`.
+    /// `"f32"`, `"bf16"`, `"int8"` or `"bf16-matmul"`.
     pub fn name(self) -> &'static str {
         match self {
             DecodeDtype::F32 => "f32",
             DecodeDtype::Bf16 => "bf16",
             DecodeDtype::Int8 => "int8",
+            DecodeDtype::Bf16Matmul => "bf16-matmul",
         }
     }
 
@@ -46,7 +54,7 @@ impl DecodeDtype {
         assert!(k > 0 && w.len().is_multiple_of(k), "round_weight: {} values are not rows of {k}", w.len());
         match self {
             DecodeDtype::F32 => {}
-            DecodeDtype::Bf16 => w.iter_mut().for_each(|x| *x = bf16_value(*x)),
+            DecodeDtype::Bf16 | DecodeDtype::Bf16Matmul => w.iter_mut().for_each(|x| *x = bf16_value(*x)),
             DecodeDtype::Int8 => {
                 for row in w.chunks_mut(k) {
                     for group in row.chunks_mut(INT8_GROUP) {
@@ -66,7 +74,8 @@ impl std::str::FromStr for DecodeDtype {
             "f32" => DecodeDtype::F32,
             "bf16" => DecodeDtype::Bf16,
             "int8" => DecodeDtype::Int8,
-            other => bail!("unknown decoding weight format `{other}` (expected f32, bf16 or int8)"),
+            "bf16-matmul" => DecodeDtype::Bf16Matmul,
+            other => bail!("unknown decoding weight format `{other}` (expected f32, bf16, int8 or bf16-matmul)"),
         })
     }
 }
@@ -111,7 +120,7 @@ mod tests {
 
     #[test]
     fn names_parse_back_and_unknown_ones_are_errors() {
-        for d in [DecodeDtype::F32, DecodeDtype::Bf16, DecodeDtype::Int8] {
+        for d in [DecodeDtype::F32, DecodeDtype::Bf16, DecodeDtype::Int8, DecodeDtype::Bf16Matmul] {
             assert_eq!(d.name().parse::<DecodeDtype>().unwrap(), d);
         }
         let e = "fp8".parse::<DecodeDtype>().unwrap_err().to_string();

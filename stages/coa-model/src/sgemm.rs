@@ -11,7 +11,8 @@
 //! by the CPU: AVX-512 (12×32: 24 zmm accumulators, Intel since Skylake-SP, AMD since Zen 4)
 //! and AVX2 + FMA (6×16: 12 ymm accumulators, the Haswell / Zen shape). Elsewhere it calls
 //! `matrixmultiply`.
-//! `COA_CPU_KERNEL=avx2` forces the AVX2 kernel (to compare the two on one machine).
+//! `COA_CPU_KERNEL=avx2` forces the AVX2 kernel (to compare the two on one machine);
+//! `COA_CPU_KERNEL=avx512` keeps decoding's bf16 products off the AMX tiles ([`crate::amx`]).
 //!
 //! Every C element is `Σ_k a·b` accumulated by FMA in k order within each KC block, blocks added
 //! to C in k order, then scaled by alpha and added to beta·C, whatever the kernel, the position of
@@ -30,6 +31,7 @@ const MC: usize = 144;
 const NC: usize = 1024;
 
 use crate::quant::{self, DecodeDtype};
+use rayon::prelude::*;
 
 /// The packed kernel this process runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +146,11 @@ unsafe fn sgemm_with(
 /// widens each value to the f32 that [`DecodeDtype::round_weight`] gives (then the same FMAs), so
 /// a product equals [`sgemm`] on the rounded weight, bit for bit; the AVX2 kernel holds those
 /// rounded values as f32 (the same bits, none of the bytes saved).
+///
+/// In [`DecodeDtype::Bf16Matmul`] the left operand is rounded to bf16 as it is packed too; on
+/// CPUs with AMX the weight is packed as bf16 tiles ([`crate::amx`]) and the product runs on
+/// them (within f32 summation error of [`sgemm`] on the two rounded operands), elsewhere on the
+/// bf16 panels above (its bits).
 pub(crate) struct PackedB {
     n: usize,
     k: usize,
@@ -166,6 +173,9 @@ enum Panels {
     Bf16(Vec<u16>),
     /// Per depth p, the panel's 32 columns in order; `scales[(p / INT8_GROUP) · n_pad + j]`.
     Int8 { q: Vec<i8>, scales: Vec<f32> },
+    /// bf16 tiles for AMX, in [`crate::amx::pack_b`]'s order (the depth padded to 32).
+    #[cfg(target_arch = "x86_64")]
+    Amx(Vec<u16>),
 }
 
 impl std::fmt::Debug for PackedB {
@@ -179,7 +189,23 @@ impl PackedB {
     /// path).
     pub(crate) fn new_as(w: &[f32], n: usize, k: usize, dtype: DecodeDtype) -> Option<PackedB> {
         assert_eq!(w.len(), n * k, "PackedB: w has {} elements, expected {n}x{k}", w.len());
+        #[cfg(target_arch = "x86_64")]
+        if dtype == DecodeDtype::Bf16Matmul && kernel() == Kernel::Avx512 && crate::amx::available() {
+            return Some(PackedB::amx(w, n, k));
+        }
         PackedB::with_kernel(kernel(), w, n, k, dtype)
+    }
+
+    /// `w[n, k]` as AMX bf16 tiles ([`DecodeDtype::Bf16Matmul`]); the CPU must have them.
+    #[cfg(target_arch = "x86_64")]
+    fn amx(w: &[f32], n: usize, k: usize) -> PackedB {
+        use crate::amx::{TILE_K, TILE_M};
+        let (n_pad, k_pad) = (n.next_multiple_of(2 * TILE_M), k.next_multiple_of(TILE_K));
+        let mut data = vec![0u16; n_pad * k_pad + 32];
+        let off = data.as_ptr().align_offset(64);
+        crate::amx::pack_b(w, n, k, &mut data[off..]);
+        let panels = Panels::Amx(data);
+        PackedB { n, k, kernel: Kernel::Avx512, dtype: DecodeDtype::Bf16Matmul, mr: TILE_M, nr: 2 * TILE_M, panels, off }
     }
 
     fn with_kernel(kernel: Kernel, w: &[f32], n: usize, k: usize, dtype: DecodeDtype) -> Option<PackedB> {
@@ -212,7 +238,7 @@ impl PackedB {
             }
             let panels = match dtype {
                 DecodeDtype::F32 => Panels::F32(data),
-                DecodeDtype::Bf16 => {
+                DecodeDtype::Bf16 | DecodeDtype::Bf16Matmul => {
                     // Every depth of every panel is 32 consecutive values (NR = 32).
                     let mut out = vec![0u16; n_pad * k + 32];
                     let out_off = out.as_ptr().align_offset(64);
@@ -274,6 +300,25 @@ impl PackedB {
     pub(crate) fn pack_a(&self, m: usize, a: &[f32]) -> PackedA {
         assert_eq!(a.len(), m * self.k, "PackedB::pack_a: a has {} elements, expected {m}x{}", a.len(), self.k);
         let m_pad = m.next_multiple_of(self.mr);
+        #[cfg(target_arch = "x86_64")]
+        if let Panels::Amx(_) = self.panels {
+            // bf16 rows, the depth padded to whole tiles with zeros.
+            let k_pad = self.k.next_multiple_of(crate::amx::TILE_K);
+            let mut bf16 = vec![0u16; m_pad * k_pad + 32];
+            let off = bf16.as_ptr().align_offset(64);
+            // In parallel for a prompt's rows (one thread would leave the other waiting).
+            let rows = bf16[off..off + m * k_pad].par_chunks_exact_mut(k_pad).zip(a.par_chunks_exact(self.k)).with_min_len(64);
+            rows.for_each(|(row, x)| row.iter_mut().zip(x).for_each(|(v, &x)| *v = quant::bf16_bits(x)));
+            return PackedA { m, data: Vec::new(), bf16, off };
+        }
+        let rounded: Vec<f32>;
+        let a = match self.dtype {
+            DecodeDtype::Bf16Matmul => {
+                rounded = a.iter().map(|&x| quant::bf16_value(x)).collect();
+                &rounded[..]
+            }
+            _ => a,
+        };
         let mut data = vec![0f32; m_pad * self.k];
         #[cfg(target_arch = "x86_64")]
         for pc in (0..self.k).step_by(KC) {
@@ -287,7 +332,7 @@ impl PackedB {
                 }
             }
         }
-        PackedA { m, data }
+        PackedA { m, data, bf16: Vec::new(), off: 0 }
     }
 
     /// `C[:, j0..j1] = A · wᵀ[:, j0..j1]` for `C[m, n]` row-major (not read), `j0` a multiple of
@@ -307,6 +352,36 @@ impl PackedB {
             // Where panel jr of the KC block at pc starts, in values of the panels' type.
             let at = |pc: usize, jr: usize, kc: usize| self.off + pc * n_pad + jr * kc;
             match (&self.panels, self.kernel) {
+                (Panels::Amx(d), _) => {
+                    use crate::amx::{self, TILE_K, TILE_M};
+                    // The whole depth in the tiles (their sums are not sgemm's anyway), C stored
+                    // once; rows in blocks of AMX_MC, whose A rows stay in L2 while the panels of
+                    // j0..j1 go by.
+                    const AMX_MC: usize = 128;
+                    let k_pad = self.k.next_multiple_of(TILE_K);
+                    let (m, ab) = (a.m, a.bf16.as_ptr().add(a.off));
+                    let mut part = amx::Block([0.0; 4 * TILE_M * TILE_M]);
+                    amx::configure();
+                    for ic in (0..m).step_by(AMX_MC) {
+                        let mc = AMX_MC.min(m - ic);
+                        for jr in (j0..j1).step_by(2 * TILE_M) {
+                            let nr = (2 * TILE_M).min(j1 - jr);
+                            let bp = d.as_ptr().add(self.off + jr * k_pad);
+                            for ir in (ic..ic + mc).step_by(2 * TILE_M) {
+                                let mr = (2 * TILE_M).min(m - ir);
+                                let ap = ab.add(ir * k_pad);
+                                if nr == 2 * TILE_M && (mr == TILE_M || mr == 2 * TILE_M) {
+                                    amx::block(k_pad / TILE_K, ap, k_pad, mr > TILE_M, bp, c.add(ir * n + jr), n);
+                                    continue;
+                                }
+                                amx::block(k_pad / TILE_K, ap, k_pad, mr > TILE_M, bp, part.0.as_mut_ptr(), 2 * TILE_M);
+                                for (i, row) in part.0.chunks_exact(2 * TILE_M).take(mr).enumerate() {
+                                    std::ptr::copy_nonoverlapping(row.as_ptr(), c.add((ir + i) * n + jr), nr);
+                                }
+                            }
+                        }
+                    }
+                }
                 (Panels::F32(d), Kernel::Avx512) => {
                     packed::run_prepacked::<{ avx512::MR }, { avx512::NR }>(self, a, c, j0, j1, |pc, kc, ap, jr, beta, cp, mr, nr, _, next| {
                         let bp = d.as_ptr().add(at(pc, jr, kc));
@@ -334,7 +409,7 @@ impl PackedB {
                             Panels::Int8 { q, scales } => {
                                 (q.as_ptr().add(at(pc, jr, kc)) as *const u8, scales.as_ptr().add(pc / quant::INT8_GROUP * n_pad + jr), n_pad, avx512::NR)
                             }
-                            Panels::F32(_) => unreachable!(),
+                            _ => unreachable!(),
                         }
                     };
                     let bf16 = matches!(self.panels, Panels::Bf16(_));
@@ -365,10 +440,12 @@ impl PackedB {
 }
 
 /// A left operand packed by [`PackedB::pack_a`]: per KC block (at `pc · m_pad`), panels of MR
-/// rows, each `kc` deep.
+/// rows, each `kc` deep; or, for AMX tiles, bf16 rows (from `off`) of the depth padded to 32.
 pub(crate) struct PackedA {
     m: usize,
     data: Vec<f32>,
+    bf16: Vec<u16>,
+    off: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -956,10 +1033,15 @@ mod tests {
     /// Whether `x[m, k] · pwᵀ` through the packed weight, its columns split as threads split
     /// them (one panel, then the rest), has the bits of [`sgemm`] on `w[n, k]`.
     fn packed_equals_sgemm(kernel: Kernel, pw: &PackedB, x: &[f32], w: &[f32], m: usize) -> bool {
+        packed_equals(kernel, pw, x, x, w, m)
+    }
+
+    /// [`packed_equals_sgemm`] where sgemm multiplies `x_want` (`x` as the format rounds it).
+    fn packed_equals(kernel: Kernel, pw: &PackedB, x: &[f32], x_want: &[f32], w: &[f32], m: usize) -> bool {
         let (n, k) = (pw.n, pw.k);
         let mut want = vec![f32::NAN; m * n];
         // SAFETY: x [m,k], w [n,k] read as wᵀ [k,n], want [m,n], all in bounds.
-        unsafe { sgemm_with(kernel, m, n, k, 1.0, x.as_ptr(), k, 1, w.as_ptr(), 1, k, 0.0, want.as_mut_ptr(), n) };
+        unsafe { sgemm_with(kernel, m, n, k, 1.0, x_want.as_ptr(), k, 1, w.as_ptr(), 1, k, 0.0, want.as_mut_ptr(), n) };
         let mut got = vec![f32::NAN; m * n];
         let step = pw.panel();
         let xa = pw.pack_a(m, x);
@@ -1011,6 +1093,64 @@ mod tests {
                     let same = packed_equals_sgemm(kernel, &pw, &x, &rounded, m);
                     assert!(same, "{kernel:?} {dtype:?} {m}x{n}x{k}: differs from sgemm on the rounded weight");
                 }
+            }
+        }
+    }
+
+    /// In [`DecodeDtype::Bf16Matmul`] both operands are rounded to bf16: on every kernel the
+    /// product has the bits of [`sgemm`] on the rounded operands; on AMX tiles, where the CPU has
+    /// them, it is within f32 summation error of the exact product of the rounded operands (the
+    /// tiles round their sums in their own way) and near sgemm's. Row counts across the 16-row
+    /// tile and its pairs, columns across the 32-column panel, depths across the 32-deep tile and
+    /// KC blocks, column ranges as threads split them.
+    #[test]
+    fn bf16_matmul_multiplies_both_operands_rounded() {
+        let mut rng = SplitMix64::new(13);
+        let dtype = DecodeDtype::Bf16Matmul;
+        #[cfg(target_arch = "x86_64")]
+        let amx = crate::amx::available() && kernel() == Kernel::Avx512;
+        #[cfg(not(target_arch = "x86_64"))]
+        let amx = false;
+        if !amx {
+            eprintln!("bf16_matmul: this CPU has no AMX tiles (or COA_CPU_KERNEL caps it); the AMX engine is not tested here");
+        }
+        for &(m, n, k) in &[(1, 1, 1), (1, 70, 576), (3, 33, 31), (15, 64, 257), (16, 32, 256), (17, 200, 600), (33, 96, 1536), (150, 40, 70)] {
+            let w = random(n * k, &mut rng);
+            let x = random(m * k, &mut rng);
+            let (mut w_r, mut x_r) = (w.clone(), x.clone());
+            dtype.round_weight(&mut w_r, k);
+            dtype.round_weight(&mut x_r, k);
+            assert!(n * k == 1 || w_r != w);
+            for kernel in kernels() {
+                if let Some(pw) = PackedB::with_kernel(kernel, &w, n, k, dtype) {
+                    assert!(packed_equals(kernel, &pw, &x, &x_r, &w_r, m), "{kernel:?} {m}x{n}x{k}: differs from sgemm on the rounded operands");
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if amx {
+                let pw = PackedB::amx(&w, n, k);
+                assert!(matches!(pw.panels, Panels::Amx(_)));
+                let mut got = vec![f32::NAN; m * n];
+                let xa = pw.pack_a(m, &x);
+                let step = pw.panel();
+                for (j0, j1) in [(0, step.min(n)), (step.min(n), n)] {
+                    // SAFETY: got holds m·n values; one range at a time.
+                    unsafe { pw.gemm_cols(&xa, got.as_mut_ptr(), j0, j1) };
+                }
+                let mut fma = vec![0f32; m * n];
+                // SAFETY: x_r [m,k], w_r [n,k] read as wᵀ [k,n], fma [m,n], all in bounds.
+                unsafe { sgemm_with(Kernel::Avx512, m, n, k, 1.0, x_r.as_ptr(), k, 1, w_r.as_ptr(), 1, k, 0.0, fma.as_mut_ptr(), n) };
+                let tol = 1e-5 * (k as f64).sqrt() + 1e-6;
+                let (mut worst, mut to_fma) = (0f64, 0f64);
+                for i in 0..m {
+                    for j in 0..n {
+                        let exact: f64 = (0..k).map(|p| x_r[i * k + p] as f64 * w_r[j * k + p] as f64).sum();
+                        worst = worst.max((got[i * n + j] as f64 - exact).abs());
+                        to_fma = to_fma.max((got[i * n + j] - fma[i * n + j]).abs() as f64);
+                    }
+                }
+                assert!(worst <= tol, "AMX {m}x{n}x{k}: {worst:e} from the exact product of the rounded operands (tolerance {tol:e})");
+                assert!(to_fma <= 2.0 * tol, "AMX {m}x{n}x{k}: {to_fma:e} from sgemm on the rounded operands");
             }
         }
     }

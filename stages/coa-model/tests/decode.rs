@@ -290,4 +290,48 @@ fn a_bf16_cache_decodes_near_the_f32_cache_in_half_the_bytes() {
     let c = config("llama", false, 4, 2);
     let e = KvCache::new_as(&c, 1, 10, DecodeDtype::Int8).unwrap_err().to_string();
     assert!(e.contains("int8") && e.contains("bf16"), "{e}");
+    let e = KvCache::new_as(&c, 1, 10, DecodeDtype::Bf16Matmul).unwrap_err().to_string();
+    assert!(e.contains("bf16-matmul"), "{e}");
+}
+
+#[test]
+fn bf16_matmul_decodes_near_the_f32_model_whatever_the_batch_and_threads() {
+    // bf16 activations on top of bf16 weights (AMX tiles where the CPU has them): near the f32
+    // model, not the weight-only bf16 format's bits, and a sequence's logits do not depend on
+    // the other sequences of its batch or on the threads.
+    for (mt, tied) in [("llama", false), ("qwen2", true)] {
+        let m = model(config(mt, tied, 4, 2), 12);
+        let mm = m.clone();
+        if let Err(e) = mm.prepare_decoding_as(DecodeDtype::Bf16Matmul) {
+            eprintln!("bf16_matmul_decodes_near_the_f32_model: skipped ({e:#})");
+            return;
+        }
+        let got = decode_run(&mm);
+        let err = rel_err(&got, &decode_run(&m));
+        assert!(err > 0.0 && err < 0.05, "{mt}: logits {err:.4} (relative) from the f32 model's");
+        let weights_only = m.clone();
+        weights_only.prepare_decoding_as(DecodeDtype::Bf16).unwrap();
+        assert_ne!(got, decode_run(&weights_only), "{mt}: the activations are rounded too");
+        eprintln!("{mt} bf16-matmul: logits {err:.4} (max, relative) from the f32 model's");
+
+        let v = mm.config.vocab_size;
+        let seq = random_ids(90, v, 6);
+        let run = |others: bool, threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let mut c = KvCache::new(&mm.config, 2, 100).unwrap();
+                let slots: &[usize] = if others { &[0, 1] } else { &[0] };
+                let prompts: Vec<(usize, &[u32])> = if others { vec![(0, &seq[..70]), (1, &seq[70..75])] } else { vec![(0, &seq[..70])] };
+                let last = mm.extend(&mut c, &prompts).unwrap();
+                let mut out = last[..v].to_vec();
+                for s in 0..12 {
+                    let toks: Vec<u32> = slots.iter().map(|&k| seq[75 + s + k]).collect();
+                    out.extend_from_slice(&mm.decode_step(&mut c, slots, &toks).unwrap()[..v]);
+                }
+                out
+            })
+        };
+        let alone = run(false, 1);
+        assert!(alone == run(true, 1) && alone == run(true, 3), "{mt}: slot 0's logits changed with its batch or the threads");
+    }
 }
