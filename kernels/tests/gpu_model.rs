@@ -340,7 +340,9 @@ fn top(logits: &[f32], pick: Option<usize>) -> (usize, f32, f32) {
 /// several passes by a small row budget), then more decoding. Both sides are fed the CPU's greedy
 /// tokens, so every step compares the two decoders on the same context: the GPU's greedy pick
 /// equals the CPU's wherever the CPU's top two logits are more than `TIE` apart (bf16 noise is
-/// 0.04-0.08 on these logits: a closer pair may flip), and the log-prob of the chosen token agrees
+/// 0.04-0.08 on these logits: a closer pair may flip; over 300 seeds on 2026-11-29 the widest
+/// gap that flipped was 0.079, and one CI run's seed, 1795903355074538069, flipped a gap of 0.103
+/// against the 0.1 used until then), and the log-prob of the chosen token agrees
 /// within 7.5e-2 nats + 1.5% at every step. A GPU decoding on its own therefore emits exactly the
 /// CPU's tokens up to the first near tie. That bound is 1.5x what 200 random seeds needed
 /// (2026-11-28; each seed's worst step against 5e-2 + 1%: median 0.59, 95th percentile 0.85, 99th
@@ -350,7 +352,7 @@ fn top(logits: &[f32], pick: Option<usize>) -> (usize, f32, f32) {
 fn decoder_greedy_rollouts_match_cpu() {
     use coa_kernels::decode::GpuDecoder;
     use coa_model::KvCache;
-    const TIE: f32 = 0.1;
+    const TIE: f32 = 0.15;
     let test = "decoder_greedy_rollouts_match_cpu";
     let gpu = test_gpu(test);
     let mut rng = seeded(test);
@@ -409,6 +411,6 @@ fn decoder_greedy_rollouts_match_cpu() {
         }
     }
     eprintln!("{test}: {clear} of {decisions} greedy picks clear and equal; worst log-prob error {worst_lp:.2e}");
-    // A sanity bound on what was compared (measured: 70-80% of the picks are clear).
+    // A sanity bound on what was compared (measured: at least 67% of the picks are clear over 40 seeds).
     assert!(clear * 2 >= decisions, "near ties must be rare: only {clear} of {decisions} picks were clear");
 }
