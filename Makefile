@@ -122,7 +122,7 @@ bench-decode: $(TORCH_VENV)/.ok $(DECODE_CKPT)/config.json
 bench-train: $(TORCH_VENV)/.ok build
 	$(CARGO) build --profile $(PROFILE) -p coa-model --example gemm_bench
 	$(TORCH_VENV)/bin/python bench/train_bench.py --bin $(BIN)/coa-train-step --gemm-bench $(BIN)/examples/gemm_bench \
-	    --threads 2 --out bench/results/train.md
+	    --threads 2 --bf16 --out bench/results/train.md
 
 schemas-doc:
 	COA_BLESS=1 $(CARGO) test -p coa-schemas --test reference_doc

@@ -15,6 +15,11 @@ than rayon from other processes competing for the cores.
 As a check that both sides do the same work, the loss of the first step (same weights, same
 batch) is printed for both.
 
+With `--bf16` each model also runs with bf16 products on both sides: ours with `--matmul bf16`
+(both inputs of every linear layer's and the head's product rounded to bf16, f32 sums, on AMX tiles
+where the CPU has them), PyTorch under `torch.autocast("cpu", dtype=torch.bfloat16)` (its CPU
+autocast: the same products in bf16); the weights, gradients and optimizer stay f32 on both.
+
 The machine's f32 matmul peak is measured in the same run: `torch.mm` and our `ops::gemm`
 (`examples/gemm_bench`) on a large square product with the same threads; each side's share of
 it is reported at the usual 6·N FLOP per input token (N = parameters).
@@ -65,12 +70,12 @@ def run(cmd):
     return p
 
 
-def ours(args, work, tokens, init_dir, n_tokens):
+def ours(args, work, tokens, init_dir, n_tokens, matmul="f32"):
     metrics = os.path.join(work, "metrics.parquet")
     cmd = [args.bin, "-i", tokens, "--init", init_dir, "--steps", str(args.steps + 1),
            "--batch-tokens", str(n_tokens), "--lr", str(args.lr), "--min-lr", str(args.lr),
            "--weight-decay", "0.01", "--grad-clip", "1.0", "--threads", str(args.threads),
-           "--seed", "0", "-o", metrics]
+           "--seed", "0", "-o", metrics] + (["--matmul", matmul] if matmul != "f32" else [])
     t0 = time.perf_counter()
     run(cmd)
     wall = time.perf_counter() - t0
@@ -82,7 +87,7 @@ def ours(args, work, tokens, init_dir, n_tokens):
             "wall": wall, "cmd": " ".join(cmd)}
 
 
-def reference(args, init_dir, ids, mask):
+def reference(args, init_dir, ids, mask, autocast=False):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = LlamaForCausalLM.from_pretrained(init_dir, torch_dtype=torch.float32, attn_implementation=args.attn)
@@ -97,7 +102,8 @@ def reference(args, init_dir, ids, mask):
     times, first_loss = [], None
     for step in range(args.steps + 1):
         t0 = time.perf_counter()
-        out = model(input_ids=x, labels=labels)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(input_ids=x, labels=labels)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -129,6 +135,11 @@ def bench_model(args, model):
         config = json.load(open(os.path.join(init_dir, "config.json")))
         r_ours = ours(args, work, tokens, init_dir, n_tokens)
         r_ref = reference(args, init_dir, ids, mask)
+        bf16 = None
+        if args.bf16:
+            b_ours = ours(args, work, tokens, init_dir, n_tokens, matmul="bf16")
+            b_ours["cmd"] = b_ours["cmd"].replace(work, "$TMP")
+            bf16 = (b_ours, reference(args, init_dir, ids, mask, autocast=True))
         params = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(init_dir).parameters())
         r_ours["cmd"] = r_ours["cmd"].replace(work, "$TMP")
     r_ours["params"] = r_ref["params"] = params
@@ -136,7 +147,7 @@ def bench_model(args, model):
              f"{config['num_attention_heads']} heads / {config['num_key_value_heads']} kv, "
              f"intermediate {config['intermediate_size']}, vocab {config['vocab_size']}, "
              f"{'tied' if config.get('tie_word_embeddings') else 'untied'} head, {params / 1e6:.1f}M parameters")
-    return r_ours, r_ref, shape
+    return r_ours, r_ref, shape, bf16
 
 
 def model_vocab(model):
@@ -182,6 +193,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="timed steps (after one warm-up step)")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--attn", default="sdpa", help="transformers attn_implementation (sdpa or eager)")
+    ap.add_argument("--bf16", action="store_true", help="also run each model with bf16 products (ours --matmul bf16, PyTorch CPU autocast bf16)")
     ap.add_argument("--out", help="write the markdown result here")
     args = ap.parse_args()
     args.gemm_bench = args.gemm_bench or os.path.join(os.path.dirname(args.bin), "examples", "gemm_bench")
@@ -191,15 +203,24 @@ def main():
     peak_flops = max(peak["torch"], peak["ours"]) * 1e9
     print(f"f32 GEMM {peak['n']}^3, {args.threads} threads: torch.mm {peak['torch']:.1f} GFLOP/s, "
           f"ops::gemm {peak['ours']:.1f} GFLOP/s", flush=True)
-    rows, cmds = [], []
+    rows, cmds, bf16_rows = [], [], []
     for model in args.models.split(","):
-        r_ours, r_ref, shape = bench_model(args, model)
+        r_ours, r_ref, shape, bf16 = bench_model(args, model)
+        if bf16:
+            b_ours, b_ref = bf16
+            bf16_rows.append(f"| {model_name(model)} | {b_ours['tokens_per_s']:.0f} | {b_ref['tokens_per_s']:.0f} "
+                             f"| **{b_ours['tokens_per_s'] / b_ref['tokens_per_s']:.2f}x** "
+                             f"| {b_ours['tokens_per_s'] / r_ours['tokens_per_s']:.2f}x / {b_ref['tokens_per_s'] / r_ref['tokens_per_s']:.2f}x "
+                             f"| {b_ours['first_loss']:.5f} / {b_ref['first_loss']:.5f} |")
+            print(bf16_rows[-1], flush=True)
         ratio = r_ours["tokens_per_s"] / r_ref["tokens_per_s"]
         share = lambda r: r["tokens_per_s"] * 6 * r["params"] / peak_flops
         rows.append(f"| {model_name(model)} ({shape}) | {r_ours['tokens_per_s']:.0f} | {r_ref['tokens_per_s']:.0f} "
                     f"| **{ratio:.2f}x** | {share(r_ours):.0%} / {share(r_ref):.0%} "
                     f"| {r_ours['first_loss']:.5f} / {r_ref['first_loss']:.5f} |")
         cmds.append(r_ours["cmd"])
+        if bf16:
+            cmds.append(bf16[0]["cmd"])
         print(rows[-1], flush=True)
 
     cpu = platform.processor() or platform.machine()
@@ -232,6 +253,15 @@ def main():
         f"{os.getloadavg()[0]:.2f} after it: measure on an otherwise idle machine (with other processes "
         "competing for the cores, PyTorch's OpenMP threads slow down far more than our rayon threads).",
         "",
+        *([
+            "bf16 products, same models, batches and weights: ours with `--matmul bf16` (AMX tiles where the CPU has "
+            "them), PyTorch under CPU autocast to bf16; weights, gradients and AdamW stay f32 on both sides.",
+            "",
+            "| model | coa-train-step --matmul bf16 tokens/s | PyTorch autocast bf16 tokens/s | ratio | speed-up over f32 (ours / PyTorch) | loss of step 1 (ours / PyTorch) |",
+            "|---|---:|---:|---:|---:|---:|",
+            *bf16_rows,
+            "",
+        ] if bf16_rows else []),
         "Command (`make bench-train`):",
         "",
         "```",

@@ -28,7 +28,8 @@ pub(crate) const TILE_M: usize = 16;
 pub(crate) const TILE_B: usize = TILE_K * TILE_M;
 
 /// Whether this process multiplies on AMX: CPUID reports AMX-TILE and AMX-BF16, the CPU has
-/// AVX-512F (the rest of the packed path), and Linux granted the tile data. Asked once;
+/// AVX-512F and BW (the rest of the packed path, and the packing), and Linux granted the tile
+/// data. Asked once;
 /// `COA_CPU_KERNEL=avx512` (or `avx2`) turns it off, to compare the engines on one machine.
 pub(crate) fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -38,7 +39,7 @@ pub(crate) fn available() -> bool {
         }
         let (max_leaf, leaf7) = (std::arch::x86_64::__cpuid(0).eax, std::arch::x86_64::__cpuid_count(7, 0));
         let (tile, bf16) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 22 & 1 == 1);
-        max_leaf >= 7 && tile && bf16 && std::is_x86_feature_detected!("avx512f") && request_tile_data()
+        max_leaf >= 7 && tile && bf16 && std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") && request_tile_data()
     })
 }
 
@@ -90,17 +91,36 @@ pub(crate) unsafe fn configure() {
 #[repr(C, align(64))]
 pub(crate) struct Block(pub [f32; 4 * TILE_M * TILE_M]);
 
-/// C rows at `c` (`ldc` values apart), 32 columns = Σ over `steps` depths of 32: the A rows at
+/// C rows at `c` (`ldc` values apart), 32 columns = (C when `add`, else 0) + Σ over `steps` depths of 32: the A rows at
 /// `a` (bf16, `lda` values apart; 16 rows, and 16 more from `a + 16·lda` when `two`) times one
 /// 32-column panel `b` (per depth, its two 16-column tiles in VNNI order, [`TILE_B`] values
 /// each). C's rows 16-31 are written only when `two`.
 ///
 /// # Safety
 /// [`configure`] ran on this thread; `a`, `b` and `c` address what is said above.
-pub(crate) unsafe fn block(steps: usize, a: *const u16, lda: usize, two: bool, b: *const u16, c: *mut f32, ldc: usize) {
+pub(crate) unsafe fn block(steps: usize, a: *const u16, lda: usize, two: bool, b: *const u16, c: *mut f32, ldc: usize, add: bool) {
     let sa = 2 * lda;
     let sb = 2 * TILE_K;
-    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+    let sc = 4 * ldc;
+    if add {
+        asm!(
+            "tileloadd tmm0, [{c0} + {sc}*1]",
+            "tileloadd tmm1, [{c1} + {sc}*1]",
+            c0 = in(reg) c, c1 = in(reg) c.add(TILE_M), sc = in(reg) sc,
+            options(nostack, readonly),
+        );
+        if two {
+            let c = c.add(TILE_M * ldc);
+            asm!(
+                "tileloadd tmm2, [{c0} + {sc}*1]",
+                "tileloadd tmm3, [{c1} + {sc}*1]",
+                c0 = in(reg) c, c1 = in(reg) c.add(TILE_M), sc = in(reg) sc,
+                options(nostack, readonly),
+            );
+        }
+    } else {
+        asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+    }
     for s in 0..steps {
         let (a0, b0) = (a.add(TILE_K * s), b.add(2 * TILE_B * s));
         let b1 = b0.add(TILE_B);
@@ -130,7 +150,6 @@ pub(crate) unsafe fn block(steps: usize, a: *const u16, lda: usize, two: bool, b
             );
         }
     }
-    let sc = 4 * ldc;
     asm!(
         "tilestored [{c0} + {sc}*1], tmm0",
         "tilestored [{c1} + {sc}*1], tmm1",
@@ -154,13 +173,216 @@ pub(crate) unsafe fn block(steps: usize, a: *const u16, lda: usize, two: bool, b
 /// Padding is zero.
 pub(crate) fn pack_b(w: &[f32], n: usize, k: usize, dst: &mut [u16]) {
     let (n_pad, k_pad) = (n.next_multiple_of(2 * TILE_M), k.next_multiple_of(TILE_K));
-    debug_assert!(dst.len() >= n_pad * k_pad);
-    for (p, panel) in dst[..n_pad * k_pad].chunks_exact_mut(2 * TILE_M * k_pad).enumerate() {
-        for (i, v) in panel.iter_mut().enumerate() {
-            // i = ((s·2 + t)·16 + r)·32 + 2j + e
-            let (e, j, r, t, s) = (i % 2, i / 2 % TILE_M, i / TILE_K % TILE_M, i / TILE_B % 2, i / (2 * TILE_B));
-            let (col, depth) = (2 * TILE_M * p + TILE_M * t + j, TILE_K * s + 2 * r + e);
-            *v = if col < n && depth < k { crate::quant::bf16_bits(w[col * k + depth]) } else { 0 };
+    assert!(w.len() == n * k && dst.len() >= n_pad * k_pad);
+    // SAFETY: B(p, j) = w[j·k + p] addresses w [n, k] for p < k, j < n; only CPUs with AMX (and
+    // so AVX-512BW, `available`) pack tiles.
+    unsafe { pack_panels(dst, w.as_ptr(), k, n, 1, k, n_pad, k_pad) }
+}
+
+/// Rows of A per block of [`gemm`]'s loops (`MC_A × KC_A` bf16, 128 KB, in L2).
+const MC_A: usize = 128;
+/// Depth per block (a multiple of 32): a 32-column panel's part is `KC_A × 32` bf16 (32 KB).
+const KC_A: usize = 512;
+/// Columns per block (`KC_A × NC_A` bf16 of B, 256 KB, in L2).
+const NC_A: usize = 256;
+
+thread_local! {
+    /// This thread's packed operands (A as bf16 rows, B as tile panels), allocated once.
+    static PACKED: std::cell::RefCell<(Vec<u16>, Vec<u16>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Where B's value (p, j) lies in [`pack_b`]'s order for a depth padded to `k_pad`.
+#[inline(always)]
+fn panel_index(p: usize, j: usize, k_pad: usize) -> usize {
+    (j / (2 * TILE_M)) * 2 * TILE_M * k_pad + (p / TILE_K) * 2 * TILE_B + (j % (2 * TILE_M) / TILE_M) * TILE_B + (p % TILE_K / 2) * TILE_K + (j % TILE_M) * 2 + p % 2
+}
+
+/// `dst[i] = bf16(src[i])`, rounded to nearest even ([`crate::quant::bf16_bits`]), in a loop the
+/// compiler turns into AVX-512 vectors.
+#[inline(always)]
+fn to_bf16(dst: &mut [u16], src: &[f32]) {
+    dst.iter_mut().zip(src).for_each(|(v, &x)| *v = crate::quant::bf16_bits(x));
+}
+
+/// Two bf16 values in one u32: `lo` in the low half (the even depth of a VNNI pair).
+#[inline(always)]
+fn pair(lo: f32, hi: f32) -> u32 {
+    crate::quant::bf16_bits(lo) as u32 | (crate::quant::bf16_bits(hi) as u32) << 16
+}
+
+/// A (element (i, p) at `a + i·rsa + p·csa`) as bf16 rows `[m_pad, k_pad]`, zero-padded; read
+/// along whichever of its dimensions is contiguous.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pack_rows(dst: &mut [u16], a: *const f32, m: usize, k: usize, rsa: usize, csa: usize, m_pad: usize, k_pad: usize) {
+    if csa == 1 {
+        for (i, row) in dst[..m * k_pad].chunks_exact_mut(k_pad).enumerate() {
+            to_bf16(&mut row[..k], std::slice::from_raw_parts(a.add(i * rsa), k));
+            row[k..].fill(0);
+        }
+    } else {
+        // Columns of A are contiguous (A is a transpose): blocks of 16 rows × 32 depths, read
+        // as 32 runs of 16 values, turned in L1, written as 16 runs of 32 (a cache line each).
+        assert!(dst.len() >= m_pad * k_pad && rsa == 1);
+        let mut block = [[0u16; 16]; TILE_K];
+        let out = dst.as_mut_ptr();
+        for i0 in (0..m).step_by(16) {
+            let rows = 16.min(m - i0);
+            for p0 in (0..k).step_by(TILE_K) {
+                let depth = TILE_K.min(k - p0);
+                for (d, run) in block.iter_mut().enumerate().take(depth) {
+                    to_bf16(&mut run[..rows], std::slice::from_raw_parts(a.add(i0 + (p0 + d) * csa), rows));
+                }
+                for ii in 0..rows {
+                    // SAFETY: row i0 + ii < m, depths p0..p0 + depth ≤ k: inside dst (asserted above).
+                    let row = std::slice::from_raw_parts_mut(out.add((i0 + ii) * k_pad + p0), depth);
+                    for (d, v) in row.iter_mut().enumerate() {
+                        *v = block[d][ii];
+                    }
+                }
+            }
+        }
+        for row in dst[..m * k_pad].chunks_exact_mut(k_pad) {
+            row[k..].fill(0);
         }
     }
+    dst[m * k_pad..m_pad * k_pad].fill(0);
+}
+
+/// B (element (p, j) at `b + p·rsb + j·csb`) as [`pack_b`]'s tile panels, zero-padded. A VNNI
+/// pair (depths 2q and 2q + 1 of one column) is one u32: taken from two neighbours of a column
+/// where columns are contiguous (`rsb == 1`), else from two rows, 16 columns at a time (one
+/// tile row).
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pack_panels(dst: &mut [u16], b: *const f32, k: usize, n: usize, rsb: usize, csb: usize, n_pad: usize, k_pad: usize) {
+    dst[..n_pad * k_pad].fill(0);
+    // The u32 at which pair q of column j lies.
+    let at = |q: usize, j: usize| panel_index(2 * q, j, k_pad) / 2;
+    let out = std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u32, n_pad * k_pad / 2);
+    debug_assert!(dst.as_ptr().align_offset(4) == 0);
+    if rsb == 1 {
+        // A column's depths 32s..32s + 32 are one tile row per pair: converted together, then
+        // written down the tile (pairs 16 u32 apart).
+        let mut pairs = [0u32; TILE_M];
+        for j in 0..n {
+            let col = std::slice::from_raw_parts(b.add(j * csb), k);
+            for (s, depths) in col.chunks(TILE_K).enumerate() {
+                if depths.len() == TILE_K {
+                    for (v, two) in pairs.iter_mut().zip(depths.chunks_exact(2)) {
+                        *v = pair(two[0], two[1]);
+                    }
+                } else {
+                    pairs.fill(0);
+                    for (q, two) in depths.chunks(2).enumerate() {
+                        pairs[q] = pair(two[0], two.get(1).copied().unwrap_or(0.0));
+                    }
+                }
+                let first = at(s * TILE_M, j);
+                for (r, &v) in pairs.iter().enumerate() {
+                    out[first + r * TILE_M] = v;
+                }
+            }
+        }
+    } else {
+        // A row's n values span (n - 1)·csb + 1 floats.
+        let len = (n - 1) * csb + 1;
+        let zeros = vec![0f32; len];
+        for q in 0..k.div_ceil(2) {
+            let lo = std::slice::from_raw_parts(b.add(2 * q * rsb), len);
+            let hi = if 2 * q + 1 < k { std::slice::from_raw_parts(b.add((2 * q + 1) * rsb), len) } else { &zeros[..] };
+            if csb == 1 {
+                for j0 in (0..n).step_by(TILE_M) {
+                    let w = TILE_M.min(n - j0);
+                    let row = &mut out[at(q, j0)..][..w];
+                    for ((v, &l), &h) in row.iter_mut().zip(&lo[j0..j0 + w]).zip(&hi[j0..j0 + w]) {
+                        *v = pair(l, h);
+                    }
+                }
+            } else {
+                for j in 0..n {
+                    out[at(q, j)] = pair(lo[j * csb], hi[j * csb]);
+                }
+            }
+        }
+    }
+}
+
+/// `C = A·B + beta·C` with both operands rounded to bf16 and f32 sums on the tiles, strides as
+/// [`super::sgemm::sgemm`] takes them (A (i,p) at `a + i·rsa + p·csa`, B (p,j) at
+/// `b + p·rsb + j·csb`, C (i,j) at `c + i·ldc + j`). Both operands are packed once (A as bf16
+/// rows, B as tile panels); the loops then go over blocks of `NC_A` columns, `KC_A` of depth
+/// and `MC_A` rows (BLIS's order), C carrying the sum from one depth block to the next (the
+/// tiles load it back).
+///
+/// # Safety
+/// [`available`] returned true; every addressed element lies inside its allocation, and no other
+/// thread accesses the addressed part of C.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm(m: usize, n: usize, k: usize, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // C = beta·C first where beta is neither 0 (C not read) nor 1 (the tiles add to C).
+    if beta != 0.0 && beta != 1.0 {
+        for i in 0..m {
+            std::slice::from_raw_parts_mut(c.add(i * ldc), n).iter_mut().for_each(|x| *x *= beta);
+        }
+    }
+    if k == 0 {
+        if beta == 0.0 {
+            (0..m).for_each(|i| std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0));
+        }
+        return;
+    }
+    configure();
+    let (m_pad, n_pad, k_pad) = (m.next_multiple_of(TILE_M), n.next_multiple_of(2 * TILE_M), k.next_multiple_of(TILE_K));
+    PACKED.with(|bufs| {
+        let mut bufs = bufs.borrow_mut();
+        let (pa, pb) = &mut *bufs;
+        if pa.len() < m_pad * k_pad + 32 {
+            pa.resize(m_pad * k_pad + 32, 0);
+        }
+        if pb.len() < n_pad * k_pad + 32 {
+            pb.resize(n_pad * k_pad + 32, 0);
+        }
+        let (off_a, off_b) = (pa.as_ptr().align_offset(64), pb.as_ptr().align_offset(64));
+        let (pa, pb) = (&mut pa[off_a..], &mut pb[off_b..]);
+        pack_rows(pa, a, m, k, rsa, csa, m_pad, k_pad);
+        pack_panels(pb, b, k, n, rsb, csb, n_pad, k_pad);
+        let mut part = Block([0.0; 4 * TILE_M * TILE_M]);
+        for jc in (0..n).step_by(NC_A) {
+            let nc = NC_A.min(n - jc);
+            for pc in (0..k_pad).step_by(KC_A) {
+                let kc = KC_A.min(k_pad - pc);
+                // The first depth block sets C (or adds to beta·C), the later ones add to it.
+                let add = pc > 0 || beta != 0.0;
+                for ic in (0..m).step_by(MC_A) {
+                    let mc = MC_A.min(m - ic);
+                    for jr in (jc..jc + nc).step_by(2 * TILE_M) {
+                        let nr = (2 * TILE_M).min(jc + nc - jr);
+                        let bp = pb.as_ptr().add(jr * k_pad + pc * 2 * TILE_M);
+                        for ir in (ic..ic + mc).step_by(2 * TILE_M) {
+                            let mr = (2 * TILE_M).min(ic + mc - ir);
+                            let (ap, two) = (pa.as_ptr().add(ir * k_pad + pc), mr > TILE_M);
+                            let cp = c.add(ir * ldc + jr);
+                            if nr == 2 * TILE_M && (mr == TILE_M || mr == 2 * TILE_M) {
+                                block(kc / TILE_K, ap, k_pad, two, bp, cp, ldc, add);
+                                continue;
+                            }
+                            // An edge of C: through a whole block.
+                            let w = 2 * TILE_M;
+                            if add {
+                                for i in 0..mr {
+                                    std::ptr::copy_nonoverlapping(cp.add(i * ldc), part.0.as_mut_ptr().add(i * w), nr);
+                                }
+                            }
+                            block(kc / TILE_K, ap, k_pad, two, bp, part.0.as_mut_ptr(), w, add);
+                            for i in 0..mr {
+                                std::ptr::copy_nonoverlapping(part.0.as_ptr().add(i * w), cp.add(i * ldc), nr);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
 }

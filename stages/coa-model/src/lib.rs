@@ -30,5 +30,5 @@ pub use config::{Llama3Rope, ModelConfig, TokenIds};
 pub use decode::KvCache;
 pub use io::SaveDtype;
 pub use model::{Model, Seq, TokenStats, Workspace};
-pub use quant::DecodeDtype;
+pub use quant::{DecodeDtype, MatmulDtype};
 pub use params::{layout, param_specs, LayerIdx, Layout, ParamSpec, Params, Tensor};

@@ -18,6 +18,11 @@ pub struct Model {
     /// get the head's). With the bottom two thirds frozen a step costs about half as much. 0: all
     /// layers train. Not saved: a property of a run, not of the weights.
     pub frozen_layers: usize,
+    /// Training and the trainer's log-probs (`logits`, `forward_backward`): what the linear
+    /// layers' and the head's products multiply, f32 (the reference) or both inputs rounded to
+    /// bf16 (on AMX tiles where the CPU has them). Decoding has its own format
+    /// ([`Model::prepare_decoding_as`]). Not saved: a property of a run.
+    pub matmul: crate::MatmulDtype,
     /// The linear weights packed for decoding, from `params` as they are at the first decode
     /// call (decoding serves frozen weights: training never decodes; a clone starts without).
     decode_weights: std::sync::OnceLock<Option<crate::decode::DecodeWeights>>,
@@ -25,7 +30,7 @@ pub struct Model {
 
 impl Clone for Model {
     fn clone(&self) -> Model {
-        Model { config: self.config.clone(), params: self.params.clone(), frozen_layers: self.frozen_layers, decode_weights: Default::default() }
+        Model { config: self.config.clone(), params: self.params.clone(), frozen_layers: self.frozen_layers, matmul: self.matmul, decode_weights: Default::default() }
     }
 }
 
@@ -211,7 +216,7 @@ impl Model {
                 t
             })
             .collect();
-        Ok(Model { config, params: Params { tensors }, frozen_layers: 0, decode_weights: Default::default() })
+        Ok(Model { config, params: Params { tensors }, frozen_layers: 0, matmul: Default::default(), decode_weights: Default::default() })
     }
 
     /// The weights packed for decoding, packed on the first call in f32 unless
@@ -265,7 +270,7 @@ impl Model {
     /// Wrap existing parameters; errors unless they match the config's canonical layout.
     pub fn new(config: ModelConfig, params: Params) -> Result<Model> {
         config.validate()?;
-        let m = Model { config, params, frozen_layers: 0, decode_weights: Default::default() };
+        let m = Model { config, params, frozen_layers: 0, matmul: Default::default(), decode_weights: Default::default() };
         m.check_layout()?;
         Ok(m)
     }
@@ -343,19 +348,19 @@ impl Model {
         let (qd, kvd) = (nh * hd, nkv * hd);
         let eps = c.rms_norm_eps as f32;
         ops::rmsnorm_forward(&mut a.h1, &mut a.rstd1, &a.x, self.p(li.ln1), eps, d);
-        ops::linear_forward(&mut a.q, &a.h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
-        ops::linear_forward(&mut a.k, &a.h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
-        ops::linear_forward(&mut a.v, &a.h1, self.p(li.wv), self.pb(li.bv), t, d, kvd);
+        ops::linear_forward_as(self.matmul, &mut a.q, &a.h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
+        ops::linear_forward_as(self.matmul, &mut a.k, &a.h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
+        ops::linear_forward_as(self.matmul, &mut a.v, &a.h1, self.p(li.wv), self.pb(li.bv), t, d, kvd);
         ops::rope_forward(&mut a.q, &cx.cos, &cx.sin, nh, hd);
         ops::rope_forward(&mut a.k, &cx.cos, &cx.sin, nkv, hd);
         ops::attention_forward_prefix(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &cx.seg_start, cx.prefix, nh, nkv, hd);
-        ops::linear_forward(&mut a.x2, &a.att, self.p(li.wo), self.pb(li.bo), t, qd, d);
+        ops::linear_forward_as(self.matmul, &mut a.x2, &a.att, self.p(li.wo), self.pb(li.bo), t, qd, d);
         a.x2.iter_mut().zip(&a.x).for_each(|(s, b)| *s += b);
         ops::rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x2, self.p(li.ln2), eps, d);
-        ops::linear_forward(&mut a.g, &a.h2, self.p(li.wg), self.pb(li.bg), t, d, inter);
-        ops::linear_forward(&mut a.u, &a.h2, self.p(li.wu), self.pb(li.bu), t, d, inter);
+        ops::linear_forward_as(self.matmul, &mut a.g, &a.h2, self.p(li.wg), self.pb(li.bg), t, d, inter);
+        ops::linear_forward_as(self.matmul, &mut a.u, &a.h2, self.p(li.wu), self.pb(li.bu), t, d, inter);
         ops::swiglu_forward(&mut a.a, &a.g, &a.u);
-        ops::linear_forward(y, &a.a, self.p(li.wd), self.pb(li.bd), t, inter, d);
+        ops::linear_forward_as(self.matmul, y, &a.a, self.p(li.wd), self.pb(li.bd), t, inter, d);
         y.iter_mut().zip(&a.x2).for_each(|(s, b)| *s += b);
     }
 
@@ -392,7 +397,7 @@ impl Model {
         let mut ws = Workspace::default();
         self.final_norm(&lay, seq.input_ids, &cx, None, &mut ws);
         let mut logits = vec![0f32; cx.t * v];
-        ops::linear_forward(&mut logits, &ws.hf, self.p(self.head_weight(&lay)), None, cx.t, d, v);
+        ops::linear_forward_as(self.matmul, &mut logits, &ws.hf, self.p(self.head_weight(&lay)), None, cx.t, d, v);
         Ok(logits)
     }
 
@@ -427,7 +432,7 @@ impl Model {
         for r0 in (0..n).step_by(HEAD_CHUNK_ROWS) {
             let r1 = (r0 + HEAD_CHUNK_ROWS).min(n);
             let z = &mut buf[..(r1 - r0) * v];
-            ops::linear_forward(z, &ws.hs[r0 * d..r1 * d], self.p(self.head_weight(&lay)), None, r1 - r0, d, v);
+            ops::linear_forward_as(self.matmul, z, &ws.hs[r0 * d..r1 * d], self.p(self.head_weight(&lay)), None, r1 - r0, d, v);
             ops::logsoftmax_forward(&mut lp[r0..r1], &mut en[r0..r1], &mut lse[r0..r1], z, &head.targets[r0..r1], v);
         }
         Ok(head.token_stats(cx.t, &lp, &en))
@@ -501,14 +506,14 @@ impl Model {
         if cache {
             // ws.head [n, V]: the logits, then the probabilities (the head backward reads them)
             fit(&mut ws.head, n * v);
-            ops::linear_forward(&mut ws.head, &ws.hs, self.p(wh), None, n, d, v);
+            ops::linear_forward_as(self.matmul, &mut ws.head, &ws.hs, self.p(wh), None, n, d, v);
             ops::logsoftmax_forward_inplace(&mut row_lp, &mut row_en, &mut row_lse, &mut ws.head, &head.targets, v);
         } else {
             fit(&mut ws.head, chunk * v);
             for r0 in (0..n).step_by(chunk) {
                 let r1 = (r0 + chunk).min(n);
                 let z = &mut ws.head[..(r1 - r0) * v];
-                ops::linear_forward(z, &ws.hs[r0 * d..r1 * d], self.p(wh), None, r1 - r0, d, v);
+                ops::linear_forward_as(self.matmul, z, &ws.hs[r0 * d..r1 * d], self.p(wh), None, r1 - r0, d, v);
                 ops::logsoftmax_forward(
                     &mut row_lp[r0..r1],
                     &mut row_en[r0..r1],
@@ -545,17 +550,18 @@ impl Model {
                 // overwrite the probabilities with dlogits
                 let dl = &mut ws.head;
                 ops::logsoftmax_backward_from_probs(dl, &head.targets, &dlogp_row, v);
-                ops::linear_backward(Some(&mut ws.dhs), gw, None, dl, &ws.hs, self.p(wh), n, d, v);
+                ops::linear_backward_as(self.matmul, Some((&mut ws.dhs, 1.0)), gw, None, dl, &ws.hs, self.p(wh), n, d, v);
             } else {
                 fit(&mut ws.head2, chunk * v);
                 for r0 in (0..n).step_by(chunk) {
                     let r1 = (r0 + chunk).min(n);
                     let m = r1 - r0;
                     let (zc, dzc) = (&mut ws.head[..m * v], &mut ws.head2[..m * v]);
-                    ops::linear_forward(zc, &ws.hs[r0 * d..r1 * d], self.p(wh), None, m, d, v);
+                    ops::linear_forward_as(self.matmul, zc, &ws.hs[r0 * d..r1 * d], self.p(wh), None, m, d, v);
                     ops::logsoftmax_backward(dzc, zc, &row_lse[r0..r1], &head.targets[r0..r1], &dlogp_row[r0..r1], v);
-                    ops::linear_backward(
-                        Some(&mut ws.dhs[r0 * d..r1 * d]),
+                    ops::linear_backward_as(
+                        self.matmul,
+                        Some((&mut ws.dhs[r0 * d..r1 * d], 1.0)),
                         gw,
                         None,
                         dzc,
@@ -602,24 +608,24 @@ impl Model {
         // MLP: x3 = x2 + down(silu(gate(h2)) * up(h2)), h2 = rmsnorm(x2)
         {
             let (dw, db) = grad_pair(g, li.wd, li.bd);
-            ops::linear_backward_to(&mut b.da, dw, db, dx, &a.a, self.p(li.wd), t, inter, d);
+            ops::linear_backward_as(self.matmul, Some((&mut b.da, 0.0)), dw, db, dx, &a.a, self.p(li.wd), t, inter, d);
         }
         b.dg.iter_mut().for_each(|x| *x = 0.0);
         b.du.iter_mut().for_each(|x| *x = 0.0);
         ops::swiglu_backward(&mut b.dg, &mut b.du, &b.da, &a.g, &a.u);
         {
             let (dw, db) = grad_pair(g, li.wg, li.bg);
-            ops::linear_backward_to(&mut b.dh, dw, db, &b.dg, &a.h2, self.p(li.wg), t, d, inter);
+            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 0.0)), dw, db, &b.dg, &a.h2, self.p(li.wg), t, d, inter);
         }
         {
             let (dw, db) = grad_pair(g, li.wu, li.bu);
-            ops::linear_backward(Some(&mut b.dh), dw, db, &b.du, &a.h2, self.p(li.wu), t, d, inter);
+            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 1.0)), dw, db, &b.du, &a.h2, self.p(li.wu), t, d, inter);
         }
         ops::rmsnorm_backward(dx, &mut g[li.ln2].data, &b.dh, &a.x2, self.p(li.ln2), &a.rstd2, d);
         // Attention: x2 = x + o_proj(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = rmsnorm(x)
         {
             let (dw, db) = grad_pair(g, li.wo, li.bo);
-            ops::linear_backward_to(&mut b.datt, dw, db, dx, &a.att, self.p(li.wo), t, qd, d);
+            ops::linear_backward_as(self.matmul, Some((&mut b.datt, 0.0)), dw, db, dx, &a.att, self.p(li.wo), t, qd, d);
         }
         b.dq.iter_mut().for_each(|x| *x = 0.0);
         b.dk.iter_mut().for_each(|x| *x = 0.0);
@@ -644,15 +650,15 @@ impl Model {
         ops::rope_backward(&mut b.dk, &cx.cos, &cx.sin, nkv, hd);
         {
             let (dw, db) = grad_pair(g, li.wq, li.bq);
-            ops::linear_backward_to(&mut b.dh, dw, db, &b.dq, &a.h1, self.p(li.wq), t, d, qd);
+            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 0.0)), dw, db, &b.dq, &a.h1, self.p(li.wq), t, d, qd);
         }
         {
             let (dw, db) = grad_pair(g, li.wk, li.bk);
-            ops::linear_backward(Some(&mut b.dh), dw, db, &b.dk, &a.h1, self.p(li.wk), t, d, kvd);
+            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 1.0)), dw, db, &b.dk, &a.h1, self.p(li.wk), t, d, kvd);
         }
         {
             let (dw, db) = grad_pair(g, li.wv, li.bv);
-            ops::linear_backward(Some(&mut b.dh), dw, db, &b.dv, &a.h1, self.p(li.wv), t, d, kvd);
+            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 1.0)), dw, db, &b.dv, &a.h1, self.p(li.wv), t, d, kvd);
         }
         ops::rmsnorm_backward(dx, &mut g[li.ln1].data, &b.dh, &a.x, self.p(li.ln1), &a.rstd1, d);
     }

@@ -14,6 +14,8 @@
 
 use rayon::prelude::*;
 
+use crate::MatmulDtype;
+
 use crate::sgemm::sgemm;
 
 /// Rows per parallel task for row-wise ops (fixed: results do not depend on the thread count).
@@ -41,6 +43,13 @@ pub fn gemm_kernel() -> &'static str {
 /// Parallel over output tiles with rayon; single-threaded [`crate::sgemm`] per tile.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: bool, c: &mut [f32], beta: f32) {
+    gemm_as(MatmulDtype::F32, m, n, k, a, a_t, b, b_t, c, beta)
+}
+
+/// [`gemm`] with its operands as `dtype` has them: f32, or rounded to bf16 (f32 sums; on AMX
+/// tiles where the CPU has them).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_as(dtype: MatmulDtype, m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: bool, c: &mut [f32], beta: f32) {
     assert_eq!(a.len(), m * k, "gemm: a has {} elements, expected {m}x{k}", a.len());
     assert_eq!(b.len(), k * n, "gemm: b has {} elements, expected {k}x{n}", b.len());
     assert_eq!(c.len(), m * n, "gemm: c has {} elements, expected {m}x{n}", c.len());
@@ -88,7 +97,10 @@ pub fn gemm(m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: 
             let a0 = (ap as *const f32).offset(i0 as isize * rsa);
             let b0 = (bp as *const f32).offset(j0 as isize * csb);
             let c0 = cp.0.add(i0 * n + j0);
-            crate::sgemm::sgemm(mm, nn, k, 1.0, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n);
+            match dtype {
+                MatmulDtype::F32 => crate::sgemm::sgemm(mm, nn, k, 1.0, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n),
+                MatmulDtype::Bf16 => crate::sgemm::sgemm_bf16(mm, nn, k, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n),
+            }
         }
     };
     let n_tiles = tiles_m * tiles_n;
@@ -101,7 +113,13 @@ pub fn gemm(m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: 
 
 /// Linear layer forward: `out[T,O] = x[T,I] @ w[O,I]ᵀ + b[O]` (out is written).
 pub fn linear_forward(out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, t: usize, i: usize, o: usize) {
-    gemm(t, o, i, x, false, w, true, out, 0.0);
+    linear_forward_as(MatmulDtype::F32, out, x, w, b, t, i, o)
+}
+
+/// [`linear_forward`] with the product in `dtype` ([`gemm_as`]).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_forward_as(dtype: MatmulDtype, out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, t: usize, i: usize, o: usize) {
+    gemm_as(dtype, t, o, i, x, false, w, true, out, 0.0);
     if let Some(b) = b {
         assert_eq!(b.len(), o);
         out.par_chunks_mut(o * ROW_CHUNK).for_each(|rows| {
@@ -126,18 +144,21 @@ pub fn linear_backward(
     i: usize,
     o: usize,
 ) {
-    linear_backward_beta(dx.map(|d| (d, 1.0)), dw, db, dout, x, w, t, i, o)
+    linear_backward_as(MatmulDtype::F32, dx.map(|d| (d, 1.0)), dw, db, dout, x, w, t, i, o)
 }
 
 /// [`linear_backward`] that writes `dx[T,I] = dout @ w` instead of adding to it (the first
 /// contribution to a gradient: no zeroing pass over dx, and C is not read).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_backward_to(dx: &mut [f32], dw: &mut [f32], db: Option<&mut [f32]>, dout: &[f32], x: &[f32], w: &[f32], t: usize, i: usize, o: usize) {
-    linear_backward_beta(Some((dx, 0.0)), dw, db, dout, x, w, t, i, o)
+    linear_backward_as(MatmulDtype::F32, Some((dx, 0.0)), dw, db, dout, x, w, t, i, o)
 }
 
+/// [`linear_backward`] with the products in `dtype` ([`gemm_as`]); `dx` is written (`beta` 0) or
+/// added to (`beta` 1).
 #[allow(clippy::too_many_arguments)]
-fn linear_backward_beta(
+pub fn linear_backward_as(
+    dtype: MatmulDtype,
     dx: Option<(&mut [f32], f32)>,
     dw: &mut [f32],
     db: Option<&mut [f32]>,
@@ -149,9 +170,9 @@ fn linear_backward_beta(
     o: usize,
 ) {
     if let Some((dx, beta)) = dx {
-        gemm(t, i, o, dout, false, w, false, dx, beta);
+        gemm_as(dtype, t, i, o, dout, false, w, false, dx, beta);
     }
-    gemm(o, i, t, dout, true, x, false, dw, 1.0);
+    gemm_as(dtype, o, i, t, dout, true, x, false, dw, 1.0);
     if let Some(db) = db {
         let partial = column_sums(dout, t, o);
         db.iter_mut().zip(&partial).for_each(|(a, b)| *a += b);

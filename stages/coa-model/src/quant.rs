@@ -86,9 +86,53 @@ impl std::fmt::Display for DecodeDtype {
     }
 }
 
-/// The bf16 bits of `x`, rounded to nearest even (NaN stays NaN).
+/// What a linear layer's product multiplies in training and in the trainer's log-probs: f32 (the
+/// reference), or both inputs rounded to bf16 with f32 sums (PyTorch's CPU autocast to bf16, on
+/// AMX tiles where the CPU has them). Only the products: weights, gradients, optimizer state,
+/// norms, attention and the loss stay f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MatmulDtype {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl MatmulDtype {
+    /// `"f32"` or `"bf16"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulDtype::F32 => "f32",
+            MatmulDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for MatmulDtype {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "f32" => MatmulDtype::F32,
+            "bf16" => MatmulDtype::Bf16,
+            other => bail!("unknown matmul type `{other}` (expected f32 or bf16)"),
+        })
+    }
+}
+
+impl std::fmt::Display for MatmulDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The bf16 bits of `x`, rounded to nearest even (NaN stays a quiet NaN): `half::bf16::from_f32`'s
+/// bits, written without branches so that loops of it become vector code (the AMX packing).
+#[inline(always)]
 pub(crate) fn bf16_bits(x: f32) -> u16 {
-    half::bf16::from_f32(x).to_bits()
+    let u = x.to_bits();
+    let rounded = (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16;
+    let nan = (u >> 16) as u16 | 0x40;
+    if u & 0x7fff_ffff > 0x7f80_0000 { nan } else { rounded }
 }
 
 /// The f32 that bf16 `bits` hold (exact widening).
@@ -125,6 +169,18 @@ mod tests {
         }
         let e = "fp8".parse::<DecodeDtype>().unwrap_err().to_string();
         assert!(e.contains("fp8") && e.contains("bf16"), "{e}");
+    }
+
+    #[test]
+    fn bf16_bits_are_halfs_for_every_kind_of_value() {
+        // Ties both ways, the largest finite values (round to infinity), infinities, NaNs,
+        // subnormals, zeros of both signs, and a sweep of bit patterns.
+        let mut xs: Vec<u32> = vec![0, 0x8000_0000, 0x3f80_8000, 0x3f81_8000, 0x7f7f_ffff, 0xff7f_ffff, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0x7f80_0001, 0xffff_ffff, 0x0000_8000, 0x0001_8000];
+        xs.extend((0..200_000u32).map(|i| i.wrapping_mul(2_654_435_761)));
+        for u in xs {
+            let x = f32::from_bits(u);
+            assert_eq!(bf16_bits(x), half::bf16::from_f32(x).to_bits(), "{u:#010x}");
+        }
     }
 
     #[test]

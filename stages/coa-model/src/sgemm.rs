@@ -100,6 +100,21 @@ pub(crate) unsafe fn sgemm(
     sgemm_with(kernel(), m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc)
 }
 
+/// [`sgemm`] with both operands rounded to bf16 ([`crate::MatmulDtype::Bf16`]): on AMX tiles
+/// where the CPU has them (within f32 summation error of the exact product of the rounded
+/// operands), elsewhere [`sgemm`] on rounded copies (its bits). Same arguments and safety as
+/// [`sgemm`], with alpha 1.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm_bf16(m: usize, n: usize, k: usize, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel() == Kernel::Avx512 && crate::amx::available() {
+        return crate::amx::gemm(m, n, k, a, rsa, csa, b, rsb, csb, beta, c, ldc);
+    }
+    let a_r: Vec<f32> = (0..m * k).map(|x| quant::bf16_value(*a.add(x / k * rsa + x % k * csa))).collect();
+    let b_r: Vec<f32> = (0..k * n).map(|x| quant::bf16_value(*b.add(x / n * rsb + x % n * csb))).collect();
+    sgemm(m, n, k, 1.0, a_r.as_ptr(), k, 1, b_r.as_ptr(), n, 1, beta, c, ldc)
+}
+
 /// [`sgemm`] on a given kernel, which the CPU must have.
 #[allow(clippy::too_many_arguments)]
 unsafe fn sgemm_with(
@@ -371,10 +386,10 @@ impl PackedB {
                                 let mr = (2 * TILE_M).min(m - ir);
                                 let ap = ab.add(ir * k_pad);
                                 if nr == 2 * TILE_M && (mr == TILE_M || mr == 2 * TILE_M) {
-                                    amx::block(k_pad / TILE_K, ap, k_pad, mr > TILE_M, bp, c.add(ir * n + jr), n);
+                                    amx::block(k_pad / TILE_K, ap, k_pad, mr > TILE_M, bp, c.add(ir * n + jr), n, false);
                                     continue;
                                 }
-                                amx::block(k_pad / TILE_K, ap, k_pad, mr > TILE_M, bp, part.0.as_mut_ptr(), 2 * TILE_M);
+                                amx::block(k_pad / TILE_K, ap, k_pad, mr > TILE_M, bp, part.0.as_mut_ptr(), 2 * TILE_M, false);
                                 for (i, row) in part.0.chunks_exact(2 * TILE_M).take(mr).enumerate() {
                                     std::ptr::copy_nonoverlapping(row.as_ptr(), c.add((ir + i) * n + jr), nr);
                                 }
@@ -938,6 +953,29 @@ mod tests {
         (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect()
     }
 
+    /// One strided product's operands: a [m,k] and b [k,n] (stored transposed where asked), C
+    /// [m, n + 3] (NaN where beta is 0, so that reading it would show), and the strides.
+    struct Strided {
+        a: Vec<f32>,
+        b: Vec<f32>,
+        c0: Vec<f32>,
+        ldc: usize,
+        rsa: usize,
+        csa: usize,
+        rsb: usize,
+        csb: usize,
+    }
+
+    fn strided(m: usize, n: usize, k: usize, a_t: bool, b_t: bool, beta: f32, rng: &mut SplitMix64) -> Strided {
+        let a = random(m * k, rng);
+        let b = random(k * n, rng);
+        let ldc = n + 3;
+        let c0: Vec<f32> = if beta == 0.0 { vec![f32::NAN; m * ldc] } else { random(m * ldc, rng) };
+        let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
+        let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
+        Strided { a, b, c0, ldc, rsa, csa, rsb, csb }
+    }
+
     /// The kernels this CPU can run, the portable one included; says which it skips.
     fn kernels() -> Vec<Kernel> {
         let mut have = vec![Kernel::Portable];
@@ -967,13 +1005,8 @@ mod tests {
             for &(m, n, k) in &shapes {
                 for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
                     for (alpha, beta) in [(1.0f32, 0.0f32), (0.5, 1.0), (-2.0, 0.25)] {
-                        let a = random(m * k, &mut rng);
-                        let b = random(k * n, &mut rng);
-                        let ldc = n + 3;
-                        let c0: Vec<f32> = if beta == 0.0 { vec![f32::NAN; m * ldc] } else { random(m * ldc, &mut rng) };
+                        let Strided { a, b, c0, ldc, rsa, csa, rsb, csb } = strided(m, n, k, a_t, b_t, beta, &mut rng);
                         let mut c = c0.clone();
-                        let (rsa, csa) = if a_t { (1, m) } else { (k, 1) };
-                        let (rsb, csb) = if b_t { (1, k) } else { (n, 1) };
                         // SAFETY: the strides address a [m,k], b [k,n] and c [m, ldc] in bounds.
                         unsafe { sgemm_with(kernel, m, n, k, alpha, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), ldc) };
                         for i in 0..m {
@@ -1151,6 +1184,45 @@ mod tests {
                 }
                 assert!(worst <= tol, "AMX {m}x{n}x{k}: {worst:e} from the exact product of the rounded operands (tolerance {tol:e})");
                 assert!(to_fma <= 2.0 * tol, "AMX {m}x{n}x{k}: {to_fma:e} from sgemm on the rounded operands");
+            }
+        }
+    }
+
+    /// [`sgemm_bf16`] (training's bf16 products) on every stride layout, edges of the 32×32 tile
+    /// pairs, depths across the packed depth blocks (512), rows across the row blocks (128),
+    /// columns across the column blocks (256), beta 0 over NaN, 1 and 0.5: within f32 summation
+    /// error of the exact product of the bf16-rounded operands, and not within it of the
+    /// unrounded product (so the operands were rounded). On AMX tiles where the CPU has them,
+    /// else on rounded copies.
+    #[test]
+    fn bf16_products_multiply_the_rounded_operands() {
+        let mut rng = SplitMix64::new(17);
+        for &(m, n, k) in &[(1, 1, 1), (5, 17, 3), (16, 32, 32), (33, 65, 100), (150, 20, 513), (40, 300, 70), (17, 40, 1100)] {
+            for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+                for beta in [0.0f32, 1.0, 0.5] {
+                    let Strided { a, b, c0, ldc, rsa, csa, rsb, csb } = strided(m, n, k, a_t, b_t, beta, &mut rng);
+                    let mut c = c0.clone();
+                    // SAFETY: the strides address a [m,k], b [k,n] and c [m, ldc] in bounds.
+                    unsafe { sgemm_bf16(m, n, k, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), ldc) };
+                    let r = |x: f32| quant::bf16_value(x) as f64;
+                    let mut far_from_f32 = false;
+                    for i in 0..m {
+                        for j in 0..ldc {
+                            let got = c[i * ldc + j];
+                            if j >= n {
+                                assert!(got.to_bits() == c0[i * ldc + j].to_bits(), "wrote outside C at ({i},{j})");
+                                continue;
+                            }
+                            let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
+                            let want = (0..k).map(|p| r(a[i * rsa + p * csa]) * r(b[p * rsb + j * csb])).sum::<f64>() + old;
+                            let unrounded = (0..k).map(|p| a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum::<f64>() + old;
+                            let tol = 1e-5 * (k as f64).sqrt() + 1e-6;
+                            assert!((got as f64 - want).abs() <= tol, "{m}x{n}x{k} a_t={a_t} b_t={b_t} beta={beta} at ({i},{j}): {got} vs {want}");
+                            far_from_f32 |= (got as f64 - unrounded).abs() > tol;
+                        }
+                    }
+                    assert!(far_from_f32 || k == 1, "{m}x{n}x{k}: the product of the unrounded operands");
+                }
             }
         }
     }

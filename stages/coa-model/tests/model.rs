@@ -122,6 +122,43 @@ fn gradients_accumulate_and_are_deterministic() {
 }
 
 #[test]
+fn bf16_matmuls_train_near_the_f32_model() {
+    // MatmulDtype::Bf16 rounds both inputs of every linear layer's and the head's products (on
+    // AMX tiles where the CPU has them): the loss and each gradient tensor stay near f32's (cosine
+    // > 0.999, norm within 2%), not equal to them; the run is deterministic, and a step along the
+    // bf16 gradient lowers the f32 loss as the f32 step does.
+    for (mt, tied) in [("llama", false), ("qwen2", true)] {
+        let mut m = Model::init(small_config(mt, tied), 5).unwrap();
+        // Larger weights: products far from rounding noise, logits far from uniform.
+        m.params.iter_mut().filter(|t| t.shape.len() == 2).for_each(|t| t.data.iter_mut().for_each(|x| *x *= 4.0));
+        let x = random_ids(70, 97, 2);
+        let (g32, loss32) = sft_grads(&m, &x);
+        let mut mb = m.clone();
+        mb.matmul = coa_model::MatmulDtype::Bf16;
+        let (g16, loss16) = sft_grads(&mb, &x);
+        assert_eq!(g16, sft_grads(&mb, &x).0, "{mt}: bf16 products are deterministic");
+        assert!(loss16 != loss32 && (loss16 - loss32).abs() < 0.01 * loss32, "{mt}: loss {loss16} against f32's {loss32}");
+        for (a, b) in g16.iter().zip(g32.iter()) {
+            let dot: f64 = a.data.iter().zip(&b.data).map(|(x, y)| *x as f64 * *y as f64).sum();
+            let (na, nb) = (a.data.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt(), b.data.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt());
+            if nb == 0.0 {
+                continue;
+            }
+            let cos = dot / (na * nb);
+            assert!(cos > 0.999 && (na / nb - 1.0).abs() < 0.02, "{mt} {}: cosine {cos:.5}, norm ratio {:.4}", a.name, na / nb);
+        }
+        let step = |g: &Params| {
+            let mut s = m.clone();
+            s.params.iter_mut().zip(g.iter()).for_each(|(p, g)| p.data.iter_mut().zip(&g.data).for_each(|(w, d)| *w -= 0.05 * d));
+            sft_grads(&s, &x).1
+        };
+        let (after32, after16) = (step(&g32), step(&g16));
+        assert!(after16 < loss32 && (after16 - after32).abs() < 0.01 * loss32, "{mt}: {loss32} -> {after16} (f32 gradient: {after32})");
+        eprintln!("{mt}: loss {loss32:.5} f32, {loss16:.5} bf16 products; after one step {after32:.5} / {after16:.5}");
+    }
+}
+
+#[test]
 fn gradient_matches_finite_difference_of_loss() {
     // Whole-model check: d loss / d θ for a few coordinates of several tensors.
     let mut m = Model::init(small_config("qwen2", false), 11).unwrap();

@@ -77,6 +77,7 @@ fn main() -> Result<()> {
         micro_batch_tokens: B * T,
         new_rows: None,
         frozen_layers: 0,
+        matmul: Default::default(),
     };
     let mut trainer = Trainer::new(model, Objective::Sft, &settings, &data)?;
     trainer.to_cuda(Arc::new(gpu), &data)?;

@@ -78,6 +78,14 @@ pub struct TrainArgs {
     /// as the head). CPU only. Default 0: every layer trains.
     #[arg(long, value_name = "N", value_parser = coa_schemas::flags::whole::<usize>)]
     pub freeze_layers: Option<usize>,
+    /// What the linear layers' and the head's products multiply on the CPU (a fresh run's
+    /// choice, kept on resume): `f32` (default, the reference), or `bf16`: both inputs rounded
+    /// to bf16, f32 sums (PyTorch's CPU autocast to bf16), on AMX tiles on CPUs that have them
+    /// (Intel Xeon since Sapphire Rapids: several times the f32 rate), else on the f32 kernel
+    /// with rounded inputs (no faster). Weights, gradients, optimizer state, norms, attention
+    /// and the loss stay f32.
+    #[arg(long, value_name = "f32|bf16")]
+    pub matmul: Option<coa_model::MatmulDtype>,
     /// Continue the run saved in this checkpoint directory exactly.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
@@ -396,7 +404,8 @@ fn resolve_settings(stage: &mut Stage, args: &TrainArgs, saved: Option<&TrainerS
     let total_steps = pick("--steps", steps_given, s.map(|s| s.schedule.total_steps), default_steps, &args.resume)?;
     let schedule = Schedule::new(lr, min_lr, warmup, total_steps)?;
     let frozen_layers = pick("--freeze-layers", args.freeze_layers, s.map(|s| s.frozen_layers), 0, &args.resume)?;
-    Ok(Settings { seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens, new_rows: None, frozen_layers })
+    let matmul = pick("--matmul", args.matmul, s.map(|s| s.matmul), coa_model::MatmulDtype::F32, &args.resume)?;
+    Ok(Settings { seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens, new_rows: None, frozen_layers, matmul })
 }
 
 /// The trainer and a note of where it starts: the checkpoint of --resume, or a fresh model

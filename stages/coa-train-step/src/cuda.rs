@@ -39,6 +39,9 @@ impl Trainer {
         if self.state.settings.frozen_layers > 0 {
             bail!("--freeze-layers: the GPU path trains every layer (frozen layers are a CPU saving); drop the flag with --device cuda");
         }
+        if self.state.settings.matmul != coa_model::MatmulDtype::F32 {
+            bail!("--matmul {}: a CPU setting (the GPU path multiplies bf16 weights and activations already); drop the flag with --device cuda", self.state.settings.matmul);
+        }
         let capacity = self.state.settings.micro_batch_tokens.max(data.max_len).max(1);
         let mut gm = GpuModel::new(gpu, &self.model.config, &self.model.params, capacity).map_err(|e| anyhow!("--device cuda: {e}"))?;
         let m: Vec<&[f32]> = self.moments.iter().map(|m| m.exp_avg.as_slice()).collect();

@@ -51,6 +51,14 @@ pub struct Settings {
     /// The bottom decoder layers that do not train (0, absent from the file: all train).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub frozen_layers: usize,
+    /// What the linear layers' products multiply: f32, or both inputs rounded to bf16 (f32,
+    /// absent from the file: f32).
+    #[serde(default, skip_serializing_if = "is_f32")]
+    pub matmul: coa_model::MatmulDtype,
+}
+
+fn is_f32(m: &coa_model::MatmulDtype) -> bool {
+    *m == coa_model::MatmulDtype::F32
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -127,6 +135,7 @@ impl Trainer {
         }
         let mut model = model;
         model.frozen_layers = settings.frozen_layers;
+        model.matmul = settings.matmul;
         let moments = model.params.tensors.iter().map(|t| Moments::zeros(t.data.len())).collect();
         let state = TrainerState {
             format: checkpoint::FORMAT.to_string(),
@@ -148,6 +157,7 @@ impl Trainer {
         let objective = Objective::parse(&state.objective).with_context(|| format!("{}/{}", dir.display(), checkpoint::STATE_FILE))?;
         let mut model = Model::load(dir).with_context(|| format!("--resume {}", dir.display()))?;
         model.frozen_layers = state.settings.frozen_layers;
+        model.matmul = state.settings.matmul;
         let specs: Vec<(String, Vec<usize>)> = model.params.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
         let opt = checkpoint::read_optimizer(dir, &specs)?;
         if let Some(master) = opt.master {

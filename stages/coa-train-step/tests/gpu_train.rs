@@ -147,6 +147,7 @@ fn settings(steps: u64, lr: f64) -> Settings {
         micro_batch_tokens: 200,
         new_rows: None,
         frozen_layers: 0,
+        matmul: Default::default(),
     }
 }
 
@@ -261,6 +262,33 @@ fn frozen_layers_stay_put_and_resume_frozen() {
     let mut t = Trainer::new(model, Objective::Sft, &st, &data).unwrap();
     let err = t.to_cuda(test_gpu("frozen_layers_stay_put_and_resume_frozen"), &data).err().unwrap().to_string();
     assert!(err.contains("--freeze-layers"), "{err}");
+}
+
+#[test]
+fn bf16_matmuls_train_resume_exactly_and_stay_on_the_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(20, 5);
+    let st = Settings { matmul: coa_model::MatmulDtype::Bf16, ..settings(6, 3e-3) };
+    let model = Model::init(config(), 6).unwrap();
+    let mut straight = Trainer::new(model.clone(), Objective::Sft, &st, &data).unwrap();
+    let losses: Vec<f64> = run(&mut straight, &data, 6).iter().map(|r| r.loss).collect();
+    let mut t = Trainer::new(model.clone(), Objective::Sft, &st, &data).unwrap();
+    run(&mut t, &data, 3);
+    t.save(tmp.path(), None, coa_model::SaveDtype::F32).unwrap();
+    let mut t = Trainer::load(tmp.path(), &data).unwrap();
+    assert_eq!(t.model.matmul, coa_model::MatmulDtype::Bf16, "the checkpoint keeps the run's matmul type");
+    run(&mut t, &data, 3);
+    assert!(t.model.params == straight.model.params, "a resumed bf16 run differs from the uninterrupted one");
+    // Near the f32 run, not equal to it.
+    let mut f32_run = Trainer::new(model.clone(), Objective::Sft, &settings(6, 3e-3), &data).unwrap();
+    let f32_losses: Vec<f64> = run(&mut f32_run, &data, 6).iter().map(|r| r.loss).collect();
+    assert_ne!(losses, f32_losses);
+    for (a, b) in losses.iter().zip(&f32_losses) {
+        assert!((a - b).abs() < 0.01 * b, "loss {a} with bf16 products against {b} in f32");
+    }
+    let mut t = Trainer::new(model, Objective::Sft, &st, &data).unwrap();
+    let err = t.to_cuda(test_gpu("bf16_matmuls_train_resume_exactly_and_stay_on_the_cpu"), &data).err().unwrap().to_string();
+    assert!(err.contains("--matmul bf16"), "{err}");
 }
 
 /// Every file of a checkpoint directory, by name.

@@ -491,6 +491,10 @@ fn resume_refuses_other_settings_and_other_data() {
     assert!(err.contains("--steps"), "{err}");
     let err = resume(&["--seed", "6"]);
     assert!(err.contains("--seed"), "{err}");
+    let err = resume(&["--matmul", "bf16"]);
+    assert!(err.contains("--matmul") && err.contains("trainer_state.json"), "{err}");
+    let err = resume(&["--matmul", "fp8"]);
+    assert!(err.contains("--matmul") && err.contains("fp8") && err.contains("bf16"), "{err}");
     let err = resume(&["--init-config", "tiny"]);
     assert!(err.contains("--resume") || err.contains("--init-config"), "{err}");
     // Other data.
