@@ -179,7 +179,7 @@ pub(crate) fn pack_b(w: &[f32], n: usize, k: usize, dst: &mut [u16]) {
     unsafe { pack_panels(dst, w.as_ptr(), k, n, 1, k, n_pad, k_pad) }
 }
 
-/// Rows of A per block of [`gemm`]'s loops (`MC_A × KC_A` bf16, 128 KB, in L2).
+/// Rows of A per block of [`tiles`]' loops (`MC_A × KC_A` bf16, 128 KB, in L2).
 const MC_A: usize = 128;
 /// Depth per block (a multiple of 32): a 32-column panel's part is `KC_A × 32` bf16 (32 KB).
 const KC_A: usize = 512;
@@ -212,8 +212,11 @@ fn pair(lo: f32, hi: f32) -> u32 {
 
 /// A (element (i, p) at `a + i·rsa + p·csa`) as bf16 rows `[m_pad, k_pad]`, zero-padded; read
 /// along whichever of its dimensions is contiguous.
+///
+/// # Safety
+/// The CPU has AVX-512F and BW; A's addressed elements are readable; `dst` holds `m_pad·k_pad`.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn pack_rows(dst: &mut [u16], a: *const f32, m: usize, k: usize, rsa: usize, csa: usize, m_pad: usize, k_pad: usize) {
+pub(crate) unsafe fn pack_rows(dst: &mut [u16], a: *const f32, m: usize, k: usize, rsa: usize, csa: usize, m_pad: usize, k_pad: usize) {
     if csa == 1 {
         for (i, row) in dst[..m * k_pad].chunks_exact_mut(k_pad).enumerate() {
             to_bf16(&mut row[..k], std::slice::from_raw_parts(a.add(i * rsa), k));
@@ -306,6 +309,45 @@ unsafe fn pack_panels(dst: &mut [u16], b: *const f32, k: usize, n: usize, rsb: u
     }
 }
 
+/// The tile loops over packed operands: C's columns `cols` (from a multiple of 32) and rows
+/// `0..m`, summed over the depths `depth` (multiples of 32) of A's bf16 rows `a` (`k_pad` apart,
+/// padded to 16) and B's panels `b` ([`pack_b`]'s order, depth `k_pad`), into C (`ldc` apart),
+/// added to it when `add`. Rows in blocks of `MC_A` (their A stays in L2 while the panels go by),
+/// 32×32 blocks of C; an edge of C goes through a whole block.
+///
+/// # Safety
+/// [`configure`] ran on this thread; the operands and C hold what is said above.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tiles(a: *const u16, m: usize, k_pad: usize, b: *const u16, depth: std::ops::Range<usize>, cols: std::ops::Range<usize>, c: *mut f32, ldc: usize, add: bool) {
+    let (w, steps) = (2 * TILE_M, depth.len() / TILE_K);
+    let mut part = Block([0.0; 4 * TILE_M * TILE_M]);
+    for ic in (0..m).step_by(MC_A) {
+        let mc = MC_A.min(m - ic);
+        for jr in cols.clone().step_by(w) {
+            let nr = w.min(cols.end - jr);
+            let bp = b.add(jr * k_pad + depth.start * w);
+            for ir in (ic..ic + mc).step_by(w) {
+                let mr = w.min(ic + mc - ir);
+                let (ap, two) = (a.add(ir * k_pad + depth.start), mr > TILE_M);
+                let cp = c.add(ir * ldc + jr);
+                if nr == w && (mr == TILE_M || mr == w) {
+                    block(steps, ap, k_pad, two, bp, cp, ldc, add);
+                    continue;
+                }
+                if add {
+                    for i in 0..mr {
+                        std::ptr::copy_nonoverlapping(cp.add(i * ldc), part.0.as_mut_ptr().add(i * w), nr);
+                    }
+                }
+                block(steps, ap, k_pad, two, bp, part.0.as_mut_ptr(), w, add);
+                for i in 0..mr {
+                    std::ptr::copy_nonoverlapping(part.0.as_ptr().add(i * w), cp.add(i * ldc), nr);
+                }
+            }
+        }
+    }
+}
+
 /// `C = A·B + beta·C` with both operands rounded to bf16 and f32 sums on the tiles, strides as
 /// [`super::sgemm::sgemm`] takes them (A (i,p) at `a + i·rsa + p·csa`, B (p,j) at
 /// `b + p·rsb + j·csb`, C (i,j) at `c + i·ldc + j`). Both operands are packed once (A as bf16
@@ -348,40 +390,12 @@ pub(crate) unsafe fn gemm(m: usize, n: usize, k: usize, a: *const f32, rsa: usiz
         let (pa, pb) = (&mut pa[off_a..], &mut pb[off_b..]);
         pack_rows(pa, a, m, k, rsa, csa, m_pad, k_pad);
         pack_panels(pb, b, k, n, rsb, csb, n_pad, k_pad);
-        let mut part = Block([0.0; 4 * TILE_M * TILE_M]);
         for jc in (0..n).step_by(NC_A) {
             let nc = NC_A.min(n - jc);
             for pc in (0..k_pad).step_by(KC_A) {
-                let kc = KC_A.min(k_pad - pc);
                 // The first depth block sets C (or adds to beta·C), the later ones add to it.
                 let add = pc > 0 || beta != 0.0;
-                for ic in (0..m).step_by(MC_A) {
-                    let mc = MC_A.min(m - ic);
-                    for jr in (jc..jc + nc).step_by(2 * TILE_M) {
-                        let nr = (2 * TILE_M).min(jc + nc - jr);
-                        let bp = pb.as_ptr().add(jr * k_pad + pc * 2 * TILE_M);
-                        for ir in (ic..ic + mc).step_by(2 * TILE_M) {
-                            let mr = (2 * TILE_M).min(ic + mc - ir);
-                            let (ap, two) = (pa.as_ptr().add(ir * k_pad + pc), mr > TILE_M);
-                            let cp = c.add(ir * ldc + jr);
-                            if nr == 2 * TILE_M && (mr == TILE_M || mr == 2 * TILE_M) {
-                                block(kc / TILE_K, ap, k_pad, two, bp, cp, ldc, add);
-                                continue;
-                            }
-                            // An edge of C: through a whole block.
-                            let w = 2 * TILE_M;
-                            if add {
-                                for i in 0..mr {
-                                    std::ptr::copy_nonoverlapping(cp.add(i * ldc), part.0.as_mut_ptr().add(i * w), nr);
-                                }
-                            }
-                            block(kc / TILE_K, ap, k_pad, two, bp, part.0.as_mut_ptr(), w, add);
-                            for i in 0..mr {
-                                std::ptr::copy_nonoverlapping(part.0.as_ptr().add(i * w), cp.add(i * ldc), nr);
-                            }
-                        }
-                    }
-                }
+                tiles(pa.as_ptr(), m, k_pad, pb.as_ptr(), pc..KC_A.min(k_pad - pc) + pc, jc..jc + nc, c, ldc, add);
             }
         }
     });

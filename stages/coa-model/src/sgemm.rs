@@ -107,7 +107,7 @@ pub(crate) unsafe fn sgemm(
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm_bf16(m: usize, n: usize, k: usize, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
     #[cfg(target_arch = "x86_64")]
-    if kernel() == Kernel::Avx512 && crate::amx::available() {
+    if crate::amx::available() {
         return crate::amx::gemm(m, n, k, a, rsa, csa, b, rsb, csb, beta, c, ldc);
     }
     let a_r: Vec<f32> = (0..m * k).map(|x| quant::bf16_value(*a.add(x / k * rsa + x % k * csa))).collect();
@@ -205,7 +205,7 @@ impl PackedB {
     pub(crate) fn new_as(w: &[f32], n: usize, k: usize, dtype: DecodeDtype) -> Option<PackedB> {
         assert_eq!(w.len(), n * k, "PackedB: w has {} elements, expected {n}x{k}", w.len());
         #[cfg(target_arch = "x86_64")]
-        if dtype == DecodeDtype::Bf16Matmul && kernel() == Kernel::Avx512 && crate::amx::available() {
+        if dtype == DecodeDtype::Bf16Matmul && crate::amx::available() {
             return Some(PackedB::amx(w, n, k));
         }
         PackedB::with_kernel(kernel(), w, n, k, dtype)
@@ -322,8 +322,10 @@ impl PackedB {
             let mut bf16 = vec![0u16; m_pad * k_pad + 32];
             let off = bf16.as_ptr().align_offset(64);
             // In parallel for a prompt's rows (one thread would leave the other waiting).
-            let rows = bf16[off..off + m * k_pad].par_chunks_exact_mut(k_pad).zip(a.par_chunks_exact(self.k)).with_min_len(64);
-            rows.for_each(|(row, x)| row.iter_mut().zip(x).for_each(|(v, &x)| *v = quant::bf16_bits(x)));
+            let chunks = bf16[off..off + m_pad * k_pad].par_chunks_mut(64 * k_pad).zip(a.par_chunks(64 * self.k));
+            // SAFETY: each chunk's rows of a are read whole into its rows of bf16; PackedB::amx
+            // exists only where amx::available() (AVX-512F and BW included).
+            chunks.for_each(|(dst, x)| unsafe { crate::amx::pack_rows(dst, x.as_ptr(), x.len() / self.k, self.k, self.k, 1, dst.len() / k_pad, k_pad) });
             return PackedA { m, data: Vec::new(), bf16, off };
         }
         let rounded: Vec<f32>;
@@ -368,34 +370,10 @@ impl PackedB {
             let at = |pc: usize, jr: usize, kc: usize| self.off + pc * n_pad + jr * kc;
             match (&self.panels, self.kernel) {
                 (Panels::Amx(d), _) => {
-                    use crate::amx::{self, TILE_K, TILE_M};
-                    // The whole depth in the tiles (their sums are not sgemm's anyway), C stored
-                    // once; rows in blocks of AMX_MC, whose A rows stay in L2 while the panels of
-                    // j0..j1 go by.
-                    const AMX_MC: usize = 128;
-                    let k_pad = self.k.next_multiple_of(TILE_K);
-                    let (m, ab) = (a.m, a.bf16.as_ptr().add(a.off));
-                    let mut part = amx::Block([0.0; 4 * TILE_M * TILE_M]);
-                    amx::configure();
-                    for ic in (0..m).step_by(AMX_MC) {
-                        let mc = AMX_MC.min(m - ic);
-                        for jr in (j0..j1).step_by(2 * TILE_M) {
-                            let nr = (2 * TILE_M).min(j1 - jr);
-                            let bp = d.as_ptr().add(self.off + jr * k_pad);
-                            for ir in (ic..ic + mc).step_by(2 * TILE_M) {
-                                let mr = (2 * TILE_M).min(m - ir);
-                                let ap = ab.add(ir * k_pad);
-                                if nr == 2 * TILE_M && (mr == TILE_M || mr == 2 * TILE_M) {
-                                    amx::block(k_pad / TILE_K, ap, k_pad, mr > TILE_M, bp, c.add(ir * n + jr), n, false);
-                                    continue;
-                                }
-                                amx::block(k_pad / TILE_K, ap, k_pad, mr > TILE_M, bp, part.0.as_mut_ptr(), 2 * TILE_M, false);
-                                for (i, row) in part.0.chunks_exact(2 * TILE_M).take(mr).enumerate() {
-                                    std::ptr::copy_nonoverlapping(row.as_ptr(), c.add((ir + i) * n + jr), nr);
-                                }
-                            }
-                        }
-                    }
+                    // The whole depth in the tiles (their sums are not sgemm's anyway), C stored once.
+                    let k_pad = self.k.next_multiple_of(crate::amx::TILE_K);
+                    crate::amx::configure();
+                    crate::amx::tiles(a.bf16.as_ptr().add(a.off), a.m, k_pad, d.as_ptr().add(self.off), 0..k_pad, j0..j1, c, n, false);
                 }
                 (Panels::F32(d), Kernel::Avx512) => {
                     packed::run_prepacked::<{ avx512::MR }, { avx512::NR }>(self, a, c, j0, j1, |pc, kc, ap, jr, beta, cp, mr, nr, _, next| {
@@ -976,6 +954,21 @@ mod tests {
         Strided { a, b, c0, ldc, rsa, csa, rsb, csb }
     }
 
+    /// Calls `f(i, j, c[i][j])` for every element of C [m, n] (rows `ldc` apart), after checking
+    /// that the columns between n and ldc still hold `c0`'s bits.
+    fn each_in_c(c: &[f32], c0: &[f32], m: usize, n: usize, ldc: usize, mut f: impl FnMut(usize, usize, f32)) {
+        for i in 0..m {
+            for j in 0..ldc {
+                let got = c[i * ldc + j];
+                if j >= n {
+                    assert!(got.to_bits() == c0[i * ldc + j].to_bits(), "wrote outside C at ({i},{j})");
+                    continue;
+                }
+                f(i, j, got);
+            }
+        }
+    }
+
     /// The kernels this CPU can run, the portable one included; says which it skips.
     fn kernels() -> Vec<Kernel> {
         let mut have = vec![Kernel::Portable];
@@ -1009,20 +1002,13 @@ mod tests {
                         let mut c = c0.clone();
                         // SAFETY: the strides address a [m,k], b [k,n] and c [m, ldc] in bounds.
                         unsafe { sgemm_with(kernel, m, n, k, alpha, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), ldc) };
-                        for i in 0..m {
-                            for j in 0..ldc {
-                                let got = c[i * ldc + j];
-                                if j >= n {
-                                    assert!(got.to_bits() == c0[i * ldc + j].to_bits(), "wrote outside C at ({i},{j})");
-                                    continue;
-                                }
-                                let dot: f64 = (0..k).map(|p| a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum();
-                                let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
-                                let want = alpha as f64 * dot + old;
-                                let tol = 1e-5 * (k as f64).sqrt() * (alpha.abs() as f64 + 1.0) + 1e-6;
-                                assert!((got as f64 - want).abs() <= tol, "{kernel:?} {m}x{n}x{k} a_t={a_t} b_t={b_t} alpha={alpha} beta={beta} at ({i},{j}): {got} vs {want}");
-                            }
-                        }
+                        each_in_c(&c, &c0, m, n, ldc, |i, j, got| {
+                            let dot: f64 = (0..k).map(|p| a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum();
+                            let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
+                            let want = alpha as f64 * dot + old;
+                            let tol = 1e-5 * (k as f64).sqrt() * (alpha.abs() as f64 + 1.0) + 1e-6;
+                            assert!((got as f64 - want).abs() <= tol, "{kernel:?} {m}x{n}x{k} a_t={a_t} b_t={b_t} alpha={alpha} beta={beta} at ({i},{j}): {got} vs {want}");
+                        });
                     }
                 }
             }
@@ -1141,7 +1127,7 @@ mod tests {
         let mut rng = SplitMix64::new(13);
         let dtype = DecodeDtype::Bf16Matmul;
         #[cfg(target_arch = "x86_64")]
-        let amx = crate::amx::available() && kernel() == Kernel::Avx512;
+        let amx = crate::amx::available();
         #[cfg(not(target_arch = "x86_64"))]
         let amx = false;
         if !amx {
@@ -1206,21 +1192,14 @@ mod tests {
                     unsafe { sgemm_bf16(m, n, k, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), ldc) };
                     let r = |x: f32| quant::bf16_value(x) as f64;
                     let mut far_from_f32 = false;
-                    for i in 0..m {
-                        for j in 0..ldc {
-                            let got = c[i * ldc + j];
-                            if j >= n {
-                                assert!(got.to_bits() == c0[i * ldc + j].to_bits(), "wrote outside C at ({i},{j})");
-                                continue;
-                            }
-                            let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
-                            let want = (0..k).map(|p| r(a[i * rsa + p * csa]) * r(b[p * rsb + j * csb])).sum::<f64>() + old;
-                            let unrounded = (0..k).map(|p| a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum::<f64>() + old;
-                            let tol = 1e-5 * (k as f64).sqrt() + 1e-6;
-                            assert!((got as f64 - want).abs() <= tol, "{m}x{n}x{k} a_t={a_t} b_t={b_t} beta={beta} at ({i},{j}): {got} vs {want}");
-                            far_from_f32 |= (got as f64 - unrounded).abs() > tol;
-                        }
-                    }
+                    each_in_c(&c, &c0, m, n, ldc, |i, j, got| {
+                        let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
+                        let want = (0..k).map(|p| r(a[i * rsa + p * csa]) * r(b[p * rsb + j * csb])).sum::<f64>() + old;
+                        let unrounded = (0..k).map(|p| a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum::<f64>() + old;
+                        let tol = 1e-5 * (k as f64).sqrt() + 1e-6;
+                        assert!((got as f64 - want).abs() <= tol, "{m}x{n}x{k} a_t={a_t} b_t={b_t} beta={beta} at ({i},{j}): {got} vs {want}");
+                        far_from_f32 |= (got as f64 - unrounded).abs() > tol;
+                    });
                     assert!(far_from_f32 || k == 1, "{m}x{n}x{k}: the product of the unrounded operands");
                 }
             }
