@@ -147,15 +147,8 @@ pub fn linear_backward(
     linear_backward_as(MatmulDtype::F32, dx.map(|d| (d, 1.0)), dw, db, dout, x, w, t, i, o)
 }
 
-/// [`linear_backward`] that writes `dx[T,I] = dout @ w` instead of adding to it (the first
-/// contribution to a gradient: no zeroing pass over dx, and C is not read).
-#[allow(clippy::too_many_arguments)]
-pub fn linear_backward_to(dx: &mut [f32], dw: &mut [f32], db: Option<&mut [f32]>, dout: &[f32], x: &[f32], w: &[f32], t: usize, i: usize, o: usize) {
-    linear_backward_as(MatmulDtype::F32, Some((dx, 0.0)), dw, db, dout, x, w, t, i, o)
-}
-
-/// [`linear_backward`] with the products in `dtype` ([`gemm_as`]); `dx` is written (`beta` 0) or
-/// added to (`beta` 1).
+/// [`linear_backward`] with the products in `dtype` ([`gemm_as`]); `dx` is written (`beta` 0: the
+/// first contribution to a gradient, no zeroing pass, C not read) or added to (`beta` 1).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_backward_as(
     dtype: MatmulDtype,

@@ -103,9 +103,9 @@ fn linear_backward_matches_finite_differences() {
     let dw1 = dw.clone();
     ops::linear_backward(None, &mut dw, None, &r, &x, &w, t, i, o);
     assert!(rel_err(&dw, &dw1.iter().map(|v| 2.0 * v).collect::<Vec<_>>()) < 1e-6);
-    // linear_backward_to writes dx whatever it held (NaN here) and still adds to dw
+    // beta 0 writes dx whatever it held (NaN here) and still adds to dw
     let mut dx_to = vec![f32::NAN; t * i];
-    ops::linear_backward_to(&mut dx_to, &mut dw, None, &r, &x, &w, t, i, o);
+    ops::linear_backward_as(coa_model::MatmulDtype::F32, Some((&mut dx_to, 0.0)), &mut dw, None, &r, &x, &w, t, i, o);
     assert!(dx_to.iter().zip(&dx).all(|(a, b)| a.to_bits() == b.to_bits()), "dx {dx_to:?} vs {dx:?}");
     assert!(rel_err(&dw, &dw1.iter().map(|v| 3.0 * v).collect::<Vec<_>>()) < 1e-6);
 }
