@@ -34,25 +34,33 @@ SFT_WARMUP       ?= $(call by_size,10,3,50)
 SFT_SAVE_EVERY   ?= $(call by_size,50,10,250)
 SFT_NEW_TOKEN_LR_MULT ?= 10
 SFT_FREEZE_LAYERS     ?= 0
+# 1: keep the teacher's retracted steps out of the loss (coa-tokenize --mask-retracted): a tool call
+# that its reflection grades off track, like a planted buggy program before its fix. The student
+# learns the recovery, not the misstep.
+SFT_MASK_RETRACTED    ?= 0
+ifeq ($(filter 0 1,$(SFT_MASK_RETRACTED)),)
+$(error SFT_MASK_RETRACTED=$(SFT_MASK_RETRACTED): expected 0 or 1)
+endif
 SFT_FLAGS        ?=
 
 SFT := $(RUNDIR)/sft
 SFT_TOKENS := $(foreach s,$(SUITES),$(SFT)/$(s)/tokens.parquet)
 SFT_LENGTH := $(if $(SFT_EPOCHS),--epochs $(SFT_EPOCHS),--steps $(SFT_STEPS))
+SFT_MASKING := $(if $(filter 1,$(SFT_MASK_RETRACTED)),--mask-retracted)
 
 ifneq ($(SFT_BASE),)
 # A pretrained student: its tokenizer with the tags added, the same for every suite.
 $(SFT)/tokenizer.json $(SFT)/$(SFT_BPE_SUITE)/tokens.parquet &: $(DISTILL)/$(SFT_BPE_SUITE)/coa_text.parquet $(SFT_BASE) | build
 	@mkdir -p $(SFT)/$(SFT_BPE_SUITE)
 	$(BIN)/coa-tokenize -i $< --tokenizer $(SFT_BASE) --save-tokenizer $(SFT)/tokenizer.json \
-	    --max-len $(SFT_MAX_LEN) --overlong $(SFT_OVERLONG) --stats $(SFT)/$(SFT_BPE_SUITE)/tokenize.json \
+	    --max-len $(SFT_MAX_LEN) --overlong $(SFT_OVERLONG) $(SFT_MASKING) --stats $(SFT)/$(SFT_BPE_SUITE)/tokenize.json \
 	    -o $(SFT)/$(SFT_BPE_SUITE)/tokens.parquet
 SFT_INIT := --init $(SFT_BASE) --new-token-lr-mult $(SFT_NEW_TOKEN_LR_MULT) --freeze-layers $(SFT_FREEZE_LAYERS)
 else
 $(SFT)/tokenizer.json $(SFT)/$(SFT_BPE_SUITE)/tokens.parquet &: $(DISTILL)/$(SFT_BPE_SUITE)/coa_text.parquet | build
 	@mkdir -p $(SFT)/$(SFT_BPE_SUITE)
 	$(BIN)/coa-tokenize -i $< --train-bpe --vocab-size $(SFT_VOCAB) --save-tokenizer $(SFT)/tokenizer.json \
-	    --max-len $(SFT_MAX_LEN) --overlong $(SFT_OVERLONG) --stats $(SFT)/$(SFT_BPE_SUITE)/tokenize.json \
+	    --max-len $(SFT_MAX_LEN) --overlong $(SFT_OVERLONG) $(SFT_MASKING) --stats $(SFT)/$(SFT_BPE_SUITE)/tokenize.json \
 	    -o $(SFT)/$(SFT_BPE_SUITE)/tokens.parquet
 SFT_INIT := --init-config $(SFT_MODEL)
 endif
@@ -60,7 +68,7 @@ endif
 $(SFT)/%/tokens.parquet: $(DISTILL)/%/coa_text.parquet $(SFT)/tokenizer.json
 	@mkdir -p $(@D)
 	$(BIN)/coa-tokenize -i $< --tokenizer $(SFT)/tokenizer.json --max-len $(SFT_MAX_LEN) --overlong $(SFT_OVERLONG) \
-	    --stats $(@D)/tokenize.json -o $@
+	    $(SFT_MASKING) --stats $(@D)/tokenize.json -o $@
 
 $(SFT)/metrics.parquet $(SFT)/loss.png &: $(SFT_TOKENS) $(SFT)/tokenizer.json
 	$(BIN)/coa-train-step $(SFT_TOKENS) --objective sft $(SFT_INIT) --tokenizer $(SFT)/tokenizer.json \

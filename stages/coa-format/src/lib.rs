@@ -12,6 +12,7 @@
 //!   (ordering + score/grade rules), [`validate_text`] for raw text.
 //! - [`grade`]: reflection grades and double_check scores.
 //! - [`render`]: steps → text with observation spans in character offsets.
+//! - [`retract`]: the steps a trajectory's own reflection retracts (kept out of the SFT loss on request).
 //! - [`prompt`]: the AFM-style instruction per suite.
 
 pub mod grade;
@@ -19,6 +20,7 @@ pub mod grammar;
 pub mod parse;
 pub mod prompt;
 pub mod render;
+pub mod retract;
 pub mod tag;
 
 pub use grade::{
@@ -35,4 +37,5 @@ pub use parse::{
 };
 pub use prompt::{build_prompt, instruction, split_prompt, write_prompt};
 pub use render::{check_observations, check_steps, render, render_to, RenderError, RenderProblem, Rendered};
+pub use retract::retracted_steps;
 pub use tag::{is_known_tool, list_tags, Tag, TagKind, TOOL_NAMES};

@@ -18,6 +18,8 @@
 //! boundary falls elsewhere is counted (`rows_unaligned` in the summary; `--verify-joined`
 //! compares against the joined encoding outright).
 
+use coa_format::Span;
+
 use crate::vocab::Vocab;
 
 /// What joins the prompt and the text (part of the prompt segment, mask 0).
@@ -108,26 +110,39 @@ pub fn prompt_segment(vocab: &Vocab, prompt: &str) -> Result<String, String> {
 
 /// Encodes one row. `starts`/`ends` are checked character spans (see [`check_spans`]).
 pub fn encode_row(vocab: &Vocab, prompt: &str, text: &str, starts: &[i32], ends: &[i32]) -> Result<Encoded, String> {
-    let mut chars = Vec::with_capacity(starts.len() * 2);
-    for (&s, &e) in starts.iter().zip(ends) {
-        chars.push(s as usize);
-        chars.push(e as usize);
+    encode_row_untrained(vocab, prompt, text, starts, ends, &[])
+}
+
+/// [`encode_row`] with `untrained` character spans of the text also kept out of the loss (mask 0)
+/// though they are not observations: the retracted steps of `--mask-retracted`. Sorted, disjoint
+/// from each other and from the observation spans (an overlap is an error naming both).
+pub fn encode_row_untrained(vocab: &Vocab, prompt: &str, text: &str, starts: &[i32], ends: &[i32], untrained: &[Span]) -> Result<Encoded, String> {
+    // (start, end, is_observation) in character offsets, sorted by start.
+    let mut masked: Vec<(usize, usize, bool)> = starts.iter().zip(ends).map(|(&s, &e)| (s as usize, e as usize, true)).collect();
+    masked.extend(untrained.iter().map(|s| (s.start, s.end, false)));
+    masked.sort_unstable();
+    for w in masked.windows(2) {
+        if w[1].0 < w[0].1 {
+            let name = |(s, e, obs): (usize, usize, bool)| format!("{} [{s}, {e})", if obs { "observation span" } else { "retracted step" });
+            return Err(format!("{} overlaps {}", name(w[1]), name(w[0])));
+        }
     }
+    let chars: Vec<usize> = masked.iter().flat_map(|&(s, e, _)| [s, e]).collect();
     let bytes = char_to_byte(text, &chars);
 
     let prompt_seg = prompt_segment(vocab, prompt)?;
 
-    // (segment, mask) in order; empty segments dropped.
+    // (segment, mask, is_observation) in order; empty segments dropped.
     let mut segments: Vec<(&str, u8, bool)> = Vec::with_capacity(2 + bytes.len());
     segments.push((&prompt_seg, 0, false));
     let mut at = 0;
-    for pair in bytes.chunks(2) {
+    for (pair, &(_, _, is_obs)) in bytes.chunks(2).zip(&masked) {
         let (s, e) = (pair[0], pair[1]);
         if s > at {
             segments.push((&text[at..s], 1, false));
         }
         if e > s {
-            segments.push((&text[s..e], 0, true));
+            segments.push((&text[s..e], 0, is_obs));
         }
         at = e;
     }

@@ -21,7 +21,8 @@ tag (<think>, </think>, <plan>, ... <observation>, <answer>) is a special token 
 Sequence (no chat template): [BOS] prompt \"\\n\" text [EOS]. BOS is what the tokenizer's post-processor prepends \
 (none for Qwen2 and trained vocabularies); EOS is <|endoftext|> (trained) or the tokenizer's eos.\n\n\
 Loss mask, from the character offsets of observation_spans (never from token patterns): 0 for BOS, prompt and \
-separator and every observation span (its tags included), 1 for everything else the model writes, EOS included. \
+separator and every observation span (its tags included), 1 for everything else the model writes, EOS included; \
+--mask-retracted also masks the steps the trajectory's own reflections retract (a buggy program before its fix). \
 The sequence is encoded segment by segment, cut at the prompt/text boundary and at every span boundary, so no token \
 straddles a boundary; for coa-convert output every boundary touches a tag and the ids equal the encoding of the joined \
 string (--verify-joined checks it).\n\n\

@@ -13,7 +13,7 @@ use coa_schemas::tables::{COA_TEXT, TOKENS};
 use rayon::prelude::*;
 use serde_json::json;
 
-use crate::encode::{check_spans, encode_joined, encode_row, Encoded};
+use crate::encode::{check_spans, encode_joined, encode_row_untrained, Encoded};
 use crate::pack::{apply_max_len, Fate, OutRow, Overlong, Packer};
 use crate::table::{build_batch, InputBatch};
 use crate::vocab::{SpecialChoice, TemplateChoice, Vocab};
@@ -64,6 +64,13 @@ pub struct TokenizeArgs {
     /// Open rows the packer keeps before emitting the oldest (bigger: fuller rows, more memory).
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub pack_window: usize,
+    /// Keep retracted steps out of the loss as well: a tool call (with the think right before it)
+    /// that the first reflection after its observation grades `trajectory_monitoring` Fair or
+    /// Poor, such as a teacher's buggy first program before the fix. The student then learns the
+    /// recovery (the reflection and the corrected call stay targets) but not the misstep. The text
+    /// must parse as CoA; the tokens are the same, only the mask changes.
+    #[arg(long)]
+    pub mask_retracted: bool,
     /// Also encode each joined `prompt\ntext` in one piece and count rows whose ids differ
     /// (`joined_mismatch` in the summary). Twice the work; for checking a new tokenizer.
     #[arg(long)]
@@ -75,6 +82,8 @@ pub struct TokenizeArgs {
 
 struct RowResult {
     enc: Encoded,
+    /// Retracted steps masked (--mask-retracted).
+    retracted: u64,
     joined_differs: bool,
 }
 
@@ -86,6 +95,8 @@ struct Counts {
     truncated: u64,
     unaligned: u64,
     joined_mismatch: u64,
+    retracted_steps: u64,
+    retracted_tokens: u64,
 }
 
 /// Runs the stage.
@@ -154,15 +165,27 @@ pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs, shard: Option<Sh
                 let (prompt, text) = (input.prompt.value(i), input.text.value(i));
                 let n_chars = if text.is_ascii() { text.len() } else { text.chars().count() };
                 check_spans(starts, ends, n_chars)?;
-                let enc = encode_row(&vocab, prompt, text, starts, ends)?;
+                let retracted = if args.mask_retracted {
+                    let segments = coa_format::parse(text).map_err(|e| format!("--mask-retracted: `text` is not CoA text: {e}"))?;
+                    coa_format::retracted_steps(&segments)
+                } else {
+                    Vec::new()
+                };
+                let enc = encode_row_untrained(&vocab, prompt, text, starts, ends, &retracted)?;
                 let joined_differs = args.verify_joined && encode_joined(&vocab, prompt, text)? != enc.ids;
-                Ok(RowResult { enc, joined_differs })
+                Ok(RowResult { enc, retracted: retracted.len() as u64, joined_differs })
             })
             .collect();
         for (i, r) in results.into_iter().enumerate() {
             let r = r.map_err(|msg| anyhow!("{source}: row {} (task_id `{}`): {msg}", row0 + i as u64, input.task_id.value(i)))?;
             counts.unaligned += u64::from(!r.enc.aligned);
             counts.joined_mismatch += u64::from(r.joined_differs);
+            if r.retracted > 0 {
+                counts.retracted_steps += r.retracted;
+                // Text tokens outside observations that are not targets (EOS is always one).
+                let obs: u32 = r.enc.observations.iter().map(|(a, b)| b - a).sum();
+                counts.retracted_tokens += (r.enc.len() - r.enc.prompt_len as usize - obs as usize - r.enc.targets()) as u64;
+            }
             let enc = match apply_max_len(r.enc, args.max_len, args.overlong) {
                 Fate::Keep(e) => e,
                 Fate::Truncated(e) => {
@@ -206,6 +229,10 @@ pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs, shard: Option<Sh
     stage.note("rows_unaligned", counts.unaligned);
     if args.verify_joined {
         stage.note("joined_mismatch", counts.joined_mismatch);
+    }
+    if args.mask_retracted {
+        stage.note("retracted_steps", counts.retracted_steps);
+        stage.note("retracted_tokens", counts.retracted_tokens);
     }
     if let Some(p) = &packer {
         stage.note("packed_rows", p.rows);

@@ -724,3 +724,67 @@ fn template_errors_name_the_template() {
     let e = Vocab::load(&path, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &coa_tokenize::TemplateChoice::File(dir.path().join("nope.jinja"))).err().unwrap();
     assert!(format!("{e:#}").contains("nope.jinja"), "{e:#}");
 }
+
+#[test]
+fn mask_retracted_masks_the_misstep_and_nothing_else() {
+    let (f, _, _) = fixture();
+    let buggy_out = "[EXECUTED] Code exited with status 0.\n[STDOUT:BEGIN]\n20\n[STDOUT:END]";
+    let fixed_out = "[EXECUTED] Code exited with status 0.\n[STDOUT:BEGIN]\n21\n[STDOUT:END]";
+    let steps = vec![
+        Step::new(Tag::Plan, "compute it"),
+        Step::new(Tag::Think, "Use code."),
+        Step::tool(Tag::Code, "print(sum(range(1, 7)) - 1)", buggy_out),
+        Step::new(Tag::Think, "Is 20 right?"),
+        Step::new(Tag::Reflection, "information_conflict: Fair\ntool_effectiveness: Good\ntrajectory_monitoring: Fair\nOff by one. It must be fixed."),
+        Step::new(Tag::Think, "Rewrite it."),
+        Step::tool(Tag::Code, "print(sum(range(1, 7)))", fixed_out),
+        Step::new(Tag::Reflection, "information_conflict: Good\ntool_effectiveness: Good\ntrajectory_monitoring: Good"),
+        Step::new(Tag::Answer, "\\boxed{21}"),
+    ];
+    let mut rows = f.rows[..6].to_vec();
+    rows.insert(2, rendered_row("math-retracted", "Solve.\n\nQuestion: 1 + ... + 6?", &steps));
+    let input = f.dir.join("retracted.parquet");
+    write_coa_text(&input, &rows, None);
+    let (plain, masked) = (f.dir.join("plain.parquet"), f.dir.join("masked.parquet"));
+    run_ok(bin().arg("-i").arg(&input).arg("--tokenizer").arg(&f.tok).arg("-o").arg(&plain));
+    let s = run_ok(bin().arg("-i").arg(&input).arg("--tokenizer").arg(&f.tok).arg("--mask-retracted").arg("-o").arg(&masked));
+    let (plain, masked) = (read_tokens(&plain), read_tokens(&masked));
+    assert_eq!(plain.len(), rows.len());
+    let v = Vocab::load(&f.tok, &"auto".parse().unwrap(), &"auto".parse().unwrap(), &"auto".parse().unwrap()).unwrap();
+    for (i, (p, m)) in plain.iter().zip(&masked).enumerate() {
+        assert_eq!(p.ids, m.ids, "row {i}: the tokens do not change");
+        if i != 2 {
+            assert_eq!(p.mask, m.mask, "row {i} has no retracted step");
+            continue;
+        }
+        // The untrained tokens are exactly the first think and the buggy call; the reflection
+        // that retracts it and the fix stay targets.
+        let untrained: Vec<u32> = p.ids.iter().zip(p.mask.iter().zip(&m.mask)).filter(|(_, (&a, &b))| a == 1 && b == 0).map(|(&id, _)| id as u32).collect();
+        assert_eq!(v.tokenizer.decode(&untrained, false).unwrap(), "<think>Use code.</think>\n<code>\n```py\nprint(sum(range(1, 7)) - 1)\n```\n</code>");
+        assert!(p.mask.iter().zip(&m.mask).all(|(&a, &b)| b <= a), "only targets become untrained");
+        assert_eq!(s["retracted_steps"], 1);
+        assert_eq!(s["retracted_tokens"], untrained.len());
+        assert_eq!((p.n_targets - m.n_targets) as usize, untrained.len());
+    }
+
+    // Text that is not CoA is an error under the flag (naming the row), not without it.
+    let mut bad = f.rows[..3].to_vec();
+    bad[1].2 = "just words, no tags".to_string();
+    bad[1].3.clear();
+    let bad_in = f.dir.join("not_coa.parquet");
+    write_coa_text(&bad_in, &bad, None);
+    let out = f.dir.join("not_coa_out.parquet");
+    let err = run_err(bin().arg("-i").arg(&bad_in).arg("--tokenizer").arg(&f.tok).arg("--mask-retracted").arg("-o").arg(&out));
+    assert!(err.contains("row 1") && err.contains(&bad[1].0) && err.contains("--mask-retracted"), "{err}");
+    assert!(!out.exists());
+    run_ok(bin().arg("-i").arg(&bad_in).arg("--tokenizer").arg(&f.tok).arg("-o").arg(&out));
+}
+
+#[test]
+fn an_untrained_span_overlapping_an_observation_is_an_error() {
+    let v = Vocab::train(["Q", "x"].into_iter(), 1 + tag_strings().len() + 256, 2).unwrap();
+    let text = "<code>x</code>\n<observation>ok</observation>";
+    let obs = text.find("<observation>").unwrap();
+    let err = coa_tokenize::encode_row_untrained(&v, "Q", text, &[obs as i32], &[text.len() as i32], &[coa_format::Span { start: 0, end: obs + 3 }]).unwrap_err();
+    assert!(err.contains("overlaps") && err.contains("observation span"), "{err}");
+}
