@@ -8,6 +8,14 @@
 
 DISTILL := $(RUNDIR)/distill
 
+# coa-filter's complexity rule drops trajectories with fewer than MIN_HOPS agent/tool
+# interactions; MIN_HOPS_<suite> (e.g. MIN_HOPS_math=4) sets it for one suite. At 5 a math or
+# code trajectory needs two tool calls (a set-up round, edge inputs or a fixed mistake) to be kept,
+# and the student learns to make two on every task; at 4 one-call solutions are kept too
+# (docs/results/validation.md, "One-call trajectories").
+MIN_HOPS ?= 5
+min_hops = $(or $(MIN_HOPS_$(1)),$(MIN_HOPS))
+
 # The teacher and the extraction run as SHARDS shards with EXECUTOR=slurm|local (pipelines/shard.mk);
 # the rest reads the merged tables.
 mas_cmd = $(BIN)/coa-filter -i $(RUNDIR)/tasks.parquet --rules none --where "suite = '$(1)'" \
@@ -20,7 +28,7 @@ $(DISTILL)/%/trajectories.parquet: $(DISTILL)/%/mas_runs.parquet
 	$(call sharded,$@,$(DISTILL)/$*/extract.json,$(RUNDIR)/tasks.parquet,$(BIN)/coa-extract -i $< $$SHARD --stats $$STATS -o $$OUT)
 
 $(DISTILL)/%/kept.parquet: $(DISTILL)/%/trajectories.parquet
-	$(BIN)/coa-filter -i $< --seed $(SEED) --where "hops <= $(MAX_HOPS)" --keep-dropped $(DISTILL)/$*/dropped.parquet \
+	$(BIN)/coa-filter -i $< --seed $(SEED) --min-hops $(call min_hops,$*) --where "hops <= $(MAX_HOPS)" --keep-dropped $(DISTILL)/$*/dropped.parquet \
 	    --stats $(DISTILL)/$*/filter.json -o $@
 
 $(DISTILL)/%/coa_text.parquet: $(DISTILL)/%/kept.parquet
