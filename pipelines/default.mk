@@ -7,6 +7,20 @@
 # there but not trainable, so pair it with SFT_MODEL=small or a larger config), or auto (the GPU
 # when usable, else the CPU).
 DEVICE     ?= cpu
+# The CPU's arithmetic for the student's products (linear layers and head): f32 (bit for bit the
+# same numbers in training and decoding) or bf16 (inputs rounded to bf16, f32 sums: coa-train-step
+# --matmul bf16, coa-generate policy --decode-weights bf16-matmul --kv-cache bf16; on AMX tiles
+# where the CPU has them, about 1.6x faster training and 2-3x faster decoding). The GPU (DEVICE=cuda)
+# multiplies in bf16 whatever this says. f32 stays the default: on a validation split bf16 took the
+# default run from about 44 to 31 minutes with as good an SFT student, but its RL gained 2 points
+# where f32's gained 17 (docs/results/validation.md).
+PRECISION  ?= f32
+ifeq ($(filter f32 bf16,$(PRECISION)),)
+$(error PRECISION=$(PRECISION): expected f32 or bf16)
+endif
+cpu_bf16 = $(if $(filter bf16,$(PRECISION)),$(if $(filter cpu,$(DEVICE)),$(1)))
+TRAIN_PRECISION_FLAGS  = $(call cpu_bf16,--matmul bf16)
+DECODE_PRECISION_FLAGS = $(call cpu_bf16,--decode-weights bf16-matmul --kv-cache bf16)
 
 # How big a run: default (on the CPU), smoke, or full (the default with DEVICE=cuda).
 # A teacher's trajectory takes, in response tokens with tool observations included, about 750
@@ -14,10 +28,10 @@ DEVICE     ?= cpu
 # default: the method on 2 CPU cores in about an hour. The student is a pretrained model,
 #   SmolLM2-135M-Instruct (`make model` fetches it), fully fine-tuned for 2 epochs on the distilled
 #   math and code trajectories, improved by RL on math, and compared with the teacher on held-out
-#   math and code tasks: 55.5 minutes measured, build excluded (SFT 24.5, RL 14, eval 16.7).
-#   Full fine-tuning runs at about 220-250 tokens/s on 2 cores (an AVX-512 Xeon), so each suite
-#   costs about 5-6 minutes of SFT an epoch; multihop's 977k tokens (2,655 a row) take 74 minutes
-#   an epoch, hence it is left out.
+#   math and code tasks: 50.5 minutes measured on 2026-11-29, build excluded (SFT 28.5 of which
+#   about 4 shared with a build, RL 8.75, eval 13). Full fine-tuning runs at about 265-300 tokens/s
+#   on 2 cores (an AVX-512 Xeon), so each suite costs about 6 minutes of SFT an epoch; multihop's
+#   977k tokens (2,655 a row) take about an hour an epoch, hence it is left out.
 # smoke: the loop's plumbing in under 20 minutes: a 1M-parameter model from scratch (it learns
 #   the format, not the tasks), every suite, short budgets.
 # full: a real run's size for a GPU: ten times the tasks, the `small` model (8 layers, d 512) from

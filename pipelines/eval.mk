@@ -26,7 +26,7 @@ $(EVAL)/teacher/mas_runs.parquet: $(RUNDIR)/test/tasks.parquet $(call corpus,$(R
 # unsharded ones.
 student_policy = $(GENERATE) policy --checkpoint $(2) -i $(RUNDIR)/test/tasks.parquet $(call corpus_flag,$(RUNDIR)/test) \
 	    --n 1 --temperature 0 --max-response-tokens $(EVAL_MAX_RESPONSE) --max-turns $(EVAL_MAX_TURNS) --model-name $(1) \
-	    --batch $(EVAL_BATCH) --device $(DEVICE)
+	    --batch $(EVAL_BATCH) --device $(DEVICE) $(DECODE_PRECISION_FLAGS)
 ifeq ($(SHARDED),)
 student_rollouts = $(call student_policy,$(1),$(2)) --stats $(EVAL)/$(1)/policy.json |
 student_score_input =

@@ -59,7 +59,7 @@ rl_oversampling := $(filter 1,$(RL_OVERSAMPLE))
 rl_policy = $(BIN)/coa-generate policy --checkpoint $$prev $(call corpus_flag,$(RUNDIR)) --n $(RL_N) --seed $$k \
 	      --temperature $(RL_TEMPERATURE) --max-response-tokens $(RL_MAX_RESPONSE) $(if $(rl_oversampling),--overlong-cache $(RL_OVERLONG)) \
 	      --max-turns $(RL_MAX_TURNS) --batch $(RL_BATCH) $(if $(rl_oversampling),--oversample --groups $(RL_GROUPS)) \
-	      --model-name rl-iter$$k --device $(DEVICE)
+	      --model-name rl-iter$$k --device $(DEVICE) $(DECODE_PRECISION_FLAGS)
 # The rollouts into coa-score: piped, or as shards merged into $$d/rollouts.parquet that it reads.
 ifeq ($(SHARDED),)
 rl_rollouts = $(rl_tasks) | $(rl_policy) --stats $$d/policy.json |
@@ -79,7 +79,7 @@ $(RL)/checkpoint/config.json: $(SFT)/metrics.parquet $(RUNDIR)/tasks.parquet $(c
 	  | tee $$d/scores.arrow \
 	  | $(BIN)/coa-filter --rules none --dynamic-sampling --group-by task_id --value reward --stats $$d/filter.json \
 	  | $(BIN)/coa-train-step --objective dapo --init $$prev --seed $$k --lr $(RL_LR) --batch-tokens $(RL_BATCH_TOKENS) \
-	      --device $(DEVICE) $(RL_FLAGS) --save $$d/checkpoint --tensorboard $(RUNDIR)/tensorboard/rl/iter$$k \
+	      --device $(DEVICE) $(TRAIN_PRECISION_FLAGS) $(RL_FLAGS) --save $$d/checkpoint --tensorboard $(RUNDIR)/tensorboard/rl/iter$$k \
 	      --stats $$d/train.json -o $$d/metrics.parquet; \
 	  prev=$$d/checkpoint; \
 	done; \

@@ -74,7 +74,7 @@ $(SFT)/metrics.parquet $(SFT)/loss.png &: $(SFT_TOKENS) $(SFT)/tokenizer.json
 	$(BIN)/coa-train-step $(SFT_TOKENS) --objective sft $(SFT_INIT) --tokenizer $(SFT)/tokenizer.json \
 	    --seed $(SEED) $(SFT_LENGTH) --batch-tokens $(SFT_BATCH_TOKENS) --lr $(SFT_LR) --min-lr $(SFT_MIN_LR) \
 	    --warmup-steps $(SFT_WARMUP) --save $(SFT)/checkpoint --save-every $(SFT_SAVE_EVERY) \
-	    --plot $(SFT)/loss.png --tensorboard $(RUNDIR)/tensorboard/sft --stats $(SFT)/train.json --device $(DEVICE) $(SFT_FLAGS) \
+	    --plot $(SFT)/loss.png --tensorboard $(RUNDIR)/tensorboard/sft --stats $(SFT)/train.json --device $(DEVICE) $(TRAIN_PRECISION_FLAGS) $(SFT_FLAGS) \
 	    -o $(SFT)/metrics.parquet
 
 .PHONY: sft

@@ -40,3 +40,26 @@ fn a_run_without_multihop_writes_no_corpus_and_distills() {
     }
     assert!(!run.join("distill/multihop").exists());
 }
+
+/// `PRECISION=bf16` reaches every CPU product: SFT's and each DAPO step's training, RL's rollouts
+/// and both students' evaluation; f32 and the GPU (which multiplies in bf16 anyway) add nothing,
+/// and any other value is refused by name before anything runs.
+#[test]
+fn precision_bf16_reaches_every_cpu_training_and_decoding_command() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let count = |extra: &[&str], flag: &str| {
+        let mut args = vec!["-n", "sft", "rl", "eval", "SIZE=smoke"];
+        args.extend_from_slice(extra);
+        make(w, &args).matches(flag).count()
+    };
+    let (train, decode) = ("--matmul bf16", "--decode-weights bf16-matmul --kv-cache bf16");
+    assert_eq!(count(&["PRECISION=bf16"], train), 2, "SFT and the DAPO step");
+    assert_eq!(count(&["PRECISION=bf16"], decode), 3, "RL's rollouts and the two students' evaluation");
+    for extra in [&["PRECISION=f32"][..], &[], &["PRECISION=bf16", "DEVICE=cuda"]] {
+        assert_eq!(count(extra, train) + count(extra, decode), 0, "{extra:?}");
+    }
+    let out = Command::new("make").current_dir(w).args(["-n", "--no-print-directory", "CARGO=true", "sft", "PRECISION=fp8"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("PRECISION=fp8: expected f32 or bf16"), "{err}");
+}
