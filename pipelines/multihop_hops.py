@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Multihop answers by hop count: solved, the relation count the answer's plan states ("The
-question chains N relations", which the scripted teacher writes with N = the question's hops) and
+"""Multihop answers by hop count: solved, the relation count the answer's plan states ("That is N
+relations" after the unnested chain, or before 2026-11-29 "The question chains N relations"; the
+scripted teacher writes N = the question's hops) and
 the number of web searches, from a `coa-score` output and its tasks file. Needs pyarrow (the
 benchmarks' virtualenvs .venv and .venv-torch have it). Works as well on a `coa-convert` CoA text file (column `text`; no `correct`).
 
@@ -23,7 +24,7 @@ def main():
         h = hops[r["task_id"]]
         total[h] += 1
         solved[h] += bool(r.get("correct"))
-        m = re.search(r"chains (\d+) relations", r[text])
+        m = re.search(r"(?:chains|That is) (\d+) relations", r[text])
         stated[h][m.group(1) if m else "none"] += 1
         searches[h][r[text].count("<web_search>")] += 1
     print("| hops | answers | solved | relations stated: count | web searches: count |")

@@ -36,6 +36,27 @@ fn multihop_runs_follow_the_grammar_on_many_seeds_and_noise_levels() {
     }
 }
 
+/// A multihop run's first thought names the question's relations from its innermost name outward
+/// and only then counts them, so that the count a student writes follows from a list it can read
+/// off the question (a count stated first was learnt as its data's commonest value).
+#[test]
+fn multihop_plans_unnest_the_relations_before_counting_them() {
+    let (tasks, corpus) = common::tasks(Suite::Multihop, 60, 7);
+    let runs = common::run_scripted(&tasks, corpus.as_ref(), 1, Noise::default(), 2);
+    for (run, task) in runs.iter().zip(&tasks) {
+        let sol: coa_tasks::synth::multihop::MultihopSolution = serde_json::from_str(task.solution.as_deref().unwrap()).unwrap();
+        let n = sol.hops.len();
+        assert_eq!(task.hops, Some(n as i32));
+        let plan = run.events.iter().find(|e| e.role == "plan").unwrap();
+        let think = plan.output.split("</think>").next().unwrap();
+        let listed = think.split("outward: ").nth(1).and_then(|t| t.split(". That is").next()).unwrap_or_else(|| panic!("{think}"));
+        let names: Vec<&str> = listed.split(" -> ").collect();
+        assert_eq!(names.len(), n + 1, "{think}");
+        assert_eq!(names[0], sol.hops[0].subject, "{think}");
+        assert!(think.contains(&format!("That is {n} relations.")), "{think}");
+    }
+}
+
 #[test]
 fn math_and_code_runs_follow_the_code_pattern() {
     for suite in [Suite::Math, Suite::Code] {

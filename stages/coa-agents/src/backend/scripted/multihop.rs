@@ -183,10 +183,15 @@ impl WebExpert {
         Ok(match phase {
             WebPhase::Start => {
                 let n = self.n();
+                // The relations are read off the question from its innermost name outward before
+                // they are counted, so a student learns to list them rather than to guess a count.
+                let unnested = std::iter::once(self.sol.hops[0].subject.as_str())
+                    .chain(self.sol.hops.iter().map(|h| relation_phrase(&h.relation)))
+                    .collect::<Vec<_>>()
+                    .join(" -> ");
                 let think = format!(
-                    "{} The question chains {n} relations, starting from {}. I will resolve them one at a time: each answer names the entity to look up next.",
+                    "{} Unnesting it from the innermost name outward: {unnested}. That is {n} relations. I will resolve them one at a time: each answer names the entity to look up next.",
                     self.rng.pick(&["Let me break the question down.", "This is a multi-hop question.", "I need to unpack the question."]),
-                    self.sol.hops[0].subject
                 );
                 self.phase = WebPhase::Ready;
                 intent(Action::Plan, think, self.plan_text(None), "the task starts with a plan")
