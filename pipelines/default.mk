@@ -31,7 +31,7 @@ DECODE_PRECISION_FLAGS = $(call cpu_bf16,--decode-weights bf16-matmul --kv-cache
 #   math and code tasks: 50.5 minutes measured on 2026-11-29, build excluded (SFT 28.5 of which
 #   about 4 shared with a build, RL 8.75, eval 13). Full fine-tuning runs at about 265-300 tokens/s
 #   on 2 cores (an AVX-512 Xeon), so each suite costs about 6 minutes of SFT an epoch; multihop's
-#   977k tokens (2,655 a row) take about an hour an epoch, hence it is left out.
+#   982k tokens (2,669 a row) take an hour or more an epoch, hence it is left out.
 # smoke: the loop's plumbing in under 20 minutes: a 1M-parameter model from scratch (it learns
 #   the format, not the tasks), every suite, short budgets.
 # full: a real run's size for a GPU: ten times the tasks, the `small` model (8 layers, d 512) from

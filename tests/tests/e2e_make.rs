@@ -48,16 +48,18 @@ fn a_run_without_multihop_writes_no_corpus_and_distills() {
 fn precision_bf16_reaches_every_cpu_training_and_decoding_command() {
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
-    let count = |extra: &[&str], flag: &str| {
+    // (training commands with --matmul bf16, decoding commands with the bf16 decoder's flags)
+    let counts = |extra: &[&str]| {
         let mut args = vec!["-n", "sft", "rl", "eval", "SIZE=smoke"];
         args.extend_from_slice(extra);
-        make(w, &args).matches(flag).count()
+        let log = make(w, &args);
+        (log.matches("--matmul bf16").count(), log.matches("--decode-weights bf16-matmul --kv-cache bf16").count())
     };
-    let (train, decode) = ("--matmul bf16", "--decode-weights bf16-matmul --kv-cache bf16");
-    assert_eq!(count(&["PRECISION=bf16"], train), 2, "SFT and the DAPO step");
-    assert_eq!(count(&["PRECISION=bf16"], decode), 3, "RL's rollouts and the two students' evaluation");
+    let (train, decode) = counts(&["PRECISION=bf16"]);
+    assert_eq!(train, 2, "SFT and the DAPO step");
+    assert_eq!(decode, 3, "RL's rollouts and the two students' evaluation");
     for extra in [&["PRECISION=f32"][..], &[], &["PRECISION=bf16", "DEVICE=cuda"]] {
-        assert_eq!(count(extra, train) + count(extra, decode), 0, "{extra:?}");
+        assert_eq!(counts(extra), (0, 0), "{extra:?}");
     }
     let out = Command::new("make").current_dir(w).args(["-n", "--no-print-directory", "CARGO=true", "sft", "PRECISION=fp8"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
