@@ -29,9 +29,11 @@ DECODE_PRECISION_FLAGS = $(call cpu_bf16,--decode-weights bf16-matmul --kv-cache
 #   SmolLM2-135M-Instruct (`make model` fetches it), fully fine-tuned for 2 epochs on the distilled
 #   math and code trajectories, improved by RL on math, and compared with the teacher on held-out
 #   math and code tasks: 50.5 minutes measured on 2026-11-29, build excluded (SFT 28.5 of which
-#   about 4 shared with a build, RL 8.75, eval 13). Full fine-tuning runs at about 265-300 tokens/s
-#   on 2 cores (an AVX-512 Xeon), so each suite costs about 6 minutes of SFT an epoch; multihop's
-#   982k tokens (2,669 a row) take an hour or more an epoch, hence it is left out.
+#   about 4 shared with a build, RL 8.75, eval 13) on a Xeon with AVX-512; 82 minutes, with the
+#   same results, on an AVX2-only AMD EPYC (2026-12-01, SFT at 147 tokens/s). Full fine-tuning
+#   runs at about 265-300 tokens/s on the Xeon's 2 cores, so each suite costs about 6 minutes of
+#   SFT an epoch; one epoch of multihop's 965k tokens (rows of at most 4096) took 76 minutes (bf16
+#   products on AMX) to 95 (f32), hence it is left out.
 # smoke: the loop's plumbing in under 20 minutes: a 1M-parameter model from scratch (it learns
 #   the format, not the tasks), every suite, short budgets.
 # full: a real run's size for a GPU: ten times the tasks, the `small` model (8 layers, d 512) from
