@@ -8,12 +8,15 @@
 //!   the same model, tokenizer and chat template HF transformers derives from it.
 //! - [`decode`]: [`KvCache`] and batched incremental decoding (`prefill`, `decode_step`, `extend`).
 //! - [`quant`]: [`DecodeDtype`], the formats decoding can hold its weights in (f32, bf16, int8,
-//!   and bf16 with bf16 activations, which runs on AMX tiles where the CPU has them).
+//!   and bf16 with bf16 activations, which runs on AMX tiles or AVX-512 BF16 dot products where
+//!   the CPU has them).
 //! - [`ops`]: every op as plain f32 functions, forward and backward: the CPU reference the GPU
 //!   kernels are tested against.
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod bf16mm;
 pub mod config;
 pub mod decode;
 pub mod gguf;

@@ -12,7 +12,8 @@
 //! and AVX2 + FMA (6×16: 12 ymm accumulators, the Haswell / Zen shape). Elsewhere it calls
 //! `matrixmultiply`.
 //! `COA_CPU_KERNEL=avx2` forces the AVX2 kernel (to compare the two on one machine);
-//! `COA_CPU_KERNEL=avx512` keeps decoding's bf16 products off the AMX tiles ([`crate::amx`]).
+//! `COA_CPU_KERNEL=avx512` keeps the bf16 products off the bf16 engines ([`crate::bf16mm`]: AMX
+//! tiles, AVX-512 BF16 dot products), `COA_CPU_KERNEL=avx512bf16` off AMX.
 //!
 //! Every C element is `Σ_k a·b` accumulated by FMA in k order within each KC block, blocks added
 //! to C in k order, then scaled by alpha and added to beta·C, whatever the kernel, the position of
@@ -100,15 +101,15 @@ pub(crate) unsafe fn sgemm(
     sgemm_with(kernel(), m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc)
 }
 
-/// [`sgemm`] with both operands rounded to bf16 ([`crate::MatmulDtype::Bf16`]): on AMX tiles
-/// where the CPU has them (within f32 summation error of the exact product of the rounded
-/// operands), elsewhere [`sgemm`] on rounded copies (its bits). Same arguments and safety as
-/// [`sgemm`], with alpha 1.
+/// [`sgemm`] with both operands rounded to bf16 ([`crate::MatmulDtype::Bf16`]): on the CPU's
+/// bf16 engine where it has one ([`crate::bf16mm`]: AMX tiles or AVX-512 BF16 dot products;
+/// within f32 summation error of the exact product of the rounded operands), elsewhere [`sgemm`]
+/// on rounded copies (its bits). Same arguments and safety as [`sgemm`], with alpha 1.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm_bf16(m: usize, n: usize, k: usize, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
     #[cfg(target_arch = "x86_64")]
-    if crate::amx::available() {
-        return crate::amx::gemm(m, n, k, a, rsa, csa, b, rsb, csb, beta, c, ldc);
+    if let Some(engine) = crate::bf16mm::engine() {
+        return crate::bf16mm::gemm(engine, m, n, k, a, rsa, csa, b, rsb, csb, beta, c, ldc);
     }
     let a_r: Vec<f32> = (0..m * k).map(|x| quant::bf16_value(*a.add(x / k * rsa + x % k * csa))).collect();
     let b_r: Vec<f32> = (0..k * n).map(|x| quant::bf16_value(*b.add(x / n * rsb + x % n * csb))).collect();
@@ -163,9 +164,9 @@ unsafe fn sgemm_with(
 /// rounded values as f32 (the same bits, none of the bytes saved).
 ///
 /// In [`DecodeDtype::Bf16Matmul`] the left operand is rounded to bf16 as it is packed too; on
-/// CPUs with AMX the weight is packed as bf16 tiles ([`crate::amx`]) and the product runs on
-/// them (within f32 summation error of [`sgemm`] on the two rounded operands), elsewhere on the
-/// bf16 panels above (its bits).
+/// CPUs with a bf16 engine (AMX tiles or AVX-512 BF16, [`crate::bf16mm`]) the weight is packed in
+/// its VNNI order and the product runs on it (within f32 summation error of [`sgemm`] on the two
+/// rounded operands), elsewhere on the bf16 panels above (its bits).
 pub(crate) struct PackedB {
     n: usize,
     k: usize,
@@ -188,9 +189,10 @@ enum Panels {
     Bf16(Vec<u16>),
     /// Per depth p, the panel's 32 columns in order; `scales[(p / INT8_GROUP) · n_pad + j]`.
     Int8 { q: Vec<i8>, scales: Vec<f32> },
-    /// bf16 tiles for AMX, in [`crate::amx::pack_b`]'s order (the depth padded to 32).
+    /// bf16 depth pairs for a bf16 engine, in [`crate::bf16mm::pack_b`]'s order (the depth
+    /// padded to 32).
     #[cfg(target_arch = "x86_64")]
-    Amx(Vec<u16>),
+    Vnni(Vec<u16>, crate::bf16mm::Engine),
 }
 
 impl std::fmt::Debug for PackedB {
@@ -205,21 +207,22 @@ impl PackedB {
     pub(crate) fn new_as(w: &[f32], n: usize, k: usize, dtype: DecodeDtype) -> Option<PackedB> {
         assert_eq!(w.len(), n * k, "PackedB: w has {} elements, expected {n}x{k}", w.len());
         #[cfg(target_arch = "x86_64")]
-        if dtype == DecodeDtype::Bf16Matmul && crate::amx::available() {
-            return Some(PackedB::amx(w, n, k));
+        if let (DecodeDtype::Bf16Matmul, Some(engine)) = (dtype, crate::bf16mm::engine()) {
+            return Some(PackedB::vnni(w, n, k, engine));
         }
         PackedB::with_kernel(kernel(), w, n, k, dtype)
     }
 
-    /// `w[n, k]` as AMX bf16 tiles ([`DecodeDtype::Bf16Matmul`]); the CPU must have them.
+    /// `w[n, k]` in bf16 depth pairs for `engine` ([`DecodeDtype::Bf16Matmul`]); the CPU must
+    /// have it.
     #[cfg(target_arch = "x86_64")]
-    fn amx(w: &[f32], n: usize, k: usize) -> PackedB {
-        use crate::amx::{TILE_K, TILE_M};
+    fn vnni(w: &[f32], n: usize, k: usize, engine: crate::bf16mm::Engine) -> PackedB {
+        use crate::bf16mm::{TILE_K, TILE_M};
         let (n_pad, k_pad) = (n.next_multiple_of(2 * TILE_M), k.next_multiple_of(TILE_K));
         let mut data = vec![0u16; n_pad * k_pad + 32];
         let off = data.as_ptr().align_offset(64);
-        crate::amx::pack_b(w, n, k, &mut data[off..]);
-        let panels = Panels::Amx(data);
+        crate::bf16mm::pack_b(w, n, k, &mut data[off..]);
+        let panels = Panels::Vnni(data, engine);
         PackedB { n, k, kernel: Kernel::Avx512, dtype: DecodeDtype::Bf16Matmul, mr: TILE_M, nr: 2 * TILE_M, panels, off }
     }
 
@@ -316,16 +319,16 @@ impl PackedB {
         assert_eq!(a.len(), m * self.k, "PackedB::pack_a: a has {} elements, expected {m}x{}", a.len(), self.k);
         let m_pad = m.next_multiple_of(self.mr);
         #[cfg(target_arch = "x86_64")]
-        if let Panels::Amx(_) = self.panels {
+        if let Panels::Vnni(..) = self.panels {
             // bf16 rows, the depth padded to whole tiles with zeros.
-            let k_pad = self.k.next_multiple_of(crate::amx::TILE_K);
+            let k_pad = self.k.next_multiple_of(crate::bf16mm::TILE_K);
             let mut bf16 = vec![0u16; m_pad * k_pad + 32];
             let off = bf16.as_ptr().align_offset(64);
             // In parallel for a prompt's rows (one thread would leave the other waiting).
             let chunks = bf16[off..off + m_pad * k_pad].par_chunks_mut(64 * k_pad).zip(a.par_chunks(64 * self.k));
-            // SAFETY: each chunk's rows of a are read whole into its rows of bf16; PackedB::amx
-            // exists only where amx::available() (AVX-512F and BW included).
-            chunks.for_each(|(dst, x)| unsafe { crate::amx::pack_rows(dst, x.as_ptr(), x.len() / self.k, self.k, self.k, 1, dst.len() / k_pad, k_pad) });
+            // SAFETY: each chunk's rows of a are read whole into its rows of bf16; PackedB::vnni
+            // exists only where the CPU has a bf16 engine (AVX-512F and BW included).
+            chunks.for_each(|(dst, x)| unsafe { crate::bf16mm::pack_rows(dst, x.as_ptr(), x.len() / self.k, self.k, self.k, 1, dst.len() / k_pad, k_pad) });
             return PackedA { m, data: Vec::new(), bf16, off };
         }
         let rounded: Vec<f32>;
@@ -369,11 +372,10 @@ impl PackedB {
             // Where panel jr of the KC block at pc starts, in values of the panels' type.
             let at = |pc: usize, jr: usize, kc: usize| self.off + pc * n_pad + jr * kc;
             match (&self.panels, self.kernel) {
-                (Panels::Amx(d), _) => {
-                    // The whole depth in the tiles (their sums are not sgemm's anyway), C stored once.
-                    let k_pad = self.k.next_multiple_of(crate::amx::TILE_K);
-                    crate::amx::configure();
-                    crate::amx::tiles(a.bf16.as_ptr().add(a.off), a.m, k_pad, d.as_ptr().add(self.off), 0..k_pad, j0..j1, c, n, false);
+                (Panels::Vnni(d, engine), _) => {
+                    // The whole depth at once (the engine's sums are not sgemm's anyway).
+                    let k_pad = self.k.next_multiple_of(crate::bf16mm::TILE_K);
+                    crate::bf16mm::tiles(*engine, a.bf16.as_ptr().add(a.off), a.m, k_pad, d.as_ptr().add(self.off), 0..k_pad, j0..j1, c, n, false);
                 }
                 (Panels::F32(d), Kernel::Avx512) => {
                     packed::run_prepacked::<{ avx512::MR }, { avx512::NR }>(self, a, c, j0, j1, |pc, kc, ap, jr, beta, cp, mr, nr, _, next| {
@@ -1116,23 +1118,30 @@ mod tests {
         }
     }
 
+    /// The bf16 engines ([`crate::bf16mm`]) this CPU has, each named (none off x86-64).
+    fn bf16_engines() -> Vec<crate::bf16mm::Engine> {
+        #[cfg(target_arch = "x86_64")]
+        let engines = crate::bf16mm::Engine::on_this_cpu();
+        #[cfg(not(target_arch = "x86_64"))]
+        let engines = Vec::new();
+        if engines.is_empty() {
+            eprintln!("bf16: this CPU has neither AMX tiles nor AVX-512 BF16; no bf16 engine is tested here");
+        }
+        engines
+    }
+
     /// In [`DecodeDtype::Bf16Matmul`] both operands are rounded to bf16: on every kernel the
-    /// product has the bits of [`sgemm`] on the rounded operands; on AMX tiles, where the CPU has
-    /// them, it is within f32 summation error of the exact product of the rounded operands (the
-    /// tiles round their sums in their own way) and near sgemm's. Row counts across the 16-row
-    /// tile and its pairs, columns across the 32-column panel, depths across the 32-deep tile and
-    /// KC blocks, column ranges as threads split them.
+    /// product has the bits of [`sgemm`] on the rounded operands; on each bf16 engine the CPU has
+    /// (AMX tiles, AVX-512 BF16 dot products) it is within f32 summation error of the exact
+    /// product of the rounded operands (the engines round their sums in their own ways) and near
+    /// sgemm's. Row counts across the 12- and 16-row tiles and their pairs, columns across the
+    /// 32-column panel, depths across the 32-deep tile and KC blocks, column ranges as threads
+    /// split them.
     #[test]
     fn bf16_matmul_multiplies_both_operands_rounded() {
         let mut rng = SplitMix64::new(13);
         let dtype = DecodeDtype::Bf16Matmul;
-        #[cfg(target_arch = "x86_64")]
-        let amx = crate::amx::available();
-        #[cfg(not(target_arch = "x86_64"))]
-        let amx = false;
-        if !amx {
-            eprintln!("bf16_matmul: this CPU has no AMX tiles (or COA_CPU_KERNEL caps it); the AMX engine is not tested here");
-        }
+        let engines = bf16_engines();
         for &(m, n, k) in &[(1, 1, 1), (1, 70, 576), (3, 33, 31), (15, 64, 257), (16, 32, 256), (17, 200, 600), (33, 96, 1536), (150, 40, 70)] {
             let w = random(n * k, &mut rng);
             let x = random(m * k, &mut rng);
@@ -1146,9 +1155,9 @@ mod tests {
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            if amx {
-                let pw = PackedB::amx(&w, n, k);
-                assert!(matches!(pw.panels, Panels::Amx(_)));
+            for &engine in &engines {
+                let pw = PackedB::vnni(&w, n, k, engine);
+                assert!(matches!(pw.panels, Panels::Vnni(_, e) if e == engine));
                 let mut got = vec![f32::NAN; m * n];
                 let xa = pw.pack_a(m, &x);
                 let step = pw.panel();
@@ -1168,39 +1177,58 @@ mod tests {
                         to_fma = to_fma.max((got[i * n + j] - fma[i * n + j]).abs() as f64);
                     }
                 }
-                assert!(worst <= tol, "AMX {m}x{n}x{k}: {worst:e} from the exact product of the rounded operands (tolerance {tol:e})");
-                assert!(to_fma <= 2.0 * tol, "AMX {m}x{n}x{k}: {to_fma:e} from sgemm on the rounded operands");
+                assert!(worst <= tol, "{engine:?} {m}x{n}x{k}: {worst:e} from the exact product of the rounded operands (tolerance {tol:e})");
+                assert!(to_fma <= 2.0 * tol, "{engine:?} {m}x{n}x{k}: {to_fma:e} from sgemm on the rounded operands");
             }
         }
     }
 
-    /// [`sgemm_bf16`] (training's bf16 products) on every stride layout, edges of the 32×32 tile
-    /// pairs, depths across the packed depth blocks (512), rows across the row blocks (128),
-    /// columns across the column blocks (256), beta 0 over NaN, 1 and 0.5: within f32 summation
-    /// error of the exact product of the bf16-rounded operands, and not within it of the
-    /// unrounded product (so the operands were rounded). On AMX tiles where the CPU has them,
-    /// else on rounded copies.
+    /// Training's bf16 products on every stride layout, edges of the 12-row and 32×32 tiles,
+    /// depths across the packed depth blocks (512), rows across the row blocks (128), columns
+    /// across the column blocks (256), beta 0 over NaN, 1 and 0.5: within f32 summation error of
+    /// the exact product of the bf16-rounded operands, and not within it of the unrounded product
+    /// (so the operands were rounded). [`sgemm_bf16`] (this process's engine, or rounded copies on
+    /// the f32 kernel) and each bf16 engine of this CPU.
     #[test]
     fn bf16_products_multiply_the_rounded_operands() {
+        type Product = Box<dyn Fn(usize, usize, usize, &Strided, f32, &mut [f32])>;
+        let mut products: Vec<(String, Product)> = vec![(
+            "sgemm_bf16".into(),
+            // SAFETY: the strides address a [m,k], b [k,n] and c [m, ldc] in bounds.
+            Box::new(|m, n, k, s: &Strided, beta, c: &mut [f32]| unsafe { sgemm_bf16(m, n, k, s.a.as_ptr(), s.rsa, s.csa, s.b.as_ptr(), s.rsb, s.csb, beta, c.as_mut_ptr(), s.ldc) }),
+        )];
+        #[cfg(target_arch = "x86_64")]
+        for engine in bf16_engines() {
+            products.push((
+                format!("{engine:?}"),
+                // SAFETY: as above; the CPU has the engine.
+                Box::new(move |m, n, k, s: &Strided, beta, c: &mut [f32]| unsafe {
+                    crate::bf16mm::gemm(engine, m, n, k, s.a.as_ptr(), s.rsa, s.csa, s.b.as_ptr(), s.rsb, s.csb, beta, c.as_mut_ptr(), s.ldc)
+                }),
+            ));
+        }
         let mut rng = SplitMix64::new(17);
-        for &(m, n, k) in &[(1, 1, 1), (5, 17, 3), (16, 32, 32), (33, 65, 100), (150, 20, 513), (40, 300, 70), (17, 40, 1100)] {
+        for &(m, n, k) in &[(1, 1, 1), (5, 17, 3), (13, 40, 64), (16, 32, 32), (33, 65, 100), (150, 20, 513), (40, 300, 70), (17, 40, 1100)] {
             for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
                 for beta in [0.0f32, 1.0, 0.5] {
-                    let Strided { a, b, c0, ldc, rsa, csa, rsb, csb } = strided(m, n, k, a_t, b_t, beta, &mut rng);
-                    let mut c = c0.clone();
-                    // SAFETY: the strides address a [m,k], b [k,n] and c [m, ldc] in bounds.
-                    unsafe { sgemm_bf16(m, n, k, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), ldc) };
-                    let r = |x: f32| quant::bf16_value(x) as f64;
-                    let mut far_from_f32 = false;
-                    each_in_c(&c, &c0, m, n, ldc, |i, j, got| {
-                        let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
-                        let want = (0..k).map(|p| r(a[i * rsa + p * csa]) * r(b[p * rsb + j * csb])).sum::<f64>() + old;
-                        let unrounded = (0..k).map(|p| a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum::<f64>() + old;
-                        let tol = 1e-5 * (k as f64).sqrt() + 1e-6;
-                        assert!((got as f64 - want).abs() <= tol, "{m}x{n}x{k} a_t={a_t} b_t={b_t} beta={beta} at ({i},{j}): {got} vs {want}");
-                        far_from_f32 |= (got as f64 - unrounded).abs() > tol;
-                    });
-                    assert!(far_from_f32 || k == 1, "{m}x{n}x{k}: the product of the unrounded operands");
+                    let st = strided(m, n, k, a_t, b_t, beta, &mut rng);
+                    for (name, product) in &products {
+                        let Strided { a, b, c0, ldc, rsa, csa, rsb, csb } = &st;
+                        let (ldc, rsa, csa, rsb, csb) = (*ldc, *rsa, *csa, *rsb, *csb);
+                        let mut c = c0.clone();
+                        product(m, n, k, &st, beta, &mut c);
+                        let r = |x: f32| quant::bf16_value(x) as f64;
+                        let mut far_from_f32 = false;
+                        each_in_c(&c, c0, m, n, ldc, |i, j, got| {
+                            let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
+                            let want = (0..k).map(|p| r(a[i * rsa + p * csa]) * r(b[p * rsb + j * csb])).sum::<f64>() + old;
+                            let unrounded = (0..k).map(|p| a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum::<f64>() + old;
+                            let tol = 1e-5 * (k as f64).sqrt() + 1e-6;
+                            assert!((got as f64 - want).abs() <= tol, "{name} {m}x{n}x{k} a_t={a_t} b_t={b_t} beta={beta} at ({i},{j}): {got} vs {want}");
+                            far_from_f32 |= (got as f64 - unrounded).abs() > tol;
+                        });
+                        assert!(far_from_f32 || k == 1, "{name} {m}x{n}x{k}: the product of the unrounded operands");
+                    }
                 }
             }
         }
