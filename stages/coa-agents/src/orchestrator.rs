@@ -254,7 +254,9 @@ pub fn run_task(task: &Task, backend: &dyn Backend, tools: Tools<'_>, cfg: &RunC
         let output = render_output(p.think.as_deref(), p.action, &p.body);
         let mut latency = reply.latency_ms;
         let tool = if p.action.is_tool() {
-            let out = tools.run(p.action, &p.body).with_context(|| format!("task {}: {}", task.task_id, p.action))?;
+            let last_query = run.steps.iter().rev().find(|s| s.action == Action::WebSearch).map(|s| s.body.as_str());
+            let goal = coa_tools::crawl::Goal::new(p.think.as_deref(), last_query);
+            let out = tools.run(p.action, &p.body, &goal).with_context(|| format!("task {}: {}", task.task_id, p.action))?;
             latency += backend.tool_latency_ms(p.action, &p.body, out.wall_ms);
             Some((p.action, p.body.clone(), out.observation))
         } else {

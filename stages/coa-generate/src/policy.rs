@@ -58,7 +58,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use coa_agents::{Action, Tools};
-use coa_format::{build_prompt, code_source, render, Step, Tag};
+use coa_format::{build_prompt, code_source, find_last_block, render, Step, Tag};
 use coa_kernels::decode::{check_decodable, GpuDecoder};
 use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
 use coa_model::{KvCache, Model};
@@ -68,6 +68,7 @@ use coa_schemas::shard::{ShardArgs, ShardSpec};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::ROLLOUTS;
 use coa_tokenize::{encode_row, fit_model, SpecialChoice, TemplateChoice, Vocab};
+use coa_tools::crawl::Goal;
 use coa_tools::flags::ToolFlags;
 
 use crate::{corpus_for, positive, tool_config};
@@ -384,9 +385,11 @@ impl Policy for ModelPolicy<'_> {
     }
 }
 
-/// Runs a tool call and returns its observation text (the body of `<observation>`).
+/// Runs a tool call and returns its observation text (the body of `<observation>`). `goal` is
+/// what a crawl summarizes its pages for (the response's last think and web search; empty for
+/// other tools).
 pub trait Environment: Sync {
-    fn observe(&self, tool: Tag, input: &str) -> Result<String>;
+    fn observe(&self, tool: Tag, input: &str, goal: &Goal) -> Result<String>;
 }
 
 /// The teacher's tools (`coa_agents::Tools`).
@@ -395,7 +398,7 @@ pub struct ToolEnv<'a> {
 }
 
 impl Environment for ToolEnv<'_> {
-    fn observe(&self, tool: Tag, input: &str) -> Result<String> {
+    fn observe(&self, tool: Tag, input: &str, goal: &Goal) -> Result<String> {
         let action = match tool {
             Tag::WebSearch | Tag::WikiSearch => Action::WebSearch,
             Tag::CrawlPage => Action::CrawlPage,
@@ -407,7 +410,7 @@ impl Environment for ToolEnv<'_> {
             // learns from the answer, the run goes on.
             return Ok(format!("[ERROR] {} is not available for this task.", tool.name()));
         }
-        Ok(self.tools.run(action, input)?.observation)
+        Ok(self.tools.run(action, input, goal)?.observation)
     }
 }
 
@@ -689,7 +692,8 @@ pub fn generate(
             }
             rows.into_par_iter().map(|(z, rng)| sample_token(z, cfg.temperature, cfg.top_p, rng)).collect()
         };
-        let mut calls: Vec<(usize, Tag, String)> = Vec::new();
+        // (slot, tool, input, goal)
+        let mut calls: Vec<(usize, Tag, String, Goal)> = Vec::new();
         let mut finished: Vec<usize> = Vec::new();
         for (&slot, pick) in active.iter().zip(picks) {
             let a = slots[slot].as_mut().expect("active");
@@ -716,7 +720,14 @@ pub fn generate(
                     let from = turn.iter().rposition(|&t| t == open).map_or(0, |p| p + 1);
                     let content = codec.decode(&turn[from..])?;
                     let input = if tag == Tag::Code { code_source(&content).to_string() } else { content.trim().to_string() };
-                    calls.push((slot, tag, input));
+                    let goal = match tag {
+                        Tag::CrawlPage => {
+                            let text = codec.decode(&a.s.response_ids)?;
+                            Goal::new(find_last_block(&text, Tag::Think), find_last_block(&text, Tag::WebSearch))
+                        }
+                        _ => Goal::default(),
+                    };
+                    calls.push((slot, tag, input, goal));
                     continue;
                 }
             } else if a.s.response_ids.len() >= cfg.max_response_tokens {
@@ -730,11 +741,11 @@ pub fn generate(
         if !calls.is_empty() {
             let t0 = Instant::now();
             let outs: Vec<Result<String>> = std::thread::scope(|sc| {
-                let handles: Vec<_> = calls.iter().map(|(_, tag, input)| sc.spawn(move || env.observe(*tag, input))).collect();
+                let handles: Vec<_> = calls.iter().map(|(_, tag, input, goal)| sc.spawn(move || env.observe(*tag, input, goal))).collect();
                 handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a tool call panicked")))).collect()
             });
             stats.tool_secs += t0.elapsed().as_secs_f64();
-            for ((slot, tag, _), out) in calls.iter().zip(outs) {
+            for ((slot, tag, _, _), out) in calls.iter().zip(outs) {
                 let obs = out.with_context(|| format!("running {}", tag.name()))?;
                 let a = slots[*slot].as_mut().expect("active");
                 let mut ids = codec.observation_ids(&obs, cfg.max_observation_tokens)?;

@@ -64,20 +64,23 @@ impl Policy for Scripted {
     }
 }
 
-/// Answers every call with a fixed text naming the tool and its input, and records the calls.
+/// Answers every call with a fixed text naming the tool and its input, and records the calls
+/// and the goals they were given.
 struct Echo {
     calls: Mutex<Vec<(Tag, String)>>,
+    goals: Mutex<Vec<Goal>>,
 }
 
 impl Echo {
     fn new() -> Self {
-        Echo { calls: Mutex::new(Vec::new()) }
+        Echo { calls: Mutex::new(Vec::new()), goals: Mutex::new(Vec::new()) }
     }
 }
 
 impl Environment for Echo {
-    fn observe(&self, tool: Tag, input: &str) -> Result<String> {
+    fn observe(&self, tool: Tag, input: &str, goal: &Goal) -> Result<String> {
         self.calls.lock().unwrap().push((tool, input.to_string()));
+        self.goals.lock().unwrap().push(goal.clone());
         Ok(format!("Found 1 results:\n1. [{}]({input})", tool.name()))
     }
 }
@@ -233,6 +236,20 @@ fn observations_are_cut_to_max_observation_tokens() {
     let r = observation_ranges(&v, &s.response_ids);
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].1 - r[0].0, 3 + 2, "3 body tokens between the tags");
+}
+
+/// A crawl is summarized for AFM's goal: the response's last think (the crawl's own) and its
+/// last web search; other tools get none.
+#[test]
+fn a_crawl_gets_the_last_think_and_search_as_its_goal() {
+    let v = vocab();
+    let env = Echo::new();
+    let script = "<think>go</think>\n<web_search>capital of France</web_search>\n\
+                  <think>read where Paris is</think>\n<crawl_page>https://w/Paris</crawl_page>\n<answer>x</answer>";
+    let (s, _, _) = run_scripted(&v, script, &cfg(300, 8), &env);
+    assert_eq!(s.tool_calls, 2);
+    assert_eq!(env.calls.lock().unwrap()[1], (Tag::CrawlPage, "https://w/Paris".to_string()));
+    assert_eq!(*env.goals.lock().unwrap(), vec![Goal::default(), Goal::new(Some("read where Paris is"), Some("capital of France"))]);
 }
 
 #[test]

@@ -7,19 +7,6 @@ use coa_schemas::rows::CorpusPage;
 
 use crate::search::{Bm25Index, SearchHit};
 
-/// Something that can resolve a URL to a page: what `crawl_page` needs.
-///
-/// A trait rather than `&Corpus` so that a test or another backend can hand in its own map.
-pub trait PageLookup {
-    fn page(&self, url: &str) -> Option<&CorpusPage>;
-}
-
-impl PageLookup for HashMap<String, CorpusPage> {
-    fn page(&self, url: &str) -> Option<&CorpusPage> {
-        self.get(url)
-    }
-}
-
 /// The corpus with everything the search and crawl tools need, built once and shared
 /// read-only (it is `Sync`; queries use a thread-local scratch buffer).
 #[derive(Debug)]
@@ -69,11 +56,12 @@ impl Corpus {
 
     /// The page at `url`, exactly as stored, or after trimming surrounding whitespace.
     pub fn get(&self, url: &str) -> Option<&CorpusPage> {
-        let i = self
-            .by_url
-            .get(url)
-            .or_else(|| self.by_url.get(url.trim()))?;
-        Some(&self.pages()[*i])
+        Some(&self.pages()[self.position(url)?])
+    }
+
+    /// The position in [`Corpus::pages`] of the page at `url` (as [`Corpus::get`] finds it).
+    pub fn position(&self, url: &str) -> Option<usize> {
+        self.by_url.get(url).or_else(|| self.by_url.get(url.trim())).copied()
     }
 
     /// The BM25 index (for statistics or direct queries).
@@ -84,12 +72,6 @@ impl Corpus {
     /// `web_search`: the `k` best pages for `query` (see [`Bm25Index::search`]).
     pub fn search(&self, query: &str, k: usize) -> Vec<SearchHit> {
         self.index.search(query, k)
-    }
-}
-
-impl PageLookup for Corpus {
-    fn page(&self, url: &str) -> Option<&CorpusPage> {
-        self.get(url)
     }
 }
 

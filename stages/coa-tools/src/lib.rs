@@ -1,10 +1,10 @@
 //! The agents' tools, offline backends: `web_search` (BM25 over the corpus), `crawl_page`
-//! (page text by URL) and `code` (Python 3 in a sandbox), each producing the observation text
+//! (each page summarized for the agent's goal) and `code` (Python 3 in a sandbox), each producing the observation text
 //! in the reference tools' format (docs/ARCHITECTURE.md, "The CoA format", "Tasks and tools").
 //!
 //! - [`search`] has [`Bm25Index`], [`SearchHit`] and [`render_search`];
 //! - [`corpus`] has [`Corpus`], the pages + URL map + index, built once and shared;
-//! - [`crawl`] has [`crawl_page`];
+//! - [`crawl`] has [`crawl_page`] and the crawl's goal ([`crawl::goal`]);
 //! - [`flags`] has [`ToolFlags`] and [`CodeTimeout`], the tool flags every stage that runs the
 //!   tools shares (`--search-k`, `--crawl-chars`, `--code-timeout`);
 //! - [`code`] has [`run_python`] (the agents' tool), [`run_program`] (a program with unit tests
@@ -21,7 +21,7 @@ pub mod flags;
 pub mod search;
 
 pub use code::{find_python, isolation, run_program, run_program_with, run_python, run_python_with, CodeRun, Ending, Isolation, Program, RunStatus, SandboxLimits};
-pub use corpus::{Corpus, PageLookup};
+pub use corpus::Corpus;
 pub use crawl::crawl_page;
 pub use flags::{CodeTimeout, ToolFlags};
 pub use search::{render_search, Bm25Index, SearchHit};

@@ -23,15 +23,15 @@ pub const BM25_K1: f32 = 1.2;
 /// BM25 document-length normalisation (the classic value).
 pub const BM25_B: f32 = 0.75;
 
-/// A snippet is the best sentence, plus the next one when the best is shorter than this.
-const SNIPPET_EXTEND_BELOW_CHARS: usize = 120;
 /// Hard cap on a snippet's length, in characters (cut at a word boundary, with "...").
 const SNIPPET_MAX_CHARS: usize = 300;
 /// When no sentence contains a query term (e.g. only the title matched): this many leading chars.
 const SNIPPET_FALLBACK_CHARS: usize = 200;
-/// Weight, in snippet selection, of a query term that is also in the page title: the title
-/// is printed above the snippet already, so the snippet should show what else matched.
-const SNIPPET_TITLE_TERM_WEIGHT: f32 = 0.25;
+/// Weight, in choosing a snippet's sentence, of a query term that is also in the page title:
+/// the title is printed above the snippet already, so the snippet should show what else
+/// matched. (A crawl summary gives such terms none: every sentence of a page is about its
+/// title, most of them under a pronoun.)
+const SNIPPET_TITLE_WEIGHT: f32 = 0.25;
 
 /// Calls `emit` with each token of `text`: maximal runs of alphanumeric characters, lowercased.
 ///
@@ -71,7 +71,7 @@ pub struct SearchHit {
     pub doc: usize,
     pub url: String,
     pub title: String,
-    /// The best-matching one or two sentences of the page (whitespace collapsed).
+    /// The best-matching sentence of the page (whitespace collapsed).
     pub snippet: String,
     pub score: f32,
 }
@@ -109,6 +109,11 @@ pub struct Bm25Index {
     title_off: Vec<u32>,
     title_terms: Vec<u32>,
     avg_doc_len: f32,
+    /// [`stem`] of each term, as an id into `stems` (crawl summaries match words by stem).
+    term_stem: Vec<u32>,
+    stems: HashMap<String, u32>,
+    /// Per stem id: the largest idf of its terms.
+    stem_idf: Vec<f32>,
 }
 
 /// Per-thread score accumulator, reused across queries (sized to the largest corpus seen).
@@ -283,9 +288,30 @@ impl Bm25Index {
         // The "+1" form of the Robertson–Spärck Jones idf (as in Lucene): never negative, so a
         // term in more than half the pages still counts a little instead of penalising a match.
         let n = n_docs as f64;
-        let idf = df
+        let idf: Vec<f32> = df
             .iter()
             .map(|&df| (1.0 + (n - df as f64 + 0.5) / (df as f64 + 0.5)).ln() as f32)
+            .collect();
+
+        let mut stems: HashMap<String, u32> = HashMap::new();
+        let mut by_id: Vec<&str> = vec![""; n_terms];
+        for (t, &id) in &vocab {
+            by_id[id as usize] = t;
+        }
+        let mut stem_idf: Vec<f32> = Vec::new();
+        let term_stem = by_id
+            .iter()
+            .enumerate()
+            .map(|(t, word)| {
+                let next = stems.len() as u32;
+                let id = *stems.entry(stem(word)).or_insert(next);
+                if id == next {
+                    stem_idf.push(idf[t]);
+                } else {
+                    stem_idf[id as usize] = stem_idf[id as usize].max(idf[t]);
+                }
+                id
+            })
             .collect();
 
         Ok(Self {
@@ -301,6 +327,9 @@ impl Bm25Index {
             title_off,
             title_terms,
             avg_doc_len,
+            term_stem,
+            stems,
+            stem_idf,
         })
     }
 
@@ -422,38 +451,52 @@ impl Bm25Index {
         top
     }
 
-    /// The best one or two sentences of `doc` for the query terms, or its first ~200 chars.
-    ///
-    /// A sentence scores the idf sum of the distinct query terms it contains (rare words
-    /// matter most; words of the title, shown anyway, count a quarter); the earliest best
-    /// sentence wins, and a short one is followed by the next.
-    fn snippet(&self, doc: usize, terms: &[(u32, f32)]) -> String {
-        let text = &self.pages[doc].text;
-        let title =
-            &self.title_terms[self.title_off[doc] as usize..self.title_off[doc + 1] as usize];
+    /// Each sentence of `doc` scored for the query terms: the idf sum of the distinct terms it
+    /// contains (rare words matter most), a term of the page's title counting `title_weight`
+    /// (every sentence of a page is about its title; what else matches tells them apart).
+    /// Terms are compared as `key` maps them (term ids as they are, or their stems).
+    fn sentence_scores(&self, doc: usize, terms: &[(u32, f32)], title_weight: f32, key: impl Fn(u32) -> u32) -> Vec<f32> {
+        let title = &self.title_terms[self.title_off[doc] as usize..self.title_off[doc + 1] as usize];
         let weighted: Vec<(u32, f32)> = terms
             .iter()
-            .map(|&(t, idf)| {
-                let in_title = title.binary_search(&t).is_ok();
-                (
-                    t,
-                    if in_title {
-                        idf * SNIPPET_TITLE_TERM_WEIGHT
-                    } else {
-                        idf
-                    },
-                )
-            })
+            .map(|&(t, idf)| (t, if title.iter().any(|&x| key(x) == t) { idf * title_weight } else { idf }))
             .collect();
+        self.sentences[self.sent_off[doc] as usize..self.sent_off[doc + 1] as usize]
+            .iter()
+            .map(|s| {
+                let have = &self.sentence_terms[s.terms_start as usize..s.terms_end as usize];
+                weighted.iter().filter(|(t, _)| have.iter().any(|&x| key(x) == *t)).map(|&(_, w)| w).sum()
+            })
+            .collect()
+    }
+
+    /// Distinct stems of the texts known to the corpus, each with its idf times the weight of
+    /// the first text it is in ([`stem`]); English stop words left out (a goal is a sentence:
+    /// "where", "should", "which" are not what it seeks).
+    fn stem_terms(&self, texts: &[(&str, f32)]) -> Vec<(u32, f32)> {
+        let mut out: Vec<(u32, f32)> = Vec::new();
+        for &(text, weight) in texts {
+            for_each_token(text, &mut String::new(), |tok| {
+                if STOP_WORDS.binary_search(&tok).is_ok() {
+                    return;
+                }
+                if let Some(&id) = self.stems.get(&stem(tok)) {
+                    if !out.iter().any(|&(s, _)| s == id) {
+                        out.push((id, weight * self.stem_idf[id as usize]));
+                    }
+                }
+            });
+        }
+        out
+    }
+
+    /// The best sentence of `doc` for the query terms, or its first ~200 chars: the earliest
+    /// best ([`Self::sentence_scores`]).
+    fn snippet(&self, doc: usize, terms: &[(u32, f32)]) -> String {
+        let text = &self.pages[doc].text;
         let sents = &self.sentences[self.sent_off[doc] as usize..self.sent_off[doc + 1] as usize];
         let mut best: Option<(usize, f32)> = None;
-        for (i, s) in sents.iter().enumerate() {
-            let have = &self.sentence_terms[s.terms_start as usize..s.terms_end as usize];
-            let score: f32 = weighted
-                .iter()
-                .filter(|(t, _)| have.binary_search(t).is_ok())
-                .map(|&(_, idf)| idf)
-                .sum();
+        for (i, &score) in self.sentence_scores(doc, terms, SNIPPET_TITLE_WEIGHT, |t| t).iter().enumerate() {
             if score > 0.0 && best.is_none_or(|(_, b)| score > b) {
                 best = Some((i, score));
             }
@@ -461,18 +504,47 @@ impl Bm25Index {
         let Some((i, _)) = best else {
             return clip_chars(&collapse_whitespace(text), SNIPPET_FALLBACK_CHARS);
         };
-        let first = sents[i];
-        let mut end = first.end as usize;
-        let first_text = &text[first.start as usize..end];
-        if first_text.chars().count() < SNIPPET_EXTEND_BELOW_CHARS {
-            if let Some(next) = sents.get(i + 1) {
-                end = next.end as usize;
-            }
+        let best = sents[i];
+        clip_chars(&collapse_whitespace(&text[best.start as usize..best.end as usize]), SNIPPET_MAX_CHARS)
+    }
+
+    /// An extractive summary of page `doc` for `goal` (what the reader is looking for), at most
+    /// `max_chars` characters: the page's lead sentence (what the page is), then its other
+    /// sentences ranked by [`Self::sentence_scores`] for the goal's words but stop words and the
+    /// page title's, compared by [`stem`] ("founder" finds "founded"; ties, and the sentences
+    /// that match nothing, in page order), taken while they fit, then printed in page order; the
+    /// lead always, cut at a word boundary if it alone is longer. So a page that fits is returned
+    /// whole, and a longer one loses what is least about the goal first. The offline stand-in
+    /// for AFM's crawl summarizer, an LLM asked for what the page says about the goal (a lexical
+    /// match: a goal in other words than the page's keeps its first sentences).
+    ///
+    /// `goal` is texts with weights (a term counts at the weight of the first text it is in).
+    pub fn summary(&self, doc: usize, goal: &[(&str, f32)], max_chars: usize) -> String {
+        let text = &self.pages[doc].text;
+        let sents = &self.sentences[self.sent_off[doc] as usize..self.sent_off[doc + 1] as usize];
+        let scores = self.sentence_scores(doc, &self.stem_terms(goal), 0.0, |t| self.term_stem[t as usize]);
+        let mut order: Vec<usize> = (1..sents.len()).collect();
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+        if !sents.is_empty() {
+            order.insert(0, 0);
         }
-        clip_chars(
-            &collapse_whitespace(&text[first.start as usize..end]),
-            SNIPPET_MAX_CHARS,
-        )
+        let sentence = |i: usize| collapse_whitespace(&text[sents[i].start as usize..sents[i].end as usize]);
+        let (mut taken, mut used) = (Vec::new(), 0usize);
+        for i in order {
+            let n = sentence(i).chars().count() + usize::from(!taken.is_empty());
+            if used + n > max_chars && !taken.is_empty() {
+                continue;
+            }
+            taken.push(i);
+            used += n;
+        }
+        taken.sort_unstable();
+        let joined = taken.into_iter().map(sentence).collect::<Vec<_>>().join(" ");
+        if joined.chars().count() > max_chars {
+            clip_chars(&joined, max_chars)
+        } else {
+            joined
+        }
     }
 }
 
@@ -530,6 +602,43 @@ fn clip_chars(s: &str, max: usize) -> String {
         _ => head,
     };
     format!("{}...", head.trim_end())
+}
+
+/// Words a crawl goal's sentence is made of but does not look for (sorted: binary search).
+const STOP_WORDS: &[&str] = &[
+    "a", "about", "after", "all", "also", "an", "and", "any", "are", "as", "at", "be", "been", "before", "both", "but", "by", "can",
+    "could", "did", "do", "does", "each", "for", "from", "had", "has", "have", "he", "her", "here", "hers", "him", "his", "how", "i",
+    "if", "in", "into", "is", "it", "its", "itself", "just", "may", "me", "might", "more", "must", "my", "need", "next", "no", "not",
+    "now", "of", "on", "one", "only", "or", "other", "our", "out", "own", "page", "read", "result", "say", "says", "she", "should",
+    "so", "some", "state", "step", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those", "to",
+    "was", "we", "were", "what", "when", "where", "which", "while", "who", "whom", "whose", "why", "will", "with", "would", "you",
+    "your",
+];
+
+/// A token's stem for matching words across their forms: a plural or third-person `s` (not
+/// `ss`), `ies`/`ied` to `i`, then the suffixes `ion`, `ing`, `ed`, `er` and `ly`
+/// stripped while one is there and at least 3 letters stay ("headquarters" and
+/// "headquartered" both give "headquart", "founder" and "founded" "found", "worked" and
+/// "works" "work"). A light stemmer for English page text, not Porter's.
+pub fn stem(token: &str) -> String {
+    let mut s = token;
+    let i_form;
+    if let Some(base) = s.strip_suffix("ies").or_else(|| s.strip_suffix("ied")).filter(|b| b.len() >= 2) {
+        i_form = format!("{base}i");
+        s = &i_form;
+    } else if s.len() > 3 && s.ends_with('s') && !s.ends_with("ss") {
+        s = &s[..s.len() - 1];
+    }
+    'strip: loop {
+        for suffix in ["ion", "ing", "ed", "er", "ly"] {
+            if let Some(base) = s.strip_suffix(suffix).filter(|b| b.len() >= 3) {
+                s = base;
+                continue 'strip;
+            }
+        }
+        break;
+    }
+    s.to_owned()
 }
 
 /// Renders hits as the reference `web_search` observation:
@@ -781,6 +890,34 @@ mod tests {
             render_search(&[]),
             "Found 0 results:\n\nNo pages matched the query."
         );
+    }
+
+    #[test]
+    fn stop_words_are_sorted_lowercase_tokens() {
+        assert!(STOP_WORDS.windows(2).all(|w| w[0] < w[1]), "sorted and unique");
+        assert!(STOP_WORDS.iter().all(|w| tokenize(w) == [*w]));
+    }
+
+    #[test]
+    fn stems_join_the_forms_of_a_word() {
+        for (words, want) in [
+            (&["headquarters", "headquartered"][..], "headquart"),
+            (&["founder", "founded", "founders"], "found"),
+            (&["works", "worked", "working"], "work"),
+            (&["studies", "studied"], "studi"),
+            (&["located", "location"], "locat"),
+            (&["designer", "designed"], "design"),
+            (&["manufacturer", "manufactured"], "manufactur"),
+            (&["mentored", "mentor"], "mentor"),
+            (&["born"], "born"),
+            (&["class", "boss"], "class"),
+        ] {
+            for w in words {
+                assert_eq!(stem(w), if *w == "boss" { "boss" } else { want }, "{w}");
+            }
+        }
+        // Short words keep what would leave fewer than 3 letters.
+        assert_eq!((stem("red").as_str(), stem("led").as_str(), stem("is").as_str(), stem("ties").as_str()), ("red", "led", "is", "tie"));
     }
 
     #[test]

@@ -29,6 +29,28 @@ fn relation_phrase(relation: &str) -> &str {
     }
 }
 
+/// What a crawl of `subject`'s page looks for, in the words its pages state the relation with
+/// (the crawl tool summarizes a page for the agent's last thought, `coa_tools::crawl`, so the
+/// thought names the fact as a page would: "born", "degree", "trained", "head office").
+fn look_for(relation: &str, subject: &str) -> String {
+    match relation {
+        "born_in" => format!("where {subject} was born"),
+        "studied_at" => format!("where {subject} studied and took a degree"),
+        "works_for" => format!("which company {subject} works for or is employed by"),
+        "mentor" => format!("who mentored or trained {subject}"),
+        "located_in" => format!("where {subject} is located"),
+        "capital" => format!("the capital of {subject}"),
+        "headquartered_in" => format!("where {subject} is headquartered (its head office)"),
+        "founded_by" => format!("who founded {subject}"),
+        "ceo" => format!("who is the chief executive of {subject}"),
+        "made_by" => format!("who made, manufactured or released {subject}"),
+        "designed_by" => format!("who designed {subject}"),
+        "mayor" => format!("who is the mayor of {subject}"),
+        "president" => format!("who is the president of {subject}"),
+        other => format!("the {} of {subject}", relation_phrase(other)),
+    }
+}
+
 /// `[title](url)` hits of a rendered search observation.
 pub(super) fn search_hits(observation: &str) -> Vec<(String, String)> {
     let mut hits = Vec::new();
@@ -230,7 +252,8 @@ impl WebExpert {
                     intent(Action::WebSearch, think, query, format!("search again for {subject}, more precisely"))
                 } else {
                     let url = self.subject_url(hop);
-                    let think = format!("Wiki pages are named after their subject, so {subject}'s page is {url}. I will open it directly.");
+                    let goal = look_for(&self.hop(hop).relation, &subject);
+                    let think = format!("Wiki pages are named after their subject, so {subject}'s page is {url}. I will open it to read {goal}.");
                     self.attempts[hop] += 1;
                     self.phase = WebPhase::Crawled { hop, url: url.clone(), crawled: url.clone() };
                     intent(Action::CrawlPage, think, url, format!("open {subject}'s own page"))
@@ -266,7 +289,7 @@ impl WebExpert {
         self.attempts[h] += 1;
         if self.direct[h] {
             let url = self.subject_url(h);
-            let think = format!("Step {}: the {rel} of {subject}. Its wiki page is {url}; I will read it directly.", h + 1);
+            let think = format!("Step {}: {}. Its wiki page is {url}; I will read it directly.", h + 1, look_for(&self.hop(h).relation, &subject));
             self.phase = WebPhase::Crawled { hop: h, url: url.clone(), crawled: url.clone() };
             return intent(Action::CrawlPage, think, url, format!("open the page of {subject}"));
         }
@@ -283,7 +306,6 @@ impl WebExpert {
         let hits = search_hits(last_observation(steps));
         let subject = self.subject(h);
         let correct = self.subject_url(h);
-        let rel = relation_phrase(&self.hop(h).relation).to_string();
         if self.wrong_pick[h] && !self.wrong_done[h] && !retry {
             // the mistake: a distractor hit, else another hit — never a page already read, nor
             // one the chain needs later (the run would crawl it twice)
@@ -298,7 +320,7 @@ impl WebExpert {
                 .map(|(_, u)| u.clone());
             if let Some(wrong) = wrong {
                 self.wrong_done[h] = true;
-                let think = format!("The result \"{}\" looks like the page about {subject}; it should give the {rel}.", title_of(&wrong));
+                let think = format!("The result \"{}\" looks like the page about {subject}; it should say {}.", title_of(&wrong), look_for(&self.hop(h).relation, &subject));
                 self.phase = WebPhase::Crawled { hop: h, url: correct, crawled: wrong.clone() };
                 return intent(Action::CrawlPage, think, wrong, "read the most promising result");
             }
@@ -306,16 +328,16 @@ impl WebExpert {
         let found = hits.iter().any(|(_, u)| *u == correct);
         if found && self.pair_crawl[h] {
             if let Some((_, other)) = hits.iter().find(|(_, u)| *u != correct) {
-                let think = format!("Two results may state the {rel} of {subject}: its own page and \"{}\". I will read both.", title_of(other));
+                let think = format!("Two results may say {}: its own page and \"{}\". I will read both.", look_for(&self.hop(h).relation, &subject), title_of(other));
                 let urls = format!("{correct}|{other}");
                 self.phase = WebPhase::Crawled { hop: h, url: correct, crawled: urls.clone() };
                 return intent(Action::CrawlPage, think, urls, "read the two most promising results");
             }
         }
         let think = if found {
-            format!("The result \"{subject}\" is the page of {subject} itself; it should state the {rel}.")
+            format!("The result \"{subject}\" is the page of {subject} itself; it should say {}.", look_for(&self.hop(h).relation, &subject))
         } else {
-            format!("None of the results is {subject}'s own page. Wiki pages are named after their subject, so I will open {correct} directly.")
+            format!("None of the results is {subject}'s own page. Wiki pages are named after their subject, so I will open {correct} to read {}.", look_for(&self.hop(h).relation, &subject))
         };
         self.phase = WebPhase::Crawled { hop: h, url: correct.clone(), crawled: correct.clone() };
         intent(Action::CrawlPage, think, correct, format!("read the page of {subject}"))
