@@ -107,11 +107,15 @@ fn panel_index(p: usize, j: usize, k_pad: usize) -> usize {
     (j / (2 * TILE_M)) * 2 * TILE_M * k_pad + (p / TILE_K) * 2 * TILE_B + (j % (2 * TILE_M) / TILE_M) * TILE_B + (p % TILE_K / 2) * TILE_K + (j % TILE_M) * 2 + p % 2
 }
 
-/// `dst[i] = bf16(src[i])`, rounded to nearest even ([`crate::quant::bf16_bits`]), in a loop the
-/// compiler turns into AVX-512 vectors.
+/// `dst[i] = bf16(alpha · src[i])`, rounded to nearest even ([`crate::quant::bf16_bits`]), in a
+/// loop the compiler turns into AVX-512 vectors.
 #[inline(always)]
-fn to_bf16(dst: &mut [u16], src: &[f32]) {
-    dst.iter_mut().zip(src).for_each(|(v, &x)| *v = crate::quant::bf16_bits(x));
+fn to_bf16(dst: &mut [u16], src: &[f32], alpha: f32) {
+    if alpha == 1.0 {
+        dst.iter_mut().zip(src).for_each(|(v, &x)| *v = crate::quant::bf16_bits(x));
+    } else {
+        dst.iter_mut().zip(src).for_each(|(v, &x)| *v = crate::quant::bf16_bits(alpha * x));
+    }
 }
 
 /// Two bf16 values in one u32: `lo` in the low half (the even depth of a VNNI pair).
@@ -120,16 +124,17 @@ fn pair(lo: f32, hi: f32) -> u32 {
     crate::quant::bf16_bits(lo) as u32 | (crate::quant::bf16_bits(hi) as u32) << 16
 }
 
-/// A (element (i, p) at `a + i·rsa + p·csa`) as bf16 rows `[m_pad, k_pad]`, zero-padded; read
-/// along whichever of its dimensions is contiguous.
+/// `alpha ·` A (element (i, p) at `a + i·rsa + p·csa`) as bf16 rows `[m_pad, k_pad]`,
+/// zero-padded; read along whichever of its dimensions is contiguous.
 ///
 /// # Safety
 /// The CPU has AVX-512F and BW; A's addressed elements are readable; `dst` holds `m_pad·k_pad`.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) unsafe fn pack_rows(dst: &mut [u16], a: *const f32, m: usize, k: usize, rsa: usize, csa: usize, m_pad: usize, k_pad: usize) {
+pub(crate) unsafe fn pack_rows(dst: &mut [u16], a: *const f32, m: usize, k: usize, rsa: usize, csa: usize, m_pad: usize, k_pad: usize, alpha: f32) {
     if csa == 1 {
         for (i, row) in dst[..m * k_pad].chunks_exact_mut(k_pad).enumerate() {
-            to_bf16(&mut row[..k], std::slice::from_raw_parts(a.add(i * rsa), k));
+            to_bf16(&mut row[..k], std::slice::from_raw_parts(a.add(i * rsa), k), alpha);
             row[k..].fill(0);
         }
     } else {
@@ -143,7 +148,7 @@ pub(crate) unsafe fn pack_rows(dst: &mut [u16], a: *const f32, m: usize, k: usiz
             for p0 in (0..k).step_by(TILE_K) {
                 let depth = TILE_K.min(k - p0);
                 for (d, run) in block.iter_mut().enumerate().take(depth) {
-                    to_bf16(&mut run[..rows], std::slice::from_raw_parts(a.add(i0 + (p0 + d) * csa), rows));
+                    to_bf16(&mut run[..rows], std::slice::from_raw_parts(a.add(i0 + (p0 + d) * csa), rows), alpha);
                 }
                 for ii in 0..rows {
                     // SAFETY: row i0 + ii < m, depths p0..p0 + depth ≤ k: inside dst (asserted above).
@@ -368,17 +373,18 @@ mod dot {
     }
 }
 
-/// `C = A·B + beta·C` with both operands rounded to bf16 and f32 sums on `engine`, strides as
-/// [`crate::sgemm`] takes them (A (i,p) at `a + i·rsa + p·csa`, B (p,j) at `b + p·rsb + j·csb`,
-/// C (i,j) at `c + i·ldc + j`). Both operands are packed once (A as bf16 rows, B as tile
-/// panels); the loops then go over blocks of `NC_A` columns and `KC_A` of depth, C carrying the
-/// sum from one depth block to the next.
+/// `C = bf16(alpha·A)·bf16(B) + beta·C` with f32 sums on `engine`, strides as [`crate::sgemm`]
+/// takes them (A (i,p) at `a + i·rsa + p·csa`, B (p,j) at `b + p·rsb + j·csb`, C (i,j) at
+/// `c + i·ldc + j`); alpha scales A before it is rounded (exact for a power of two, as the
+/// attention's 1/√64). Both operands are packed once (A as bf16 rows, B as tile panels); the
+/// loops then go over blocks of `NC_A` columns and `KC_A` of depth, C carrying the sum from one
+/// depth block to the next.
 ///
 /// # Safety
 /// The CPU has `engine`; every addressed element lies inside its allocation, and no other
 /// thread accesses the addressed part of C.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm(engine: Engine, m: usize, n: usize, k: usize, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
+pub(crate) unsafe fn gemm(engine: Engine, m: usize, n: usize, k: usize, alpha: f32, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
     if m == 0 || n == 0 {
         return;
     }
@@ -406,7 +412,7 @@ pub(crate) unsafe fn gemm(engine: Engine, m: usize, n: usize, k: usize, a: *cons
         }
         let (off_a, off_b) = (pa.as_ptr().align_offset(64), pb.as_ptr().align_offset(64));
         let (pa, pb) = (&mut pa[off_a..], &mut pb[off_b..]);
-        pack_rows(pa, a, m, k, rsa, csa, m_pad, k_pad);
+        pack_rows(pa, a, m, k, rsa, csa, m_pad, k_pad, alpha);
         pack_panels(pb, b, k, n, rsb, csb, n_pad, k_pad);
         for jc in (0..n).step_by(NC_A) {
             let nc = NC_A.min(n - jc);

@@ -353,7 +353,7 @@ impl Model {
         ops::linear_forward_as(self.matmul, &mut a.v, &a.h1, self.p(li.wv), self.pb(li.bv), t, d, kvd);
         ops::rope_forward(&mut a.q, &cx.cos, &cx.sin, nh, hd);
         ops::rope_forward(&mut a.k, &cx.cos, &cx.sin, nkv, hd);
-        ops::attention_forward_prefix(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &cx.seg_start, cx.prefix, nh, nkv, hd);
+        ops::attention_forward_prefix(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &cx.seg_start, cx.prefix, nh, nkv, hd, self.matmul);
         ops::linear_forward_as(self.matmul, &mut a.x2, &a.att, self.p(li.wo), self.pb(li.bo), t, qd, d);
         a.x2.iter_mut().zip(&a.x).for_each(|(s, b)| *s += b);
         ops::rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x2, self.p(li.ln2), eps, d);
@@ -645,6 +645,7 @@ impl Model {
             nh,
             nkv,
             hd,
+            self.matmul,
         );
         ops::rope_backward(&mut b.dq, &cx.cos, &cx.sin, nh, hd);
         ops::rope_backward(&mut b.dk, &cx.cos, &cx.sin, nkv, hd);

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::MatmulDtype;
 
-use crate::sgemm::sgemm;
+use crate::sgemm::{sgemm, sgemm_as};
 
 /// Rows per parallel task for row-wise ops (fixed: results do not depend on the thread count).
 const ROW_CHUNK: usize = 16;
@@ -99,7 +99,7 @@ pub fn gemm_as(dtype: MatmulDtype, m: usize, n: usize, k: usize, a: &[f32], a_t:
             let c0 = cp.0.add(i0 * n + j0);
             match dtype {
                 MatmulDtype::F32 => crate::sgemm::sgemm(mm, nn, k, 1.0, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n),
-                MatmulDtype::Bf16 => crate::sgemm::sgemm_bf16(mm, nn, k, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n),
+                MatmulDtype::Bf16 => crate::sgemm::sgemm_bf16(mm, nn, k, 1.0, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n),
             }
         }
     };
@@ -409,7 +409,7 @@ pub fn attention_forward(
     n_kv_heads: usize,
     hd: usize,
 ) {
-    attention_forward_prefix(out, lse, q, k, v, seg_start, 0, n_heads, n_kv_heads, hd);
+    attention_forward_prefix(out, lse, q, k, v, seg_start, 0, n_heads, n_kv_heads, hd, MatmulDtype::F32);
 }
 
 /// The keys a block of queries starting at `i0` reads: the shared prefix `[0, np)` (np = the
@@ -453,6 +453,7 @@ pub fn attention_forward_prefix(
     n_heads: usize,
     n_kv_heads: usize,
     hd: usize,
+    dtype: MatmulDtype,
 ) {
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
@@ -479,9 +480,9 @@ pub fn attention_forward_prefix(
         unsafe {
             let qp = q.as_ptr().add(i0 * qw + h * hd);
             if np > 0 {
-                sgemm(nb, np, hd, 1.0, qp, qw, 1, k.as_ptr().add(g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
+                sgemm_as(dtype, nb, np, hd, 1.0, qp, qw, 1, k.as_ptr().add(g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
             }
-            sgemm(nb, nk - np, hd, 1.0, qp, qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr().add(np), nk);
+            sgemm_as(dtype, nb, nk - np, hd, 1.0, qp, qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr().add(np), nk);
         }
         for r in 0..nb {
             let i = i0 + r;
@@ -502,9 +503,9 @@ pub fn attention_forward_prefix(
         // SAFETY: rows i0..i1, columns h·hd..(h+1)·hd of out belong to this task alone.
         unsafe {
             let op = outp.0.add(i0 * qw + h * hd);
-            sgemm(nb, hd, nk - np, 1.0, s.as_ptr().add(np), nk, 1, v.as_ptr().add(k0 * kw + g * hd), kw, 1, 0.0, op, qw);
+            sgemm_as(dtype, nb, hd, nk - np, 1.0, s.as_ptr().add(np), nk, 1, v.as_ptr().add(k0 * kw + g * hd), kw, 1, 0.0, op, qw);
             if np > 0 {
-                sgemm(nb, hd, np, 1.0, s.as_ptr(), nk, 1, v.as_ptr().add(g * hd), kw, 1, 1.0, op, qw);
+                sgemm_as(dtype, nb, hd, np, 1.0, s.as_ptr(), nk, 1, v.as_ptr().add(g * hd), kw, 1, 1.0, op, qw);
             }
         }
     });
@@ -533,7 +534,7 @@ pub fn attention_backward(
     n_kv_heads: usize,
     hd: usize,
 ) {
-    attention_backward_prefix(dq, dk, dv, dout, q, k, v, out, lse, seg_start, 0, n_heads, n_kv_heads, hd);
+    attention_backward_prefix(dq, dk, dv, dout, q, k, v, out, lse, seg_start, 0, n_heads, n_kv_heads, hd, MatmulDtype::F32);
 }
 
 /// [`attention_backward`] with a shared prefix (see [`attention_forward_prefix`]).
@@ -553,8 +554,9 @@ pub fn attention_backward_prefix(
     n_heads: usize,
     n_kv_heads: usize,
     hd: usize,
+    dtype: MatmulDtype,
 ) {
-    attention_backward_keep(dq, dk, dv, dout, q, k, v, out, lse, seg_start, prefix, n_heads, n_kv_heads, hd, ATT_KEEP_LIMIT)
+    attention_backward_keep(dq, dk, dv, dout, q, k, v, out, lse, seg_start, prefix, n_heads, n_kv_heads, hd, dtype, ATT_KEEP_LIMIT)
 }
 
 thread_local! {
@@ -587,6 +589,7 @@ pub(crate) fn attention_backward_keep(
     n_heads: usize,
     n_kv_heads: usize,
     hd: usize,
+    dtype: MatmulDtype,
     keep_limit: usize,
 ) {
     let t_len = seg_start.len();
@@ -680,11 +683,11 @@ pub(crate) fn attention_backward_keep(
                 // S = Q·Kᵀ, dP = dO·Vᵀ   [nb, nk]
                 let (qp, dop) = (q.as_ptr().add(i0 * qw + h * hd), dout.as_ptr().add(i0 * qw + h * hd));
                 if np > 0 {
-                    sgemm(nb, np, hd, 1.0, qp, qw, 1, k.as_ptr().add(g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
-                    sgemm(nb, np, hd, 1.0, dop, qw, 1, v.as_ptr().add(g * hd), 1, kw, 0.0, dp.as_mut_ptr(), nk);
+                    sgemm_as(dtype, nb, np, hd, 1.0, qp, qw, 1, k.as_ptr().add(g * hd), 1, kw, 0.0, s.as_mut_ptr(), nk);
+                    sgemm_as(dtype, nb, np, hd, 1.0, dop, qw, 1, v.as_ptr().add(g * hd), 1, kw, 0.0, dp.as_mut_ptr(), nk);
                 }
-                sgemm(nb, nk - np, hd, 1.0, qp, qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr().add(np), nk);
-                sgemm(nb, nk - np, hd, 1.0, dop, qw, 1, v.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, dp.as_mut_ptr().add(np), nk);
+                sgemm_as(dtype, nb, nk - np, hd, 1.0, qp, qw, 1, k.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, s.as_mut_ptr().add(np), nk);
+                sgemm_as(dtype, nb, nk - np, hd, 1.0, dop, qw, 1, v.as_ptr().add(k0 * kw + g * hd), 1, kw, 0.0, dp.as_mut_ptr().add(np), nk);
             }
             for r in 0..nb {
                 let i = i0 + r;
@@ -706,9 +709,9 @@ pub(crate) fn attention_backward_keep(
             // SAFETY: rows i0..i1, head h of dq belong to this task alone.
             unsafe {
                 let dqh = dqp.0.add(i0 * qw + h * hd);
-                sgemm(nb, hd, nk - np, scale, dp.as_ptr().add(np), nk, 1, k.as_ptr().add(k0 * kw + g * hd), kw, 1, 1.0, dqh, qw);
+                sgemm_as(dtype, nb, hd, nk - np, scale, dp.as_ptr().add(np), nk, 1, k.as_ptr().add(k0 * kw + g * hd), kw, 1, 1.0, dqh, qw);
                 if np > 0 {
-                    sgemm(nb, hd, np, scale, dp.as_ptr(), nk, 1, k.as_ptr().add(g * hd), kw, 1, 1.0, dqh, qw);
+                    sgemm_as(dtype, nb, hd, np, scale, dp.as_ptr(), nk, 1, k.as_ptr().add(g * hd), kw, 1, 1.0, dqh, qw);
                 }
             }
         },
@@ -748,8 +751,8 @@ pub(crate) fn attention_backward_keep(
                         unsafe {
                             let (pa, dsa) = (kept.as_ptr().add(off + col), kept_ds.as_ptr().add(off + col));
                             let (dop, qp) = (dout.as_ptr().add(i0 * qw + h * hd), q.as_ptr().add(i0 * qw + h * hd));
-                            sgemm(jb - ja, hd, i1 - i0, 1.0, pa, 1, nk, dop, qw, 1, 1.0, dvp.0.add(ja * kw + g * hd), kw);
-                            sgemm(jb - ja, hd, i1 - i0, scale, dsa, 1, nk, qp, qw, 1, 1.0, dkp.0.add(ja * kw + g * hd), kw);
+                            sgemm_as(dtype, jb - ja, hd, i1 - i0, 1.0, pa, 1, nk, dop, qw, 1, 1.0, dvp.0.add(ja * kw + g * hd), kw);
+                            sgemm_as(dtype, jb - ja, hd, i1 - i0, scale, dsa, 1, nk, qp, qw, 1, 1.0, dkp.0.add(ja * kw + g * hd), kw);
                         }
                     }
                 }
@@ -777,8 +780,8 @@ pub(crate) fn attention_backward_keep(
                 // SAFETY: reads inside q, k, v, dout.
                 unsafe {
                     // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   [nb, nq]
-                    sgemm(nb, nq, hd, 1.0, k.as_ptr().add(j0 * kw + g * hd), kw, 1, q.as_ptr().add(j0 * qw + h * hd), 1, qw, 0.0, s.as_mut_ptr(), nq);
-                    sgemm(nb, nq, hd, 1.0, v.as_ptr().add(j0 * kw + g * hd), kw, 1, dout.as_ptr().add(j0 * qw + h * hd), 1, qw, 0.0, dp.as_mut_ptr(), nq);
+                    sgemm_as(dtype, nb, nq, hd, 1.0, k.as_ptr().add(j0 * kw + g * hd), kw, 1, q.as_ptr().add(j0 * qw + h * hd), 1, qw, 0.0, s.as_mut_ptr(), nq);
+                    sgemm_as(dtype, nb, nq, hd, 1.0, v.as_ptr().add(j0 * kw + g * hd), kw, 1, dout.as_ptr().add(j0 * qw + h * hd), 1, qw, 0.0, dp.as_mut_ptr(), nq);
                 }
                 for r in 0..nb {
                     let j = j0 + r;
@@ -796,8 +799,8 @@ pub(crate) fn attention_backward_keep(
                 // SAFETY: rows j0..j1, kv head g of dk / dv belong to this task alone.
                 unsafe {
                     // dV[j0..j1, g] += Pᵀ · dO[j0..e, h];  dK[j0..j1, g] += scale · dSᵀ · Q[j0..e, h]
-                    sgemm(nb, hd, nq, 1.0, s.as_ptr(), nq, 1, dout.as_ptr().add(j0 * qw + h * hd), qw, 1, 1.0, dvp.0.add(j0 * kw + g * hd), kw);
-                    sgemm(nb, hd, nq, scale, dp.as_ptr(), nq, 1, q.as_ptr().add(j0 * qw + h * hd), qw, 1, 1.0, dkp.0.add(j0 * kw + g * hd), kw);
+                    sgemm_as(dtype, nb, hd, nq, 1.0, s.as_ptr(), nq, 1, dout.as_ptr().add(j0 * qw + h * hd), qw, 1, 1.0, dvp.0.add(j0 * kw + g * hd), kw);
+                    sgemm_as(dtype, nb, hd, nq, scale, dp.as_ptr(), nq, 1, q.as_ptr().add(j0 * qw + h * hd), qw, 1, 1.0, dkp.0.add(j0 * kw + g * hd), kw);
                 }
             }
         },
@@ -982,10 +985,10 @@ mod tests {
             let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
             let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
             let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, nh, nkv, hd);
+            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, nh, nkv, hd, MatmulDtype::F32);
             let grads = |limit: usize| {
                 let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, nh, nkv, hd, limit);
+                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, nh, nkv, hd, MatmulDtype::F32, limit);
                 (dq, dk, dv)
             };
             let (kept, recomputed) = (grads(usize::MAX), grads(0));
@@ -993,6 +996,37 @@ mod tests {
                 let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
                 let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
                 assert!(scale > 0.0 && err <= 1e-5 * scale, "segments {}, prefix {prefix}: {name} differs by {err} (scale {scale})", seg.is_some());
+            }
+        }
+    }
+
+    /// With bf16 products (`--matmul bf16`) the attention's outputs and gradients are the f32
+    /// attention's within bf16 rounding (inputs of magnitude 1, sums over up to 300 keys), on
+    /// both second passes of the backward, and not its bits (the products were rounded).
+    #[test]
+    fn attention_in_bf16_products_is_near_the_f32_attention() {
+        let (nh, nkv, hd) = (4, 2, 64);
+        let mut rng = SplitMix64::new(11);
+        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
+        let t = 300;
+        let segs: Vec<i32> = (0..t).map(|i| if i < 70 { 0 } else if i < 200 { 1 } else { 2 }).collect();
+        let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
+        let (_, seg_start) = segment_layout_prefix(t, Some(&segs), 70).unwrap();
+        let run = |dtype: MatmulDtype, limit: usize| {
+            let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
+            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, 70, nh, nkv, hd, dtype);
+            let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
+            attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 70, nh, nkv, hd, dtype, limit);
+            [out, lse, dq, dk, dv]
+        };
+        let reference = run(MatmulDtype::F32, usize::MAX);
+        for limit in [usize::MAX, 0] {
+            let got = run(MatmulDtype::Bf16, limit);
+            for (name, a, b) in ["out", "lse", "dq", "dk", "dv"].iter().zip(&got).zip(&reference).map(|((n, a), b)| (n, a, b)) {
+                let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                assert!(scale > 0.0 && err <= 2e-2 * scale, "{name} (keep limit {limit}): {err} from f32 (scale {scale})");
+                assert!(err > 0.0, "{name}: the bits of f32, so the products were not rounded");
             }
         }
     }

@@ -101,19 +101,28 @@ pub(crate) unsafe fn sgemm(
     sgemm_with(kernel(), m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc)
 }
 
-/// [`sgemm`] with both operands rounded to bf16 ([`crate::MatmulDtype::Bf16`]): on the CPU's
-/// bf16 engine where it has one ([`crate::bf16mm`]: AMX tiles or AVX-512 BF16 dot products;
-/// within f32 summation error of the exact product of the rounded operands), elsewhere [`sgemm`]
-/// on rounded copies (its bits). Same arguments and safety as [`sgemm`], with alpha 1.
+/// [`sgemm`] with both operands rounded to bf16 ([`crate::MatmulDtype::Bf16`]), `alpha · A`
+/// rounded: on the CPU's bf16 engine where it has one ([`crate::bf16mm`]: AMX tiles or AVX-512
+/// BF16 dot products; within f32 summation error of the exact product of the rounded operands),
+/// elsewhere [`sgemm`] on rounded copies (its bits). Same arguments and safety as [`sgemm`].
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn sgemm_bf16(m: usize, n: usize, k: usize, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
+pub(crate) unsafe fn sgemm_bf16(m: usize, n: usize, k: usize, alpha: f32, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
     #[cfg(target_arch = "x86_64")]
     if let Some(engine) = crate::bf16mm::engine() {
-        return crate::bf16mm::gemm(engine, m, n, k, a, rsa, csa, b, rsb, csb, beta, c, ldc);
+        return crate::bf16mm::gemm(engine, m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc);
     }
-    let a_r: Vec<f32> = (0..m * k).map(|x| quant::bf16_value(*a.add(x / k * rsa + x % k * csa))).collect();
+    let a_r: Vec<f32> = (0..m * k).map(|x| quant::bf16_value(alpha * *a.add(x / k * rsa + x % k * csa))).collect();
     let b_r: Vec<f32> = (0..k * n).map(|x| quant::bf16_value(*b.add(x / n * rsb + x % n * csb))).collect();
     sgemm(m, n, k, 1.0, a_r.as_ptr(), k, 1, b_r.as_ptr(), n, 1, beta, c, ldc)
+}
+
+/// [`sgemm`] (f32) or [`sgemm_bf16`] as `dtype` says. Same arguments and safety as [`sgemm`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm_as(dtype: crate::MatmulDtype, m: usize, n: usize, k: usize, alpha: f32, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
+    match dtype {
+        crate::MatmulDtype::F32 => sgemm(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc),
+        crate::MatmulDtype::Bf16 => sgemm_bf16(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc),
+    }
 }
 
 /// [`sgemm`] on a given kernel, which the CPU must have.
@@ -328,7 +337,7 @@ impl PackedB {
             let chunks = bf16[off..off + m_pad * k_pad].par_chunks_mut(64 * k_pad).zip(a.par_chunks(64 * self.k));
             // SAFETY: each chunk's rows of a are read whole into its rows of bf16; PackedB::vnni
             // exists only where the CPU has a bf16 engine (AVX-512F and BW included).
-            chunks.for_each(|(dst, x)| unsafe { crate::bf16mm::pack_rows(dst, x.as_ptr(), x.len() / self.k, self.k, self.k, 1, dst.len() / k_pad, k_pad) });
+            chunks.for_each(|(dst, x)| unsafe { crate::bf16mm::pack_rows(dst, x.as_ptr(), x.len() / self.k, self.k, self.k, 1, dst.len() / k_pad, k_pad, 1.0) });
             return PackedA { m, data: Vec::new(), bf16, off };
         }
         let rounded: Vec<f32>;
@@ -1185,46 +1194,49 @@ mod tests {
 
     /// Training's bf16 products on every stride layout, edges of the 12-row and 32×32 tiles,
     /// depths across the packed depth blocks (512), rows across the row blocks (128), columns
-    /// across the column blocks (256), beta 0 over NaN, 1 and 0.5: within f32 summation error of
-    /// the exact product of the bf16-rounded operands, and not within it of the unrounded product
-    /// (so the operands were rounded). [`sgemm_bf16`] (this process's engine, or rounded copies on
-    /// the f32 kernel) and each bf16 engine of this CPU.
+    /// across the column blocks (256), beta 0 over NaN, 1 and 0.5, alpha 1 and 0.125 (the
+    /// attention's scale): within f32 summation error of the exact product of the bf16-rounded
+    /// operands (alpha·A rounded), and not within it of the unrounded product (so the operands
+    /// were rounded). [`sgemm_bf16`] (this process's engine, or rounded copies on the f32
+    /// kernel) and each bf16 engine of this CPU.
     #[test]
     fn bf16_products_multiply_the_rounded_operands() {
-        type Product = Box<dyn Fn(usize, usize, usize, &Strided, f32, &mut [f32])>;
+        type Product = Box<dyn Fn(usize, usize, usize, f32, &Strided, f32, &mut [f32])>;
         let mut products: Vec<(String, Product)> = vec![(
             "sgemm_bf16".into(),
             // SAFETY: the strides address a [m,k], b [k,n] and c [m, ldc] in bounds.
-            Box::new(|m, n, k, s: &Strided, beta, c: &mut [f32]| unsafe { sgemm_bf16(m, n, k, s.a.as_ptr(), s.rsa, s.csa, s.b.as_ptr(), s.rsb, s.csb, beta, c.as_mut_ptr(), s.ldc) }),
+            Box::new(|m, n, k, alpha, s: &Strided, beta, c: &mut [f32]| unsafe {
+                sgemm_bf16(m, n, k, alpha, s.a.as_ptr(), s.rsa, s.csa, s.b.as_ptr(), s.rsb, s.csb, beta, c.as_mut_ptr(), s.ldc)
+            }),
         )];
         #[cfg(target_arch = "x86_64")]
         for engine in bf16_engines() {
             products.push((
                 format!("{engine:?}"),
                 // SAFETY: as above; the CPU has the engine.
-                Box::new(move |m, n, k, s: &Strided, beta, c: &mut [f32]| unsafe {
-                    crate::bf16mm::gemm(engine, m, n, k, s.a.as_ptr(), s.rsa, s.csa, s.b.as_ptr(), s.rsb, s.csb, beta, c.as_mut_ptr(), s.ldc)
+                Box::new(move |m, n, k, alpha, s: &Strided, beta, c: &mut [f32]| unsafe {
+                    crate::bf16mm::gemm(engine, m, n, k, alpha, s.a.as_ptr(), s.rsa, s.csa, s.b.as_ptr(), s.rsb, s.csb, beta, c.as_mut_ptr(), s.ldc)
                 }),
             ));
         }
         let mut rng = SplitMix64::new(17);
         for &(m, n, k) in &[(1, 1, 1), (5, 17, 3), (13, 40, 64), (16, 32, 32), (33, 65, 100), (150, 20, 513), (40, 300, 70), (17, 40, 1100)] {
             for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
-                for beta in [0.0f32, 1.0, 0.5] {
+                for (beta, alpha) in [(0.0f32, 1.0f32), (1.0, 1.0), (0.5, 1.0), (1.0, 0.125)] {
                     let st = strided(m, n, k, a_t, b_t, beta, &mut rng);
                     for (name, product) in &products {
                         let Strided { a, b, c0, ldc, rsa, csa, rsb, csb } = &st;
                         let (ldc, rsa, csa, rsb, csb) = (*ldc, *rsa, *csa, *rsb, *csb);
                         let mut c = c0.clone();
-                        product(m, n, k, &st, beta, &mut c);
+                        product(m, n, k, alpha, &st, beta, &mut c);
                         let r = |x: f32| quant::bf16_value(x) as f64;
                         let mut far_from_f32 = false;
                         each_in_c(&c, c0, m, n, ldc, |i, j, got| {
                             let old = if beta == 0.0 { 0.0 } else { beta as f64 * c0[i * ldc + j] as f64 };
-                            let want = (0..k).map(|p| r(a[i * rsa + p * csa]) * r(b[p * rsb + j * csb])).sum::<f64>() + old;
-                            let unrounded = (0..k).map(|p| a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum::<f64>() + old;
+                            let want = (0..k).map(|p| r(alpha * a[i * rsa + p * csa]) * r(b[p * rsb + j * csb])).sum::<f64>() + old;
+                            let unrounded = (0..k).map(|p| alpha as f64 * a[i * rsa + p * csa] as f64 * b[p * rsb + j * csb] as f64).sum::<f64>() + old;
                             let tol = 1e-5 * (k as f64).sqrt() + 1e-6;
-                            assert!((got as f64 - want).abs() <= tol, "{name} {m}x{n}x{k} a_t={a_t} b_t={b_t} beta={beta} at ({i},{j}): {got} vs {want}");
+                            assert!((got as f64 - want).abs() <= tol, "{name} {m}x{n}x{k} a_t={a_t} b_t={b_t} alpha={alpha} beta={beta} at ({i},{j}): {got} vs {want}");
                             far_from_f32 |= (got as f64 - unrounded).abs() > tol;
                         });
                         assert!(far_from_f32 || k == 1, "{name} {m}x{n}x{k}: the product of the unrounded operands");
