@@ -27,6 +27,10 @@ def mas_fields(c):
         m = max(runs, 1)
         suites[name] = {"runs": runs, "success_rate": r4(ok / m), "tokens_per_task": r4(tokens / m),
                         "tokens_per_solved": per_solved(tokens, ok)}
+        hops = c.get("per_suite_hops", {}).get(name)
+        if hops:
+            suites[name]["by_hops"] = {h: {"runs": hr, "success_rate": r4(hok / max(hr, 1))}
+                                       for h, (hr, hok) in sorted(hops.items(), key=lambda kv: int(kv[0]))}
     return {
         "success_rate": r4(c["successes"] / n),
         "mean_events": r4(c["events"] / n),
@@ -53,6 +57,12 @@ def merge_counts(parts):
                 acc = out.setdefault(k, {})
                 for s, triple in v.items():
                     acc[s] = [a + b for a, b in zip(acc.get(s, [0, 0, 0]), triple)]
+            elif k == "per_suite_hops":
+                acc = out.setdefault(k, {})
+                for s, hops in v.items():
+                    into = acc.setdefault(s, {})
+                    for h, pair in hops.items():
+                        into[h] = [a + b for a, b in zip(into.get(h, [0, 0]), pair)]
             elif k == "min_actions":
                 # An empty shard has no minimum.
                 out[k] = v if out.get(k) is None else (out[k] if v is None else min(out[k], v))

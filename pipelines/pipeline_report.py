@@ -54,6 +54,27 @@ def main():
             tokens[name].append(solved)
         for r in rows:
             print("| " + " | ".join(str(x) for x in r) + " |")
+    # Success by hop count, for the suites whose tasks have one (multihop).
+    hop_panels = []
+    for suite in suites:
+        t_hops = teacher[suite].get("by_hops")
+        if not t_hops:
+            continue
+        hops = sorted(t_hops, key=int)
+        by = {"teacher": {h: t_hops[h]["success_rate"] for h in hops}}
+        for name, _ in systems[1:]:
+            l = students[name].get(suite) or {}
+            by[name] = {h: l.get("by_hops", {}).get(h, {}).get("pass_at_1") for h in hops}
+        print()
+        print(f"{suite}: success by hop count (tasks per count: " + ", ".join(f"{h} hops {t_hops[h]['runs']}" for h in hops) + ")")
+        print()
+        print("| system | " + " | ".join(f"{h} hops" for h in hops) + " |")
+        print("|---|" + "---|" * len(hops))
+        for name, label in systems:
+            print(f"| {label} | " + " | ".join(fmt(by[name][h], True) for h in hops) + " |")
+        series = [{"label": label, "values": [None if by[name][h] is None else 100 * by[name][h] for h in hops]} for name, label in systems]
+        hop_panels.append({"title": f"{suite.capitalize()} success by hop count", "ylabel": "tasks solved (%)", "xlabel": "hops",
+                           "groups": [f"{h} hops" for h in hops], "series": series, "unit": "%"})
     print()
     print("success = pass@1 (students: greedy, one sample per task; the teacher: one run per task).")
     print(f"Students' per-suite reports: {root}/<sft|rl>/report.json; scored answers: {root}/<sft|rl>/scores.parquet")
@@ -62,7 +83,7 @@ def main():
         return {"title": title, "ylabel": ylabel, "xlabel": "suite", "groups": suites, "series": series, **extra}
 
     panels = [panel("Success (pass@1)", "tasks solved (%)", success, unit="%"),
-              panel("Tokens per solved task", "tokens per solved task", tokens, missing="none solved")]
+              panel("Tokens per solved task", "tokens per solved task", tokens, missing="none solved")] + hop_panels
     with open(os.path.join(root, "pipeline.json"), "w") as f:
         json.dump({"title": "Teacher MAS vs SFT vs SFT+RL on the held-out test tasks", "panels": panels}, f, allow_nan=False, indent=1)
 

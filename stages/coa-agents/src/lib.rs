@@ -114,10 +114,14 @@ pub struct RunStats {
     pub no_answer: u64,
     /// Per suite: (runs, successes, tokens).
     pub per_suite: BTreeMap<String, (u64, u64, i64)>,
+    /// Per suite and hop count, for tasks that have one (multihop): (runs, successes).
+    pub per_suite_hops: BTreeMap<String, BTreeMap<i32, (u64, u64)>>,
 }
 
 impl RunStats {
-    pub fn add(&mut self, run: &MasRun) {
+    /// Adds one run; `hops` is its task's hop count where it has one (the success by hop
+    /// count of `to_json`'s `by_hops`).
+    pub fn add(&mut self, run: &MasRun, hops: Option<i32>) {
         self.runs += 1;
         self.successes += run.success as u64;
         self.events += run.events.len() as u64;
@@ -143,6 +147,11 @@ impl RunStats {
         s.0 += 1;
         s.1 += run.success as u64;
         s.2 += run.tokens_in + run.tokens_out;
+        if let Some(h) = hops {
+            let c = self.per_suite_hops.entry(run.suite.clone()).or_default().entry(h).or_default();
+            c.0 += 1;
+            c.1 += run.success as u64;
+        }
     }
 
     /// The summary fields (rates rounded to 4 digits).
@@ -156,12 +165,17 @@ impl RunStats {
             .iter()
             .map(|(k, (runs, ok, tokens))| {
                 let n = (*runs).max(1) as f64;
-                let v = json!({
+                let mut v = json!({
                     "runs": runs,
                     "success_rate": r(*ok as f64 / n),
                     "tokens_per_task": r(*tokens as f64 / n),
                     "tokens_per_solved": per_solved(*tokens as f64, *ok),
                 });
+                if let Some(hops) = self.per_suite_hops.get(k) {
+                    let by: serde_json::Map<String, Value> =
+                        hops.iter().map(|(h, (runs, ok))| (h.to_string(), json!({"runs": runs, "success_rate": r(*ok as f64 / (*runs).max(1) as f64)}))).collect();
+                    v["by_hops"] = Value::Object(by);
+                }
                 (k.clone(), v)
             })
             .collect();
@@ -197,6 +211,11 @@ impl RunStats {
                 "rejected": self.rejected,
                 "no_answer": self.no_answer,
                 "per_suite": self.per_suite.iter().map(|(k, (runs, ok, tokens))| (k.clone(), json!([runs, ok, tokens]))).collect::<serde_json::Map<String, Value>>(),
+                "per_suite_hops": self
+                    .per_suite_hops
+                    .iter()
+                    .map(|(k, hops)| (k.clone(), hops.iter().map(|(h, (runs, ok))| (h.to_string(), json!([runs, ok]))).collect::<serde_json::Map<String, Value>>().into()))
+                    .collect::<serde_json::Map<String, Value>>(),
             },
         })
     }

@@ -14,7 +14,7 @@ const QUIET: Noise = Noise { wrong_pick: 0.0, buggy_code: 0.0, premature: 0.0, g
 fn stats(runs: &[MasRun]) -> RunStats {
     let mut s = RunStats::default();
     for r in runs {
-        s.add(r);
+        s.add(r, None);
     }
     s
 }
@@ -218,4 +218,35 @@ fn humaneval_tasks_are_solved_through_their_doctest_example() {
         let code = r.events.iter().find(|e| e.role == "code").unwrap();
         assert!(code.observation.as_deref().unwrap().contains("example passed: True"), "{}", code.observation.as_deref().unwrap());
     }
+}
+
+/// The summary's success by hop count: per hop count, the runs of that count's tasks and their
+/// success, adding up to the suite's.
+#[test]
+fn the_summary_counts_success_by_hop_count() {
+    let (tasks, corpus) = common::tasks(Suite::Multihop, 120, 5);
+    let runs = common::run_scripted(&tasks, corpus.as_ref(), 1, Noise::default(), 2);
+    let mut s = RunStats::default();
+    for (r, t) in runs.iter().zip(&tasks) {
+        s.add(r, t.hops);
+    }
+    let json = s.to_json();
+    let by = json["suites"]["multihop"]["by_hops"].as_object().expect("by_hops");
+    let hops: Vec<&str> = by.keys().map(String::as_str).collect();
+    assert_eq!(hops, ["2", "3", "4", "5"]);
+    let total: u64 = by.values().map(|v| v["runs"].as_u64().unwrap()).sum();
+    assert_eq!(total, 120);
+    for (h, v) in by {
+        let of_h: Vec<&MasRun> = runs.iter().zip(&tasks).filter(|(_, t)| t.hops == h.parse().ok()).map(|(r, _)| r).collect();
+        let rate = of_h.iter().filter(|r| r.success).count() as f64 / of_h.len() as f64;
+        assert!((v["success_rate"].as_f64().unwrap() - rate).abs() < 1e-4, "{h} hops");
+    }
+    assert_eq!(json["counts"]["per_suite_hops"]["multihop"]["2"][0], by["2"]["runs"]);
+    // Tasks without a hop count (math, code) get none.
+    let (math, _) = common::tasks(Suite::Math, 5, 5);
+    let mut m = RunStats::default();
+    for (r, t) in common::run_scripted(&math, None, 1, Noise::default(), 2).iter().zip(&math) {
+        m.add(r, t.hops);
+    }
+    assert!(m.to_json()["suites"]["math"].get("by_hops").is_none());
 }

@@ -234,7 +234,7 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
         let mut runs = Vec::with_capacity(chunk.len());
         for (task, outcome) in chunk.iter().zip(runner.run_each(chunk, backend, tools, &run_config)) {
             match outcome {
-                Ok(run) => runs.push(run),
+                Ok(run) => runs.push((run, task.hops)),
                 Err(e) => {
                     let why = format!("{e:#}");
                     Stage::log_line(&bar, &format!("coa-generate mas: task {} failed and is left out: {why}", task.task_id));
@@ -251,9 +251,10 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
                 failed[0].1
             );
         }
-        for r in &runs {
-            stats.add(r);
+        for (r, hops) in &runs {
+            stats.add(r, *hops);
         }
+        let runs: Vec<_> = runs.into_iter().map(|(r, _)| r).collect();
         writer.write(&coa_agents::event::to_batch(&runs)?)?;
         bar.inc(chunk.len() as u64);
     }

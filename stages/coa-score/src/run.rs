@@ -108,6 +108,7 @@ pub fn run(stage: &mut Stage, args: &ScoreArgs) -> Result<()> {
             format_ok: v.format_ok,
             tokens: r.prompt_ids.len() + r.response_ids.len(),
             tool_calls: r.tool_calls,
+            hops: tasks.get(&r.task_id).and_then(|t| t.hops),
         })
         .collect();
     let lines = report::summarize(&samples);
