@@ -2,38 +2,23 @@
 # Override any of these on the command line, e.g. `make tasks RUN=big N_MATH=5000`, or pick
 # another size with SIZE=smoke|full (below).
 
-# Where the model trains and decodes (coa-train-step and coa-generate policy --device): cpu (f32,
-# deterministic), cuda (an NVIDIA GPU: bf16 kernels; the tiny preset's head_dim 32 is decodable
+# Where the model trains and decodes (coa-train-step and coa-generate policy --device): cpu
+# (deterministic, in PRECISION below), cuda (an NVIDIA GPU: bf16 kernels; the tiny preset's head_dim 32 is decodable
 # there but not trainable, so pair it with SFT_MODEL=small or a larger config), or auto (the GPU
 # when usable, else the CPU).
 DEVICE     ?= cpu
-# The CPU's arithmetic for the student's products (linear layers and head): f32 (bit for bit the
-# same numbers in training and decoding) or bf16 (inputs rounded to bf16, f32 sums: coa-train-step
-# --matmul bf16, coa-generate policy --decode-weights bf16-matmul --kv-cache bf16; on AMX tiles
-# where the CPU has them, about 1.6x faster training and 2-3x faster decoding). The GPU (DEVICE=cuda)
-# multiplies in bf16 whatever this says. f32 stays the default: on a validation split bf16 took the
-# default run from about 44 to 31 minutes with as good an SFT student, but its RL gained 2 points
-# where f32's gained 17 (docs/results/validation.md).
-PRECISION  ?= f32
-ifeq ($(filter f32 bf16,$(PRECISION)),)
-$(error PRECISION=$(PRECISION): expected f32 or bf16)
-endif
-cpu_bf16 = $(if $(filter bf16,$(PRECISION)),$(if $(filter cpu,$(DEVICE)),$(1)))
-TRAIN_PRECISION_FLAGS  = $(call cpu_bf16,--matmul bf16)
-DECODE_PRECISION_FLAGS = $(call cpu_bf16,--decode-weights bf16-matmul --kv-cache bf16)
 
 # How big a run: default (on the CPU), smoke, or full (the default with DEVICE=cuda).
 # A teacher's trajectory takes, in response tokens with tool observations included, about 750
-# (math), 1,100 (code, at most 1,400) and 1,700 (multihop at the median, up to 2,800).
-# default: the method on 2 CPU cores in about an hour. The student is a pretrained model,
-#   SmolLM2-135M-Instruct (`make model` fetches it), fully fine-tuned for 2 epochs on the distilled
-#   math and code trajectories, improved by RL on math, and compared with the teacher on held-out
-#   math and code tasks: 50.5 minutes measured on 2026-11-29, build excluded (SFT 28.5 of which
-#   about 4 shared with a build, RL 8.75, eval 13) on a Xeon with AVX-512; 82 minutes, with the
-#   same results, on an AVX2-only AMD EPYC (2026-12-01, SFT at 147 tokens/s). Full fine-tuning
-#   runs at about 265-300 tokens/s on the Xeon's 2 cores, so each suite costs about 6 minutes of
-#   SFT an epoch; one epoch of multihop's 965k tokens (rows of at most 4096) took 76 minutes (bf16
-#   products on AMX) to 95 (f32), hence it is left out.
+# (math), 1,100 (code, at most 1,400) and 2,100 (multihop at the median, up to 3,300; a crawl
+# returns the 250 characters of the page that answer the agent's goal).
+# default: the whole method on 2 CPU cores in about an hour. The student is a pretrained model,
+#   SmolLM2-135M-Instruct (`make model` fetches it), fully fine-tuned in bf16 products for half an
+#   epoch on the distilled multihop, math and code trajectories, improved by RL on math, and
+#   compared with the teacher on 100 held-out tasks of each suite: 61 minutes measured on
+#   2026-12-04, build excluded (SFT 33 at about 250 tokens/s, RL 8.5, eval 19.5) on an AMD EPYC
+#   with avx512_bf16. One epoch (SFT_EPOCHS=1 SFT_BATCH_TOKENS=8192) was the better student on a
+#   validation split and about 90 minutes there (README, "Results of the default run").
 # smoke: the loop's plumbing in under 20 minutes: a 1M-parameter model from scratch (it learns
 #   the format, not the tasks), every suite, short budgets.
 # full: a real run's size for a GPU: ten times the tasks, the `small` model (8 layers, d 512) from
@@ -46,9 +31,27 @@ $(error SIZE=$(SIZE): expected default, smoke or full)
 endif
 by_size = $(if $(filter full,$(SIZE)),$(3),$(if $(filter smoke,$(SIZE)),$(1),$(2)))
 
+# The CPU's arithmetic for the student's products (linear layers, attention and head): bf16 (inputs
+# rounded to bf16, f32 sums: coa-train-step --matmul bf16, coa-generate policy --decode-weights
+# bf16-matmul --kv-cache bf16; on AMX tiles or AVX-512 BF16 dot products where the CPU has them,
+# PyTorch's CPU autocast) or f32 (bit for bit the same numbers on every CPU, in training and
+# decoding). bf16 is the default size's since the web agent joined its run: on this project's 2-core
+# AMD EPYC with avx512_bf16 its dot products run at twice the f32 rate (235 against 117 GFLOP/s a
+# core) and the three suites' SFT at about 260 tokens/s; a bf16 run's numbers differ in the last
+# bits between CPU kinds (AMX tiles, dot products, or the f32 kernel on rounded copies). smoke
+# stays f32, bit for bit the same on every CPU. The GPU (DEVICE=cuda) multiplies in bf16 whatever
+# this says.
+PRECISION  ?= $(call by_size,f32,bf16,bf16)
+ifeq ($(filter f32 bf16,$(PRECISION)),)
+$(error PRECISION=$(PRECISION): expected f32 or bf16)
+endif
+cpu_bf16 = $(if $(filter bf16,$(PRECISION)),$(if $(filter cpu,$(DEVICE)),$(1)))
+TRAIN_PRECISION_FLAGS  = $(call cpu_bf16,--matmul bf16)
+DECODE_PRECISION_FLAGS = $(call cpu_bf16,--decode-weights bf16-matmul --kv-cache bf16)
+
 RUN        ?= $(call by_size,smoke,default,full)
 # The suites of the run: distilled, trained on and evaluated.
-SUITES     ?= $(call by_size,multihop math code,math code,multihop math code)
+SUITES     ?= multihop math code
 SEED       ?= 1
 TEST_SEED  ?= 2
 
@@ -56,7 +59,7 @@ TEST_SEED  ?= 2
 N_MULTIHOP ?= $(call by_size,1000,1000,10000)
 N_MATH     ?= $(call by_size,300,300,3000)
 N_CODE     ?= $(call by_size,300,300,3000)
-TEST_N_MULTIHOP ?= 200
+TEST_N_MULTIHOP ?= $(call by_size,200,100,200)
 TEST_N_MATH     ?= 100
 TEST_N_CODE     ?= 100
 # `--suite S --n N` for each of SUITES, train ($(1) = N) or test ($(1) = TEST_N) split.

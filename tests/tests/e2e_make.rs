@@ -43,24 +43,28 @@ fn a_run_without_multihop_writes_no_corpus_and_distills() {
 
 /// `PRECISION=bf16` reaches every CPU product: SFT's and each DAPO step's training, RL's rollouts
 /// and both students' evaluation; f32 and the GPU (which multiplies in bf16 anyway) add nothing,
-/// and any other value is refused by name before anything runs.
+/// and any other value is refused by name before anything runs. The default size runs in bf16,
+/// smoke in f32.
 #[test]
 fn precision_bf16_reaches_every_cpu_training_and_decoding_command() {
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
     // (training commands with --matmul bf16, decoding commands with the bf16 decoder's flags)
-    let counts = |extra: &[&str]| {
-        let mut args = vec!["-n", "sft", "rl", "eval", "SIZE=smoke"];
+    let counts = |size: &str, extra: &[&str]| {
+        let size = format!("SIZE={size}");
+        let mut args = vec!["-n", "sft", "rl", "eval", size.as_str()];
         args.extend_from_slice(extra);
         let log = make(w, &args);
         (log.matches("--matmul bf16").count(), log.matches("--decode-weights bf16-matmul --kv-cache bf16").count())
     };
-    let (train, decode) = counts(&["PRECISION=bf16"]);
+    let (train, decode) = counts("smoke", &["PRECISION=bf16"]);
     assert_eq!(train, 2, "SFT and the DAPO step");
     assert_eq!(decode, 3, "RL's rollouts and the two students' evaluation");
+    assert_eq!(counts("default", &[]), (2, 3), "the default size's precision is bf16");
     for extra in [&["PRECISION=f32"][..], &[], &["PRECISION=bf16", "DEVICE=cuda"]] {
-        assert_eq!(counts(extra), (0, 0), "{extra:?}");
+        assert_eq!(counts("smoke", extra), (0, 0), "{extra:?}");
     }
+    assert_eq!(counts("default", &["PRECISION=f32"]), (0, 0));
     let out = Command::new("make").current_dir(w).args(["-n", "--no-print-directory", "CARGO=true", "sft", "PRECISION=fp8"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("PRECISION=fp8: expected f32 or bf16"), "{err}");
