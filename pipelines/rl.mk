@@ -26,6 +26,10 @@
 # Each size's values: $(call by_size,SMOKE,DEFAULT,FULL) (see pipelines/default.mk).
 
 RL_ITERS        ?= $(call by_size,2,2,10)
+# The default size trains on math: on 2 cores one multihop iteration (8 groups of 4 answers with
+# the real search and crawl tools, 3,072 response tokens) measured about 12 minutes against math's
+# 4, and its DAPO step of 16,384 tokens of such rows ran out of a 24 GB machine's memory
+# (2026-12-04; README, "Against the targets").
 RL_SUITE        ?= $(call by_size,multihop,math,multihop)
 RL_N            ?= $(call by_size,4,4,8)
 RL_GROUPS       ?= $(call by_size,8,8,32)

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::MatmulDtype;
 
-use crate::sgemm::{sgemm, sgemm_as};
+use crate::sgemm::sgemm_as;
 
 /// Rows per parallel task for row-wise ops (fixed: results do not depend on the thread count).
 const ROW_CHUNK: usize = 16;
