@@ -69,3 +69,20 @@ fn precision_bf16_reaches_every_cpu_training_and_decoding_command() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("PRECISION=fp8: expected f32 or bf16"), "{err}");
 }
+
+/// A DAPO step of multihop answers (rows up to ~6,000 tokens) in 16,384 tokens needed more than a
+/// 24 GB machine: the default size takes steps of 8,192 when RL trains on multihop, 16,384 on math.
+#[test]
+fn multihop_rl_takes_smaller_dapo_steps_at_the_default_size() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let dapo = |extra: &[&str]| {
+        let mut args = vec!["-n", "rl", "SIZE=default"];
+        args.extend_from_slice(extra);
+        let log = make(w, &args);
+        log.lines().find(|l| l.contains("--objective dapo")).expect("a DAPO command").to_string()
+    };
+    assert!(dapo(&[]).contains("--batch-tokens 16384"), "{}", dapo(&[]));
+    assert!(dapo(&["RL_SUITE=multihop"]).contains("--batch-tokens 8192"), "{}", dapo(&["RL_SUITE=multihop"]));
+    assert!(dapo(&["RL_SUITE=multihop", "RL_BATCH_TOKENS=4096"]).contains("--batch-tokens 4096"));
+}
