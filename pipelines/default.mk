@@ -16,7 +16,7 @@ DEVICE     ?= cpu
 #   SmolLM2-135M-Instruct (`make model` fetches it), fully fine-tuned in bf16 products for half an
 #   epoch on the distilled multihop, math and code trajectories, improved by RL on math, and
 #   compared with the teacher on 100 held-out tasks of each suite: 61 minutes measured on
-#   2026-12-04, build excluded (SFT 33 at about 250 tokens/s, RL 8.5, eval 19.5) on an AMD EPYC
+#   2026-12-05, build excluded (SFT 33 at about 250 tokens/s, RL 8.5, eval 19.5) on an AMD EPYC
 #   with avx512_bf16. One epoch (SFT_EPOCHS=1 SFT_BATCH_TOKENS=8192) was the better student on a
 #   validation split and about 90 minutes there (README, "Results of the default run").
 # smoke: the loop's plumbing in under 20 minutes: a 1M-parameter model from scratch (it learns
