@@ -3,9 +3,9 @@
 # another size with SIZE=smoke|full (below).
 
 # Where the model trains and decodes (coa-train-step and coa-generate policy --device): cpu
-# (deterministic, in PRECISION below), cuda (an NVIDIA GPU: bf16 kernels; the tiny preset's head_dim 32 is decodable
-# there but not trainable, so pair it with SFT_MODEL=small or a larger config), or auto (the GPU
-# when usable, else the CPU).
+# (deterministic, in PRECISION below), cuda (an NVIDIA GPU: bf16 kernels; the tiny preset's
+# head_dim 32 is decodable there but not trainable, so pair it with SFT_MODEL=small or a larger
+# config), or auto (the GPU when usable, else the CPU).
 DEVICE     ?= cpu
 
 # How big a run: default (on the CPU), smoke, or full (the default with DEVICE=cuda).
@@ -37,7 +37,7 @@ by_size = $(if $(filter full,$(SIZE)),$(3),$(if $(filter smoke,$(SIZE)),$(1),$(2
 # PyTorch's CPU autocast) or f32 (bit for bit the same numbers on every CPU, in training and
 # decoding). bf16 is the default size's since the web agent joined its run: on this project's 2-core
 # AMD EPYC with avx512_bf16 its dot products run at twice the f32 rate (235 against 117 GFLOP/s a
-# core) and the three suites' SFT at about 260 tokens/s; a bf16 run's numbers differ in the last
+# core) and the three suites' SFT at about 250 tokens/s; a bf16 run's numbers differ in the last
 # bits between CPU kinds (AMX tiles, dot products, or the f32 kernel on rounded copies). smoke
 # stays f32, bit for bit the same on every CPU. The GPU (DEVICE=cuda) multiplies in bf16 whatever
 # this says.

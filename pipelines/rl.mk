@@ -28,7 +28,7 @@
 RL_ITERS        ?= $(call by_size,2,2,10)
 # The default size trains on math: on 2 cores one multihop iteration (8 groups of 4 answers with
 # the real search and crawl tools, 3,072 response tokens) measured about 11 minutes against math's
-# 4 (2026-12-05; README, "Against the targets"), two more than the hour has.
+# 4 (2026-12-05; README, "Against the targets"): two would add 13 minutes to a run already at 61.
 RL_SUITE        ?= $(call by_size,multihop,math,multihop)
 RL_N            ?= $(call by_size,4,4,8)
 RL_GROUPS       ?= $(call by_size,8,8,32)

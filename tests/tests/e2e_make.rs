@@ -82,7 +82,8 @@ fn multihop_rl_takes_smaller_dapo_steps_at_the_default_size() {
         let log = make(w, &args);
         log.lines().find(|l| l.contains("--objective dapo")).expect("a DAPO command").to_string()
     };
-    assert!(dapo(&[]).contains("--batch-tokens 16384"), "{}", dapo(&[]));
-    assert!(dapo(&["RL_SUITE=multihop"]).contains("--batch-tokens 8192"), "{}", dapo(&["RL_SUITE=multihop"]));
+    let (math, multihop) = (dapo(&[]), dapo(&["RL_SUITE=multihop"]));
+    assert!(math.contains("--batch-tokens 16384"), "{math}");
+    assert!(multihop.contains("--batch-tokens 8192"), "{multihop}");
     assert!(dapo(&["RL_SUITE=multihop", "RL_BATCH_TOKENS=4096"]).contains("--batch-tokens 4096"));
 }
