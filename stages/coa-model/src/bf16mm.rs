@@ -225,25 +225,27 @@ unsafe fn pack_panels(dst: &mut [u16], b: *const f32, k: usize, n: usize, rsb: u
 }
 
 /// The loops over packed operands: C's columns `cols` (from a multiple of 32) and rows `0..m`,
-/// summed over the depths `depth` (multiples of 32) of A's bf16 rows `a` (`k_pad` apart, padded
-/// to 16) and B's panels `b` ([`pack_b`]'s order, depth `k_pad`), into C (`ldc` apart), added to
-/// it when `add`, on `engine`.
+/// summed over the depths `depth` (multiples of 32) of A's bf16 rows `a` (`lda` apart, padded
+/// to 16; A's value at row i and depth p is `a + i·lda + p`) and B's panels `b` ([`pack_b`]'s
+/// order, depth `ldb`), into C (C's column j at `c + j`, rows `ldc` apart), added to it when
+/// `add`, on `engine`. `a` and `c` may point before their buffers (a product over a part of a
+/// prepacked B, [`gemm_prepacked`]): only the addressed elements need be inside.
 ///
 /// # Safety
 /// The CPU has `engine`; the operands and C hold what is said above; no other thread accesses
 /// the addressed part of C.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tiles(engine: Engine, a: *const u16, m: usize, k_pad: usize, b: *const u16, depth: std::ops::Range<usize>, cols: std::ops::Range<usize>, c: *mut f32, ldc: usize, add: bool) {
+pub(crate) unsafe fn tiles(engine: Engine, a: *const u16, lda: usize, m: usize, b: *const u16, ldb: usize, depth: std::ops::Range<usize>, cols: std::ops::Range<usize>, c: *mut f32, ldc: usize, add: bool) {
     match engine {
         Engine::Amx => {
             crate::amx::configure();
-            amx_tiles(a, m, k_pad, b, depth, cols, c, ldc, add)
+            amx_tiles(a, lda, m, b, ldb, depth, cols, c, ldc, add)
         }
         Engine::Dot => {
             // Depth blocks of KC_A: each row tile's A stays in L1 while it walks along the panels.
             for d0 in depth.clone().step_by(KC_A) {
                 let d = d0..KC_A.min(depth.end - d0) + d0;
-                dot::tiles(a, m, k_pad, b, d, cols.clone(), c, ldc, add || d0 > depth.start);
+                dot::tiles(a, lda, m, b, ldb, d, cols.clone(), c, ldc, add || d0 > depth.start);
             }
         }
     }
@@ -255,7 +257,7 @@ pub(crate) unsafe fn tiles(engine: Engine, a: *const u16, m: usize, k_pad: usize
 /// # Safety
 /// [`crate::amx::configure`] ran on this thread; as [`tiles`].
 #[allow(clippy::too_many_arguments)]
-unsafe fn amx_tiles(a: *const u16, m: usize, k_pad: usize, b: *const u16, depth: std::ops::Range<usize>, cols: std::ops::Range<usize>, c: *mut f32, ldc: usize, add: bool) {
+unsafe fn amx_tiles(a: *const u16, lda: usize, m: usize, b: *const u16, ldb: usize, depth: std::ops::Range<usize>, cols: std::ops::Range<usize>, c: *mut f32, ldc: usize, add: bool) {
     use crate::amx::{block, Block};
     let (w, steps) = (2 * TILE_M, depth.len() / TILE_K);
     let mut part = Block([0.0; 4 * TILE_M * TILE_M]);
@@ -263,13 +265,13 @@ unsafe fn amx_tiles(a: *const u16, m: usize, k_pad: usize, b: *const u16, depth:
         let mc = MC_A.min(m - ic);
         for jr in cols.clone().step_by(w) {
             let nr = w.min(cols.end - jr);
-            let bp = b.add(jr * k_pad + depth.start * w);
+            let bp = b.add(jr * ldb + depth.start * w);
             for ir in (ic..ic + mc).step_by(w) {
                 let mr = w.min(ic + mc - ir);
-                let (ap, two) = (a.add(ir * k_pad + depth.start), mr > TILE_M);
-                let cp = c.add(ir * ldc + jr);
+                let (ap, two) = (a.wrapping_add(ir * lda + depth.start), mr > TILE_M);
+                let cp = c.wrapping_add(ir * ldc + jr);
                 if nr == w && (mr == TILE_M || mr == w) {
-                    block(steps, ap, k_pad, two, bp, cp, ldc, add);
+                    block(steps, ap, lda, two, bp, cp, ldc, add);
                     continue;
                 }
                 if add {
@@ -277,7 +279,7 @@ unsafe fn amx_tiles(a: *const u16, m: usize, k_pad: usize, b: *const u16, depth:
                         std::ptr::copy_nonoverlapping(cp.add(i * ldc), part.0.as_mut_ptr().add(i * w), nr);
                     }
                 }
-                block(steps, ap, k_pad, two, bp, part.0.as_mut_ptr(), w, add);
+                block(steps, ap, lda, two, bp, part.0.as_mut_ptr(), w, add);
                 for i in 0..mr {
                     std::ptr::copy_nonoverlapping(part.0.as_ptr().add(i * w), cp.add(i * ldc), nr);
                 }
@@ -301,28 +303,28 @@ mod dot {
     /// # Safety
     /// As [`super::tiles`], with the dot engine.
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tiles(a: *const u16, m: usize, k_pad: usize, b: *const u16, depth: std::ops::Range<usize>, cols: std::ops::Range<usize>, c: *mut f32, ldc: usize, add: bool) {
+    pub(super) unsafe fn tiles(a: *const u16, lda: usize, m: usize, b: *const u16, ldb: usize, depth: std::ops::Range<usize>, cols: std::ops::Range<usize>, c: *mut f32, ldc: usize, add: bool) {
         let (w, steps) = (2 * TILE_M, depth.len() / TILE_K);
         for ir in (0..m).step_by(MR) {
             let mr = MR.min(m - ir);
-            let ap = a.add(ir * k_pad + depth.start);
+            let ap = a.wrapping_add(ir * lda + depth.start);
             for jr in cols.clone().step_by(w) {
                 let nr = w.min(cols.end - jr);
-                let bp = b.add(jr * k_pad + depth.start * w);
-                let cp = c.add(ir * ldc + jr);
+                let bp = b.add(jr * ldb + depth.start * w);
+                let cp = c.wrapping_add(ir * ldc + jr);
                 match mr {
-                    12 => rows::<12>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    11 => rows::<11>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    10 => rows::<10>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    9 => rows::<9>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    8 => rows::<8>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    7 => rows::<7>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    6 => rows::<6>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    5 => rows::<5>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    4 => rows::<4>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    3 => rows::<3>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    2 => rows::<2>(steps, ap, k_pad, bp, cp, ldc, add, nr),
-                    _ => rows::<1>(steps, ap, k_pad, bp, cp, ldc, add, nr),
+                    12 => rows::<12>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    11 => rows::<11>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    10 => rows::<10>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    9 => rows::<9>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    8 => rows::<8>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    7 => rows::<7>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    6 => rows::<6>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    5 => rows::<5>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    4 => rows::<4>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    3 => rows::<3>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    2 => rows::<2>(steps, ap, lda, bp, cp, ldc, add, nr),
+                    _ => rows::<1>(steps, ap, lda, bp, cp, ldc, add, nr),
                 }
             }
         }
@@ -419,7 +421,87 @@ pub(crate) unsafe fn gemm(engine: Engine, m: usize, n: usize, k: usize, alpha: f
             for pc in (0..k_pad).step_by(KC_A) {
                 // The first depth block sets C (or adds to beta·C), the later ones add to it.
                 let add = pc > 0 || beta != 0.0;
-                tiles(engine, pa.as_ptr(), m, k_pad, pb.as_ptr(), pc..KC_A.min(k_pad - pc) + pc, jc..jc + nc, c, ldc, add);
+                tiles(engine, pa.as_ptr(), k_pad, m, pb.as_ptr(), k_pad, pc..KC_A.min(k_pad - pc) + pc, jc..jc + nc, c, ldc, add);
+            }
+        }
+    });
+}
+
+/// A B operand packed once in [`pack_b`]'s panel order, for many products over parts of it: the
+/// attention's keys, values, queries and output gradients, one head each, packed once per layer
+/// rather than once per (head, query block) product. The buffer is kept and reused by
+/// [`Panels::pack`].
+#[derive(Default)]
+pub(crate) struct Panels {
+    data: Vec<u16>,
+    /// Where the 64-byte aligned panels start in `data`.
+    off: usize,
+    /// The depth, padded to 32: a panel's stride factor (`ldb` of [`tiles`]).
+    k_pad: usize,
+    /// Columns, padded to 32.
+    n_pad: usize,
+}
+
+impl Panels {
+    /// Packs B (element (p, j) at `b + p·rsb + j·csb`, `k × n`) into this buffer.
+    ///
+    /// # Safety
+    /// The CPU has a bf16 engine; every addressed element of B is readable.
+    pub(crate) unsafe fn pack(&mut self, b: *const f32, k: usize, n: usize, rsb: usize, csb: usize) {
+        let (n_pad, k_pad) = (n.next_multiple_of(2 * TILE_M), k.next_multiple_of(TILE_K));
+        if self.data.len() < n_pad * k_pad + 32 {
+            self.data.resize(n_pad * k_pad + 32, 0);
+        }
+        self.off = self.data.as_ptr().align_offset(64);
+        (self.k_pad, self.n_pad) = (k_pad, n_pad);
+        if n > 0 && k > 0 {
+            pack_panels(&mut self.data[self.off..], b, k, n, rsb, csb, n_pad, k_pad);
+        }
+    }
+}
+
+/// `C[m, cols] = bf16(alpha·A) · B[depth, cols]`, added to C when `add`, for a B packed once
+/// ([`Panels`]): A is `m × depth.len()` (element (i, p) at `a + i·rsa + p·csa`, its column p
+/// B's depth `depth.start + p`), C's column 0 is B's column `cols.start` (rows `ldc` apart).
+/// `depth.start` and `cols.start` are multiples of 32 (the panels' grain); B's depths past
+/// `depth.end` within the padding meet A's zero padding.
+///
+/// # Safety
+/// The CPU has `engine`; A's addressed elements are readable; C holds `m` rows of
+/// `cols.len()`, which no other thread accesses.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_prepacked(engine: Engine, m: usize, alpha: f32, a: *const f32, rsa: usize, csa: usize, b: &Panels, depth: std::ops::Range<usize>, cols: std::ops::Range<usize>, add: bool, c: *mut f32, ldc: usize) {
+    assert!(depth.start % TILE_K == 0 && cols.start % (2 * TILE_M) == 0, "gemm_prepacked: depth and columns start on the panels' grain");
+    assert!(depth.end <= b.k_pad && cols.end <= b.n_pad, "gemm_prepacked: outside the packed operand");
+    if m == 0 || cols.is_empty() {
+        return;
+    }
+    let k = depth.len();
+    if k == 0 {
+        if !add {
+            (0..m).for_each(|i| std::slice::from_raw_parts_mut(c.add(i * ldc), cols.len()).fill(0.0));
+        }
+        return;
+    }
+    let (m_pad, k_pad) = (m.next_multiple_of(TILE_M), k.next_multiple_of(TILE_K));
+    PACKED.with(|bufs| {
+        let mut bufs = bufs.borrow_mut();
+        let pa = &mut bufs.0;
+        if pa.len() < m_pad * k_pad + 32 {
+            pa.resize(m_pad * k_pad + 32, 0);
+        }
+        let off = pa.as_ptr().align_offset(64);
+        let pa = &mut pa[off..];
+        pack_rows(pa, a, m, k, rsa, csa, m_pad, k_pad, alpha);
+        // A's column p is B's depth depth.start + p; C's column j is B's column cols.start + j.
+        let (a0, c0) = (pa.as_ptr().wrapping_sub(depth.start), c.wrapping_sub(cols.start));
+        let bp = b.data.as_ptr().add(b.off);
+        // The padded depth stays inside the panels: depth.start + k_pad ≤ ceil32(depth.end).
+        let depths = depth.start..depth.start + k_pad;
+        for jc in cols.clone().step_by(NC_A) {
+            let jn = NC_A.min(cols.end - jc) + jc;
+            for pc in depths.clone().step_by(KC_A) {
+                tiles(engine, a0, k_pad, m, bp, b.k_pad, pc..KC_A.min(depths.end - pc) + pc, jc..jn, c0, ldc, add || pc > depths.start);
             }
         }
     });
@@ -448,7 +530,7 @@ mod tests {
         let t = std::time::Instant::now();
         for _ in 0..reps {
             // SAFETY: a holds 12 rows of k, b one 32-column panel of depth k, c 12×32; the CPU has the engine.
-            unsafe { dot::tiles(a.as_ptr(), dot::MR, k, b.as_ptr(), 0..k, 0..w, c.as_mut_ptr(), w, true) };
+            unsafe { dot::tiles(a.as_ptr(), k, dot::MR, b.as_ptr(), k, 0..k, 0..w, c.as_mut_ptr(), w, true) };
         }
         let flop = 2.0 * (dot::MR * w * k) as f64 * reps as f64;
         eprintln!("vdpbf16ps tile, operands in L1: {:.1} GFLOP/s", flop / t.elapsed().as_secs_f64() / 1e9);

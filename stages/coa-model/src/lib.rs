@@ -16,6 +16,8 @@
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
+mod attention_packed;
+#[cfg(target_arch = "x86_64")]
 mod bf16mm;
 pub mod config;
 pub mod decode;

@@ -387,7 +387,28 @@ pub fn segment_ends(seg_start: &[usize]) -> Vec<usize> {
 /// larger blocks pack them fewer times: 128 trained 2-5% faster than 64 (same loss bits at 6
 /// digits) on rows of 512 and of up to 4096 tokens, and the score block of a 4096-token row
 /// (128 × 4096 floats, 2 MB) still fits a core's L2.
-const ATT_BLOCK: usize = 128;
+pub(crate) const ATT_BLOCK: usize = 128;
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: the attention takes the per-product path in bf16 too (the packed path's reference).
+    pub(crate) static PER_PRODUCT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The engine of the attention with its operands packed once per call
+/// ([`crate::attention_packed`]): bf16 products on a CPU with a bf16 engine; else each product
+/// packs its own operands (f32, or bf16 on rounded copies).
+#[cfg(target_arch = "x86_64")]
+fn packed_attention(dtype: MatmulDtype) -> Option<crate::bf16mm::Engine> {
+    #[cfg(test)]
+    if PER_PRODUCT.get() {
+        return None;
+    }
+    match dtype {
+        MatmulDtype::Bf16 => crate::bf16mm::engine(),
+        MatmulDtype::F32 => None,
+    }
+}
 
 /// Causal grouped-query attention within segments, scale 1/sqrt(hd).
 /// `out[T, Hq*hd]` and `lse[T, Hq]` (log-sum-exp of the scaled scores) are written;
@@ -415,7 +436,7 @@ pub fn attention_forward(
 /// The keys a block of queries starting at `i0` reads: the shared prefix `[0, np)` (np = the
 /// prefix length when the block lies past it, else 0) and the run `[k0, i1)`.
 #[inline]
-fn key_span(seg_start: &[usize], prefix: usize, i0: usize) -> (usize, usize) {
+pub(crate) fn key_span(seg_start: &[usize], prefix: usize, i0: usize) -> (usize, usize) {
     let k0 = seg_start[i0];
     let np = if prefix > 0 && k0 >= prefix { prefix } else { 0 };
     (np, k0)
@@ -425,7 +446,7 @@ fn key_span(seg_start: &[usize], prefix: usize, i0: usize) -> (usize, usize) {
 /// keys from k0): `[0, a)` (the shared prefix) and `[lo, hi)` (its own segment up to itself).
 /// A block that holds prefix tokens (np = 0, k0 = 0) has the prefix keys among its run.
 #[inline]
-fn row_span(seg_start: &[usize], prefix: usize, np: usize, k0: usize, i: usize) -> (usize, usize, usize) {
+pub(crate) fn row_span(seg_start: &[usize], prefix: usize, np: usize, k0: usize, i: usize) -> (usize, usize, usize) {
     let a = if np > 0 {
         np
     } else if prefix > 0 && seg_start[i] >= prefix {
@@ -436,7 +457,50 @@ fn row_span(seg_start: &[usize], prefix: usize, np: usize, k0: usize, i: usize) 
     (a, np + seg_start[i] - k0, np + i - k0 + 1)
 }
 
-/// [`attention_forward`] with a shared prefix: tokens `[0, prefix)` (the first segment) are seen
+/// Softmax of one query's score row in place over its visible columns `[0, a)` (the shared
+/// prefix) and `[lo, hi)` (its segment up to itself), the rest set to 0; returns the log-sum-exp
+/// of the scaled scores. One place for both attention paths.
+pub(crate) fn softmax_row(row: &mut [f32], (a, lo, hi): (usize, usize, usize), scale: f32) -> f32 {
+    row[a..lo].iter_mut().for_each(|x| *x = 0.0);
+    row[hi..].iter_mut().for_each(|x| *x = 0.0);
+    let (pre, rest) = row.split_at_mut(a);
+    let valid = &mut rest[lo - a..hi - a];
+    let mx = crate::simd::max(pre).max(crate::simd::max(valid)) * scale;
+    let sum = crate::simd::exp_affine_sum(pre, scale, mx) + crate::simd::exp_affine_sum(valid, scale, mx);
+    crate::simd::scale(pre, 1.0 / sum);
+    crate::simd::scale(valid, 1.0 / sum);
+    mx + sum.ln()
+}
+
+/// One query's probabilities `pr` (from its scores) and score gradients `dsr` (from dP) over its
+/// visible columns ([`softmax_row`]'s), given its lse `l` and `delta` = dout·out; dS is 0
+/// elsewhere, and so is P when `zero_p` (a second pass that reads whole columns).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ds_row(pr: &mut [f32], dsr: &mut [f32], (a, lo, hi): (usize, usize, usize), scale: f32, l: f32, delta: f32, zero_p: bool) {
+    crate::simd::attn_ds_row(&mut pr[..a], &mut dsr[..a], scale, l, delta);
+    crate::simd::attn_ds_row(&mut pr[lo..hi], &mut dsr[lo..hi], scale, l, delta);
+    dsr[a..lo].iter_mut().for_each(|x| *x = 0.0);
+    dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
+    if zero_p {
+        pr[a..lo].iter_mut().for_each(|x| *x = 0.0);
+        pr[hi..].iter_mut().for_each(|x| *x = 0.0);
+    }
+}
+
+/// `lse` and `delta` `[T, Hq]` as head-major copies `[Hq, T]` (a recomputing second pass reads
+/// them by column).
+pub(crate) fn head_major(lse: &[f32], delta: &[f32], t_len: usize, n_heads: usize) -> (Vec<f32>, Vec<f32>) {
+    let (mut lse_hm, mut delta_hm) = (vec![0f32; t_len * n_heads], vec![0f32; t_len * n_heads]);
+    for i in 0..t_len {
+        for h in 0..n_heads {
+            lse_hm[h * t_len + i] = lse[i * n_heads + h];
+            delta_hm[h * t_len + i] = delta[i * n_heads + h];
+        }
+    }
+    (lse_hm, delta_hm)
+}
+
+/// [`attention_forward_prefix`] with a shared prefix: tokens `[0, prefix)` (the first segment) are seen
 /// by every later segment too, so token i of a later segment attends to `[0, prefix) ∪
 /// [seg_start[i], i]`. Rows that share a prompt packed as `prefix | tail 1 | tail 2 | …` compute
 /// exactly what each row `prefix | tail k` computes alone, the prefix once. `prefix = 0`: plain
@@ -460,6 +524,10 @@ pub fn attention_forward_prefix(
     assert!(q.len() == t_len * qw && out.len() == t_len * qw && lse.len() == t_len * n_heads);
     assert!(k.len() == t_len * kw && v.len() == t_len * kw);
     assert!(prefix <= t_len && (prefix == 0 || seg_start.get(prefix).is_none_or(|&s| s == prefix)), "the shared prefix must end at a segment start");
+    #[cfg(target_arch = "x86_64")]
+    if let Some(engine) = packed_attention(dtype) {
+        return crate::attention_packed::forward(engine, out, lse, q, k, v, seg_start, prefix, n_heads, n_kv_heads, hd);
+    }
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let n_blocks = t_len.div_ceil(ATT_BLOCK);
@@ -486,18 +554,9 @@ pub fn attention_forward_prefix(
         }
         for r in 0..nb {
             let i = i0 + r;
-            let (a, lo, hi) = row_span(seg_start, prefix, np, k0, i);
-            let row = &mut s[r * nk..(r + 1) * nk];
-            row[a..lo].iter_mut().for_each(|x| *x = 0.0);
-            row[hi..].iter_mut().for_each(|x| *x = 0.0);
-            let (pre, rest) = row.split_at_mut(a);
-            let valid = &mut rest[lo - a..hi - a];
-            let mx = crate::simd::max(pre).max(crate::simd::max(valid)) * scale;
-            let sum = crate::simd::exp_affine_sum(pre, scale, mx) + crate::simd::exp_affine_sum(valid, scale, mx);
-            crate::simd::scale(pre, 1.0 / sum);
-            crate::simd::scale(valid, 1.0 / sum);
+            let l = softmax_row(&mut s[r * nk..(r + 1) * nk], row_span(seg_start, prefix, np, k0, i), scale);
             // SAFETY: (i, h) is written by this task only.
-            unsafe { *lsep.0.add(i * n_heads + h) = mx + sum.ln() };
+            unsafe { *lsep.0.add(i * n_heads + h) = l };
         }
         // O[i0..i1, h] = P[nb, nk] · V[keys, g]
         // SAFETY: rows i0..i1, columns h·hd..(h+1)·hd of out belong to this task alone.
@@ -561,7 +620,7 @@ pub fn attention_backward_prefix(
 
 thread_local! {
     /// P and dS kept by the attention backward's first pass (see [`attention_backward_keep`]).
-    static KEPT: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    pub(crate) static KEPT: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Most floats of probabilities and score gradients (together) the attention backward keeps
@@ -610,6 +669,12 @@ pub(crate) fn attention_backward_keep(
         }
     });
     let delta = &delta;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(engine) = packed_attention(dtype) {
+        return crate::attention_packed::backward(
+            engine, dq, dk, dv, dout, q, k, v, lse, delta, seg_start, &seg_end, prefix, n_heads, n_kv_heads, hd, keep_limit,
+        );
+    }
     // Where task (h, query block) keeps its P and dS [nb, nk]: offsets into `kept` (P) and
     // `kept_ds`, if all of them fit.
     let block_cols = |blk: usize| {
@@ -628,17 +693,7 @@ pub(crate) fn attention_backward_keep(
     let kept_len = *offsets.last().unwrap();
     let keep = 2 * kept_len <= keep_limit;
     // lse and delta head-major [Hq, T], for a recomputing pass 2's column-wise use.
-    let (mut lse_hm, mut delta_hm) = (Vec::new(), Vec::new());
-    if !keep {
-        lse_hm.resize(t_len * n_heads, 0.0);
-        delta_hm.resize(t_len * n_heads, 0.0);
-        for i in 0..t_len {
-            for h in 0..n_heads {
-                lse_hm[h * t_len + i] = lse[i * n_heads + h];
-                delta_hm[h * t_len + i] = delta[i * n_heads + h];
-            }
-        }
-    }
+    let (lse_hm, delta_hm) = if keep { (Vec::new(), Vec::new()) } else { head_major(lse, delta, t_len, n_heads) };
     // The calling thread's buffers, grown to the longest sequence and reused (every kept float
     // is written by pass 1 before pass 2 reads it): a fresh zeroed allocation per layer cost
     // more in page faults than the recomputation saved. Put back when the passes are done.
@@ -691,19 +746,9 @@ pub(crate) fn attention_backward_keep(
             }
             for r in 0..nb {
                 let i = i0 + r;
-                let (a, lo, hi) = row_span(seg_start, prefix, np, k0, i);
-                let dsr = &mut dp[r * nk..(r + 1) * nk];
-                let pr = &mut s[r * nk..(r + 1) * nk];
+                let span = row_span(seg_start, prefix, np, k0, i);
                 let (l, d) = (lse[i * n_heads + h], delta[i * n_heads + h]);
-                crate::simd::attn_ds_row(&mut pr[..a], &mut dsr[..a], scale, l, d);
-                crate::simd::attn_ds_row(&mut pr[lo..hi], &mut dsr[lo..hi], scale, l, d);
-                dsr[a..lo].iter_mut().for_each(|x| *x = 0.0);
-                dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
-                if keep {
-                    // pass 2 reads whole columns: what the row does not see is 0
-                    pr[a..lo].iter_mut().for_each(|x| *x = 0.0);
-                    pr[hi..].iter_mut().for_each(|x| *x = 0.0);
-                }
+                ds_row(&mut s[r * nk..(r + 1) * nk], &mut dp[r * nk..(r + 1) * nk], span, scale, l, d, keep);
             }
             // dQ[i0..i1, h] += scale · dS · K[keys, g]
             // SAFETY: rows i0..i1, head h of dq belong to this task alone.

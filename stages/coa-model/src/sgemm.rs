@@ -384,7 +384,7 @@ impl PackedB {
                 (Panels::Vnni(d, engine), _) => {
                     // The whole depth at once (the engine's sums are not sgemm's anyway).
                     let k_pad = self.k.next_multiple_of(crate::bf16mm::TILE_K);
-                    crate::bf16mm::tiles(*engine, a.bf16.as_ptr().add(a.off), a.m, k_pad, d.as_ptr().add(self.off), 0..k_pad, j0..j1, c, n, false);
+                    crate::bf16mm::tiles(*engine, a.bf16.as_ptr().add(a.off), k_pad, a.m, d.as_ptr().add(self.off), k_pad, 0..k_pad, j0..j1, c, n, false);
                 }
                 (Panels::F32(d), Kernel::Avx512) => {
                     packed::run_prepacked::<{ avx512::MR }, { avx512::NR }>(self, a, c, j0, j1, |pc, kc, ap, jr, beta, cp, mr, nr, _, next| {
