@@ -223,8 +223,9 @@ impl KvCache {
 }
 
 /// One attention task: rows `[r0, r0 + nb)` of the new rows (absolute positions `p0..`) of the
-/// slot `slot`, against its cached keys: query head `h` of a multi-token item (sgemm), or the
-/// query heads sharing key/value head `h` of a one-token item (`simd::attend_group`).
+/// slot `slot`, against its cached keys: the query heads sharing key/value head `h`, of a
+/// multi-token item (sgemm per query head over the keys widened once) or of a one-token item
+/// (`simd::attend_group`).
 struct AttTask {
     slot: usize,
     h: usize,
@@ -234,7 +235,7 @@ struct AttTask {
     nb: usize,
     /// Absolute position of row r0.
     p0: usize,
-    /// A one-token item: `h` is a key/value head.
+    /// A one-token item.
     single: bool,
 }
 
@@ -418,9 +419,9 @@ impl Model {
                 tasks.extend((0..nkv).map(|h| AttTask { slot, h, r0, nb: 1, p0, single: true }));
                 continue;
             }
-            for h in 0..nh {
+            for h in 0..nkv {
                 for b0 in (0..n).step_by(ATT_BLOCK) {
-                    tasks.push(AttTask { slot, h, r0: r0 + b0, nb: ATT_BLOCK.min(n - b0), p0: p0 + b0, single: n == 1 });
+                    tasks.push(AttTask { slot, h, r0: r0 + b0, nb: ATT_BLOCK.min(n - b0), p0: p0 + b0, single: false });
                 }
             }
         }
@@ -495,10 +496,10 @@ impl Model {
                     crate::simd::attend_group(o, &qref[q0..q0 + w], kh, vh, group, nk, hd, scale, s);
                     return;
                 }
-                let kbase = t.slot * slot_stride + (t.h / group) * head_stride;
+                let kbase = t.slot * slot_stride + t.h * head_stride;
                 s.resize(t.nb * nk, 0.0);
                 // The head's first nk keys as rows [nk, hd] in f32, the GEMM's operand; its
-                // values too where they are stored in bf16.
+                // values too where they are stored in bf16: once for the group's query heads.
                 rows.resize(nk * hd, 0.0);
                 match kc.rows(kbase, nk.div_ceil(KEY_TILE) * KEY_TILE * hd) {
                     KvRows::F32(kt) => untile_keys(kt, rows, hd),
@@ -512,53 +513,55 @@ impl Model {
                         vrows.as_ptr()
                     }
                 };
-                // SAFETY: reads stay inside q (rows r0..r0+nb, head h) and `rows` (the slot's first
-                // nk keys of kv head h / group); the written block of `att` (rows r0..r0+nb, head h)
-                // belongs to this task alone.
-                unsafe {
-                    matrixmultiply::sgemm(
-                        t.nb,
-                        hd,
-                        nk,
-                        1.0,
-                        qref.as_ptr().add(t.r0 * qd + t.h * hd),
-                        qd as isize,
-                        1,
-                        rows.as_ptr(),
-                        1,
-                        hd as isize,
-                        0.0,
-                        s.as_mut_ptr(),
-                        nk as isize,
-                        1,
-                    );
-                }
-                for i in 0..t.nb {
-                    let row = &mut s[i * nk..(i + 1) * nk];
-                    let hi = t.p0 + i + 1;
-                    row[hi..].iter_mut().for_each(|x| *x = 0.0);
-                    let valid = &mut row[..hi];
-                    let mx = crate::simd::max(valid) * scale;
-                    let sum = crate::simd::exp_affine_sum(valid, scale, mx);
-                    crate::simd::scale(valid, 1.0 / sum);
-                }
-                unsafe {
-                    matrixmultiply::sgemm(
-                        t.nb,
-                        nk,
-                        hd,
-                        1.0,
-                        s.as_ptr(),
-                        nk as isize,
-                        1,
-                        vbase,
-                        hd as isize,
-                        1,
-                        0.0,
-                        outp.0.add(t.r0 * qd + t.h * hd),
-                        qd as isize,
-                        1,
-                    );
+                for h in t.h * group..(t.h + 1) * group {
+                    // SAFETY: reads stay inside q (rows r0..r0+nb, head h) and `rows` (the slot's first
+                    // nk keys of kv head t.h); the written block of `att` (rows r0..r0+nb, the group's
+                    // heads) belongs to this task alone.
+                    unsafe {
+                        matrixmultiply::sgemm(
+                            t.nb,
+                            hd,
+                            nk,
+                            1.0,
+                            qref.as_ptr().add(t.r0 * qd + h * hd),
+                            qd as isize,
+                            1,
+                            rows.as_ptr(),
+                            1,
+                            hd as isize,
+                            0.0,
+                            s.as_mut_ptr(),
+                            nk as isize,
+                            1,
+                        );
+                    }
+                    for i in 0..t.nb {
+                        let row = &mut s[i * nk..(i + 1) * nk];
+                        let hi = t.p0 + i + 1;
+                        row[hi..].iter_mut().for_each(|x| *x = 0.0);
+                        let valid = &mut row[..hi];
+                        let mx = crate::simd::max(valid) * scale;
+                        let sum = crate::simd::exp_affine_sum(valid, scale, mx);
+                        crate::simd::scale(valid, 1.0 / sum);
+                    }
+                    unsafe {
+                        matrixmultiply::sgemm(
+                            t.nb,
+                            nk,
+                            hd,
+                            1.0,
+                            s.as_ptr(),
+                            nk as isize,
+                            1,
+                            vbase,
+                            hd as isize,
+                            1,
+                            0.0,
+                            outp.0.add(t.r0 * qd + h * hd),
+                            qd as isize,
+                            1,
+                        );
+                    }
                 }
             });
             lin(&att, qd, &mut [(&mut y, li.wo, li.bo, d)]);
