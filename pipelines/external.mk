@@ -32,7 +32,7 @@ math-verify-table: $(VENV)/.ok
 	$(VENV)/bin/python stages/coa-rewards/tests/math_verify/table.py verdicts $(MATH_VERIFY_TABLE)
 	COA_MATH_VERIFY_PYTHON=$(VENV)/bin/python $(CARGO) test -p coa-rewards --test math_verify -- --nocapture
 
-# Rebuilds the pairs themselves from MATH-500's golds (deterministic), then their verdicts.
+# Rebuilds the pairs themselves from MATH-500's and AIME24's golds (deterministic), then their verdicts.
 math-verify-table-build: $(VENV)/.ok
-	$(VENV)/bin/python stages/coa-rewards/tests/math_verify/table.py build --math500 $(COA_EXTERNAL_DATA)/math500.parquet -o $(MATH_VERIFY_TABLE)
+	$(VENV)/bin/python stages/coa-rewards/tests/math_verify/table.py build --math500 $(COA_EXTERNAL_DATA)/math500.parquet --aime $(COA_EXTERNAL_DATA)/aime24.parquet -o $(MATH_VERIFY_TABLE)
 	$(MAKE) math-verify-table

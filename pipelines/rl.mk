@@ -1,7 +1,7 @@
 # Agentic RL (docs/ARCHITECTURE.md, "RL"): RL_ITERS iterations of DAPO from the SFT checkpoint. Each iteration is
 # one pipe of four stages, with the scored rollouts also kept (tee) for inspection:
-#   coa-generate policy | coa-score | tee scores.arrow | coa-filter --dynamic-sampling | coa-train-step --objective dapo
-#   runs/<RUN>/rl/iter<k>/scores.arrow     rollouts with rewards and group advantages (an Arrow IPC stream)
+#   coa-generate policy | coa-score | tee scores.arrows | coa-filter --dynamic-sampling | coa-train-step --objective dapo
+#   runs/<RUN>/rl/iter<k>/scores.arrows    rollouts with rewards and group advantages (an Arrow IPC stream)
 #   runs/<RUN>/rl/iter<k>/rollouts.parquet the merged rollouts (sharded runs only; parts in rollouts.parquet.shards/)
 #   runs/<RUN>/rl/iter<k>/checkpoint/      the policy after iteration k (HF layout)
 #   runs/<RUN>/rl/iter<k>/metrics.parquet  DAPO steps: loss, reward, clip fraction, entropy, response length, mismatch
@@ -81,7 +81,7 @@ $(RL)/checkpoint/config.json: $(SFT)/metrics.parquet $(RUNDIR)/tasks.parquet $(c
 	  d=$(RL)/iter$$k; mkdir -p $$d; echo "rl: iteration $$k of $(RL_ITERS) -> $$d"; \
 	  $(rl_rollouts) $(BIN)/coa-score $(rl_score_input) --tasks $(RUNDIR)/tasks.parquet --max-response-len $(RL_MAX_RESPONSE) --overlong-cache $(RL_OVERLONG) \
 	      --report $$d/rollouts.md --stats $$d/score.json \
-	  | tee $$d/scores.arrow \
+	  | tee $$d/scores.arrows \
 	  | $(BIN)/coa-filter --rules none --dynamic-sampling --group-by task_id --value reward --stats $$d/filter.json \
 	  | $(BIN)/coa-train-step --objective dapo --init $$prev --seed $$k --lr $(RL_LR) --batch-tokens $(RL_BATCH_TOKENS) \
 	      --device $(DEVICE) $(TRAIN_PRECISION_FLAGS) $(RL_FLAGS) --save $$d/checkpoint --tensorboard $(RUNDIR)/tensorboard/rl/iter$$k \

@@ -31,7 +31,7 @@ def main():
         curves["length"].append(tr["response_len"])
         curves["loss"].append(tr["mean_loss"])
     print()
-    print(f"Per-iteration rollouts with rewards: {root}/iter<k>/scores.arrow; DAPO steps: {root}/iter<k>/metrics.parquet; plot: {root}/curves.png")
+    print(f"Per-iteration rollouts with rewards: {root}/iter<k>/scores.arrows (an Arrow IPC stream); DAPO steps: {root}/iter<k>/metrics.parquet; plot: {root}/curves.png")
     groups = [str(k) for k in range(1, iters + 1)]
 
     def panel(title, ylabel, values):

@@ -5,8 +5,8 @@
 //! and compatible encodings are cast. IPC streams are read batch by batch (bounded memory);
 //! Parquet and IPC files need random access, so from a pipe they are buffered whole.
 //!
-//! Writing: IPC stream (zstd) by default (the only Arrow format a pipe can carry), Parquet (zstd)
-//! for `*.parquet`, IPC file for `*.arrow`/`*.feather`. A file is written under a temporary name
+//! Writing: IPC stream (zstd) by default (the only Arrow format a pipe can carry; `*.arrows` names
+//! one), Parquet (zstd) for `*.parquet`, IPC file for `*.arrow`/`*.feather` ([`Format::for_path`]). A file is written under a temporary name
 //! ([`crate::output::TempFile`]) and committed on finish (inside a stage, with its other outputs
 //! when it succeeds); if the writer is dropped unfinished, the temporary file is removed.
 //!
@@ -91,11 +91,15 @@ impl Format {
         }
     }
 
-    /// The default encoding for an output path (`None` = stdout).
+    /// The default encoding for an output path (`None` = stdout). One rule for file names: a
+    /// stream is `*.arrows` (Arrow's own extension for it), `*.arrow` is always an IPC file. Stdout
+    /// is always a stream, since a stage cannot know the name `tee` or `>` gives it: a file made
+    /// from a pipe is named `*.arrows` (`pl.read_ipc_stream` reads it; `pl.read_ipc` refuses it).
     pub fn for_path(path: Option<&Path>) -> Format {
         match path.and_then(|p| p.extension()).and_then(|e| e.to_str()) {
             Some("parquet") => Format::Parquet,
             Some("arrow") | Some("feather") => Format::IpcFile,
+            Some("arrows") => Format::Ipc,
             _ => Format::Ipc,
         }
     }

@@ -48,7 +48,7 @@ fn err_of(path: &Path) -> String {
 #[test]
 fn every_format_round_trips_with_provenance() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, format) in [("a.parquet", Format::Parquet), ("a.arrow", Format::IpcFile), ("a.ipc", Format::Ipc)] {
+    for (name, format) in [("a.parquet", Format::Parquet), ("a.arrow", Format::IpcFile), ("a.arrows", Format::Ipc), ("a.ipc", Format::Ipc)] {
         let path = dir.path().join(name);
         write_tasks(&path, None, 100);
         let head = std::fs::read(&path).unwrap();
@@ -328,4 +328,42 @@ fn an_omitted_nested_field_is_never_read_and_the_rest_is_intact() {
         let e = io::open_without(Some(&path), &MAS_RUNS, &[bad]).err().expect("an error");
         assert!(format!("{e:#}").contains(bad), "{bad}: {e:#}");
     }
+}
+
+/// The naming rule of `Format::for_path` in the examples: a file that `tee` or `>` makes from a
+/// stage's stdout holds an IPC stream, so it is named `*.arrows`, never `*.arrow` (an IPC file,
+/// which `pl.read_ipc` expects and a stream is not).
+#[test]
+fn files_made_from_a_pipe_are_named_arrows_in_the_examples() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md"), root.join("docs/ARCHITECTURE.md")];
+    for dir in ["pipelines", "stages"] {
+        let mut stack = vec![root.join(dir)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() && !p.ends_with("target") {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "mk" || x == "rs" || x == "md") {
+                    files.push(p);
+                }
+            }
+        }
+    }
+    let mut wrong = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for marker in ["tee ", "> "] {
+                for (at, _) in line.match_indices(marker) {
+                    let target = line[at + marker.len()..].split_whitespace().next().unwrap_or("");
+                    if target.trim_end_matches(['\\', '"', '`', ';', ')']).ends_with(".arrow") {
+                        wrong.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(files.len() > 20, "found the sources ({})", files.len());
+    assert!(wrong.is_empty(), "a file made from a pipe holds an IPC stream: name it *.arrows\n{}", wrong.join("\n"));
 }

@@ -484,8 +484,8 @@ fn make_rl_in_local_shards_keeps_groups_whole_and_each_tasks_samples() {
     make_local(w, &["rl", "RUN=all1", "RL_OVERSAMPLE=0"]);
     let log = make_local(w, &["rl", "RUN=all2", "RL_OVERSAMPLE=0", "SHARDS=2"]);
     assert!(log.contains("runs/all2/rl/iter1/rollouts.parquet: 2 shard(s) merged (local)"), "{log}");
-    let all = run("all1", "rl/iter1/scores.arrow");
-    same_table(&all, &run("all2", "rl/iter1/scores.arrow"), "rl scores without oversampling");
+    let all = run("all1", "rl/iter1/scores.arrows");
+    same_table(&all, &run("all2", "rl/iter1/scores.arrows"), "rl scores without oversampling");
     let tasks: std::collections::BTreeSet<String> = rows_by_sample(&all).into_iter().map(|((t, _), _)| t).collect();
     assert_eq!(tasks.len(), 4, "the iteration's 4 tasks: {tasks:?}");
     let weights = |name: &str| std::fs::read(run(name, "rl/checkpoint/model.safetensors")).unwrap();
@@ -499,7 +499,7 @@ fn make_rl_in_local_shards_keeps_groups_whole_and_each_tasks_samples() {
     assert_eq!(policy["shards"], 2, "{policy}");
     assert_eq!(policy["groups_wanted"], 2, "the shards' shares add up to RL_GROUPS: {policy}");
     let reference: std::collections::HashMap<(String, i32), RecordBatch> = rows_by_sample(&all).into_iter().collect();
-    let over = rows_by_sample(&run("over2", "rl/iter1/scores.arrow"));
+    let over = rows_by_sample(&run("over2", "rl/iter1/scores.arrows"));
     assert_eq!(over.len() as u64, policy["rows_out"].as_u64().unwrap());
     let mut per_task = std::collections::BTreeMap::<String, usize>::new();
     for ((task, k), row) in &over {

@@ -7,8 +7,12 @@
 //! prompt ids, tags single ids kept by `decode(skip_special_tokens=True)`, a CoA text round trip,
 //! `tokenizer.pad`, and (with PyTorch) greedy `generate` stopping at EOS.
 //!
-//! Needs the GGUF (`make model`) and a Python with transformers (`make hf-venv`: .venv-hf, no
-//! PyTorch; .venv-torch or `COA_HF_PYTHON` for the generate check); skips with a line otherwise.
+//! The same checks on a checkpoint whose tokenizer was trained here (`--train-bpe`) and whose
+//! model starts from scratch (`--init-config tiny`).
+//!
+//! Needs the GGUF (`make model`; the first test only) and a Python with transformers (`make
+//! hf-venv`: .venv-hf, no PyTorch; .venv-torch or `COA_HF_PYTHON` for the generate check); skips
+//! with a line otherwise.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -55,29 +59,13 @@ fn column_str(df: &DataFrame, name: &str) -> String {
     df.column(name).unwrap().str().unwrap().get(0).unwrap().to_string()
 }
 
-#[test]
-fn transformers_loads_a_saved_checkpoint_unchanged() {
-    let gguf = smollm2();
-    if !gguf.exists() {
-        eprintln!("skipped: no {} (run `make model`)", gguf.display());
-        return;
-    }
-    let Some(python) = hf_python() else {
-        eprintln!("skipped: no Python with transformers (run `make hf-venv`, or set COA_HF_PYTHON)");
-        return;
-    };
+/// Runs `script` (the pipeline up to a checkpoint saved in `ck`, its CoA text in
+/// `coa_text.parquet` and tokens in `tokens.parquet`) in a fresh folder, then checks the
+/// checkpoint in transformers with tests/hf/check_checkpoint.py.
+fn check_in_transformers(python: &Path, script: &str) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let g = gguf.display();
-    sh(
-        d,
-        &format!(
-            "coa-generate tasks --suite math --n 12 --seed 4 | coa-generate mas --seed 4 | coa-extract | coa-filter \
-             | coa-convert -o coa_text.parquet\n\
-             coa-tokenize --tokenizer {g} -i coa_text.parquet -o tokens.parquet --save-tokenizer tok/tokenizer.json\n\
-             coa-train-step -i tokens.parquet --init {g} --tokenizer tok --steps 1 --lr 1e-7 --batch-tokens 1024 --save ck -o metrics.parquet"
-        ),
-    );
+    sh(d, script);
     // The first row: its prompt split as the template's turns, and the ids coa-tokenize laid out
     // before the first target token.
     let text = ParquetReader::new(File::open(d.join("coa_text.parquet")).unwrap()).finish().unwrap();
@@ -93,7 +81,7 @@ fn transformers_loads_a_saved_checkpoint_unchanged() {
         "coa_text": column_str(&text, "text"), "tags": tags,
     });
     std::fs::write(d.join("case.json"), case.to_string()).unwrap();
-    let out = Command::new(&python)
+    let out = Command::new(python)
         .arg(repo().join("tests/hf/check_checkpoint.py"))
         .args([d.join("ck"), d.join("case.json")])
         .env("HF_HUB_OFFLINE", "1")
@@ -103,4 +91,48 @@ fn transformers_loads_a_saved_checkpoint_unchanged() {
     eprintln!("{stdout}");
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("apply_chat_template: the") && stdout.contains("round-trips"), "{stdout}");
+}
+
+/// The distilled CoA text of a few math tasks, as every checkpoint below is trained on.
+const COA_TEXT: &str = "coa-generate tasks --suite math --n 12 --seed 4 | coa-generate mas --seed 4 | coa-extract | coa-filter \
+     | coa-convert -o coa_text.parquet";
+
+#[test]
+fn transformers_loads_a_saved_checkpoint_unchanged() {
+    let gguf = smollm2();
+    if !gguf.exists() {
+        eprintln!("skipped: no {} (run `make model`)", gguf.display());
+        return;
+    }
+    let Some(python) = hf_python() else {
+        eprintln!("skipped: no Python with transformers (run `make hf-venv`, or set COA_HF_PYTHON)");
+        return;
+    };
+    let g = gguf.display();
+    check_in_transformers(
+        &python,
+        &format!(
+            "{COA_TEXT}\n\
+             coa-tokenize --tokenizer {g} -i coa_text.parquet -o tokens.parquet --save-tokenizer tok/tokenizer.json\n\
+             coa-train-step -i tokens.parquet --init {g} --tokenizer tok --steps 1 --lr 1e-7 --batch-tokens 1024 --save ck -o metrics.parquet"
+        ),
+    );
+}
+
+/// A byte-level BPE trained here (`--train-bpe`, the smoke and full sizes' tokenizer) and a model
+/// from scratch: the tokenizer's split patterns must be ones HF tokenizers' Oniguruma accepts.
+#[test]
+fn transformers_loads_a_train_bpe_checkpoint_unchanged() {
+    let Some(python) = hf_python() else {
+        eprintln!("skipped: no Python with transformers (run `make hf-venv`, or set COA_HF_PYTHON)");
+        return;
+    };
+    check_in_transformers(
+        &python,
+        &format!(
+            "{COA_TEXT}\n\
+             coa-tokenize --train-bpe --vocab-size 400 -i coa_text.parquet -o tokens.parquet --save-tokenizer tok/tokenizer.json\n\
+             coa-train-step -i tokens.parquet --init-config tiny --tokenizer tok --steps 1 --batch-tokens 8192 --save ck -o metrics.parquet"
+        ),
+    );
 }

@@ -88,6 +88,51 @@ impl Runner {
     pub fn run_each(&self, tasks: &[Task], backend: &dyn Backend, tools: Tools<'_>, cfg: &RunConfig) -> Vec<Result<MasRun>> {
         self.pool.install(|| tasks.par_iter().map(|t| run_task(t, backend, tools, cfg)).collect())
     }
+
+    /// [`Runner::run_each`] that counts failures in `budget` as they happen and starts no task
+    /// once it is spent (`None` for those): a stage that allows N failures stops after the
+    /// (N+1)th, not after a whole batch of tasks failed (only runs already under way finish).
+    pub fn run_each_within(&self, tasks: &[Task], backend: &dyn Backend, tools: Tools<'_>, cfg: &RunConfig, budget: &FailureBudget) -> Vec<Option<Result<MasRun>>> {
+        self.pool.install(|| {
+            tasks
+                .par_iter()
+                .map(|t| {
+                    if budget.spent() {
+                        return None;
+                    }
+                    let outcome = run_task(t, backend, tools, cfg);
+                    if outcome.is_err() {
+                        budget.failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Some(outcome)
+                })
+                .collect()
+        })
+    }
+}
+
+/// How many tasks may fail before no more are started ([`Runner::run_each_within`]), shared by
+/// every call that draws on it.
+#[derive(Debug, Default)]
+pub struct FailureBudget {
+    pub max_failed: usize,
+    failed: std::sync::atomic::AtomicUsize,
+}
+
+impl FailureBudget {
+    pub fn new(max_failed: usize) -> FailureBudget {
+        FailureBudget { max_failed, failed: Default::default() }
+    }
+
+    /// Failures counted so far.
+    pub fn failed(&self) -> usize {
+        self.failed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// More than `max_failed` tasks failed.
+    pub fn spent(&self) -> bool {
+        self.failed() > self.max_failed
+    }
 }
 
 /// Aggregate statistics of runs, for the stage summary and calibration.

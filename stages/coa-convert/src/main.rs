@@ -38,8 +38,10 @@ trajectory in AFM tags (<think>, <plan>, <web_search>, <crawl_page>, <code>, <ob
 offsets [start, end) of every <observation>...</observation> block in the text, tags included: the tokenizer masks \
 them from the loss.\n\n\
 --to alpaca-json and --to sharegpt write LLaMA-Factory JSON; with -o FILE they also add FILE's entry (named after it) \
-to dataset_info.json in the same folder, keeping the entries already there. --to verl writes AFM's RL layout; given a \
-tasks table instead of trajectories it writes one row per task (tasks the teacher failed included).\n\n\
+to dataset_info.json in the same folder, keeping the entries already there. --to verl writes AFM's RL layout, which AFM's \
+training code takes unchanged: each row's data_source is one AFM's reward manager dispatches on (the task file's own, \
+e.g. MATH500 or skywork_livecodebench_v4, else math_dapo, skywork, nq or hotpotqa), extra_info.index is a string; \
+given a tasks table instead of trajectories it writes one row per task (tasks the teacher failed included).\n\n\
 A trajectory with format_ok = false, or whose steps break the CoA grammar, is an error naming the row and task, and \
 nothing is written; with --skip-bad FILE such rows go to FILE (the trajectories row plus a `reject_reason` column).",
     after_help = "Examples:\n  coa-convert -i trajectories.parquet -o coa_text.parquet\n  \
@@ -56,7 +58,8 @@ struct Cli {
     /// Write bad trajectories here (trajectories rows + `reject_reason`) instead of failing.
     #[arg(long, value_name = "FILE")]
     skip_bad: Option<PathBuf>,
-    /// The tasks table, for --to verl: code tasks' ground truth is their test spec, read from here.
+    /// The tasks table, for --to verl: code tasks' ground truth is their test spec, read from here,
+    /// and each row keeps its task's data source and index (without it: our suites' names).
     #[arg(long, value_name = "FILE")]
     tasks: Option<PathBuf>,
     /// extra_info.split of the verl rows.

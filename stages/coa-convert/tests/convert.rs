@@ -478,7 +478,14 @@ fn verl_rows(path: &Path) -> Vec<serde_json::Value> {
 fn check_as_verl_reads(row: &serde_json::Value, suite: &str, question: &str, answers: &[String]) {
     assert_eq!(row["prompt"], serde_json::json!([{"content": coa_format::build_prompt(suite, question), "role": "user"}]));
     assert_eq!(row["ability"], suite);
-    assert_eq!(row["data_source"], format!("coa-{suite}"));
+    // our own tasks: the names AFM's reward manager dispatches on for their kind of answer
+    let data_source = match suite {
+        "math" => "math_dapo",
+        "code" => "skywork",
+        "multihop" => "hotpotqa",
+        _ => "nq",
+    };
+    assert_eq!(row["data_source"], data_source);
     assert_eq!(row["reward_model"]["style"], "rule");
     let gt = row["reward_model"]["ground_truth"].as_str().unwrap();
     match suite {
@@ -491,7 +498,7 @@ fn check_as_verl_reads(row: &serde_json::Value, suite: &str, question: &str, ans
     assert_eq!(ei["question"], question);
     for tool in ["web_search", "crawl_page", "code"] {
         let kw = &ei["tools_kwargs"][tool]["create_kwargs"];
-        assert_eq!((kw["question"].as_str(), kw["data_source"].as_str()), (Some(question), Some(format!("coa-{suite}").as_str())), "{tool}");
+        assert_eq!((kw["question"].as_str(), kw["data_source"].as_str()), (Some(question), Some(data_source)), "{tool}");
         if suite != "code" {
             assert_eq!(kw["ground_truth"], serde_json::json!(answers), "{tool}");
         }
@@ -524,7 +531,7 @@ fn verl_export_reads_as_verl_reads_it_and_reimports() {
     assert_eq!(read.len(), rows.len());
     for (k, (row, r)) in read.iter().zip(&rows).enumerate() {
         check_as_verl_reads(row, &r.suite, &r.question, &r.answers);
-        assert_eq!((row["extra_info"]["index"].as_i64(), row["extra_info"]["split"].as_str()), (Some(k as i64), Some("train")));
+        assert_eq!((row["extra_info"]["index"].as_str(), row["extra_info"]["split"].as_str()), (Some(k.to_string().as_str()), Some("train")));
         assert_eq!(row["extra_info"]["task_id"], r.task_id);
     }
     assert_eq!(read[0]["extra_info"]["answer"], serde_json::json!(["Ardena Varos", "A. Varos"]), "every gold answer, not the first");
@@ -558,6 +565,19 @@ fn verl_export_reads_as_verl_reads_it_and_reimports() {
     assert!(!convert(&["-i", s(&input), "--tasks", s(&tasks)]).status.success());
 }
 
+/// `tasks` written as a tasks table in `dir`, exported `--to verl`: (the table, the export, its
+/// rows as verl reads them, one per task).
+fn tasks_to_verl(dir: &Path, tasks: &[Task]) -> (PathBuf, PathBuf, Vec<serde_json::Value>) {
+    let path = dir.join("tasks.parquet");
+    io::write_all(Some(&path), None, &TASKS.schema(), &[rows::to_batch(tasks).unwrap()], &Provenance::default()).unwrap();
+    let out = dir.join("rl.parquet");
+    let o = convert(&["-i", s(&path), "--to", "verl", "-o", s(&out)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let read = verl_rows(&out);
+    assert_eq!(read.len(), tasks.len());
+    (path, out, read)
+}
+
 /// Tasks go to RL directly, the ones the teacher failed included.
 #[test]
 fn verl_export_straight_from_a_tasks_table() {
@@ -565,17 +585,11 @@ fn verl_export_straight_from_a_tasks_table() {
     let mut math_task = Task { task_id: "m-9".into(), suite: "math".into(), split: "train".into(), question: "What is 6 × 7?".into(), answers: vec!["42".into()], ..Default::default() };
     let qa_task = Task { task_id: "q-9".into(), suite: "qa".into(), split: "train".into(), question: "Who founded Këlmo Labs?".into(), answers: vec!["Ardena Varos".into(), "A. Varos".into()], ..Default::default() };
     let tasks = vec![math_task.clone(), qa_task.clone(), code_task("c-9", true)];
-    let path = dir.path().join("tasks.parquet");
-    io::write_all(Some(&path), None, &TASKS.schema(), &[rows::to_batch(&tasks).unwrap()], &Provenance::default()).unwrap();
-    let out = dir.path().join("rl.parquet");
-    let o = convert(&["-i", s(&path), "--to", "verl", "-o", s(&out)]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let read = verl_rows(&out);
-    assert_eq!(read.len(), 3);
+    let (path, out, read) = tasks_to_verl(dir.path(), &tasks);
     for (row, t) in read.iter().zip(&tasks) {
         check_as_verl_reads(row, &t.suite, &t.question, &t.answers);
     }
-    assert_eq!(read[2]["reward_model"]["ground_truth"], r#"{"stdin":["2\n"],"expected_output":["4\n"]}"#);
+    assert_eq!(read[2]["reward_model"]["ground_truth"], r#"{"stdin":["2\n"],"expected_output":["4\n"],"question_id":"c-9"}"#);
     // Several math golds go as AFM's `{"target": [...]}`.
     math_task.answers.push("42.0".into());
     io::write_all(Some(&path), None, &TASKS.schema(), &[rows::to_batch(&[math_task]).unwrap()], &Provenance::default()).unwrap();
@@ -592,6 +606,92 @@ fn verl_export_straight_from_a_tasks_table() {
     assert!(convert(&["-i", s(&write(dir.path(), "t.parquet", &[math("x")])), "-o", s(&coa)]).status.success());
     let o = convert(&["-i", s(&coa), "--to", "verl", "-o", s(&out)]);
     assert!(!o.status.success() && stderr(&o).contains("holds the `coa_text` table; --to verl reads `trajectories`"), "{}", stderr(&o));
+}
+
+/// Real task files (where present) and our own suites, imported, exported to verl straight from
+/// the tasks table, then loaded as AFM's RL training loads them: each row keeps the data source
+/// AFM's reward manager dispatches on, LiveCodeBench's ground truth keeps its `question_id`, and
+/// `extra_info.index` is the file's own index as a string. `tests/afm/load_verl.py` then reads the
+/// Parquet the way AFM's RLHFDataset and reward manager do (with pyarrow: `COA_BENCH_PYTHON`, else
+/// the bench venv `.venv`), or the test prints why it skipped that part.
+#[test]
+fn verl_export_loads_as_afm_training_loads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tasks: Vec<Task> = Vec::new();
+    // (file, its data_source, how many rows to take)
+    let files = [("math500.parquet", "MATH500"), ("aime24.parquet", "aime24"), ("livecodebench_v4.parquet", "skywork_livecodebench_v4"), ("nq_full.jsonl", "nq")];
+    let mut real = Vec::new();
+    for (file, source) in files {
+        let Some(path) = coa_tasks::external::file_or_skip("verl_export_loads_as_afm_training_loads_it", file) else { continue };
+        let imported = coa_tasks::import::import_file(&path, Some("train")).unwrap();
+        // LiveCodeBench: both test layouts (stdio first in the file, functional later)
+        let picked: Vec<Task> = if source.contains("livecodebench") {
+            let io = imported.iter().filter(|t| !t.stdio_tests.is_empty()).take(2);
+            io.chain(imported.iter().filter(|t| t.test_code.is_some()).take(2)).cloned().collect()
+        } else {
+            imported.into_iter().take(3).collect()
+        };
+        real.extend(picked.iter().map(|t| (t.task_id.clone(), source)));
+        tasks.extend(picked);
+    }
+    for suite in [coa_tasks::Suite::Math, coa_tasks::Suite::Code, coa_tasks::Suite::Multihop] {
+        tasks.extend(coa_tasks::generate(suite, 2, 5, coa_tasks::Split::Train).unwrap().tasks);
+    }
+    tasks.push(Task { task_id: "q-1".into(), suite: "qa".into(), split: "train".into(), source: "synthetic".into(), question: "Who founded Këlmo Labs?".into(), answers: vec!["Ardena Varos".into()], ..Default::default() });
+    let (_, out, read) = tasks_to_verl(dir.path(), &tasks);
+    for (row, t) in read.iter().zip(&tasks) {
+        let ei = &row["extra_info"];
+        assert_eq!(ei["task_id"], t.task_id);
+        assert_eq!(ei["source"], t.source);
+        assert!(ei["index"].is_string(), "{}: index {}", t.task_id, ei["index"]);
+        match real.iter().find(|(id, _)| *id == t.task_id) {
+            Some((_, source)) => {
+                assert_eq!(row["data_source"], *source, "{}: the file's own data_source", t.task_id);
+                // the file's own index: LiveCodeBench's is the question id
+                let own: serde_json::Value = t.extra.as_deref().map_or(serde_json::Value::Null, |e| serde_json::from_str(e).unwrap());
+                if own.get("index").is_some() {
+                    assert_eq!(ei["index"], own["index"], "{}", t.task_id);
+                }
+            }
+            None => check_as_verl_reads(row, &t.suite, &t.question, &t.answers),
+        }
+        if t.suite == "code" {
+            let gt: serde_json::Value = serde_json::from_str(row["reward_model"]["ground_truth"].as_str().unwrap()).unwrap();
+            let want = if t.source.contains("livecodebench") { ei["index"].as_str().unwrap().to_string() } else { t.task_id.clone() };
+            assert_eq!(gt["question_id"], want, "{}: {gt}", t.task_id);
+        }
+    }
+    // Back through our importer, the LiveCodeBench ground truth's question id is still there.
+    let again = coa_tasks::import::import_file(&out, Some("train")).unwrap();
+    assert_eq!(again.len(), tasks.len());
+
+    let python = std::env::var_os("COA_BENCH_PYTHON").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
+    let has_pyarrow = Command::new(&python).args(["-c", "import pyarrow"]).output().is_ok_and(|o| o.status.success());
+    if !has_pyarrow {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "verl_export_loads_as_afm_training_loads_it: AFM loader skipped: no Python with pyarrow at {} (make bench-io builds .venv, or set COA_BENCH_PYTHON)", python.display());
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/afm/load_verl.py");
+    let o = Command::new(&python).arg(&script).arg(&out).output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    eprintln!("{stdout}");
+    assert!(o.status.success(), "AFM's loader refuses the export:\n{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    for name in ["math_dapo", "skywork", "nq", "hotpotqa"] {
+        assert!(stdout.contains(&format!("{name}: ")), "{name} rows: {stdout}");
+    }
+
+    // The loader fails where AFM's code would: on the old `coa-math` data_source.
+    let old = dir.path().join("old.parquet");
+    let script_old = format!(
+        "import pyarrow as pa, pyarrow.parquet as pq\nt = pq.read_table({out:?})\n\
+         t = t.set_column(0, 'data_source', pa.array(['coa-math'] * t.num_rows))\npq.write_table(t, {old:?})\n",
+        out = out.display().to_string(),
+        old = old.display().to_string()
+    );
+    assert!(Command::new(&python).args(["-c", &script_old]).status().unwrap().success());
+    let o = Command::new(&python).arg(&script).arg(&old).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stdout).contains("NotImplementedError"), "{}", String::from_utf8_lossy(&o.stdout));
 }
 
 #[test]

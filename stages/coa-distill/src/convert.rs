@@ -59,8 +59,9 @@ impl Target {
 pub struct ConvertOptions {
     pub target: Target,
     pub skip_bad: bool,
-    /// task_id → code test spec JSON (for verl ground truths of code tasks).
-    pub code_specs: Option<Arc<HashMap<String, String>>>,
+    /// task_id → the task as a verl row sees it (its source, its file's index, a code task's
+    /// test spec), from the tasks table `--tasks` names.
+    pub tasks: Option<Arc<HashMap<String, VerlTask>>>,
 }
 
 /// One work unit's result.
@@ -116,17 +117,21 @@ impl<'a> Trajs<'a> {
 }
 
 impl Trajs<'_> {
-    /// Row `i` as a verl task; a code task's test spec comes from the tasks table (`specs`).
-    fn verl_task(&self, i: usize, specs: Option<&HashMap<String, String>>) -> VerlTask {
+    /// Row `i` as a verl task; its source, index and a code task's test spec come from the tasks
+    /// table (`tasks`).
+    fn verl_task(&self, i: usize, tasks: Option<&HashMap<String, VerlTask>>) -> VerlTask {
         let o = self.answers.value_offsets();
         let answers = (o[i] as usize..o[i + 1] as usize).filter(|&k| !self.answer_items.is_null(k)).map(|k| self.answer_items.value(k).to_string()).collect();
         let task_id = self.task_id.value(i);
+        let known = tasks.and_then(|m| m.get(task_id));
         VerlTask {
             task_id: task_id.to_string(),
             suite: self.suite.value(i).to_string(),
             question: self.question.value(i).to_string(),
             answers,
-            code_spec: specs.and_then(|m| m.get(task_id)).cloned(),
+            code_spec: known.and_then(|t| t.code_spec.clone()),
+            source: known.and_then(|t| t.source.clone()),
+            source_index: known.and_then(|t| t.source_index.clone()),
         }
     }
 }
@@ -216,7 +221,7 @@ pub fn convert_unit(batch: &RecordBatch, unit: Unit, opts: &ConvertOptions) -> R
     let mut rejected = Vec::new();
     let mut steps: Vec<Step<'_>> = Vec::new();
     let mut spans: Vec<Span> = Vec::new();
-    let specs = opts.code_specs.as_deref();
+    let specs = opts.tasks.as_deref();
     for i in lo..hi {
         let row = (|| -> Result<Option<VerlTask>, String> {
             if !t.format_ok.value(i) {

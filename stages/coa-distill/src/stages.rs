@@ -296,7 +296,7 @@ pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Re
         (_, Some(_)) => bail!("--to {} writes JSON; --format does not apply", target_name(args.target)),
     };
     if args.tasks.is_some() && args.target != Target::Verl {
-        bail!("--tasks is only used by --to verl (code test specs for the ground truth)");
+        bail!("--tasks is only used by --to verl (the tasks' sources and code test specs)");
     }
     let out_path = io.output.as_deref().filter(|p| *p != Path::new("-"));
     // LLaMA-Factory's dataset_info.json, checked before anything is written.
@@ -305,22 +305,20 @@ pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Re
         (true, Some(p)) if std::fs::metadata(p).map_or(true, |m| m.is_file()) => Some(dataset_info(args.target, p)?),
         _ => None,
     };
-    let code_specs = match args.tasks {
+    let tasks = match args.tasks {
         Some(path) => {
-            let mut specs = HashMap::new();
+            let mut tasks = HashMap::new();
             for batch in stage.open(Some(path), &TASKS)? {
                 for t in rows::from_batch::<Task>(&batch?).with_context(|| format!("--tasks {}", path.display()))? {
-                    if let Some(spec) = verl::code_spec(&t) {
-                        specs.insert(t.task_id, spec);
-                    }
+                    tasks.insert(t.task_id.clone(), verl::VerlTask::from_task(&t));
                 }
             }
-            stage.note("code_specs", specs.len());
-            Some(Arc::new(specs))
+            stage.note("code_specs", tasks.values().filter(|t| t.code_spec.is_some()).count());
+            Some(Arc::new(tasks))
         }
         None => None,
     };
-    let opts = ConvertOptions { target: args.target, skip_bad: args.skip_bad.is_some(), code_specs };
+    let opts = ConvertOptions { target: args.target, skip_bad: args.skip_bad.is_some(), tasks };
     let mut reader = if args.target == Target::Verl {
         // verl rows come from trajectories or, for every task, straight from a tasks table.
         let reader = stage.open_any(io.input.as_deref())?;

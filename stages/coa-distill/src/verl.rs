@@ -1,15 +1,21 @@
 //! The verl RL layout, as AFM's own RL files have it (one row per task; verl reads the Parquet
 //! with pandas / `datasets` and hands `reward_model` and `extra_info` to the reward and the tools):
 //!
-//! - `data_source`: `coa-<suite>`; `ability`: the suite;
+//! - `data_source`: what AFM's reward manager picks its scorer by ([`afm_data_source`]): the task
+//!   file's own (`MATH500`, `aime24`, `skywork_livecodebench_v4`, `nq`, …) when AFM dispatches on
+//!   it to the scorer of the task's suite, else that scorer's name for our suites (`math_dapo`,
+//!   `skywork`, `nq`, `hotpotqa` for multihop); `ability`: the suite;
 //! - `prompt`: `[{content, role: "user"}]`, the content being our prompt (the suite's instruction
 //!   then the question, `coa_format::build_prompt`);
 //! - `reward_model`: `{ground_truth, style: "rule"}`. The ground truth is, as AFM writes it: for
 //!   QA suites (`qa`, `multihop`) the JSON `{"target": [every gold answer], "question": …}`;
 //!   for math the gold answer itself (or `{"target": [...]}` when a task has several); for code
-//!   the test spec JSON (`{"stdin": [...], "expected_output": [...]}` or `{"functional": test
-//!   program}`);
-//! - `extra_info`: `index`, `split`, `task_id`, `question`, `answer` (every gold answer),
+//!   the test spec JSON as LiveCodeBench's rows hold it (`{"stdin": [...], "expected_output":
+//!   [...], "question_id"}` or `{"functional": test program, "question_id"}`; the task file's
+//!   question id, else the task id);
+//! - `extra_info`: `index` (a string, as AFM's files have it: the task file's own index, else the
+//!   row's number), `split`, `task_id`, `source` (the task's own source, whatever `data_source`
+//!   says), `question`, `answer` (every gold answer),
 //!   `need_tools_kwargs: true` and `tools_kwargs`: for every tool (`web_search`, `crawl_page`,
 //!   `code`) `{create_kwargs: {ground_truth: [golds or the test spec], question, data_source}}`,
 //!   so that verl's tool-agent loop finds the arguments of whichever tool it creates.
@@ -26,6 +32,40 @@ use coa_schemas::suite::{answer_kind, AnswerKind};
 use serde::Serialize;
 use serde_json::json;
 
+/// The `data_source` names AFM's reward manager dispatches on, by the kind of answer its scorer
+/// grades (`_select_rm_score_fn` in AFM's verl fork; the names whose scorer module it imports).
+/// The first of each list is the name our own tasks of that kind get.
+const AFM_MATH_SOURCES: [&str; 8] = ["math_dapo", "aime24", "aime25", "MATH", "MATH500", "gms8k", "amc23", "OlympiadBench"];
+const AFM_CODE_SOURCES: [&str; 10] = [
+    "skywork",
+    "skywork_livecodebench_v4",
+    "skywork_livecodebench_v5",
+    "skywork_livecodebench_v6",
+    "skywork_livecodebench_v1_to_v3",
+    "skywork_math",
+    "codeforces_areal_test",
+    "codecontests_hf_test",
+    "codecontests_hf_train",
+    "codecontests_areal_test",
+];
+const AFM_QA_SOURCES: [&str; 8] = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "mercury"];
+
+/// The `data_source` of a verl row (module docs): `source` itself when AFM's reward manager
+/// dispatches on it to the scorer of the suite's answers, else that scorer's name for our tasks.
+pub fn afm_data_source(suite: &str, source: Option<&str>) -> String {
+    let names: &[&str] = match answer_kind(suite) {
+        Some(AnswerKind::Math) => &AFM_MATH_SOURCES,
+        Some(AnswerKind::Program) => &AFM_CODE_SOURCES,
+        _ => &AFM_QA_SOURCES,
+    };
+    match source {
+        Some(s) if names.contains(&s) => s.to_string(),
+        // a multi-hop question: the multi-hop QA set AFM scores the same way
+        _ if suite == "multihop" => "hotpotqa".to_string(),
+        _ => names[0].to_string(),
+    }
+}
+
 /// What one verl row is made of.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VerlTask {
@@ -35,6 +75,11 @@ pub struct VerlTask {
     pub answers: Vec<String>,
     /// The test spec JSON of a code task.
     pub code_spec: Option<String>,
+    /// The task's `source` (`synthetic`, `MATH500`, …); unknown for a trajectory exported without
+    /// its tasks table.
+    pub source: Option<String>,
+    /// The task file's own `extra_info.index`, when it had one.
+    pub source_index: Option<String>,
 }
 
 impl VerlTask {
@@ -46,11 +91,13 @@ impl VerlTask {
             question: t.question.clone(),
             answers: t.answers.clone(),
             code_spec: code_spec(t),
+            source: Some(t.source.clone()),
+            source_index: extra_str(t, "index"),
         }
     }
 
     fn data_source(&self) -> String {
-        format!("coa-{}", self.suite)
+        afm_data_source(&self.suite, self.source.as_deref())
     }
 
     /// `reward_model.ground_truth` (module docs), or why there is none.
@@ -72,18 +119,31 @@ impl VerlTask {
     }
 }
 
-/// A code task's test spec: `{"stdin", "expected_output"}` for stdio tests, else
-/// `{"functional": test_code}` (the layouts the importer reads).
+/// A string field of a task's `extra` (the task file's own fields, JSON), if it has one.
+fn extra_str(t: &Task, key: &str) -> Option<String> {
+    let extra: serde_json::Value = serde_json::from_str(t.extra.as_deref()?).ok()?;
+    match &extra[key] {
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// A code task's test spec, as LiveCodeBench's rows hold it: `{"stdin", "expected_output",
+/// "question_id"}` for stdio tests, else `{"functional": test_code, "question_id"}` (the layouts
+/// the importer reads). The question id is the task file's (kept in `extra` on import), else the
+/// task id.
 pub fn code_spec(t: &Task) -> Option<String> {
     if answer_kind(&t.suite) != Some(AnswerKind::Program) {
         return None;
     }
+    let question_id = extra_str(t, "question_id").unwrap_or_else(|| t.task_id.clone());
     if !t.stdio_tests.is_empty() {
         let ins: Vec<&str> = t.stdio_tests.iter().map(|s| s.stdin.as_str()).collect();
         let outs: Vec<&str> = t.stdio_tests.iter().map(|s| s.expected_stdout.as_str()).collect();
-        return Some(json!({ "stdin": ins, "expected_output": outs }).to_string());
+        return Some(json!({ "stdin": ins, "expected_output": outs, "question_id": question_id }).to_string());
     }
-    t.test_code.as_deref().filter(|c| !c.trim().is_empty()).map(|c| json!({ "functional": c }).to_string())
+    t.test_code.as_deref().filter(|c| !c.trim().is_empty()).map(|c| json!({ "functional": c, "question_id": question_id }).to_string())
 }
 
 #[derive(Serialize)]
@@ -119,9 +179,10 @@ struct ToolsKwargs {
 
 #[derive(Serialize)]
 struct ExtraInfo {
-    index: i64,
+    index: String,
     split: String,
     task_id: String,
+    source: String,
     question: String,
     answer: Vec<String>,
     need_tools_kwargs: bool,
@@ -161,9 +222,10 @@ pub fn verl_schema() -> SchemaRef {
         structure(
             "extra_info",
             vec![
-                Field::new("index", DataType::Int64, false),
+                utf8("index"),
                 utf8("split"),
                 utf8("task_id"),
+                utf8("source"),
                 utf8("question"),
                 list_of("answer", utf8("item")),
                 Field::new("need_tools_kwargs", DataType::Boolean, false),
@@ -173,7 +235,8 @@ pub fn verl_schema() -> SchemaRef {
     ]))
 }
 
-/// The verl rows of `tasks`, `extra_info.index` counting from `first_index`. Every task must have
+/// The verl rows of `tasks`, `extra_info.index` counting from `first_index` where a task has no
+/// index of its own. Every task must have
 /// a ground truth (callers check [`VerlTask::ground_truth`] first, to name the bad row).
 pub fn verl_batch(tasks: &[VerlTask], first_index: i64, split: &str) -> Result<RecordBatch> {
     let mut rows = Vec::with_capacity(tasks.len());
@@ -193,9 +256,10 @@ pub fn verl_batch(tasks: &[VerlTask], first_index: i64, split: &str) -> Result<R
             ability: t.suite.clone(),
             reward_model: RewardModel { ground_truth, style: "rule" },
             extra_info: ExtraInfo {
-                index: first_index + k as i64,
+                index: t.source_index.clone().unwrap_or_else(|| (first_index + k as i64).to_string()),
                 split: split.to_string(),
                 task_id: t.task_id.clone(),
+                source: t.source.clone().unwrap_or_default(),
                 question: t.question.clone(),
                 answer: t.answers.clone(),
                 need_tools_kwargs: true,

@@ -70,7 +70,7 @@ fn extract_then_convert_reproduces_the_teacher_outputs() {
         .collect();
     let ex = extract_group(&batches, 0, false).unwrap();
     assert_eq!(ex.format_errors, 0);
-    let opts = ConvertOptions { target: Target::CoaText, skip_bad: false, code_specs: None };
+    let opts = ConvertOptions { target: Target::CoaText, skip_bad: false, tasks: None };
     let (_, outs) = convert_group(&ex.batches, 0, &opts).unwrap();
     let mut row = 0;
     for o in &outs {

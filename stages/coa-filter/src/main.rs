@@ -35,7 +35,7 @@ quality rules. Counts go to stderr as a table and into the summary line (and --s
 
 Examples:
   coa-filter -i trajectories.parquet -o kept.parquet --stats filter.json
-  coa-extract < runs.arrow | coa-filter --min-hops 3 --keep-dropped dropped.parquet | coa-convert > text.arrow
+  coa-extract < runs.arrow | coa-filter --min-hops 3 --keep-dropped dropped.parquet | coa-convert > text.arrows
   coa-filter -i trajectories.parquet --where \"hops <= 20 AND suite = 'multihop'\" -o hard.parquet
   coa-filter -i trajectories.parquet --no-rule reflection --no-rule quality -o some.parquet
   coa-filter -i scores.parquet --dynamic-sampling --group-by task_id --value reward -o batch.parquet

@@ -1,7 +1,8 @@
 //! Parsers for the graded role-playing blocks: a `<reflection>` grades three criteria as
 //! Good/Fair/Poor (AFM's prompts say Average for Fair; any Poor means re-plan), a `<double_check>` gives `score: N`, 1-4 (3 or 4 means
 //! answer, 1 or 2 means re-plan). Keys are matched case-insensitively and light markdown around
-//! them is tolerated (`- **tool_effectiveness**: Fair`, `Score: 4/4`).
+//! them is tolerated (`- **tool_effectiveness**: Fair`, `Score: 4/4`); a score written without the
+//! colon (`The score is 4`) is read when no `score:` is there.
 
 use std::fmt;
 
@@ -121,6 +122,12 @@ fn is_markup(b: u8) -> bool {
 /// Byte offset of the value after the first `key:` (case-insensitive, markup allowed around the
 /// key and the colon), if any.
 fn value_after(text: &str, key: &str) -> Option<usize> {
+    value_after_any(text, key, &[":"])
+}
+
+/// [`value_after`] with any of `separators` in place of the colon (a word separator, `is`, must
+/// be followed by a space or markup).
+fn value_after_any(text: &str, key: &str, separators: &[&str]) -> Option<usize> {
     let bytes = text.as_bytes();
     let k = key.as_bytes();
     let mut from = 0;
@@ -139,8 +146,15 @@ fn value_after(text: &str, key: &str) -> Option<usize> {
             while i < bytes.len() && is_markup(bytes[i]) {
                 i += 1;
             }
-            if bytes.get(i) == Some(&b':') {
-                i += 1;
+            let sep = separators.iter().find(|sep| {
+                let sep = sep.as_bytes();
+                let word = sep[0].is_ascii_alphabetic();
+                bytes.len() >= i + sep.len()
+                    && bytes[i..i + sep.len()].eq_ignore_ascii_case(sep)
+                    && (!word || bytes.get(i + sep.len()).is_some_and(|&b| is_markup(b)))
+            });
+            if let Some(sep) = sep {
+                i += sep.len();
                 while i < bytes.len() && is_markup(bytes[i]) {
                     i += 1;
                 }
@@ -186,9 +200,16 @@ fn first_chars(s: &str) -> String {
     line.chars().take(20).collect()
 }
 
-/// Reads the `score: N` (1-4) of a `<double_check>` body.
+/// Ways of writing a score other than `score: N`, read only when that form is absent: models
+/// write `The score is 4`, `score = 4` or `a score of 4` as often as the form the prompts ask for.
+const LOOSE_SCORE_SEPARATORS: [&str; 3] = ["=", "is", "of"];
+
+/// Reads the `score: N` (1-4) of a `<double_check>` body; without one, a looser `score is N`,
+/// `score = N` or `score of N` ([`LOOSE_SCORE_SEPARATORS`]).
 pub fn parse_double_check(content: &str) -> Result<u8, GradeError> {
-    let at = value_after(content, "score").ok_or(GradeError::Missing("score"))?;
+    let at = value_after(content, "score")
+        .or_else(|| value_after_any(content, "score", &LOOSE_SCORE_SEPARATORS))
+        .ok_or(GradeError::Missing("score"))?;
     let word = word_at(content, at);
     match word.parse::<u8>() {
         Ok(n @ 1..=4) => Ok(n),
@@ -260,5 +281,21 @@ mod tests {
             })
         );
         assert_eq!(parse_double_check("scored well. score: 1"), Ok(1));
+    }
+
+    #[test]
+    fn reads_loose_double_check_scores() {
+        assert_eq!(parse_double_check("The page agrees. The score is 4."), Ok(4));
+        assert_eq!(parse_double_check("Score: 4/4"), Ok(4));
+        assert_eq!(parse_double_check("score = 2"), Ok(2));
+        assert_eq!(parse_double_check("I give it a score of 3 out of 4."), Ok(3));
+        assert_eq!(parse_double_check("The **Score** is **1**"), Ok(1));
+        // the strict form wins over a loose one written before it
+        assert_eq!(parse_double_check("the score is 2 at first sight.\nscore: 4"), Ok(4));
+        // still no score: a word that only starts like a separator, or none at all
+        assert_eq!(parse_double_check("The score isn't clear"), Err(GradeError::Missing("score")));
+        assert_eq!(parse_double_check("scores of 4 elsewhere"), Err(GradeError::Missing("score")));
+        assert_eq!(parse_double_check("The score is high"), Err(GradeError::BadValue { key: "score", found: "high".into() }));
+        assert_eq!(parse_double_check("The score is 7"), Err(GradeError::BadValue { key: "score", found: "7".into() }));
     }
 }

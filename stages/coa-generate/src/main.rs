@@ -47,6 +47,7 @@ fn main() -> ExitCode {
                 // The output does not depend on how many tasks run at once, nor on where
                 // replies are cached or which variable holds the key.
                 s.not_recorded(&["--concurrency", "--max-inflight", "--cache-dir", "--api-key-env"]);
+                s.not_recorded_switches(&["--no-api-key"]);
                 mas::run(s, &args)
             })
         }

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
-use coa_agents::{Backend, Noise, OpenAiBackend, OpenAiClient, OpenAiConfig, RunConfig, RunStats, Runner, ScriptedBackend, Tools};
+use anyhow::{anyhow, bail, Result};
+use coa_agents::{Backend, FailureBudget, Noise, OpenAiBackend, OpenAiClient, OpenAiConfig, RunConfig, RunStats, Runner, ScriptedBackend, Tools};
 use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::MAS_RUNS;
@@ -12,6 +12,9 @@ use coa_tools::flags::{seconds, ToolFlags};
 use serde_json::json;
 
 use crate::{corpus_for, positive, tool_config};
+
+/// The variable the API key is read from without --api-key-env (OpenAI's clients read it too).
+const DEFAULT_API_KEY_ENV: &str = "OPENAI_API_KEY";
 
 /// Tasks run in parallel per written batch: bounds memory (every event keeps the messages its
 /// agent read) while keeping every thread busy.
@@ -38,7 +41,7 @@ fn probability(s: &str) -> Result<f64, String> {
 #[command(after_help = "Examples:\n  coa-generate mas -i tasks.parquet --corpus corpus.parquet -o mas_runs.parquet\n  \
 coa-generate mas -i tasks.parquet --corpus corpus.parquet --noise-wrong-pick 0.3 --seed 7 --concurrency 4\n  \
 OPENAI_API_KEY=... coa-generate mas -i tasks.parquet --corpus corpus.parquet --backend openai \\\n      \
---base-url https://api.openai.com/v1 --model gpt-4o-mini --api-key-env OPENAI_API_KEY --cache-dir .cache/mas -o mas_runs.parquet")]
+--base-url https://api.openai.com/v1 --model gpt-4o-mini --cache-dir .cache/mas -o mas_runs.parquet")]
 pub struct MasArgs {
     /// The offline web (written by `coa-generate tasks --corpus-out`); needed when the tasks
     /// include multihop or qa tasks.
@@ -63,7 +66,8 @@ pub struct MasArgs {
     skip_unsolvable: bool,
     /// Tasks that may fail (the endpoint gives up after its retries, a tool cannot start): each is
     /// reported on stderr and in the summary (`failed_tasks`) and left out of the output; one more
-    /// failure, or every task failing, stops the stage.
+    /// failure, or every task failing, stops the stage (no task starts after it; those under way
+    /// finish).
     #[arg(long, default_value_t = 10, value_name = "N")]
     max_failed: usize,
     #[command(flatten)]
@@ -91,10 +95,14 @@ pub struct MasArgs {
     /// openai: model name.
     #[arg(long, value_name = "NAME", help_heading = "OpenAI-compatible backend")]
     model: Option<String>,
-    /// openai: environment variable holding the API key. Without it no key is sent (a key in the
-    /// environment is never sent to an endpoint the user did not give it for).
+    /// openai: environment variable holding the API key (it must be set). Without the flag,
+    /// `OPENAI_API_KEY` is used when it is set, as OpenAI's own clients do; otherwise no key is sent.
     #[arg(long, value_name = "NAME", help_heading = "OpenAI-compatible backend")]
     api_key_env: Option<String>,
+    /// openai: send no API key, even when `OPENAI_API_KEY` is set (a local endpoint that needs
+    /// none should not be handed a real key).
+    #[arg(long, conflicts_with = "api_key_env", help_heading = "OpenAI-compatible backend")]
+    no_api_key: bool,
     /// openai: response cache directory (keyed by a hash of the request body): a rerun resumes for free.
     #[arg(long, value_name = "DIR", help_heading = "OpenAI-compatible backend")]
     cache_dir: Option<PathBuf>,
@@ -134,12 +142,11 @@ fn openai_backend(args: &MasArgs, concurrency: usize) -> Result<OpenAiBackend> {
     let Some(base_url) = args.base_url.as_deref() else { bail!("--backend openai needs --base-url URL (e.g. https://api.openai.com/v1)") };
     let Some(model) = args.model.as_deref() else { bail!("--backend openai needs --model NAME") };
     let mut cfg = OpenAiConfig::new(base_url, model);
+    let from_env = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
     cfg.api_key = match &args.api_key_env {
-        Some(name) => match std::env::var(name) {
-            Ok(v) if !v.trim().is_empty() => Some(v.trim().to_string()),
-            _ => bail!("--api-key-env {name}: the environment variable {name} is not set (or empty)"),
-        },
-        None => None,
+        Some(name) => Some(from_env(name).ok_or_else(|| anyhow!("--api-key-env {name}: the environment variable {name} is not set (or empty)"))?),
+        None if args.no_api_key => None,
+        None => from_env(DEFAULT_API_KEY_ENV),
     };
     cfg.timeout = Duration::from_secs_f64(args.timeout);
     cfg.max_retries = args.max_retries;
@@ -230,19 +237,22 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
     let bar = stage.progress(Some(runnable.len() as u64), "running the teacher");
     let mut stats = RunStats::default();
     let mut failed: Vec<(String, String)> = Vec::new();
+    // Failures are counted as tasks end, so the stage stops after the (N+1)th, not a batch later.
+    let budget = FailureBudget::new(args.max_failed);
     for chunk in runnable.chunks(CHUNK_PER_THREAD * concurrency) {
         let mut runs = Vec::with_capacity(chunk.len());
-        for (task, outcome) in chunk.iter().zip(runner.run_each(chunk, backend, tools, &run_config)) {
+        for (task, outcome) in chunk.iter().zip(runner.run_each_within(chunk, backend, tools, &run_config, &budget)) {
             match outcome {
-                Ok(run) => runs.push((run, task.hops)),
-                Err(e) => {
+                Some(Ok(run)) => runs.push((run, task.hops)),
+                Some(Err(e)) => {
                     let why = format!("{e:#}");
                     Stage::log_line(&bar, &format!("coa-generate mas: task {} failed and is left out: {why}", task.task_id));
                     failed.push((task.task_id.clone(), why));
                 }
+                None => {} // not started: the budget was spent
             }
         }
-        if failed.len() > args.max_failed {
+        if budget.spent() {
             bail!(
                 "{} task(s) failed, more than --max-failed {}; the first: task {}: {}",
                 failed.len(),

@@ -268,29 +268,41 @@ fn math_tasks(dir: &Path, questions: &[(&str, &str)]) -> PathBuf {
 }
 
 #[test]
-fn the_api_key_is_sent_only_where_api_key_env_names_it() {
+fn the_api_key_comes_from_openai_api_key_unless_a_flag_says_otherwise() {
     let dir = tempfile::tempdir().unwrap();
     let tasks = math_tasks(dir.path(), &[("m-1", "What is 1 + 1?")]);
     let out = dir.path().join("o.parquet");
-    for (flag, sent) in [(None, false), (Some("COA_TEST_ENDPOINT_KEY"), true)] {
+    // (flags, OPENAI_API_KEY set, the bearer sent)
+    let cases: [(&[&str], bool, Option<&str>); 4] = [
+        (&[], true, Some("sk-from-the-environment")),
+        (&[], false, None),
+        (&["--api-key-env", "COA_TEST_ENDPOINT_KEY"], true, Some("sk-named")),
+        (&["--no-api-key"], true, None),
+    ];
+    for (flags, openai_key, sent) in cases {
         let (url, server) = endpoint(3, math_model);
         let mut cmd = bin();
         cmd.args(["mas", "-i", tasks.to_str().unwrap(), "--backend", "openai", "--base-url", &url, "--model", "m", "-o", out.to_str().unwrap()])
-            .env("OPENAI_API_KEY", "sk-from-the-environment")
+            .args(flags)
             .env("COA_TEST_ENDPOINT_KEY", "sk-named");
-        if let Some(name) = flag {
-            cmd.args(["--api-key-env", name]);
+        if openai_key {
+            cmd.env("OPENAI_API_KEY", "sk-from-the-environment");
+        } else {
+            cmd.env_remove("OPENAI_API_KEY");
         }
         let o = cmd.output().unwrap();
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(o.status.success(), "{flags:?}: {}", stderr(&o));
         let heads = served(server);
         assert_eq!(heads.len(), 3, "plan, routing, answer");
         for head in &heads {
-            assert!(!head.contains("sk-from-the-environment"), "OPENAI_API_KEY leaked:\n{head}");
-            assert_eq!(head.contains("Bearer sk-named"), sent, "{head}");
+            let bearer = head.lines().find(|l| l.to_ascii_lowercase().starts_with("authorization:")).map(|l| l["authorization:".len()..].trim().trim_start_matches("Bearer ").to_string());
+            assert_eq!(bearer.as_deref(), sent, "{flags:?}, OPENAI_API_KEY set: {openai_key}:\n{head}");
         }
         assert_eq!(read_runs(&out).len(), 1);
     }
+    // --no-api-key and --api-key-env contradict each other
+    let o = run(&["mas", "-i", tasks.to_str().unwrap(), "--backend", "openai", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", "--no-api-key", "--api-key-env", "X"]);
+    assert!(!o.status.success() && stderr(&o).contains("--no-api-key") && stderr(&o).contains("--api-key-env"), "{}", stderr(&o));
 }
 
 #[test]
@@ -320,6 +332,25 @@ fn a_task_that_fails_is_recorded_and_skipped_up_to_max_failed() {
     assert!(stderr(&o).contains("1 task(s) failed, more than --max-failed 0; the first: task m-fail"), "{}", stderr(&o));
     assert!(!out.exists());
     drop(server); // it waits for requests that never come once the stage has stopped
+}
+
+/// --max-failed is checked as each task fails: with N = 2 the third failure stops the stage and
+/// no further task is sent (it was checked once per batch of 32 tasks, so 32 failed first).
+#[test]
+fn max_failed_stops_at_the_failure_past_it_not_a_batch_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let questions: Vec<(String, String)> = (0..40).map(|k| (format!("m-fail-{k:02}"), format!("FAIL: what is {k} + 0?"))).collect();
+    let refs: Vec<(&str, &str)> = questions.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let tasks = math_tasks(dir.path(), &refs);
+    let out = dir.path().join("o.parquet");
+    let (url, server) = endpoint(3, math_model);
+    let args = ["mas", "-i", tasks.to_str().unwrap(), "--backend", "openai", "--base-url", &url, "--model", "m", "--concurrency", "1", "--max-failed", "2"];
+    let o = bin().args(args).args(["-o", out.to_str().unwrap()]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("3 task(s) failed, more than --max-failed 2; the first: task m-fail-00"), "{}", stderr(&o));
+    assert_eq!(stderr(&o).matches("failed and is left out").count(), 3, "{}", stderr(&o));
+    assert_eq!(served(server).len(), 3, "one request per failed task, none after the third");
+    assert!(!out.exists());
 }
 
 #[test]

@@ -18,8 +18,10 @@
 //! output limit), which `coa-score` records per rollout.
 //!
 //! A task from LiveCodeBench (`source` naming it) runs with the harness's prelude first
-//! ([`LIVECODEBENCH_PRELUDE`]: `from typing import *` and the usual standard-library imports), as
-//! LiveCodeBench does: its starter code annotates with `List[int]` without importing it.
+//! ([`LIVECODEBENCH_PRELUDE`]: `from typing import *`, `from sys import *` and the other
+//! standard-library imports of LiveCodeBench's harness), as LiveCodeBench does: its starter code
+//! annotates with `List[int]` without importing it. The program graded is an answer's last fenced
+//! block ([`extract_program`]), as LiveCodeBench takes it.
 //!
 //! A task with both uses both (function first). A task with neither is an error: a code task
 //! without tests would silently score nothing. The tests are the public ones a task file carries;
@@ -103,27 +105,31 @@ pub struct CodeVerdict {
     pub failure: Option<String>,
 }
 
-/// What LiveCodeBench's harness runs before a program: `from typing import *` (starter code says
-/// `List[int]`), the standard-library modules contest code uses, star-imported and by name, and a
-/// deep recursion limit.
+/// What LiveCodeBench's harness runs before a program (its `import_string`, which AFM's scorer
+/// uses too): the standard-library modules contest code uses, star-imported (`from sys import *`
+/// included: a bare `setrecursionlimit(10**6)` works) and by name, `builtins` star-imported after
+/// them so that `math`'s `pow` and `sys`'s `exit` do not shadow the builtins, `typing` last (starter
+/// code says `List[int]`), and a deep recursion limit.
 pub const LIVECODEBENCH_PRELUDE: &str = "\
-from typing import *
-from collections import *
-from itertools import *
-from functools import *
-from heapq import *
-from bisect import *
-from math import *
 from string import *
 from re import *
 from datetime import *
+from collections import *
+from heapq import *
+from bisect import *
 from copy import *
+from math import *
 from random import *
 from statistics import *
+from itertools import *
+from functools import *
 from operator import *
 from io import *
+from sys import *
 from json import *
-import builtins, collections, itertools, functools, heapq, bisect, math, string, re, datetime, copy, random, statistics, operator, io, json, sys
+from builtins import *
+from typing import *
+import builtins, string, re, datetime, collections, heapq, bisect, copy, math, random, statistics, itertools, functools, operator, io, sys, json
 sys.setrecursionlimit(50000)
 ";
 
@@ -196,20 +202,32 @@ pub fn stdout_matches(got: &str, want: &str) -> bool {
     })
 }
 
-/// The program inside an answer: the first fenced code block (```python, ```py or bare ```)
-/// if there is one, else the whole text (trimmed).
+/// The program inside an answer: the last fenced code block (```python, ```py or bare ```; an
+/// unclosed last fence runs to the end), as LiveCodeBench and AFM's code reward take it (a model
+/// shows a draft or an example before its final program), else the whole text (trimmed).
 pub fn extract_program(answer: &str) -> String {
-    if let Some(start) = answer.find("```") {
-        let after = &answer[start + 3..];
+    let mut last = None;
+    let mut from = 0;
+    while let Some(off) = answer[from..].find("```") {
+        let after = &answer[from + off + 3..];
         let body_start = after.find('\n').map(|i| i + 1).unwrap_or(after.len());
         let lang = after[..body_start].trim();
-        if lang.chars().all(|c| c.is_ascii_alphanumeric() || c == '+' || c == '-') {
-            let body = &after[body_start..];
-            let end = body.find("```").unwrap_or(body.len());
-            return body[..end].trim_end().to_string() + "\n";
+        if !lang.chars().all(|c| c.is_ascii_alphanumeric() || c == '+' || c == '-') {
+            from += off + 3; // a fence with text after it on its line opens no block
+            continue;
+        }
+        let body = &after[body_start..];
+        let end = body.find("```");
+        let code = body[..end.unwrap_or(body.len())].trim_end();
+        if !code.trim().is_empty() {
+            last = Some(code.to_string() + "\n"); // an empty block is no program
+        }
+        match end {
+            Some(end) => from = answer.len() - body.len() + end + 3,
+            None => break,
         }
     }
-    answer.trim().to_string()
+    last.unwrap_or_else(|| answer.trim().to_string())
 }
 
 /// Runs `program` against `task`'s tests (see the module docs). `Err` when the task has no tests
@@ -294,6 +312,30 @@ mod tests {
         assert_eq!(extract_program("```py\nprint(1)\n```"), "print(1)\n");
         assert_eq!(extract_program("```\nprint(2)"), "print(2)\n");
         assert_eq!(extract_program("  print(3)  "), "print(3)");
+        // the last block, as LiveCodeBench grades
+        assert_eq!(extract_program("A draft:\n```python\nprint(1)\n```\nFixed:\n```python\nprint(2)\n```\nDone."), "print(2)\n");
+        assert_eq!(extract_program("```py\nprint(1)\n```\n```\nprint(2)"), "print(2)\n", "an unclosed last block runs to the end");
+        assert_eq!(extract_program("```py\nprint(1)\n``` and ```inline``` text"), "print(1)\n", "a fence with text on its line opens no block");
+    }
+
+    /// LiveCodeBench's prelude, run for real: `from sys import *` (a bare `setrecursionlimit`),
+    /// `typing` names, and the builtins `math`/`sys` star-imports would shadow (`pow` of three
+    /// arguments) left intact.
+    #[test]
+    fn livecodebench_prelude_has_the_harness_names() {
+        let task = Task {
+            task_id: "lcb".into(),
+            suite: "code".into(),
+            source: "skywork_livecodebench_v4".into(),
+            stdio_tests: vec![coa_schemas::rows::StdioTest { stdin: "3\n".into(), expected_stdout: "6\n".into() }],
+            ..Default::default()
+        };
+        let program = "setrecursionlimit(10**5)\nx: List[int] = [int(input())]\nprint(sum(accumulate(x)) * 2, file=stdout)\nassert pow(3, 4, 5) == 1 and exit is builtins.exit\n";
+        let v = code_passes(&task, program, &SandboxLimits::default()).unwrap();
+        assert!(v.passed, "{v:?}");
+        // elsewhere no prelude: the bare name fails
+        let v = code_passes(&Task { source: "synthetic".into(), ..task }, program, &SandboxLimits::default()).unwrap();
+        assert!(!v.passed && v.failure.as_deref().unwrap_or("").contains("NameError"), "{v:?}");
     }
 
     #[test]

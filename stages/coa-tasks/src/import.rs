@@ -331,6 +331,14 @@ fn verl_row(cols: &VerlColumns, i: usize, split_override: Option<&str>, ids: &mu
     let difficulty = info("difficulty").filter(|d| !d.is_empty());
     let task_id = ids.unique(format!("{}-{}", id_part(&data_source), id_part(&index)));
 
+    // A LiveCodeBench ground truth names its question beside the tests; `extra` keeps it, for
+    // the verl export (AFM's scorer reads it there).
+    let mut extra = extra_info.clone();
+    if let Some(q) = question_id(&ground_truth) {
+        if let Value::Object(o) = extra.get_or_insert_with(|| Value::Object(Map::new())) {
+            o.entry("question_id").or_insert(Value::String(q));
+        }
+    }
     let mut task = Task {
         task_id,
         split,
@@ -338,7 +346,7 @@ fn verl_row(cols: &VerlColumns, i: usize, split_override: Option<&str>, ids: &mu
         question,
         system_prompt: system,
         difficulty,
-        extra: extra_info.as_ref().map(Value::to_string),
+        extra: extra.as_ref().map(Value::to_string),
         ..Default::default()
     };
     let labels = [data_source.as_str(), ability.as_deref().unwrap_or("")];
@@ -441,6 +449,19 @@ fn answer_items(v: &Value) -> Result<Vec<String>> {
         }
         other => Ok(vec![scalar_text(other).ok_or_else(|| anyhow!("unusable `ground_truth`: {}", json_kind(other)))?]),
     }
+}
+
+/// The `question_id` of a ground truth that is a JSON object (or a string holding one).
+fn question_id(ground_truth: &Value) -> Option<String> {
+    let parsed;
+    let obj = match ground_truth {
+        Value::String(s) if s.trim_start().starts_with('{') => {
+            parsed = serde_json::from_str::<Value>(s).ok()?;
+            &parsed
+        }
+        other => other,
+    };
+    obj.get("question_id").and_then(scalar_text).filter(|q| !q.is_empty())
 }
 
 /// Recognises a code test spec: a JSON object (or a string holding one) with `stdin` +

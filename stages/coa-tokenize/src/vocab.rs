@@ -46,6 +46,13 @@ pub const TRAIN_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p
 /// word made training quadratic (100 KB took 7 s, 0.5 MB over a minute).
 pub const MAX_WORD_CHARS: usize = 64;
 
+/// The split that bounds words to [`MAX_WORD_CHARS`]: any character, newlines included. Written
+/// `[\s\S]` because the file must load in HF tokenizers' Python build, whose Oniguruma refuses the
+/// `(?s)` flag (`(?s).{1,64}` worked here, in fancy-regex, and nowhere else).
+fn word_bound_regex() -> String {
+    format!(r"[\s\S]{{1,{MAX_WORD_CHARS}}}")
+}
+
 /// Every CoA tag string (`<think>`, `</think>`, …), from the shared grammar, in documentation order.
 pub fn tag_strings() -> Vec<&'static str> {
     Tag::ALL.iter().flat_map(|t| [t.open(), t.close()]).collect()
@@ -268,7 +275,7 @@ impl Vocab {
         let mut tokenizer = Tokenizer::new(BPE::default());
         let split = Split::new(SplitPattern::Regex(TRAIN_SPLIT_REGEX.to_string()), SplitDelimiterBehavior::Isolated, false)
             .map_err(|e| anyhow!("pre-tokenizer regex: {e}"))?;
-        let bound = Split::new(SplitPattern::Regex(format!("(?s).{{1,{MAX_WORD_CHARS}}}")), SplitDelimiterBehavior::Isolated, false)
+        let bound = Split::new(SplitPattern::Regex(word_bound_regex()), SplitDelimiterBehavior::Isolated, false)
             .map_err(|e| anyhow!("pre-tokenizer word bound: {e}"))?;
         tokenizer.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
             PreTokenizerWrapper::Split(split),

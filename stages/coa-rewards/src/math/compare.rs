@@ -15,18 +15,25 @@
 //! - Numbers and expressions: when either side is a decimal as written (`0.333333`, `1.50`),
 //!   both are rounded to 6 decimal places and must also agree to a relative 1e-5 (the reference
 //!   checker rounds only; that makes `0.0000672` equal `0.0000673`); otherwise exact rationals
-//!   when both have one, else the complex values agree to a relative 1e-9 — at 6 seeded random
-//!   points when there are variables (so `(x+1)(x+2)` equals `x^2+3x+2` and `2\cdot x` equals
-//!   `2x`, but `x+1` does not equal `y+1`). A percentage of an integer equals that integer
-//!   (`50\%` = `50`), otherwise its value (`50\%` = `0.5`).
+//!   when both have one, else the complex values agree to a relative 1e-9 — at 12 seeded random
+//!   points when there are variables ([`points`]: real, wide, integers among them; so
+//!   `(x+1)(x+2)` equals `x^2+3x+2` and `2\cdot x` equals `2x`, but `x+1` does not equal `y+1`,
+//!   `|x|` does not equal `x`, nor `\lceil n/2\rceil` equal `\lceil n/3\rceil`). A percentage
+//!   of an integer equals that integer (`50\%` = `50`), otherwise its value (`50\%` = `0.5`).
 
 use std::collections::BTreeSet;
 
 use super::expr::{Const, Expr, RelOp, C64};
 
-/// Variables at one evaluation point, in `[-1.9, -0.4] ∪ [0.4, 1.9]` (away from 0 and 1 so that
-/// `|x|`, `x^2`, `1/x` and `x` tell apart).
-fn points(symbols: &BTreeSet<String>) -> Vec<Vec<(String, f64)>> {
+/// Evaluation points: each variable drawn on its own, seeded, so the same pair always gets the
+/// same verdict. Variables are real, as the reference checker's symbols are, and range wide: a
+/// point near 1 alone would make `\lceil n/2 \rceil` equal `\lceil n/3 \rceil` and `|x|` equal
+/// `x`. Eight reals in `[-10, -0.1] ∪ [0.1, 10]` and four integers in `±[1, 9]` (where floors,
+/// ceilings and factorials jump or are defined).
+const REAL_POINTS: usize = 8;
+const INTEGER_POINTS: usize = 4;
+
+fn points(symbols: &BTreeSet<String>) -> Vec<Vec<(String, C64)>> {
     let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut next = || {
         state ^= state << 13;
@@ -34,14 +41,14 @@ fn points(symbols: &BTreeSet<String>) -> Vec<Vec<(String, f64)>> {
         state ^= state << 17;
         (state >> 11) as f64 / (1u64 << 53) as f64
     };
-    (0..6)
-        .map(|_| {
+    (0..REAL_POINTS + INTEGER_POINTS)
+        .map(|k| {
             symbols
                 .iter()
                 .map(|s| {
-                    let magnitude = 0.4 + 1.5 * next();
                     let sign = if next() < 0.5 { -1.0 } else { 1.0 };
-                    (s.clone(), sign * magnitude)
+                    let magnitude = if k < REAL_POINTS { 0.1 + 9.9 * next() } else { 1.0 + (9.0 * next()).floor() };
+                    (s.clone(), C64::real(sign * magnitude))
                 })
                 .collect()
         })
@@ -108,7 +115,7 @@ fn values_equal(gold: &Expr, pred: &Expr) -> bool {
     }
     let mut agreed = 0;
     for point in points(&symbols) {
-        let env = |name: &str| point.iter().find(|(s, _)| s == name).map(|(_, v)| C64::real(*v));
+        let env = |name: &str| point.iter().find(|(s, _)| s == name).map(|(_, v)| *v);
         match (gold.eval(&env), pred.eval(&env)) {
             (Some(g), Some(p)) if g.is_finite() && p.is_finite() => {
                 if !close(g, p, 1e-9) {
@@ -269,7 +276,7 @@ fn constant_ratio(a: &Expr, b: &Expr) -> Option<f64> {
     }
     let mut ratio: Option<C64> = None;
     for point in points(&symbols) {
-        let env = |name: &str| point.iter().find(|(s, _)| s == name).map(|(_, v)| C64::real(*v));
+        let env = |name: &str| point.iter().find(|(s, _)| s == name).map(|(_, v)| *v);
         let (x, y) = (a.eval(&env)?, b.eval(&env)?);
         if y.abs() < 1e-12 || !x.is_finite() || !y.is_finite() {
             return None;

@@ -3,8 +3,10 @@
 //!
 //! [`math_equal`]`(pred, gold)`:
 //! 1. takes the answer out of `pred`: its last `\boxed{…}` (with the boxes right before it, see
-//!    [`boxed_answer`]), else its last `$…$`, `\(…\)` or `\[…\]` math, else the whole text; the
-//!    gold is read the same way (a gold is usually bare, `\frac{3}{56}`);
+//!    [`boxed_answer`]), else its last `$…$`, `\(…\)` or `\[…\]` math (with the math right
+//!    before it when only `,`, `;`, `and`, `or` stand between: `$69$,$84$` is a two-part
+//!    answer), else the whole text; the gold is read the same way (a gold is usually bare,
+//!    `\frac{3}{56}`);
 //! 2. normalises both strings ([`normalize_latex`]: `\left`/`\right`, `\text` wrappers, units,
 //!    `{,}`, `\dfrac`, short `\frac12`, …); equal normalised strings (or a normalised prediction
 //!    equal to the gold as written) are the same answer;
@@ -14,8 +16,8 @@
 //!    expressions by evaluation at random points, sets unordered, equations by their solutions).
 //!    An answer that does not parse is only equal to the same normalised text.
 //!
-//! An empty answer is never equal to anything. `tests/math_verify/` holds a table of 1,291
-//! (gold, answer) pairs built from MATH-500's golds, with math-verify's verdict on each; the
+//! An empty answer is never equal to anything. `tests/math_verify/` holds a table of 2,057
+//! (gold, answer) pairs built from MATH-500's and AIME24's golds, with math-verify's verdict on each; the
 //! `math_verify_agreement` test measures how often `math_equal` agrees (README: "Math answers").
 
 mod compare;
@@ -25,37 +27,53 @@ mod parse;
 
 pub use normalize::{boxed_answer, extract_boxed, normalize_latex};
 
-/// The answer part of a text: its boxed answer, else its last inline or display math, else the
-/// whole text (trimmed).
+/// The answer part of a text: its boxed answer, else its last inline or display math (with the
+/// math right before it when only `,`, `;`, `and` or `or` stand between: `$69$,$84$` and
+/// `$1$ and $-2$` are two-part answers, as the reference checker reads them), else the whole
+/// text (trimmed).
 fn answer_part(s: &str) -> String {
     if let Some(b) = boxed_answer(s) {
         return b;
     }
-    last_math(s).unwrap_or_else(|| s.trim().to_string())
+    let only_separators = |gap: &str, _: &str| gap.split(|c: char| c.is_whitespace() || c == ',' || c == ';').all(|w| w.is_empty() || w == "and" || w == "or");
+    normalize::join_last(s, math_spans(s), only_separators).unwrap_or_else(|| s.trim().to_string())
 }
 
-/// The content of the last `$…$`, `$$…$$`, `\(…\)` or `\[…\]` in `s`.
-fn last_math(s: &str) -> Option<String> {
-    let mut best: Option<(usize, String)> = None;
-    for (open, close) in [("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$")] {
-        let mut from = 0;
-        while let Some(off) = s[from..].find(open) {
-            let start = from + off;
-            // `\$` is a dollar sign, not math
-            if open == "$" && start > 0 && s.as_bytes()[start - 1] == b'\\' {
-                from = start + 1;
-                continue;
+/// Every `$…$`, `$$…$$`, `\(…\)` and `\[…\]` of `s`, left to right, as (start, end, content); an
+/// escaped `\$` is a dollar sign, never a delimiter; empty math is left out.
+fn math_spans(s: &str) -> Vec<(usize, usize, String)> {
+    let unescaped = |at: usize| at == 0 || s.as_bytes()[at - 1] != b'\\';
+    let mut spans = Vec::new();
+    let mut i = 0;
+    while i < s.len() {
+        let rest = &s[i..];
+        let open = ["$$", "\\[", "\\(", "$"].into_iter().find(|o| rest.starts_with(o) && (!o.starts_with('$') || unescaped(i)));
+        let Some(open) = open else {
+            i += rest.chars().next().map_or(1, char::len_utf8);
+            continue;
+        };
+        let close = match open {
+            "\\[" => "\\]",
+            "\\(" => "\\)",
+            other => other,
+        };
+        let body = i + open.len();
+        let mut from = body;
+        let end = loop {
+            match s[from..].find(close) {
+                Some(off) if close.starts_with('$') && !unescaped(from + off) => from += off + 1,
+                Some(off) => break Some(from + off),
+                None => break None,
             }
-            let body = start + open.len();
-            let Some(len) = s[body..].find(close) else { break };
-            let content = s[body..body + len].trim();
-            if !content.is_empty() && best.as_ref().is_none_or(|(pos, _)| start > *pos) {
-                best = Some((start, content.to_string()));
-            }
-            from = body + len + close.len();
+        };
+        let Some(end) = end else { break };
+        let content = s[body..end].trim();
+        if !content.is_empty() {
+            spans.push((i, end + close.len(), content.to_string()));
         }
+        i = end + close.len();
     }
-    best.map(|(_, c)| c)
+    spans
 }
 
 /// The answer of `s` normalised as a string (what step 2 of the module docs compares).
@@ -170,5 +188,32 @@ mod tests {
         assert!(math_equal("1 + \\sqrt{19}, 1 - \\sqrt{19}", "1 \\pm \\sqrt{19}"));
         assert!(!math_equal("", ""));
         assert!(!math_equal("\\boxed{}", "1"));
+    }
+
+    #[test]
+    fn several_part_golds_are_read_whole() {
+        // a gold in several math parts is their list, not its last part
+        assert!(!math_equal("\\boxed{84}", "$69$,$84$"));
+        assert!(!math_equal("\\boxed{69}", "$69$,$84$"));
+        assert!(math_equal("\\boxed{84, 69}", "$69$,$84$"));
+        assert!(math_equal("\\boxed{\\{69, 84\\}}", "$69$, $84$"));
+        assert!(math_equal("The roots are $1$ and $-2$.", "1,-2"));
+        assert!(!math_equal("The roots are $1$ and $-2$.", "1"));
+        assert!(!math_equal("\\boxed{-2}", "1, -2"));
+        // math apart from the answer (other words between) is not joined to it
+        assert!(math_equal("With $y = 3$ we get $x = 5$", "5"));
+        // an escaped dollar inside the math is a dollar sign, not its end
+        assert!(math_equal("The answer is $\\$18.90$.", "\\$18.90"));
+    }
+
+    #[test]
+    fn variables_range_over_integers_and_negatives() {
+        assert!(!math_equal("\\lceil n/3\\rceil+1", "\\lceil n/2\\rceil+1"), "equal only on small positive n");
+        assert!(math_equal("1+\\lceil \\frac{n}{2}\\rceil", "\\lceil n/2\\rceil+1"));
+        assert!(!math_equal("\\left|2k+2\\right|", "2k+2"), "equal only for k > -1");
+        assert!(!math_equal("\\sqrt{(a+5)(a+5)}", "a+5"));
+        assert!(!math_equal("2k+2 + \\lfloor k/2 \\rfloor - \\lfloor k/3 \\rfloor", "2k+2"));
+        assert!(math_equal("\\sqrt{x^2}", "|x|"), "variables are real, as the reference checker's are");
+        assert!(math_equal("\\binom{n+1}{2}", "\\frac{n(n+1)}{2}"));
     }
 }

@@ -94,19 +94,27 @@ pub(crate) fn matching_brace(s: &str) -> Option<usize> {
 /// when they follow each other closely (under 10 characters apart) or are separated by `,`,
 /// `;`, `and` or `or` (under 70 characters apart); `None` without a box.
 pub fn boxed_answer(s: &str) -> Option<String> {
-    let mut boxes: Vec<(usize, usize, String)> = boxes(s).into_iter().map(|(a, b, c)| (a, b, c.trim().to_string())).collect();
-    let (mut after_start, _, last) = boxes.pop()?;
+    join_last(s, boxes(s), |gap, _| {
+        let n = gap.chars().count();
+        n < 10 || n < 70 && separators().is_match(gap)
+    })
+}
+
+/// The content of the last of `spans` (start, end, content; in order, not overlapping), joined
+/// with commas to the spans before it for as long as `joins(gap, content)` accepts the text
+/// between two of them. A content equal to the one after it is not repeated. `None` without spans.
+pub(crate) fn join_last(s: &str, spans: Vec<(usize, usize, String)>, joins: impl Fn(&str, &str) -> bool) -> Option<String> {
+    let mut spans: Vec<(usize, usize, String)> = spans.into_iter().map(|(a, b, c)| (a, b, c.trim().to_string())).collect();
+    let (mut after_start, _, last) = spans.pop()?;
     let mut out = vec![last];
-    // Walk leftwards while each box is close to the one after it.
-    while let Some((start, end, content)) = boxes.pop() {
+    // Walk leftwards while each span is joined to the one after it.
+    while let Some((start, end, content)) = spans.pop() {
         if end > after_start {
             break;
         }
-        let gap = s[end..after_start].chars().count();
-        let newest = out.last().expect("one box");
-        let close = gap < 10;
-        let separated = gap < 70 && &content != newest && separators().is_match(&s[end..after_start]);
-        if !(close || separated) {
+        let newest = out.last().expect("one span");
+        let gap = &s[end..after_start];
+        if !(&content == newest && gap.chars().count() < 10 || &content != newest && joins(gap, &content)) {
             break;
         }
         if &content != newest {

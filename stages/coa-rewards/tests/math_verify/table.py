@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The (gold, answer) agreement table between `coa_rewards::math_equal` and HF math-verify.
 
-    table.py build --math500 FILE -o table.jsonl   # pairs from MATH-500's golds (no verdicts yet)
+    table.py build --math500 FILE [--aime FILE] -o table.jsonl   # pairs from the golds (no verdicts yet)
     table.py verdicts table.jsonl                  # (re)write each pair's `math_verify` verdict
     table.py check table.jsonl                     # exit 1 if a stored verdict differs from math-verify's
 
@@ -11,7 +11,8 @@ string match of its extracted string against the gold, else `verify(parse("\\box
 
 `build` needs pyarrow (to read the MATH-500 verl Parquet); `verdicts`/`check` need math-verify;
 both are pinned in bench/requirements.txt (`make math-verify-table` runs `verdicts` in .venv).
-Each row: {"id", "kind", "rule", "gold", "answer", "math_verify"}; kind is `gold` (the gold boxed),
+Each row: {"id", "part", "kind", "rule", "gold", "answer", "math_verify"}; part 1 is the table as
+first built (1,291 pairs), part 2 the rewrites added after a review (`variants_2`); kind is `gold` (the gold boxed),
 `variant` (a model-style rewrite meant to be equal), `near_miss` (meant to differ), `issue` (a case
 named in the issue that asked for the table) or `handwritten` (harder rewrites, written by hand). Meant, not decided: the verdict is math-verify's.
 """
@@ -330,14 +331,108 @@ HANDWRITTEN = [
 ]
 
 
-def build(math500, out_path, n_integers):
+def read_golds(path):
+    """The distinct ground truths of a verl Parquet file, in file order."""
     import pyarrow.parquet as pq
 
     golds = []
-    for row in pq.read_table(math500).to_pylist():
+    for row in pq.read_table(path).to_pylist():
         gt = row["reward_model"]["ground_truth"]
         if gt not in golds:
             golds.append(gt)
+    return golds
+
+
+# --- the second part of the table: rewrites the first part did not have -----------------------
+# Added when a review measured 96.95% on pairs of its own: several-part golds, variables away from
+# small positive values, floors and ceilings, answers written in prose. Built after the first
+# part with its own seed, so the first 1,291 rows stay as they were.
+SEED_2 = 44
+
+# Several-part golds written with each part in its own math (as some benchmark files store
+# them): (gold, answer). The first is the review's case.
+ISSUE_CASES_2 = [
+    ("$69$,$84$", "\\boxed{84}"), ("$69$,$84$", "\\boxed{69, 84}"), ("$69$,$84$", "\\boxed{84, 69}"),
+    ("\\lceil n/2\\rceil+1", "\\boxed{\\lceil n/3\\rceil+1}"), ("\\lceil n/2\\rceil+1", "\\boxed{1+\\lceil \\frac{n}{2}\\rceil}"),
+    ("\\lfloor \\frac{n}{2} \\rfloor", "\\boxed{\\lfloor n/2 \\rfloor}"), ("\\lfloor \\frac{n}{2} \\rfloor", "\\boxed{\\lceil \\frac{n-1}{2} \\rceil}"),
+    ("\\lfloor \\frac{n}{2} \\rfloor", "\\boxed{\\frac{n}{2}}"), ("\\lfloor x \\rfloor", "\\boxed{x}"),
+    ("\\lceil \\frac{n+1}{2} \\rceil", "\\boxed{\\lfloor \\frac{n}{2} \\rfloor + 1}"), ("2^{n-1}", "\\boxed{\\frac{2^n}{2}}"),
+    ("n(n+1)/2", "\\boxed{\\binom{n+1}{2}}"), ("\\sqrt{x^2}", "\\boxed{x}"), ("\\sqrt{x^2}", "\\boxed{|x|}"),
+    ("\\sqrt{ab}", "\\boxed{\\sqrt{a}\\sqrt{b}}"), ("\\frac{1}{x}", "\\boxed{x^{-1}}"), ("\\log_2 x", "\\boxed{\\frac{\\ln x}{\\ln 2}}"),
+]
+
+HAS_VARIABLE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z](?![a-zA-Z])")
+
+
+def parts_of(s):
+    """The parts of a several-part gold (a list, a tuple, a set, `a \\pm b`), or None."""
+    inner = s.replace("\\left", "").replace("\\right", "").strip()
+    if "\\pm" in inner and not inner.startswith("\\{"):
+        a, b = [p.strip() for p in inner.split("\\pm", 1)]
+        return [f"{a} + {b}", f"{a} - {b}"]
+    if inner.startswith("\\{") and inner.endswith("\\}"):
+        inner = inner[2:-2]
+    elif re.match(r"^\(.*\)$", inner) and "\\cup" not in inner:
+        inner = inner[1:-1]
+    elif inner.startswith(("(", "[", "\\begin")) or "\\cup" in inner or "=" in inner or "\\in" in inner:
+        return None
+    items = split_top(inner)
+    if len(items) < 2 or not all(items) or all(re.match(r"^\d{3}$", i.replace("\\!", "").strip()) for i in items[1:]):
+        return None
+    return items
+
+
+def variables_in(s):
+    """The one-letter variables of a gold (not `i`, `e` or a command's letters)."""
+    text = re.sub(r"\\[a-zA-Z]+", " ", s)
+    return sorted({m.group(0) for m in HAS_VARIABLE.finditer(text)} - {"i", "e"})
+
+
+# The ways of writing an answer around a gold (`variants_2`'s first four rules).
+PROSE = ("prose_inline", "dollar_boxed", "minerva", "boxed_after_work")
+
+
+def variants_2(g):
+    """(kind, rule, gold, answer) rewrites of gold g for the second part: answers in prose and
+    math, several-part golds part by part, and expressions in variables against forms that agree
+    only on small positive values (floors, absolute values, square roots of squares)."""
+    out = []
+    add = lambda kind, rule, a, gold=g: out.append((kind, rule, gold, a))
+    s = g.strip()
+    add("variant", "prose_inline", f"The answer is ${s}$.")
+    add("variant", "dollar_boxed", f"$\\boxed{{{s}}}$")
+    add("variant", "minerva", f"Final Answer: The final answer is ${s}$. I hope it is correct.")
+    add("variant", "boxed_after_work", f"We find $y = 3$ first, and then \\boxed{{{s}}}")
+    parts = parts_of(s)
+    if parts:
+        dollars = ",".join(f"${p}$" for p in parts)
+        add("variant", "dollar_parts_gold", f"\\boxed{{{', '.join(parts)}}}", gold=dollars)
+        add("variant", "dollar_parts_gold_reversed", f"\\boxed{{{', '.join(reversed(parts))}}}", gold=dollars)
+        add("near_miss", "dollar_parts_gold_last", f"\\boxed{{{parts[-1]}}}", gold=dollars)
+        add("near_miss", "dollar_parts_gold_first", f"\\boxed{{{parts[0]}}}", gold=dollars)
+        add("variant", "boxed_parts", ", ".join(f"\\boxed{{{p}}}" for p in parts))
+        add("variant", "prose_parts", "The values are " + " and ".join(f"${p}$" for p in parts) + ".")
+        add("near_miss", "last_part", f"\\boxed{{{parts[-1]}}}")
+        add("near_miss", "first_part", f"\\boxed{{{parts[0]}}}")
+        add("variant", "as_set", "\\boxed{\\{" + ", ".join(parts) + "\\}}")
+        if len(parts) > 2 or s.startswith(("(", "\\left(")):
+            add("near_miss", "parts_reversed_tuple", "\\boxed{(" + ", ".join(reversed(parts)) + ")}")
+    vs = variables_in(s)
+    if vs and "=" not in s and "\\in" not in s and not s.startswith("\\text"):
+        v = vs[0]
+        add("near_miss", "absolute_value", f"\\boxed{{\\left|{s}\\right|}}")
+        add("near_miss", "root_of_square", f"\\boxed{{\\sqrt{{({s})^2}}}}")
+        add("near_miss", "floors_that_agree_near_one", f"\\boxed{{{s} + \\lfloor {v}/2 \\rfloor - \\lfloor {v}/3 \\rfloor}}")
+        add("near_miss", "ceilings_that_agree_near_one", f"\\boxed{{{s} + \\lceil \\frac{{{v}}}{{2}} \\rceil - \\lceil \\frac{{{v}}}{{3}} \\rceil}}")
+        add("variant", "floor_cancels", f"\\boxed{{{s} + \\lfloor {v} \\rfloor - \\lfloor {v} \\rfloor}}")
+        add("variant", "doubled_halved", f"\\boxed{{\\frac{{2({s})}}{{2}}}}")
+    if re.match(r"^0\d+$", s):
+        add("variant", "leading_zero_dropped", f"\\boxed{{{int(s)}}}")
+    return [(k, r, gd, a) for k, r, gd, a in out if a and a.strip() != gd]
+
+
+def build(math500, out_path, n_integers, aime=None):
+    golds = read_golds(math500)
     rng = random.Random(SEED)
     ints = [g for g in golds if INT.match(g)]
     others = [g for g in golds if not INT.match(g)]
@@ -349,7 +444,9 @@ def build(math500, out_path, n_integers):
         if key in seen:
             return
         seen.add(key)
-        rows.append({"id": len(rows), "kind": kind, "rule": rule, "gold": gold, "answer": answer})
+        rows.append({"id": len(rows), "part": part, "kind": kind, "rule": rule, "gold": gold, "answer": answer})
+
+    part = 1
 
     for g in sorted(picked_ints + others, key=golds.index):
         if g in others or rng.random() < 0.3:
@@ -365,10 +462,25 @@ def build(math500, out_path, n_integers):
         push("handwritten", "handwritten", g, f"\\boxed{{{a}}}")
     for g, a in ISSUE_CASES_UNBOXED:
         push("issue", "unboxed", g, a)
+    first, part = len(rows), 2
+
+    # The second part (see SEED_2): every gold of MATH-500, then AIME's.
+    rng2 = random.Random(SEED_2)
+    golds_2 = golds + [g for g in (read_golds(aime) if aime else []) if g not in golds]
+    for g in golds_2:
+        vs = variants_2(g)
+        prose = [v for v in vs if v[1] in PROSE]
+        rest = [v for v in vs if v[1] not in PROSE]
+        # two of the four ways to write an answer around it (one for an integer)
+        vs = rng2.sample(prose, min(1 if INT.match(g) else 2, len(prose))) + rest
+        for kind, rule, gold, a in vs:
+            push(kind, rule, gold, a)
+    for g, a in ISSUE_CASES_2:
+        push("issue", "issue_2", g, a)
     with open(out_path, "w") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    print(f"{out_path}: {len(rows)} pairs from {len(others)} non-integer and {len(picked_ints)} integer golds", file=sys.stderr)
+    print(f"{out_path}: {first} pairs from {len(others)} non-integer and {len(picked_ints)} integer golds, then {len(rows) - first} from {len(golds_2)} golds", file=sys.stderr)
 
 
 def afm_math_reward(answer, gold):
@@ -403,6 +515,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build")
     b.add_argument("--math500", required=True)
+    b.add_argument("--aime", help="AIME24's verl Parquet: its golds join the second part")
     b.add_argument("-o", "--out", required=True)
     b.add_argument("--integers", type=int, default=60, help="integer golds sampled (all non-integer golds are used)")
     v = sub.add_parser("verdicts")
@@ -411,7 +524,7 @@ def main():
     c.add_argument("table")
     args = ap.parse_args()
     if args.cmd == "build":
-        build(args.math500, args.out, args.integers)
+        build(args.math500, args.out, args.integers, args.aime)
         return 0
     rows = read(args.table)
     import logging
