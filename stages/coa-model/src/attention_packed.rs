@@ -428,15 +428,21 @@ mod tests {
         let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
         let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
         for rep in 0..3 {
-            for per_product in [true, false] {
+            // (per product, keeping P and dS from pass 1 for pass 2)
+            for (per_product, keep) in [(true, true), (false, true), (false, false)] {
                 PER_PRODUCT.set(per_product);
                 let t0 = std::time::Instant::now();
                 attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, 0, nh, nkv, hd, MatmulDtype::Bf16);
                 let t1 = std::time::Instant::now();
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 0, nh, nkv, hd, MatmulDtype::Bf16, usize::MAX);
+                let keep_limit = if keep { usize::MAX } else { 0 };
+                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 0, nh, nkv, hd, MatmulDtype::Bf16, keep_limit);
                 let t2 = std::time::Instant::now();
                 PER_PRODUCT.set(false);
-                let name = if per_product { "per product" } else { "packed once" };
+                let name = match (per_product, keep) {
+                    (true, _) => "per product",
+                    (false, true) => "packed once, P and dS kept",
+                    (false, false) => "packed once, P and dS recomputed",
+                };
                 eprintln!("rep {rep} {name}: forward {:.1} ms, backward {:.1} ms", (t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3);
             }
         }

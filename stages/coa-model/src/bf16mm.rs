@@ -150,6 +150,11 @@ pub(crate) unsafe fn pack_rows(dst: &mut [u16], a: *const f32, m: usize, k: usiz
                 for (d, run) in block.iter_mut().enumerate().take(depth) {
                     to_bf16(&mut run[..rows], std::slice::from_raw_parts(a.add(i0 + (p0 + d) * csa), rows), alpha);
                 }
+                if rows == 16 && depth == TILE_K {
+                    // SAFETY: rows i0..i0 + 16, depths p0..p0 + 32: inside dst (asserted above).
+                    transpose_block(&block, out.add(i0 * k_pad + p0), k_pad);
+                    continue;
+                }
                 for ii in 0..rows {
                     // SAFETY: row i0 + ii < m, depths p0..p0 + depth ≤ k: inside dst (asserted above).
                     let row = std::slice::from_raw_parts_mut(out.add((i0 + ii) * k_pad + p0), depth);
@@ -164,6 +169,65 @@ pub(crate) unsafe fn pack_rows(dst: &mut [u16], a: *const f32, m: usize, k: usiz
         }
     }
     dst[m * k_pad..m_pad * k_pad].fill(0);
+}
+
+/// A block of 32 depths × 16 rows of bf16 (`block[d][ii]`) written as 16 rows of 32 depths, row
+/// `ii` at `out + ii·ld` (a cache line each): each pair of depths interleaved into 16 u32 by one
+/// permute, then those 16 × 16 u32 transposed in registers (the scalar loop it replaces was a
+/// quarter of a multihop SFT step on AMX, where the products themselves are fast).
+///
+/// # Safety
+/// The CPU has AVX-512F and BW; `out + ii·ld .. + 32` is writable for every `ii < 16`.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn transpose_block(block: &[[u16; TILE_M]; TILE_K], out: *mut u16, ld: usize) {
+    // Lane 2i takes value i of depth 2q, lane 2i + 1 value i of depth 2q + 1 (the 16 after it).
+    const INTERLEAVE: [u16; 32] = {
+        let mut idx = [0u16; 32];
+        let mut l = 0;
+        while l < 32 {
+            idx[l] = ((l % 2) * 16 + l / 2) as u16;
+            l += 1;
+        }
+        idx
+    };
+    let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr() as *const _);
+    let mut r = [_mm512_setzero_si512(); 16];
+    for (q, rq) in r.iter_mut().enumerate() {
+        // Depths 2q and 2q + 1 are 32 consecutive u16 of the block.
+        *rq = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(block[2 * q].as_ptr() as *const _));
+    }
+    transpose_16x16_u32(&mut r);
+    for (ii, row) in r.iter().enumerate() {
+        _mm512_storeu_si512(out.add(ii * ld) as *mut _, *row);
+    }
+}
+
+/// `r[i]` lane `j` ↔ `r[j]` lane `i`, for 16 rows of 16 u32: pairs of rows interleaved by 32 and
+/// by 64 bits, then 128-bit lanes exchanged twice.
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_16x16_u32(r: &mut [__m512i; 16]) {
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for i in 0..4 {
+        let b = 4 * i;
+        r[b] = _mm512_unpacklo_epi64(t[b], t[b + 2]);
+        r[b + 1] = _mm512_unpackhi_epi64(t[b], t[b + 2]);
+        r[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
+        r[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
+    }
+    for i in 0..4 {
+        t[i] = _mm512_shuffle_i32x4::<0x88>(r[i], r[i + 4]);
+        t[i + 4] = _mm512_shuffle_i32x4::<0xdd>(r[i], r[i + 4]);
+        t[i + 8] = _mm512_shuffle_i32x4::<0x88>(r[i + 8], r[i + 12]);
+        t[i + 12] = _mm512_shuffle_i32x4::<0xdd>(r[i + 8], r[i + 12]);
+    }
+    for i in 0..8 {
+        r[i] = _mm512_shuffle_i32x4::<0x88>(t[i], t[i + 8]);
+        r[i + 8] = _mm512_shuffle_i32x4::<0xdd>(t[i], t[i + 8]);
+    }
 }
 
 /// B (element (p, j) at `b + p·rsb + j·csb`) as [`pack_b`]'s tile panels, zero-padded. A VNNI
@@ -510,6 +574,30 @@ pub(crate) unsafe fn gemm_prepacked(engine: Engine, m: usize, alpha: f32, a: *co
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The transposed packing (A read along its columns) in whole 16 × 32 blocks and at the
+    /// edges gives what the rows-contiguous packing of the transposed copy gives, bit for bit.
+    #[test]
+    fn transposed_rows_pack_as_the_contiguous_rows() {
+        if !dot_available() && !crate::amx::available() {
+            eprintln!("transposed_rows_pack_as_the_contiguous_rows: skipped, this CPU has no bf16 engine");
+            return;
+        }
+        let mut rng = crate::rng::SplitMix64::new(11);
+        for (m, k) in [(16usize, 32usize), (48, 96), (37, 70), (5, 3), (130, 33)] {
+            let (m_pad, k_pad) = (m.next_multiple_of(16), k.next_multiple_of(TILE_K));
+            // A [m, k] stored column by column (element (i, p) at p·m + i), and its row-major copy.
+            let cols: Vec<f32> = (0..m * k).map(|_| (rng.unit_nonzero() * 4.0 - 2.0) as f32).collect();
+            let rows: Vec<f32> = (0..m * k).map(|x| cols[(x % k) * m + x / k]).collect();
+            let (mut from_cols, mut from_rows) = (vec![7u16; m_pad * k_pad], vec![9u16; m_pad * k_pad]);
+            // SAFETY: both read A [m, k] inside its buffer; the CPU has AVX-512F and BW.
+            unsafe {
+                pack_rows(&mut from_cols, cols.as_ptr(), m, k, 1, m, m_pad, k_pad, 0.5);
+                pack_rows(&mut from_rows, rows.as_ptr(), m, k, k, 1, m_pad, k_pad, 0.5);
+            }
+            assert_eq!(from_cols, from_rows, "m {m}, k {k}");
+        }
+    }
 
     /// The dot kernel alone, its operands in L1 (one 12×32 tile, a depth block of 512, called
     /// again and again adding to C): every element must hold the exact running sum, and the run
