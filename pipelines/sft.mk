@@ -28,7 +28,7 @@ SFT_OVERLONG     ?= truncate
 # The run's length: SFT_EPOCHS passes over the data when set, else SFT_STEPS optimizer steps.
 # The default size's, chosen on a validation split (docs/results/validation.md, "Three suites, one
 # student"): half an epoch of the three suites' rows (the first half of the seed's shuffle) in
-# steps of at most 4096 tokens, 33 minutes on 2 cores; one epoch in steps of 8192 (SFT_EPOCHS=1
+# steps of at most 4096 tokens, 29-33 minutes on 2 cores; one epoch in steps of 8192 (SFT_EPOCHS=1
 # SFT_BATCH_TOKENS=8192) took validation multihop from 59% to 64% (the teacher 71%), math from 65%
 # to 86% and code from 59% to 79%, in about an hour of SFT.
 SFT_EPOCHS       ?= $(call by_size,,0.5,)
