@@ -17,7 +17,7 @@ PYTHON  ?= python3
 VENV    := .venv
 TORCH_VENV := .venv-torch
 
-.PHONY: help build test pipeline tasks distill sft rl eval bench bench-io bench-distill bench-tokenize bench-train bench-decode schemas-doc clean
+.PHONY: help build test pipeline config tasks distill sft rl eval bench bench-io bench-distill bench-tokenize bench-train bench-decode schemas-doc clean
 
 help:
 	@echo "make pipeline   the whole offline loop into runs/$(RUN)/: tasks, distill, sft, rl, eval"
@@ -66,14 +66,18 @@ include pipelines/rl.mk
 include pipelines/eval.mk
 include pipelines/external.mk
 
+# `make -n`: print the commands only (the loop below still runs, as it calls $(MAKE)).
+dry_run := $(findstring n,$(firstword -$(MAKEFLAGS)))
+
 # The phases in order, each a make of its own, timed: one line per phase as it ends (also kept in
 # runs/<RUN>/phases.tsv), then all of them with the total, then the comparison table.
 PHASES ?= tasks distill sft rl eval
-pipeline:
+pipeline: config
 	@mkdir -p $(RUNDIR) && : > $(RUNDIR)/phases.tsv
 	@for p in $(PHASES); do \
 	  t0=$$(date +%s); \
 	  $(MAKE) --no-print-directory $$p; \
+	  $(if $(dry_run),continue;) \
 	  t=$$(( $$(date +%s) - t0 )); \
 	  printf '%s\t%s\n' $$p $$t >> $(RUNDIR)/phases.tsv; \
 	  printf 'pipeline: phase %s took %d min %02d s\n' $$p $$((t / 60)) $$((t % 60)); \
@@ -83,6 +87,16 @@ pipeline:
 	  END { printf "  %-8s %3d min %02d s\n", "total", total / 60, total % 60 }' $(RUNDIR)/phases.tsv
 	@if [ -f $(RUNDIR)/eval/report.md ]; then echo; cat $(RUNDIR)/eval/report.md; fi
 	@echo; echo "pipeline: done; every intermediate table is in $(RUNDIR)/ (the comparison: $(RUNDIR)/eval/report.md and pipeline.png)"
+
+# What a run used: every setting (the ?= variables of this Makefile and pipelines/*.mk) with its
+# value and where it came from (the command line, the environment, the size, or the default),
+# written to $(RUNDIR)/config.txt before the first phase. `make -n pipeline` prints the commands.
+RUN_SETTINGS := $(sort $(shell sed -n 's/^\([A-Z][A-Z0-9_]*\)[[:space:]]*?=.*/\1/p' Makefile pipelines/*.mk))
+setting_origin = $(if $(filter command line,$(origin $(1))),command line,$(if $(filter override,$(origin $(1))),made absolute in pipelines/*.mk,$(if $(filter environment%,$(origin $(1))),environment,$(if $(findstring by_size,$(value $(1))),SIZE=$(SIZE),default))))
+config:
+	$(if $(dry_run),,$(shell mkdir -p $(RUNDIR))$(file >$(RUNDIR)/.config.txt.tmp,# the settings of $(RUNDIR), $(shell date -u +%FT%TZ): NAME = value  [where it came from]))
+	$(if $(dry_run),,$(foreach v,$(RUN_SETTINGS),$(file >>$(RUNDIR)/.config.txt.tmp,$(v) = $($(v))  [$(call setting_origin,$(v))])))
+	@mv $(RUNDIR)/.config.txt.tmp $(RUNDIR)/config.txt && echo "pipeline: the run's settings are in $(RUNDIR)/config.txt"
 
 # Python side of the benchmarks (pyarrow, pandas, polars, tokenizers, HF math-verify) in a local virtualenv.
 $(VENV)/.ok: bench/requirements.txt

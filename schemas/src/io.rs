@@ -152,6 +152,15 @@ pub struct TableReader {
     shard: Option<ShardSpec>,
     /// A directory or glob read as one table: the file being read, then the files still to open.
     files: Option<Files>,
+    /// How to read the input again from its start, to name the column of a bad value.
+    reread: Option<Reread>,
+}
+
+/// An input that can be read again: a file, or a pipe buffered whole. A stream from a pipe
+/// cannot.
+enum Reread {
+    Path(PathBuf),
+    Bytes(Bytes),
 }
 
 /// The files of a directory or glob read as one table, opened one after another.
@@ -313,6 +322,18 @@ impl TableReader {
         let next = self.inner.next()?;
         let batch = match next {
             Ok(b) => b,
+            Err(e) if is_invalid_utf8(&e) => {
+                let column = match self.reread.as_ref().and_then(|r| column_with_invalid_utf8(r, self.format)) {
+                    Some(name) => format!("column `{name}`"),
+                    None => format!("a text column ({})", text_columns(&self.found)),
+                };
+                return Some(Err(anyhow!(
+                    "{}: {column} holds a string that is not valid UTF-8, after {} batches ({} rows); every text column must be UTF-8: {e}",
+                    self.source,
+                    self.batches,
+                    self.rows
+                )));
+            }
             Err(e) => {
                 return Some(Err(anyhow!(
                     "{}: input is truncated or corrupt after {} batches ({} rows): {e}",
@@ -326,6 +347,65 @@ impl TableReader {
         self.rows += batch.num_rows() as u64;
         Some(self.conform(batch))
     }
+}
+
+/// Whether a decoding error is arrow's or parquet's check of a string's UTF-8.
+fn is_invalid_utf8(e: &ArrowError) -> bool {
+    let m = e.to_string();
+    m.contains("UTF8") || m.contains("UTF-8")
+}
+
+/// The names of the string columns (top level or nested) of `schema`, for an error that cannot
+/// say which of them holds the bad value.
+fn text_columns(schema: &Schema) -> String {
+    fn has_text(t: &DataType) -> bool {
+        match t {
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => true,
+            DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) | DataType::Map(f, _) => has_text(f.data_type()),
+            DataType::Struct(fs) => fs.iter().any(|f| has_text(f.data_type())),
+            DataType::Dictionary(_, v) => has_text(v),
+            _ => false,
+        }
+    }
+    let names: Vec<String> = schema.fields().iter().filter(|f| has_text(f.data_type())).map(|f| format!("`{}`", f.name())).collect();
+    format!("one of {}", names.join(", "))
+}
+
+/// The first column whose values, read alone from the input's start, fail arrow's or parquet's
+/// UTF-8 check; `None` if none does (or the input cannot be read again). Only on the error path.
+fn column_with_invalid_utf8(reread: &Reread, format: Format) -> Option<String> {
+    let bytes = match reread {
+        Reread::Bytes(b) => b.clone(),
+        Reread::Path(p) => map_file(&File::open(p).ok()?, "").ok()?,
+    };
+    let (names, columns): (Vec<String>, Vec<BatchIter>) = match format {
+        Format::Parquet => {
+            let b = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).ok()?;
+            let names = b.schema().fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+            let readers = (0..names.len())
+                .filter_map(|i| {
+                    let b = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).ok()?;
+                    let mask = ProjectionMask::roots(b.parquet_schema(), [i]);
+                    Some(Box::new(b.with_projection(mask).build().ok()?) as BatchIter)
+                })
+                .collect();
+            (names, readers)
+        }
+        Format::IpcFile => {
+            let names = FileReader::try_new(Cursor::new(bytes.clone()), None).ok()?.schema().fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+            let readers = (0..names.len()).filter_map(|i| Some(Box::new(FileReader::try_new(Cursor::new(bytes.clone()), Some(vec![i])).ok()?) as BatchIter)).collect();
+            (names, readers)
+        }
+        Format::Ipc => {
+            let names = StreamReader::try_new(Cursor::new(bytes.clone()), None).ok()?.schema().fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+            let readers = (0..names.len()).filter_map(|i| Some(Box::new(StreamReader::try_new(Cursor::new(bytes.clone()), Some(vec![i])).ok()?) as BatchIter)).collect();
+            (names, readers)
+        }
+    };
+    if columns.len() != names.len() {
+        return None;
+    }
+    names.into_iter().zip(columns).find_map(|(name, mut batches)| batches.any(|b| b.is_err_and(|e| is_invalid_utf8(&e))).then_some(name))
 }
 
 /// Opens an input holding the `expected` table; `None` or `-` reads stdin.
@@ -360,10 +440,12 @@ pub fn open_any(path: Option<&Path>) -> Result<TableReader> {
 pub fn open_bytes(source: &str, bytes: Bytes, expected: Option<&'static Table>) -> Result<TableReader> {
     let format = sniff_or_fail(source, &bytes[..bytes.len().min(8)], expected)?;
     let (format, inner, found) = match format {
-        Format::Ipc => stream_reader(source, Cursor::new(bytes))?,
-        _ => random_access_reader(source, format, bytes, &[])?,
+        Format::Ipc => stream_reader(source, Cursor::new(bytes.clone()))?,
+        _ => random_access_reader(source, format, bytes.clone(), &[])?,
     };
-    finish_open(source.to_string(), format, inner, found, expected, Vec::new())
+    let mut reader = finish_open(source.to_string(), format, inner, found, expected, Vec::new())?;
+    reader.reread = Some(Reread::Bytes(bytes));
+    Ok(reader)
 }
 
 /// Reads a whole input into memory.
@@ -408,6 +490,7 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>, omit: Vec<V
     }
     let source = source_name(path);
     let stdin = path.is_none() || path == Some(Path::new("-"));
+    let mut reread = None;
     let (format, inner, found): (Format, BatchIter, SchemaRef) = if stdin {
         let mut input = io::stdin().lock();
         let head = read_head(&mut input, 8).with_context(|| format!("{source}: reading"))?;
@@ -424,11 +507,14 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>, omit: Vec<V
                 // Both need random access: a pipe is buffered whole.
                 let mut all = head;
                 input.read_to_end(&mut all).with_context(|| format!("{source}: reading"))?;
-                random_access_reader(&source, format, Bytes::from(all), &omit)?
+                let all = Bytes::from(all);
+                reread = Some(Reread::Bytes(all.clone()));
+                random_access_reader(&source, format, all, &omit)?
             }
         }
     } else {
         let p = path.unwrap();
+        reread = Some(Reread::Path(p.to_path_buf()));
         let mut file = File::open(p).with_context(|| format!("cannot open input {source}"))?;
         let head = read_head(&mut file, 8).with_context(|| format!("{source}: reading"))?;
         let format = sniff_or_fail(&source, &head, expected)?;
@@ -438,7 +524,9 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>, omit: Vec<V
             Format::IpcFile | Format::Parquet => random_access_reader(&source, format, map_file(&file, &source)?, &omit)?,
         }
     };
-    finish_open(source, format, inner, found, expected, omit)
+    let mut reader = finish_open(source, format, inner, found, expected, omit)?;
+    reader.reread = reread;
+    Ok(reader)
 }
 
 /// The files an input names when it is a directory (its `*.parquet` files) or a glob pattern
@@ -497,6 +585,7 @@ fn open_files(path: &Path, files: Vec<PathBuf>, expected: Option<&'static Table>
         rows: 0,
         shard: None,
         files: Some(Files { first: first.source.clone(), current: Box::new(first), rest, expected, omit }),
+        reread: None,
     })
 }
 
@@ -531,7 +620,7 @@ fn finish_open(
         },
     };
     let inner = prefetch(inner);
-    Ok(TableReader { source, format, expected, found, schema, needs_cast, prune, inner, batches: 0, rows: 0, shard: None, files: None })
+    Ok(TableReader { source, format, expected, found, schema, needs_cast, prune, inner, batches: 0, rows: 0, shard: None, files: None, reread: None })
 }
 
 /// `found` with the nullability `table` declares for the columns they share (the rest as found).

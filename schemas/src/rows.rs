@@ -9,6 +9,24 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::tables::{Table, CORPUS, MAS_RUNS, ROLLOUTS, TASKS, TRAJECTORIES};
 
+/// A string value (a task_id, an answer) as one line of an error message shows it: quoted, and
+/// when longer than [`Shown::MAX_CHARS`] characters its start and its length in bytes (a
+/// malformed table's id can be megabytes; the error should still be one readable line).
+pub struct Shown<'a>(pub &'a str);
+
+impl Shown<'_> {
+    pub const MAX_CHARS: usize = 80;
+}
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.char_indices().nth(Self::MAX_CHARS) {
+            None => write!(f, "{:?}", self.0),
+            Some((end, _)) => write!(f, "{:?}... ({} bytes)", &self.0[..end], self.0.len()),
+        }
+    }
+}
+
 /// A row of the `tasks` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Task {

@@ -122,7 +122,7 @@ pub fn restore_task_order(schema: &SchemaRef, batches: &[RecordBatch], order: &[
     for (row, id) in ids.iter().enumerate() {
         let id = id.with_context(|| format!("{source}: row {row} has a null `{SHARD_COLUMN}`"))?;
         let Some(&r) = rank.get(id) else {
-            bail!("{source}: row {row} has task_id `{id}`, which is not in --task-order {order_source}");
+            bail!("{source}: row {row} has task_id {}, which is not in --task-order {order_source}", crate::rows::Shown(id));
         };
         keyed.push((r, row as u32));
     }

@@ -116,9 +116,19 @@ impl Stage {
     /// Checks every output path before any work (see [`output::check_outputs`]): a path that is
     /// a directory, or two outputs naming one file, fail here rather than after the work. The
     /// flags are also left out of the provenance. Call it first thing with every output flag.
+    ///
+    /// With no `-o` the table goes to stdout as binary Arrow: refused when stdout is a terminal
+    /// (as `zstd` does), where it would only garble the screen; `-o -` still writes it there.
     pub fn outputs(&mut self, outputs: &[(&'static str, Option<&Path>)]) -> Result<()> {
         let flags: Vec<&'static str> = outputs.iter().map(|&(flag, _)| flag).collect();
         self.not_recorded(&flags);
+        if outputs.iter().any(|&(flag, path)| flag == "-o" && path.is_none()) && std::io::stdout().is_terminal() {
+            anyhow::bail!(
+                "stdout is a terminal, and {} writes its table there as binary Arrow: give -o FILE (.parquet), pipe it into the next stage, \
+                 or look at it with `| python3 -c 'import sys, polars as pl; print(pl.read_ipc_stream(sys.stdin.buffer))'` (-o - writes it anyway)",
+                self.name
+            );
+        }
         output::check_outputs(outputs)
     }
 

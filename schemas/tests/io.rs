@@ -367,3 +367,54 @@ fn files_made_from_a_pipe_are_named_arrows_in_the_examples() {
     assert!(files.len() > 20, "found the sources ({})", files.len());
     assert!(wrong.is_empty(), "a file made from a pipe holds an IPC stream: name it *.arrows\n{}", wrong.join("\n"));
 }
+
+#[test]
+fn a_string_that_is_not_utf8_names_its_column() {
+    // Written uncompressed by arrow's and parquet's own writers, then one string's first byte
+    // made 0xff: the decoders' UTF-8 checks refuse it, and the error names the column.
+    let schema = Arc::new(Schema::new(vec![Field::new("ok", DataType::Utf8, false), Field::new("bad", DataType::Utf8, false)]));
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(vec!["fine", "also fine"])), Arc::new(StringArray::from(vec!["MARKER-0123456789", "x"]))]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut written: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut buf = Vec::new();
+    let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut buf, &schema).unwrap();
+    w.write(&batch).unwrap();
+    w.finish().unwrap();
+    drop(w);
+    written.push(("t.arrows", buf));
+    let mut buf = Vec::new();
+    let mut w = arrow::ipc::writer::FileWriter::try_new(&mut buf, &schema).unwrap();
+    w.write(&batch).unwrap();
+    w.finish().unwrap();
+    drop(w);
+    written.push(("t.arrow", buf));
+    let mut buf = Vec::new();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, schema.clone(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    written.push(("t.parquet", buf));
+    for (name, mut bytes) in written {
+        let marker = b"MARKER-0123456789";
+        let mut hits = 0;
+        for at in 0..bytes.len() - marker.len() {
+            if &bytes[at..at + marker.len()] == marker {
+                bytes[at] = 0xff;
+                hits += 1;
+            }
+        }
+        assert!(hits > 0, "{name}: the marker is not in the written bytes");
+        let path = dir.path().join(name);
+        std::fs::write(&path, &bytes).unwrap();
+        let e = match io::open_any(Some(&path)) {
+            Ok(r) => r.collect::<anyhow::Result<Vec<_>>>().err().map(|e| format!("{e:#}")).unwrap_or_default(),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(e.contains(name) && e.contains("column `bad` holds a string that is not valid UTF-8"), "{name}: {e}");
+        // Read from memory (a pipe buffered whole), the column is named too.
+        let e = match io::open_bytes(name, bytes::Bytes::from(bytes), None) {
+            Ok(r) => r.collect::<anyhow::Result<Vec<_>>>().err().map(|e| format!("{e:#}")).unwrap_or_default(),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(e.contains("column `bad` holds a string that is not valid UTF-8"), "{name} from memory: {e}");
+    }
+}

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 
-use arrow::array::{new_null_array, Array, ArrayRef, Int64Array, StringArray, UInt32Array};
+use arrow::array::{new_null_array, Array, ArrayRef, AsArray, Int64Array, ListArray, StringArray, UInt32Array, UInt8Array};
 use arrow::compute::take;
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
@@ -245,6 +245,7 @@ fn coa_generate_tasks() {
     refuses("--corpus-out and -o the same file", &s(&["coa-generate", "tasks", "--suite", "multihop", "--n", "2", "-o", "x.parquet", "--corpus-out", "./x.parquet"]), &["same file as -o"]);
     refuses("a negative count", &s(&["coa-generate", "tasks", "--suite", "math", "--n", "-5"]), &["--n", "`-5`: expected a whole number of at least 1"]);
     refuses("a zero count", &s(&["coa-generate", "tasks", "--suite", "math", "--n", "0"]), &["--n", "at least 1"]);
+    refuses("four billion tasks", &s(&["coa-generate", "tasks", "--suite", "math", "--n", "4000000000"]), &["--n", "`4000000000`: expected at most 1000000 tasks a suite"]);
     let vdir = tempfile::tempdir().unwrap();
     let empty = vdir.path().join("empty.jsonl");
     std::fs::write(&empty, b"").unwrap();
@@ -262,6 +263,8 @@ fn coa_generate_mas() {
     table_cases(&["coa-generate", "mas", "-i", "{IN}", "--corpus", &corpus, "-o", "out.parquet"], "tasks.parquet", &tables::TASKS, "corpus.parquet");
     directory_outputs(&["coa-generate", "mas", "-i", &fx.path("tasks.parquet"), "--corpus", &corpus], &["-o", "--stats"]);
     refuses("--code-timeout 0", &s(&["coa-generate", "mas", "-i", &fx.path("tasks.parquet"), "--code-timeout", "0"]), &["--code-timeout", "expected a positive number of seconds"]);
+    refuses("--code-timeout 1e300", &s(&["coa-generate", "mas", "-i", &fx.path("tasks.parquet"), "--code-timeout", "1e300"]), &["--code-timeout", "at most 86400"]);
+    refuses("--timeout 1e300", &s(&["coa-generate", "mas", "-i", &fx.path("tasks.parquet"), "--backend", "openai", "--timeout", "1e300"]), &["--timeout", "at most 86400"]);
     refuses("a negative concurrency", &s(&["coa-generate", "mas", "-i", &fx.path("tasks.parquet"), "--concurrency", "-2"]), &["--concurrency", "`-2`"]);
 }
 
@@ -344,6 +347,7 @@ fn coa_score() {
     let input = fx.path("rollouts.parquet");
     directory_outputs(&["coa-score", "--tasks", &tasks, "-i", &input], &["-o", "--report", "--stats"]);
     refuses("--code-timeout 0", &s(&["coa-score", "--tasks", &tasks, "-i", &input, "--code-timeout", "0"]), &["--code-timeout", "`0`: expected a positive number of seconds"]);
+    refuses("--code-timeout 1e300", &s(&["coa-score", "--tasks", &tasks, "-i", &input, "--code-timeout", "1e300"]), &["--code-timeout", "`1e300`: expected a positive number of seconds, at most 86400"]);
     refuses("--format-penalty NaN", &s(&["coa-score", "--tasks", &tasks, "-i", &input, "--format-penalty", "NaN"]), &["--format-penalty", "`NaN`: expected a finite number"]);
     refuses("a negative length", &s(&["coa-score", "--tasks", &tasks, "-i", &input, "--max-response-len", "-1"]), &["--max-response-len", "`-1`"]);
 }
@@ -364,6 +368,28 @@ fn coa_train_step() {
     refuses("--stop-at-step 0", &with(&["--stop-at-step", "0"]), &["--stop-at-step", "`0`: expected a whole number of at least 1"]);
     refuses("a run already past --stop-at-step", &s(&["coa-train-step", "-i", &input, "--resume", &fx.path("ckpt"), "--stop-at-step", "1"]), &["nothing to train", "at step 1"]);
     refuses("NaN epochs", &s(&["coa-train-step", "--init-config", "tiny", "--tokenizer", &tok, "--epochs", "NaN", "-i", &input]), &["--epochs", "`NaN`: expected a number greater than 0"]);
+    let vdir = tempfile::tempdir().unwrap();
+    let empty = vdir.path().join("empty.parquet");
+    let (schema, batches) = fx.read("tokens.parquet");
+    write(&empty, schema.clone(), &[]);
+    let empty = empty.display().to_string();
+    refuses("a table with no rows", &s(&["coa-train-step", "--init-config", "tiny", "--tokenizer", &tok, "-i", &empty]), &[&format!("{empty}: no row has a target token")]);
+    // A row's 10 MB task_id in an error: its start and its length, one short line.
+    let huge = "x".repeat(10 << 20);
+    let one_row = [batches[0].slice(0, 1)];
+    let (schema, batches) = map_column(&schema, &one_row, "task_id", |a, f| Some((Arc::new(StringArray::from(vec![huge.as_str(); a.len()])) as ArrayRef, f.clone())));
+    let (schema, batches) = map_column(&schema, &batches, "loss_mask", |a, f| {
+        let DataType::List(item) = f.data_type() else { unreachable!("loss_mask is a list") };
+        let lists = a.as_list::<i32>();
+        let twos = Arc::new(UInt8Array::from(vec![2u8; lists.values().len()]));
+        Some((Arc::new(ListArray::new(item.clone(), lists.offsets().clone(), twos, lists.nulls().cloned())) as ArrayRef, f.clone()))
+    });
+    let long_id = vdir.path().join("long_id.parquet");
+    write(&long_id, schema, &batches);
+    let cmd = s(&["coa-train-step", "--init-config", "tiny", "--tokenizer", &tok, "-i", &long_id.display().to_string()]);
+    refuses("a 10 MB task_id", &cmd, &["only 0 and 1 are allowed", &format!("(task_id \"{}\"... (10485760 bytes))", "x".repeat(80))]);
+    let (out, _) = stage(vdir.path(), &cmd.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.stderr.len() < 1000, "the error is {} bytes long", out.stderr.len());
 }
 
 #[test]
@@ -373,4 +399,34 @@ fn coa_train_step_plot() {
     let metrics = fx.path("metrics.parquet");
     directory_outputs(&["coa-train-step", "plot", "-i", &metrics], &["-o"]);
     refuses("--column naming no float column", &s(&["coa-train-step", "plot", "-i", &metrics, "--column", "objective", "-o", "out.png"]), &["--column objective", "not a float32 column"]);
+}
+
+/// A stage whose stdout is a terminal (a pseudo-terminal made by python3's `pty`) and that has no
+/// `-o` refuses to write binary Arrow there, and says what to do instead.
+#[test]
+fn a_terminal_on_stdout_gets_no_binary() {
+    let script = r#"
+import os, pty, subprocess, sys
+master, slave = pty.openpty()
+p = subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
+os.close(slave)
+os.set_blocking(master, False)
+try:
+    shown = os.read(master, 1 << 16)
+except OSError:
+    shown = b""
+print(p.returncode, len(shown))
+sys.stdout.write(p.stderr.decode())
+"#;
+    let bin = bin_dir().join("coa-generate");
+    let run = Command::new("python3").args(["-c", script]).arg(&bin).args(["tasks", "--suite", "math", "--n", "2"]).output();
+    let Ok(out) = run else {
+        println!("skipped: python3 is not installed (it makes the pseudo-terminal)");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "python3 failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    let (first, stderr) = text.split_once('\n').unwrap();
+    assert_eq!(first, "1 0", "exit status 1 and nothing on the terminal; stderr:\n{stderr}");
+    assert!(stderr.contains("stdout is a terminal") && stderr.contains("give -o FILE"), "{stderr}");
 }

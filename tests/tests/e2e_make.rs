@@ -87,3 +87,38 @@ fn multihop_rl_takes_smaller_dapo_steps_at_the_default_size() {
     assert!(multihop.contains("--batch-tokens 8192"), "{multihop}");
     assert!(dapo(&["RL_SUITE=multihop", "RL_BATCH_TOKENS=4096"]).contains("--batch-tokens 4096"));
 }
+
+/// `make config` (the first thing `make pipeline` does) records every setting of the run with its
+/// value and where it came from.
+#[test]
+fn a_run_records_its_settings_and_where_each_came_from() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    make(w, &["config", "RUN=cfg", "SFT_EPOCHS=1"]);
+    let text = std::fs::read_to_string(w.join("runs/cfg/config.txt")).unwrap();
+    for line in ["SFT_EPOCHS = 1  [command line]", "RUN = cfg  [command line]", "SEED = 1  [default]", "N_MULTIHOP = 1000  [SIZE=default]", "PRECISION = bf16  [SIZE=default]"] {
+        assert!(text.lines().any(|l| l == line), "config.txt has no line `{line}`:\n{text}");
+    }
+    // One line per ?= setting of the Makefile and pipelines/*.mk, none missing.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut settings = 0;
+    for mk in std::iter::once(root.join("Makefile")).chain(std::fs::read_dir(root.join("pipelines")).unwrap().map(|e| e.unwrap().path())) {
+        for l in std::fs::read_to_string(&mk).unwrap().lines() {
+            if let Some((name, _)) = l.split_once("?=") {
+                let name = name.trim();
+                if !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') {
+                    settings += 1;
+                    assert!(text.lines().any(|t| t.starts_with(&format!("{name} = "))), "{name} ({}) is not in config.txt", mk.display());
+                }
+            }
+        }
+    }
+    assert!(settings > 50, "{settings} settings found");
+    assert!(!w.join("runs/cfg/.config.txt.tmp").exists());
+    // `make -n pipeline` prints every phase's commands and writes nothing.
+    let log = make(w, &["-n", "pipeline", "RUN=dry"]);
+    for command in ["coa-generate tasks", "coa-generate mas", "coa-train-step", "coa-generate policy", "coa-score"] {
+        assert!(log.contains(command), "`make -n pipeline` does not print {command}:\n{log}");
+    }
+    assert!(!w.join("runs/dry").exists(), "`make -n pipeline` wrote runs/dry");
+}

@@ -63,7 +63,7 @@ use coa_kernels::decode::{check_decodable, GpuDecoder};
 use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
 use coa_model::{KvCache, Model};
 use coa_rewards::RewardConfig;
-use coa_schemas::rows::{self, Rollout};
+use coa_schemas::rows::{self, Rollout, Shown};
 use coa_schemas::shard::{ShardArgs, ShardSpec};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::ROLLOUTS;
@@ -832,7 +832,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     let mut seen = HashMap::new();
     for (row, t) in tasks.iter().enumerate() {
         if let Some(first) = seen.insert(t.task_id.as_str(), row) {
-            bail!("{source}: task_id `{}` appears in rows {first} and {row}; a group is keyed by task_id", t.task_id);
+            bail!("{source}: task_id {} appears in rows {first} and {row}; a group is keyed by task_id", Shown(&t.task_id));
         }
     }
 

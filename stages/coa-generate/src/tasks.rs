@@ -20,7 +20,7 @@ pub struct TasksArgs {
     #[arg(long, value_parser = parse_suite, required_unless_present = "import", conflicts_with = "import")]
     suite: Vec<Suite>,
     /// Number of tasks: one value for every suite, or one per --suite, in order.
-    #[arg(long, default_value = "100", value_parser = positive)]
+    #[arg(long, default_value = "100", value_parser = task_count)]
     n: Vec<usize>,
     /// Seed: the same seed gives byte-identical output.
     #[arg(long, default_value_t = 0)]
@@ -41,6 +41,18 @@ pub struct TasksArgs {
     corpus_out: Option<PathBuf>,
     #[command(flatten)]
     pub io: IoArgs,
+}
+
+/// The most tasks `--n` asks of one suite. A suite is built in memory before it is written
+/// (MEASURE per multihop task with its corpus), so a count past this is a typo that would
+/// grow until the kernel kills the stage.
+pub const MAX_TASKS: usize = 1_000_000;
+
+fn task_count(s: &str) -> Result<usize, String> {
+    match positive(s)? {
+        n if n <= MAX_TASKS => Ok(n),
+        _ => Err(format!("`{s}`: expected at most {MAX_TASKS} tasks a suite (a suite is built in memory; make several tables with different --seed)")),
+    }
 }
 
 fn parse_suite(s: &str) -> Result<Suite, String> {

@@ -46,7 +46,7 @@ use arrow::datatypes::{
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use bytes::Bytes;
 use coa_schemas::io::{open_bytes, source_name, Format};
-use coa_schemas::rows::{self, StdioTest, Task};
+use coa_schemas::rows::{self, Shown, StdioTest, Task};
 use coa_schemas::tables::{type_name, META_TABLE, TASKS};
 use serde_json::{Map, Value};
 
@@ -255,7 +255,7 @@ fn import_tasks_table(bytes: Bytes, shown: &str, split_override: Option<&str>) -
     let mut seen = HashSet::new();
     for t in &mut tasks {
         if !seen.insert(t.task_id.clone()) {
-            bail!("{shown}: task_id `{}` appears more than once", t.task_id);
+            bail!("{shown}: task_id {} appears more than once", Shown(&t.task_id));
         }
         if let Some(split) = split_override {
             t.split = split.to_string();

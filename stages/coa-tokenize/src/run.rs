@@ -10,6 +10,7 @@ use arrow::record_batch::RecordBatch;
 use coa_schemas::shard::ShardSpec;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{COA_TEXT, TOKENS};
+use coa_schemas::rows::Shown;
 use rayon::prelude::*;
 use serde_json::json;
 
@@ -177,7 +178,7 @@ pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs, shard: Option<Sh
             })
             .collect();
         for (i, r) in results.into_iter().enumerate() {
-            let r = r.map_err(|msg| anyhow!("{source}: row {} (task_id `{}`): {msg}", row0 + i as u64, input.task_id.value(i)))?;
+            let r = r.map_err(|msg| anyhow!("{source}: row {} (task_id {}): {msg}", row0 + i as u64, Shown(input.task_id.value(i))))?;
             counts.unaligned += u64::from(!r.enc.aligned);
             counts.joined_mismatch += u64::from(r.joined_differs);
             if r.retracted > 0 {

@@ -50,11 +50,15 @@ impl CodeTimeout {
     }
 }
 
-/// Flag parser: a positive, finite number of seconds.
+/// The longest time limit a flag takes: a day. A larger one is a typo, and one past
+/// `Duration`'s range (`1e300`) would overflow where it becomes a deadline.
+pub const MAX_SECONDS: f64 = 86_400.0;
+
+/// Flag parser: a positive number of seconds, at most [`MAX_SECONDS`].
 pub fn seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("`{s}`: expected a positive number of seconds")),
+        Ok(v) if v > 0.0 && v <= MAX_SECONDS => Ok(v),
+        _ => Err(format!("`{s}`: expected a positive number of seconds, at most {MAX_SECONDS} (a day)")),
     }
 }
 
@@ -92,7 +96,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused() {
-        for bad in ["0", "-1", "nan", "inf", "x"] {
+        for bad in ["0", "-1", "nan", "inf", "x", "1e300", "86401"] {
             assert!(seconds(bad).unwrap_err().contains("expected a positive number of seconds"), "{bad}");
         }
         assert!(parse(&["--search-k", "0"]).is_err());

@@ -22,6 +22,7 @@ use coa_kernels::gpu::AdamWArgs;
 use coa_kernels::model::DLogp;
 use coa_kernels::{Gpu, GpuModel};
 use coa_model::{Model, Seq, TokenStats};
+use coa_schemas::rows::Shown;
 
 use crate::data::{micro_batches, Dataset, Example};
 use crate::objective::RlSums;
@@ -172,7 +173,7 @@ impl Trainer {
         // `passes` cover every example once, in order.
         let mut refl = refl.map(|r| r.into_iter());
         for (ex, old) in data.examples.iter_mut().zip(old) {
-            let Some(rl) = ex.rl.as_mut() else { bail!("row {} (task_id {:?}): --objective dapo needs scored rollouts", ex.row, ex.task_id) };
+            let Some(rl) = ex.rl.as_mut() else { bail!("row {} (task_id {}): --objective dapo needs scored rollouts", ex.row, Shown(&ex.task_id)) };
             rl.old_logp = Some(old);
             rl.ref_logp = refl.as_mut().and_then(|r| r.next());
         }

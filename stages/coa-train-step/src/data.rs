@@ -22,6 +22,7 @@ use arrow::array::{Array, AsArray, ListArray};
 use arrow::datatypes::{Int32Type, UInt8Type};
 use arrow::record_batch::RecordBatch;
 use coa_schemas::rng::Fnv1a;
+use coa_schemas::rows::Shown;
 /// The shuffles' generator (its state is saved in the trainer state).
 pub use coa_schemas::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
@@ -121,7 +122,7 @@ impl Dataset {
             self.rows += 1;
             self.source_rows += 1;
             let task_id = if task.is_null(i) { String::new() } else { task.value(i).to_string() };
-            let at = || format!("{source}: row {row} (task_id {task_id:?})");
+            let at = || format!("{source}: row {row} (task_id {})", Shown(&task_id));
             if ids.is_null(i) {
                 bail!("{}: `input_ids` is null", at());
             }
@@ -209,17 +210,17 @@ impl Dataset {
             let source = &self.sources[ex.source];
             if let Some(p) = ex.input_ids.iter().position(|&v| v as usize >= vocab_size) {
                 bail!(
-                    "{source}: row {} (task_id {:?}), position {p}: token id {} is outside the model's vocabulary (vocab_size {vocab_size})",
+                    "{source}: row {} (task_id {}), position {p}: token id {} is outside the model's vocabulary (vocab_size {vocab_size})",
                     ex.row,
-                    ex.task_id,
+                    Shown(&ex.task_id),
                     ex.input_ids[p]
                 );
             }
             if ex.input_ids.len() > max_positions {
                 bail!(
-                    "{source}: row {} (task_id {:?}) has {} tokens, more than the model's max_position_embeddings {max_positions} (tokenize with --max-len)",
+                    "{source}: row {} (task_id {}) has {} tokens, more than the model's max_position_embeddings {max_positions} (tokenize with --max-len)",
                     ex.row,
-                    ex.task_id,
+                    Shown(&ex.task_id),
                     ex.input_ids.len()
                 );
             }
@@ -352,7 +353,7 @@ impl Dataset {
             let row = self.source_rows;
             self.rows += 1;
             self.source_rows += 1;
-            let at = || format!("{source}: row {row} (task_id {:?})", r.task_id);
+            let at = || format!("{source}: row {row} (task_id {})", Shown(&r.task_id));
             let n = r.response_ids.len();
             if r.loss_mask.len() != n || r.logprobs.len() != n {
                 bail!("{}: `response_ids` has {n} entries but `loss_mask` {} and `logprobs` {}", at(), r.loss_mask.len(), r.logprobs.len());
@@ -418,12 +419,15 @@ pub fn read(stage: &mut coa_schemas::stage::Stage, paths: &[&Path]) -> Result<Da
     let mut d = Dataset::default();
     let stdin: [Option<&Path>; 1] = [None];
     let inputs: Vec<Option<&Path>> = if paths.is_empty() { stdin.to_vec() } else { paths.iter().map(|p| Some(*p)).collect() };
+    // Every input by name, those without a row too: the error below names what was read.
+    let mut read_from: Vec<String> = Vec::new();
     for path in inputs {
         let reader = stage.open(path, &coa_schemas::tables::TOKENS)?;
         let mut source = reader.source().to_string();
-        if d.sources.contains(&source) {
-            source = format!("{source} (input {})", d.sources.len() + 1);
+        if read_from.contains(&source) {
+            source = format!("{source} (input {})", read_from.len() + 1);
         }
+        read_from.push(source.clone());
         for batch in reader {
             let batch = batch?;
             stage.add_rows_in(batch.num_rows() as u64);
@@ -431,7 +435,7 @@ pub fn read(stage: &mut coa_schemas::stage::Stage, paths: &[&Path]) -> Result<Da
         }
     }
     if d.examples.is_empty() {
-        bail!("{}: no row has a target token (loss_mask is all 0, or the input is empty: {} rows)", d.sources.join(", "), d.rows);
+        bail!("{}: no row has a target token (loss_mask is all 0, or the input is empty: {} rows)", read_from.join(", "), d.rows);
     }
     Ok(d)
 }

@@ -5,6 +5,7 @@
 
 use anyhow::{bail, Result};
 use coa_model::TokenStats;
+use coa_schemas::rows::Shown;
 
 use crate::dapo::{dapo_terms, DapoConfig};
 use crate::data::Example;
@@ -62,7 +63,7 @@ impl Objective {
     /// `prepare_rl`).
     fn rl_token_grads(&self, example: &Example, target_mask: &[u8], stats: &TokenStats, n_targets: usize) -> Result<(f64, Vec<f32>, RlSums)> {
         let Objective::Dapo(config) = self else { bail!("internal: rl_token_grads on {}", self.name()) };
-        let Some(rl) = &example.rl else { bail!("row {} (task_id {:?}): not a scored rollout", example.row, example.task_id) };
+        let Some(rl) = &example.rl else { bail!("row {} (task_id {}): not a scored rollout", example.row, Shown(&example.task_id)) };
         let Some(old) = &rl.old_logp else { bail!("internal: old log-probs of row {} were not computed", example.row) };
         let t = dapo_terms(&stats.logp, old, rl.ref_logp.as_deref(), target_mask, rl.advantage, n_targets, config);
         let mut sums = RlSums { targets: t.targets, clipped: t.clipped, kl: t.kl, ..Default::default() };

@@ -21,6 +21,7 @@ use anyhow::{bail, Context, Result};
 use coa_kernels::GpuModel;
 use coa_model::{Model, Params, SaveDtype, Seq, Workspace};
 use coa_tokenize::Vocab;
+use coa_schemas::rows::Shown;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -227,12 +228,12 @@ impl Trainer {
             let seq = Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref(), shared_prefix: 0 };
             // only the targets' log-probs enter the loss
             let need = ex.target_mask();
-            let old = model.token_stats_at(&seq, Some(&need)).with_context(|| format!("row {} (task_id {:?}): old log-probs", ex.row, ex.task_id))?.logp;
+            let old = model.token_stats_at(&seq, Some(&need)).with_context(|| format!("row {} (task_id {}): old log-probs", ex.row, Shown(&ex.task_id)))?.logp;
             let refl = match reference {
-                Some(m) => Some(m.token_stats_at(&seq, Some(&need)).with_context(|| format!("row {} (task_id {:?}): reference log-probs", ex.row, ex.task_id))?.logp),
+                Some(m) => Some(m.token_stats_at(&seq, Some(&need)).with_context(|| format!("row {} (task_id {}): reference log-probs", ex.row, Shown(&ex.task_id)))?.logp),
                 None => None,
             };
-            let Some(rl) = ex.rl.as_mut() else { bail!("row {} (task_id {:?}): --objective dapo needs scored rollouts", ex.row, ex.task_id) };
+            let Some(rl) = ex.rl.as_mut() else { bail!("row {} (task_id {}): --objective dapo needs scored rollouts", ex.row, Shown(&ex.task_id)) };
             rl.old_logp = Some(old);
             rl.ref_logp = refl;
             Ok(())
@@ -294,7 +295,7 @@ impl Trainer {
                     }
                     d
                 };
-                let rows_named = || pack.rows.iter().map(|&r| format!("{} (task_id {:?})", data.examples[r].row, data.examples[r].task_id)).collect::<Vec<_>>().join(", ");
+                let rows_named = || pack.rows.iter().map(|&r| format!("{} (task_id {})", data.examples[r].row, Shown(&data.examples[r].task_id))).collect::<Vec<_>>().join(", ");
                 model
                     .forward_backward_in(ws, &seq, Some(&mask), &mut grads, &mut dloss)
                     .with_context(|| format!("step {step}: rows {}", rows_named()))?;
