@@ -79,6 +79,8 @@ pub struct Stage {
     unrecorded_flags: Vec<&'static str>,
     /// Switches (no value) that do not change the data, also left out of the provenance.
     unrecorded_switches: Vec<&'static str>,
+    /// Phrases for the summary a person reads on a terminal (rows dropped and why).
+    headline: Vec<String>,
 }
 
 impl Stage {
@@ -96,6 +98,7 @@ impl Stage {
             stats_path: None,
             unrecorded_flags: vec!["-o", "--stats"],
             unrecorded_switches: Vec::new(),
+            headline: Vec::new(),
         }
     }
 
@@ -218,6 +221,25 @@ impl Stage {
         self.summary.insert(key.to_string(), value.into());
     }
 
+    /// Adds a phrase to the one-line summary printed when stderr is a terminal ("dropped 226 of
+    /// 604 rows longer than --max-len 2048"): what a person must not miss in the JSON.
+    pub fn headline(&mut self, phrase: impl Into<String>) {
+        self.headline.push(phrase.into());
+    }
+
+    /// The summary for a terminal: stage, rows in and out, seconds, the headline phrases.
+    pub fn human_summary(&self) -> String {
+        let mut line = format!("{}: {} rows in, {} out, {:.1} s", self.name, self.rows_in, self.rows_out, self.started.elapsed().as_secs_f64());
+        for phrase in &self.headline {
+            line.push_str("; ");
+            line.push_str(phrase);
+        }
+        if self.stats_path.is_none() {
+            line.push_str(" (--stats FILE keeps the JSON summary)");
+        }
+        line
+    }
+
     /// A progress bar drawn on stderr only when stderr is a terminal.
     pub fn progress(&self, len: Option<u64>, what: &str) -> ProgressBar {
         if !std::io::stderr().is_terminal() {
@@ -236,6 +258,8 @@ impl Stage {
             bar.set_style(style);
         }
         bar.set_prefix(format!("{} {what}", self.name));
+        // The clock and spinner move between updates (a teacher's task can take seconds).
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
         bar
     }
 
@@ -323,7 +347,12 @@ pub fn run(stage: &mut Stage, body: impl FnOnce(&mut Stage) -> Result<()>) -> Ex
     let result = result.and_then(|_| stage.finish()).and_then(|line| output::commit_deferred().map(|_| line));
     match result {
         Ok(line) => {
-            eprintln!("{line}");
+            // A person reads one short line; logs and scripts get the JSON.
+            if std::io::stderr().is_terminal() {
+                eprintln!("{}", stage.human_summary());
+            } else {
+                eprintln!("{line}");
+            }
             ExitCode::SUCCESS
         }
         Err(e) if io::is_broken_pipe(&e) => {

@@ -401,32 +401,50 @@ fn coa_train_step_plot() {
     refuses("--column naming no float column", &s(&["coa-train-step", "plot", "-i", &metrics, "--column", "objective", "-o", "out.png"]), &["--column objective", "not a float32 column"]);
 }
 
-/// A stage whose stdout is a terminal (a pseudo-terminal made by python3's `pty`) and that has no
-/// `-o` refuses to write binary Arrow there, and says what to do instead.
-#[test]
-fn a_terminal_on_stdout_gets_no_binary() {
+/// Runs a stage with its stdout or its stderr (`which`) on a pseudo-terminal (python3's `pty`):
+/// its exit status, what the terminal showed, and the other stream; `None` without python3.
+fn on_a_terminal(which: &str, dir: &Path, args: &[&str]) -> Option<(i32, String, String)> {
     let script = r#"
 import os, pty, subprocess, sys
 master, slave = pty.openpty()
-p = subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
+tty = {"stdin": subprocess.DEVNULL, sys.argv[1]: slave}
+other = "stderr" if sys.argv[1] == "stdout" else "stdout"
+tty[other] = subprocess.PIPE
+p = subprocess.run(sys.argv[2:], **tty)
 os.close(slave)
 os.set_blocking(master, False)
 try:
     shown = os.read(master, 1 << 16)
 except OSError:
     shown = b""
-print(p.returncode, len(shown))
-sys.stdout.write(p.stderr.decode())
+sys.stdout.buffer.write(b"%d\n%d\n" % (p.returncode, len(shown)) + shown + getattr(p, other))
 "#;
-    let bin = bin_dir().join("coa-generate");
-    let run = Command::new("python3").args(["-c", script]).arg(&bin).args(["tasks", "--suite", "math", "--n", "2"]).output();
-    let Ok(out) = run else {
+    let bin = bin_dir().join(args[0]);
+    let out = Command::new("python3").current_dir(dir).args(["-c", script, which]).arg(&bin).args(&args[1..]).output().ok()?;
+    assert!(out.status.success(), "python3 failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (status, rest) = text.split_once('\n').unwrap();
+    let (len, rest) = rest.split_once('\n').unwrap();
+    let len: usize = len.parse().unwrap();
+    let (shown, other) = rest.split_at(len);
+    Some((status.parse().unwrap(), shown.replace("\r\n", "\n"), other.to_string()))
+}
+
+/// A stage whose stdout is a terminal and that has no `-o` refuses to write binary Arrow there,
+/// and says what to do instead; on a terminal stderr its summary is one short line, not JSON.
+#[test]
+fn a_terminal_gets_no_binary_and_a_short_summary() {
+    let work = tempfile::tempdir().unwrap();
+    let Some((status, shown, stderr)) = on_a_terminal("stdout", work.path(), &["coa-generate", "tasks", "--suite", "math", "--n", "2"]) else {
         println!("skipped: python3 is not installed (it makes the pseudo-terminal)");
         return;
     };
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "python3 failed: {text}{}", String::from_utf8_lossy(&out.stderr));
-    let (first, stderr) = text.split_once('\n').unwrap();
-    assert_eq!(first, "1 0", "exit status 1 and nothing on the terminal; stderr:\n{stderr}");
+    assert_eq!((status, shown.as_str()), (1, ""), "exit status 1 and nothing on the terminal; stderr:\n{stderr}");
     assert!(stderr.contains("stdout is a terminal") && stderr.contains("give -o FILE"), "{stderr}");
+    assert!(work.path().read_dir().unwrap().next().is_none(), "it left files");
+
+    let (status, shown, _) = on_a_terminal("stderr", work.path(), &["coa-generate", "tasks", "--suite", "math", "--n", "2", "-o", "t.parquet"]).unwrap();
+    assert_eq!(status, 0, "{shown}");
+    assert_eq!(shown.lines().count(), 1, "{shown}");
+    assert!(shown.starts_with("coa-generate tasks: 0 rows in, 2 out, ") && !shown.contains('{'), "{shown}");
 }

@@ -92,7 +92,16 @@ impl Runner {
     /// [`Runner::run_each`] that counts failures in `budget` as they happen and starts no task
     /// once it is spent (`None` for those): a stage that allows N failures stops after the
     /// (N+1)th, not after a whole batch of tasks failed (only runs already under way finish).
-    pub fn run_each_within(&self, tasks: &[Task], backend: &dyn Backend, tools: Tools<'_>, cfg: &RunConfig, budget: &FailureBudget) -> Vec<Option<Result<MasRun>>> {
+    /// `done` is called as each task ends (a progress bar's tick).
+    pub fn run_each_within(
+        &self,
+        tasks: &[Task],
+        backend: &dyn Backend,
+        tools: Tools<'_>,
+        cfg: &RunConfig,
+        budget: &FailureBudget,
+        done: &(dyn Fn() + Sync),
+    ) -> Vec<Option<Result<MasRun>>> {
         self.pool.install(|| {
             tasks
                 .par_iter()
@@ -104,6 +113,7 @@ impl Runner {
                     if outcome.is_err() {
                         budget.failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
+                    done();
                     Some(outcome)
                 })
                 .collect()

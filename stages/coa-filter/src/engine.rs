@@ -201,6 +201,13 @@ impl Filter {
         };
         if distill {
             check_trajectories(&schema, &opts.source)?;
+            if opts.rules == RuleSet::Auto {
+                // Inferred, not asked for: say so, since they drop rows a --where alone would keep.
+                notes.push(format!(
+                    "the input holds trajectories, so the distillation rules run too (--rules auto; --rules none for {} alone)",
+                    if opts.wheres.is_empty() { "the flags given" } else { "--where" }
+                ));
+            }
         } else if opts.rules == RuleSet::Auto {
             let what = table.as_deref().map(|n| format!("the `{n}` table")).unwrap_or_else(|| "a table without `coa.table` metadata".into());
             notes.push(format!("distillation rules not applied: the input holds {what}, not trajectories"));

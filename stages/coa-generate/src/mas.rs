@@ -241,7 +241,7 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
     let budget = FailureBudget::new(args.max_failed);
     for chunk in runnable.chunks(CHUNK_PER_THREAD * concurrency) {
         let mut runs = Vec::with_capacity(chunk.len());
-        for (task, outcome) in chunk.iter().zip(runner.run_each_within(chunk, backend, tools, &run_config, &budget)) {
+        for (task, outcome) in chunk.iter().zip(runner.run_each_within(chunk, backend, tools, &run_config, &budget, &|| bar.inc(1))) {
             match outcome {
                 Some(Ok(run)) => runs.push((run, task.hops)),
                 Some(Err(e)) => {
@@ -266,7 +266,6 @@ pub fn run(stage: &mut Stage, args: &MasArgs) -> Result<()> {
         }
         let runs: Vec<_> = runs.into_iter().map(|(r, _)| r).collect();
         writer.write(&coa_agents::event::to_batch(&runs)?)?;
-        bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
     if !failed.is_empty() && failed.len() == runnable.len() {

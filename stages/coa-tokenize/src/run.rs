@@ -227,6 +227,17 @@ pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs, shard: Option<Sh
     stage.note("targets", counts.targets);
     stage.note("dropped_overlong", counts.dropped);
     stage.note("truncated", counts.truncated);
+    if let Some(max) = args.max_len {
+        if counts.dropped > 0 {
+            stage.headline(match args.overlong {
+                Overlong::Drop => format!("dropped {} rows longer than --max-len {max} (--overlong truncate cuts them instead)", counts.dropped),
+                Overlong::Truncate => format!("dropped {} rows left without a target when cut to --max-len {max}", counts.dropped),
+            });
+        }
+        if counts.truncated > 0 {
+            stage.headline(format!("cut {} rows to --max-len {max}", counts.truncated));
+        }
+    }
     stage.note("rows_unaligned", counts.unaligned);
     if args.verify_joined {
         stage.note("joined_mismatch", counts.joined_mismatch);
