@@ -514,7 +514,8 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>, omit: Vec<V
         }
     } else {
         let p = path.unwrap();
-        reread = Some(Reread::Path(p.to_path_buf()));
+        // Only a regular file: opening a named pipe again would wait for a writer that is gone.
+        reread = std::fs::metadata(p).is_ok_and(|m| m.is_file()).then(|| Reread::Path(p.to_path_buf()));
         let mut file = File::open(p).with_context(|| format!("cannot open input {source}"))?;
         let head = read_head(&mut file, 8).with_context(|| format!("{source}: reading"))?;
         let format = sniff_or_fail(&source, &head, expected)?;
