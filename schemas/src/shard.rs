@@ -197,7 +197,7 @@ mod tests {
         let merged = restore_task_order(&whole.schema(), &shards, &order, "shards", "tasks").unwrap();
         assert_eq!(merged, whole);
         let e = restore_task_order(&whole.schema(), &shards, &order[1..], "shards", "tasks.parquet").unwrap_err().to_string();
-        assert!(e.contains("task_id `t0`") && e.contains("not in --task-order tasks.parquet"), "{e}");
+        assert!(e.contains("task_id \"t0\"") && e.contains("not in --task-order tasks.parquet"), "{e}");
     }
 
     #[test]
