@@ -12,8 +12,8 @@
 
 use rayon::prelude::*;
 
-use crate::bf16mm::{gemm_prepacked, Engine, Panels};
-use crate::ops::{ds_row, head_major, key_span, row_span, softmax_row, SendPtr, ATT_BLOCK, KEPT};
+use crate::bf16mm::{gemm_prepacked, round_to_bf16, AElem, Engine, Panels};
+use crate::ops::{ds_row, head_major, key_span, row_span, softmax_row, SendPtr, ATT_BLOCK};
 
 /// Where a product may start inside packed panels (their columns and depths).
 const GRAIN: usize = 32;
@@ -22,6 +22,8 @@ thread_local! {
     /// The calling thread's packed heads, kept between calls (a fresh allocation per layer cost
     /// page faults).
     static HEADS: std::cell::RefCell<Vec<Panels>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The backward's kept P and scale·dS as bf16 bits (pass 1 writes them, pass 2 reads them).
+    static KEPT_BF16: std::cell::RefCell<(Vec<u16>, Vec<u16>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// `f` over `n` packed-operand buffers of this thread, packed in parallel by `pack(index, buffer)`.
@@ -84,12 +86,13 @@ unsafe fn block_scores(engine: Engine, s: &mut [f32], x: *const f32, ld: usize, 
 }
 
 /// `out[nb, hd] += alpha · p[nb, w] · Y` over the block's columns: Y a head packed by token
-/// (depth: tokens, a column per dimension); `out` rows `ld` apart.
+/// (depth: tokens, a column per dimension); `out` rows `ld` apart; `p` in f32 or bf16 bits
+/// (alpha 1, [`AElem`]).
 ///
 /// # Safety
 /// `out` addresses nb rows of hd, written by this caller alone.
 #[allow(clippy::too_many_arguments)]
-unsafe fn block_times(engine: Engine, out: *mut f32, ld: usize, alpha: f32, p: &[f32], y: &Panels, cols: &BlockCols, nb: usize, i1: usize, hd: usize) {
+unsafe fn block_times<T: AElem>(engine: Engine, out: *mut f32, ld: usize, alpha: f32, p: &[T], y: &Panels, cols: &BlockCols, nb: usize, i1: usize, hd: usize) {
     gemm_prepacked(engine, nb, alpha, p.as_ptr().add(cols.npa), cols.w, 1, y, cols.k0a..i1, 0..hd, true, out, ld);
     if cols.np > 0 {
         gemm_prepacked(engine, nb, alpha, p.as_ptr(), cols.w, 1, y, 0..cols.np, 0..hd, true, out, ld);
@@ -187,7 +190,8 @@ pub(crate) fn backward(
         let i1 = (i0 + ATT_BLOCK).min(t_len);
         (i0, i1, BlockCols::new(seg_start, prefix, i0, i1))
     };
-    // Where task (h, query block) keeps its P and dS [nb, w], if all of them fit.
+    // Where task (h, query block) keeps its P and dS [nb, w], if all of them fit (the limit
+    // counts f32 values; they are kept as bf16, the values pass 2's products round them to).
     let mut offsets = Vec::with_capacity(n_heads * n_blocks + 1);
     offsets.push(0usize);
     for _ in 0..n_heads {
@@ -229,10 +233,10 @@ pub(crate) fn backward(
     // lse and delta head-major [Hq, T], for a recomputing pass 2's column-wise use.
     let (lse_hm, delta_hm) = if keep { (Vec::new(), Vec::new()) } else { head_major(lse, delta, t_len, n_heads) };
     let (lse_hm, delta_hm) = (&lse_hm, &delta_hm);
-    let (mut kept, mut kept_ds) = KEPT.take();
+    let (mut kept, mut kept_ds) = KEPT_BF16.take();
     if keep && kept.len() < kept_len {
-        kept.resize(kept_len, 0.0);
-        kept_ds.resize(kept_len, 0.0);
+        kept.resize(kept_len, 0);
+        kept_ds.resize(kept_len, 0);
     }
     let (keptp, kept_dsp) = (SendPtr(kept.as_mut_ptr()), SendPtr(kept_ds.as_mut_ptr()));
     let (dqp, dkp, dvp) = (SendPtr(dq.as_mut_ptr()), SendPtr(dk.as_mut_ptr()), SendPtr(dv.as_mut_ptr()));
@@ -241,15 +245,17 @@ pub(crate) fn backward(
         // Pass 1: P, dS and dq, per (query head, query block).
         (0..n_heads * n_blocks).into_par_iter().for_each_init(
             || (Vec::new(), Vec::new()),
-            |(s_own, dp_own), task| {
+            |(s, dp): &mut (Vec<f32>, Vec<f32>), task| {
                 let (dqp, keptp, kept_dsp) = (dqp, keptp, kept_dsp);
                 let (h, blk) = (task / n_blocks, task % n_blocks);
                 let g = h / group;
                 let (i0, i1, cols) = block(blk);
                 let nb = i1 - i0;
-                let (s, dp): (&mut [f32], &mut [f32]) = if keep {
-                    // SAFETY: [offsets[task], offsets[task + 1]) (= nb·w floats) of kept and
-                    // kept_ds belong to this task alone.
+                s.resize(nb * cols.w, 0.0);
+                dp.resize(nb * cols.w, 0.0);
+                // SAFETY: [offsets[task], offsets[task + 1]) (= nb·w values) of kept and kept_ds
+                // belong to this task alone.
+                let (kept_p, kept_s) = if keep {
                     unsafe {
                         (
                             std::slice::from_raw_parts_mut(keptp.0.add(offsets[task]), nb * cols.w),
@@ -257,9 +263,7 @@ pub(crate) fn backward(
                         )
                     }
                 } else {
-                    s_own.resize(nb * cols.w, 0.0);
-                    dp_own.resize(nb * cols.w, 0.0);
-                    (&mut s_own[..], &mut dp_own[..])
+                    (&mut [][..], &mut [][..])
                 };
                 // S = Q·Kᵀ, dP = dO·Vᵀ   [nb, w]
                 // SAFETY: rows i0..i1 of head h of q and dout.
@@ -272,10 +276,23 @@ pub(crate) fn backward(
                     let (l, d) = (lse[i * n_heads + h], delta[i * n_heads + h]);
                     let (pr, dsr) = (&mut s[r * cols.w..(r + 1) * cols.w], &mut dp[r * cols.w..(r + 1) * cols.w]);
                     ds_row(pr, dsr, cols.row(seg_start, prefix, i), scale, l, d, keep);
+                    if keep {
+                        // Rounded as the products round them, while the row is in L1.
+                        let row = r * cols.w..(r + 1) * cols.w;
+                        round_to_bf16(engine, &mut kept_p[row.clone()], pr, 1.0);
+                        round_to_bf16(engine, &mut kept_s[row], dsr, scale);
+                    }
                 }
                 // dQ[i0..i1, h] += scale · dS · K
                 // SAFETY: rows i0..i1, head h of dq belong to this task alone.
-                unsafe { block_times(engine, dqp.0.add(i0 * qw + h * hd), qw, scale, dp, &heads[kv_at(g) + 2], &cols, nb, i1, hd) };
+                unsafe {
+                    let dqh = dqp.0.add(i0 * qw + h * hd);
+                    if keep {
+                        block_times(engine, dqh, qw, 1.0, kept_s, &heads[kv_at(g) + 2], &cols, nb, i1, hd)
+                    } else {
+                        block_times(engine, dqh, qw, scale, dp, &heads[kv_at(g) + 2], &cols, nb, i1, hd)
+                    }
+                };
             },
         );
 
@@ -309,7 +326,8 @@ pub(crate) fn backward(
                                 let (pa, dsa) = (kept.as_ptr().add(off + col), kept_ds.as_ptr().add(off + col));
                                 let (dvh, dkh) = (dvp.0.add(ja * kw + g * hd), dkp.0.add(ja * kw + g * hd));
                                 gemm_prepacked(engine, jb - ja, 1.0, pa, 1, cols.w, doh, i0..i1, 0..hd, true, dvh, kw);
-                                gemm_prepacked(engine, jb - ja, scale, dsa, 1, cols.w, qh, i0..i1, 0..hd, true, dkh, kw);
+                                // scale·dS was rounded so in pass 1
+                                gemm_prepacked(engine, jb - ja, 1.0, dsa, 1, cols.w, qh, i0..i1, 0..hd, true, dkh, kw);
                             }
                         }
                     }
@@ -362,7 +380,7 @@ pub(crate) fn backward(
             },
         );
     });
-    KEPT.set((kept, kept_ds));
+    KEPT_BF16.set((kept, kept_ds));
 }
 
 #[cfg(test)]

@@ -118,6 +118,48 @@ fn to_bf16(dst: &mut [u16], src: &[f32], alpha: f32) {
     }
 }
 
+/// [`to_bf16`] in AVX-512 vectors for a caller outside this module's `target_feature` code (an
+/// [`Engine`] means the CPU has AVX-512F and BW: [`pack_rows`] needs them too).
+pub(crate) fn round_to_bf16(_: Engine, dst: &mut [u16], src: &[f32], alpha: f32) {
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn wide(dst: &mut [u16], src: &[f32], alpha: f32) {
+        to_bf16(dst, src, alpha)
+    }
+    // SAFETY: the engine exists on this CPU, so do the features.
+    unsafe { wide(dst, src, alpha) }
+}
+
+/// What an A operand may hold: f32 (rounded to bf16 as it is packed, times alpha) or bf16 bits
+/// already rounded (copied: what [`to_bf16`] made earlier, alpha then must be 1), so a product
+/// whose A is read twice rounds it once and moves half the bytes.
+pub(crate) trait AElem: Copy {
+    /// `dst[i] = bf16(alpha · src[i])` for `i < dst.len()`.
+    ///
+    /// # Safety
+    /// `src` addresses `dst.len()` readable elements.
+    unsafe fn run_to_bf16(dst: &mut [u16], src: *const Self, alpha: f32);
+}
+
+impl AElem for f32 {
+    #[inline(always)]
+    unsafe fn run_to_bf16(dst: &mut [u16], src: *const f32, alpha: f32) {
+        to_bf16(dst, std::slice::from_raw_parts(src, dst.len()), alpha)
+    }
+}
+
+impl AElem for u16 {
+    #[inline(always)]
+    unsafe fn run_to_bf16(dst: &mut [u16], src: *const u16, alpha: f32) {
+        debug_assert!(alpha == 1.0, "bf16 operands are scaled before they are rounded");
+        // A transposed A's runs are a tile's 16 rows: one 32-byte move, not a call to memmove.
+        if dst.len() == TILE_M {
+            std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), TILE_M);
+        } else {
+            dst.copy_from_slice(std::slice::from_raw_parts(src, dst.len()))
+        }
+    }
+}
+
 /// Two bf16 values in one u32: `lo` in the low half (the even depth of a VNNI pair).
 #[inline(always)]
 fn pair(lo: f32, hi: f32) -> u32 {
@@ -131,10 +173,10 @@ fn pair(lo: f32, hi: f32) -> u32 {
 /// The CPU has AVX-512F and BW; A's addressed elements are readable; `dst` holds `m_pad·k_pad`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) unsafe fn pack_rows(dst: &mut [u16], a: *const f32, m: usize, k: usize, rsa: usize, csa: usize, m_pad: usize, k_pad: usize, alpha: f32) {
+pub(crate) unsafe fn pack_rows<T: AElem>(dst: &mut [u16], a: *const T, m: usize, k: usize, rsa: usize, csa: usize, m_pad: usize, k_pad: usize, alpha: f32) {
     if csa == 1 {
         for (i, row) in dst[..m * k_pad].chunks_exact_mut(k_pad).enumerate() {
-            to_bf16(&mut row[..k], std::slice::from_raw_parts(a.add(i * rsa), k), alpha);
+            T::run_to_bf16(&mut row[..k], a.add(i * rsa), alpha);
             row[k..].fill(0);
         }
     } else {
@@ -148,7 +190,7 @@ pub(crate) unsafe fn pack_rows(dst: &mut [u16], a: *const f32, m: usize, k: usiz
             for p0 in (0..k).step_by(TILE_K) {
                 let depth = TILE_K.min(k - p0);
                 for (d, run) in block.iter_mut().enumerate().take(depth) {
-                    to_bf16(&mut run[..rows], std::slice::from_raw_parts(a.add(i0 + (p0 + d) * csa), rows), alpha);
+                    T::run_to_bf16(&mut run[..rows], a.add(i0 + (p0 + d) * csa), alpha);
                 }
                 if rows == 16 && depth == TILE_K {
                     // SAFETY: rows i0..i0 + 16, depths p0..p0 + 32: inside dst (asserted above).
@@ -525,7 +567,7 @@ impl Panels {
 }
 
 /// `C[m, cols] = bf16(alpha·A) · B[depth, cols]`, added to C when `add`, for a B packed once
-/// ([`Panels`]): A is `m × depth.len()` (element (i, p) at `a + i·rsa + p·csa`, its column p
+/// ([`Panels`]): A is `m × depth.len()` (f32, or bf16 bits with alpha 1: [`AElem`]; element (i, p) at `a + i·rsa + p·csa`, its column p
 /// B's depth `depth.start + p`), C's column 0 is B's column `cols.start` (rows `ldc` apart).
 /// `depth.start` and `cols.start` are multiples of 32 (the panels' grain); B's depths past
 /// `depth.end` within the padding meet A's zero padding.
@@ -534,7 +576,7 @@ impl Panels {
 /// The CPU has `engine`; A's addressed elements are readable; C holds `m` rows of
 /// `cols.len()`, which no other thread accesses.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_prepacked(engine: Engine, m: usize, alpha: f32, a: *const f32, rsa: usize, csa: usize, b: &Panels, depth: std::ops::Range<usize>, cols: std::ops::Range<usize>, add: bool, c: *mut f32, ldc: usize) {
+pub(crate) unsafe fn gemm_prepacked<T: AElem>(engine: Engine, m: usize, alpha: f32, a: *const T, rsa: usize, csa: usize, b: &Panels, depth: std::ops::Range<usize>, cols: std::ops::Range<usize>, add: bool, c: *mut f32, ldc: usize) {
     assert!(depth.start % TILE_K == 0 && cols.start % (2 * TILE_M) == 0, "gemm_prepacked: depth and columns start on the panels' grain");
     assert!(depth.end <= b.k_pad && cols.end <= b.n_pad, "gemm_prepacked: outside the packed operand");
     if m == 0 || cols.is_empty() {
@@ -576,7 +618,8 @@ mod tests {
     use super::*;
 
     /// The transposed packing (A read along its columns) in whole 16 × 32 blocks and at the
-    /// edges gives what the rows-contiguous packing of the transposed copy gives, bit for bit.
+    /// edges gives what the rows-contiguous packing of the transposed copy gives, bit for bit,
+    /// from f32 and from bf16 bits rounded beforehand.
     #[test]
     fn transposed_rows_pack_as_the_contiguous_rows() {
         if !dot_available() && !crate::amx::available() {
@@ -596,6 +639,13 @@ mod tests {
                 pack_rows(&mut from_rows, rows.as_ptr(), m, k, k, 1, m_pad, k_pad, 0.5);
             }
             assert_eq!(from_cols, from_rows, "m {m}, k {k}");
+            // The same A rounded beforehand (bf16 bits, the scale applied first) packs alike.
+            let mut rounded = vec![0u16; m * k];
+            to_bf16(&mut rounded, &cols, 0.5);
+            let mut from_bits = vec![5u16; m_pad * k_pad];
+            // SAFETY: as above.
+            unsafe { pack_rows(&mut from_bits, rounded.as_ptr(), m, k, 1, m, m_pad, k_pad, 1.0) };
+            assert_eq!(from_bits, from_rows, "m {m}, k {k}, from bf16 bits");
         }
     }
 

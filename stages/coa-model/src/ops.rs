@@ -26,10 +26,16 @@ const ROW_CHUNK: usize = 16;
 
 /// An output pointer that parallel tasks share, each writing only its own rows or columns (the
 /// one wrapper the crate's rayon loops use).
-#[derive(Clone, Copy)]
-pub(crate) struct SendPtr(pub(crate) *mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
+pub(crate) struct SendPtr<T = f32>(pub(crate) *mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: the tasks that share it write disjoint parts (each use says which).
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
 
 /// The register kernel [`gemm`] runs on this CPU: `"avx512"` (12×32 tiles), `"avx2"` (6×16) or
 /// `"portable"` (the `matrixmultiply` crate). `COA_CPU_KERNEL=avx2` caps it at AVX2.
