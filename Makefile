@@ -66,8 +66,10 @@ include pipelines/rl.mk
 include pipelines/eval.mk
 include pipelines/external.mk
 
-# `make -n`: print the commands only (the loop below still runs, as it calls $(MAKE)).
-dry_run := $(findstring n,$(firstword -$(MAKEFLAGS)))
+# `make -n`: print the commands only (the loop below still runs, as it calls $(MAKE)). MAKEFLAGS's
+# first word holds the one-letter flags, unless there are none: then it is a long option (this
+# Makefile's own --no-builtin-rules), whose letters say nothing.
+dry_run := $(findstring n,$(filter-out ---%,$(firstword -$(MAKEFLAGS))))
 
 # The phases in order, each a make of its own, timed: one line per phase as it ends (also kept in
 # runs/<RUN>/phases.tsv), then all of them with the total, then the comparison table.

@@ -115,6 +115,10 @@ fn a_run_records_its_settings_and_where_each_came_from() {
     }
     assert!(settings > 50, "{settings} settings found");
     assert!(!w.join("runs/cfg/.config.txt.tmp").exists());
+    // A bare `make` (no option: MAKEFLAGS then starts with the Makefile's own long option, whose
+    // letters once read as -n) writes it too; `make pipeline` on a fresh clone stopped there.
+    let bare = Command::new("make").current_dir(w).args(["CARGO=true", "config", "RUN=bare"]).output().unwrap();
+    assert!(bare.status.success() && w.join("runs/bare/config.txt").exists(), "a bare `make config`:\n{}", String::from_utf8_lossy(&bare.stderr));
     // `make -n pipeline` prints every phase's commands and writes nothing.
     let log = make(w, &["-n", "pipeline", "RUN=dry"]);
     for command in ["coa-generate tasks", "coa-generate mas", "coa-train-step", "coa-generate policy", "coa-score"] {
