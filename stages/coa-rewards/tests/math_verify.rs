@@ -9,7 +9,7 @@
 //! (`make math-verify-table` recomputes them in the bench venv).
 //!
 //! `math_verify_agreement` needs no Python: it reads the stored verdicts. The pairs on which we
-//! disagree are listed (and justified in the README, "Math answers"); they must stay within 2%,
+//! disagree are listed (and justified in docs/formats.md, "Math answers"); they must stay within 2%,
 //! in each part and overall.
 //! `stored_verdicts_are_math_verify_s` re-runs math-verify on every pair when
 //! `$COA_MATH_VERIFY_PYTHON` names a Python with math-verify (`make math-verify-table` sets it to
