@@ -90,7 +90,7 @@ $(RL)/checkpoint/config.json: $(SFT)/metrics.parquet $(RUNDIR)/tasks.parquet $(c
 	done; \
 	rm -rf $(RL)/checkpoint.tmp && cp -r $$prev $(RL)/checkpoint.tmp && rm -rf $(RL)/checkpoint && mv $(RL)/checkpoint.tmp $(RL)/checkpoint
 	$(PYTHON) pipelines/rl_report.py $(RL) $(RL_ITERS) | tee $(RL)/report.md
-	$(BIN)/coa-train-step plot --bars $(RL)/curves.json -o $(RL)/curves.png
+	$(BIN)/coa-train-step plot --lines $(RL)/curves.json -o $(RL)/curves.png
 
 .PHONY: rl
 rl: $(RL)/checkpoint/config.json

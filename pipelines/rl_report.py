@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the `make rl` table per iteration from the stages' --stats files (stdlib only), and
-writes RL_DIR/curves.json (reward, response length and loss per iteration) for
-`coa-train-step plot --bars`.
+writes RL_DIR/curves.json (reward, success, response length and entropy per iteration) for
+`coa-train-step plot --lines`.
 
 usage: rl_report.py RL_DIR ITERS
 """
@@ -19,7 +19,7 @@ def main():
             "clip frac", "entropy", "log-prob mismatch", "DAPO loss", "steps")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    curves = {"reward": [], "length": [], "loss": []}
+    curves = {"reward": [], "success": [], "length": [], "entropy": []}
     for k in range(1, iters + 1):
         d = os.path.join(root, f"iter{k}")
         pol, flt, tr = stats(os.path.join(d, "policy.json")), stats(os.path.join(d, "filter.json")), stats(os.path.join(d, "train.json"))
@@ -27,19 +27,23 @@ def main():
                f"{tr['reward_mean']:.3f}", f"{tr['response_len']:.0f}", f"{tr['clip_frac']:.3f}", f"{tr['entropy']:.3f}",
                f"{tr['logprob_mismatch']:.4f}", f"{tr['mean_loss']:.4f}", tr["steps"])
         print("| " + " | ".join(str(x) for x in row) + " |")
+        sc = stats(os.path.join(d, "score.json"))
         curves["reward"].append(tr["reward_mean"])
+        curves["success"].append(100.0 * sc["correct"] / sc["rows_out"] if sc["rows_out"] else None)
         curves["length"].append(tr["response_len"])
-        curves["loss"].append(tr["mean_loss"])
+        curves["entropy"].append(tr["entropy"])
     print()
     print(f"Per-iteration rollouts with rewards: {root}/iter<k>/scores.arrows (an Arrow IPC stream); DAPO steps: {root}/iter<k>/metrics.parquet; plot: {root}/curves.png")
     groups = [str(k) for k in range(1, iters + 1)]
 
-    def panel(title, ylabel, values):
-        return {"title": title, "ylabel": ylabel, "xlabel": "RL iteration", "groups": groups, "series": [{"label": "", "values": values}]}
+    def panel(title, ylabel, values, unit=""):
+        return {"title": title, "ylabel": ylabel, "xlabel": "RL iteration", "unit": unit, "groups": groups,
+                "series": [{"label": "", "values": values}]}
 
     panels = [panel("Reward", "mean reward of the trained rollouts", curves["reward"]),
+              panel("Success", "rollouts correct (%)", curves["success"], "%"),
               panel("Response length", "tokens per response", curves["length"]),
-              panel("DAPO loss", "mean loss over the steps", curves["loss"])]
+              panel("Entropy", "mean token entropy (nats)", curves["entropy"])]
     with open(os.path.join(root, "curves.json"), "w") as f:
         json.dump({"title": "DAPO, per RL iteration", "panels": panels}, f, allow_nan=False, indent=1)
 

@@ -291,7 +291,7 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
         SaveDtypeArg::Bf16 => SaveDtype::Bf16,
     };
     let run = train_loop(stage, args, &mut trainer, &data, vocab.as_ref(), save_dtype, &origin)?;
-    write_outputs(stage, args, &mut trainer, vocab.as_ref(), save_dtype, run)
+    write_outputs(stage, args, &mut trainer, &data, vocab.as_ref(), save_dtype, run)
 }
 
 /// Checks the output paths and the flags that need no data, and sets up the thread pool.
@@ -561,7 +561,7 @@ fn train_loop(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: 
 
 /// The outputs of the run: the final checkpoint (--save), the `metrics` table, the loss plot
 /// (--plot) and the stage's notes.
-fn write_outputs(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, vocab: Option<&Vocab>, save_dtype: SaveDtype, run: Run) -> Result<()> {
+fn write_outputs(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: &Dataset, vocab: Option<&Vocab>, save_dtype: SaveDtype, run: Run) -> Result<()> {
     let Run { reports, wall, threads } = run;
     let total_steps = trainer.state.settings.schedule.total_steps;
     let objective = trainer.objective;
@@ -579,7 +579,19 @@ fn write_outputs(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, voc
         if pts.is_empty() {
             bail!("--plot {}: no steps were taken, nothing to plot", png.display());
         }
-        plot::write_loss_png(png, &pts, &format!("{} loss", objective.name()))?;
+        // Where each epoch ends (steps never straddle one), and how long one is.
+        let (seed, batch) = (trainer.state.settings.seed, trainer.state.settings.batch_tokens);
+        let per_epoch = data::steps_for_epochs(&data.examples, seed, batch, 1.0);
+        let last = pts.last().map_or(0, |p| p.0 as u64);
+        let mut ends = Vec::new();
+        for k in 1..=last / per_epoch.max(1) {
+            let end = data::steps_for_epochs(&data.examples, seed, batch, k as f64);
+            if end > last {
+                break;
+            }
+            ends.push(end);
+        }
+        plot::write_loss_png(png, &pts, &format!("{} loss", objective.name()), &ends, per_epoch)?;
         stage.note("plot", png.display().to_string());
     }
     let tokens: usize = reports.iter().map(|r| r.tokens).sum();
@@ -623,17 +635,22 @@ fn pick_str(flag: &str, given: Option<&str>, saved: Option<&str>, default: &str,
     }
 }
 
-/// `coa-train-step plot --bars FILE.json`: bar panels as PNG (the pipeline's comparison plot).
-pub fn run_bars(stage: &mut Stage, json: &Path, output: &Path) -> Result<()> {
+/// `coa-train-step plot --bars FILE.json` (the pipeline's comparison plot) or `--lines
+/// FILE.json` (RL curves per iteration): panels as PNG.
+pub fn run_panels(stage: &mut Stage, json: &Path, output: &Path, lines: bool) -> Result<()> {
     let figure = plot::BarFigure::read(json)?;
-    plot::write_bars_png(output, &figure)?;
+    if lines {
+        plot::write_lines_png(output, &figure)?;
+    } else {
+        plot::write_bars_png(output, &figure)?;
+    }
     stage.add_input_file(json);
     stage.note("plot", output.display().to_string());
     Ok(())
 }
 
 /// `coa-train-step plot`: a `metrics` table's curve of `column` (e.g. loss, reward_mean) as PNG.
-pub fn run_plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: &str, column: &str) -> Result<()> {
+pub fn run_plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: Option<&str>, column: &str) -> Result<()> {
     let reader = stage.open(input, &METRICS)?;
     let source = reader.source().to_string();
     let mut pts = Vec::new();
@@ -655,7 +672,10 @@ pub fn run_plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: &
         bail!("{source}: the metrics table has no `{column}` values, nothing to plot");
     }
     pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-    plot::write_curve_png(output, &pts, title, column)?;
+    // Named after what it draws unless told otherwise; a loss on a log axis, as in training.
+    let title = title.map_or_else(|| format!("{column} per step"), str::to_string);
+    let style = plot::CurveStyle { log_y: column == "loss", ..Default::default() };
+    plot::write_curve_png(output, &pts, &title, column, &style)?;
     stage.note("plot", output.display().to_string());
     Ok(())
 }

@@ -63,14 +63,18 @@ struct PlotArgs {
     /// {"title": "...", "panels": [{"title": "...", "ylabel": "...", "xlabel": "...", "unit": "%",
     /// "missing": "none solved", "groups": ["code", "math"], "series": [{"label": "SFT",
     /// "values": [12.5, null]}, ...]}, ...]} (one value per group; null: no value).
-    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["input", "column"])]
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["input", "column", "lines"])]
     bars: Option<PathBuf>,
+    /// Instead of a curve, draw side-by-side panels of lines from a JSON file of --bars's shape:
+    /// each panel's groups are the x axis in order (e.g. RL iterations), each series a line.
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["input", "column"])]
+    lines: Option<PathBuf>,
     /// The PNG to write.
     #[arg(short = 'o', long, value_name = "FILE.png")]
     output: PathBuf,
-    /// Title drawn above the curve.
-    #[arg(long, default_value = "training loss")]
-    title: String,
+    /// Title drawn above the curve (default: "COLUMN per step").
+    #[arg(long)]
+    title: Option<String>,
 }
 
 #[global_allocator]
@@ -82,9 +86,10 @@ fn main() -> ExitCode {
         Some(Command::Plot(p)) => {
             stage::main("coa-train-step plot", env!("CARGO_PKG_VERSION"), None, |s| {
                 s.outputs(&[("-o", Some(&p.output))])?;
-                match &p.bars {
-                    Some(json) => coa_train_step::cli::run_bars(s, json, &p.output),
-                    None => plot(s, p.input.as_deref(), &p.output, &p.title, &p.column),
+                match (&p.bars, &p.lines) {
+                    (Some(json), _) => coa_train_step::cli::run_panels(s, json, &p.output, false),
+                    (None, Some(json)) => coa_train_step::cli::run_panels(s, json, &p.output, true),
+                    (None, None) => plot(s, p.input.as_deref(), &p.output, p.title.as_deref(), &p.column),
                 }
             })
         }
@@ -94,7 +99,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: &str, column: &str) -> Result<()> {
+fn plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: Option<&str>, column: &str) -> Result<()> {
     if output.as_os_str().is_empty() {
         bail!("plot: -o FILE.png is required");
     }

@@ -26,6 +26,8 @@ const BARS_HEIGHT: u32 = 760;
 const BLACK: RGBColor = RGBColor(0, 0, 0);
 const GRID: RGBColor = RGBColor(225, 225, 225);
 const CURVE: RGBColor = RGBColor(31, 119, 180);
+/// The vertical marks on a curve (epoch ends).
+const MARK: RGBColor = RGBColor(214, 39, 40);
 /// One colour per series, in order (grey for the teacher, then the tab10 blue, orange, green, red).
 const SERIES: [RGBColor; 5] = [RGBColor(127, 127, 127), RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
 
@@ -99,9 +101,24 @@ pub fn fmt_number(v: f64) -> String {
     }
 }
 
-/// Writes the loss curve (`points` = (step, loss)) to `path` as a PNG, atomically.
-pub fn write_loss_png(path: &Path, points: &[(f64, f64)], title: &str) -> Result<()> {
-    write_curve_png(path, points, title, "loss")
+/// Writes the loss curve (`points` = (step, loss)) to `path` as a PNG, atomically: a log axis
+/// (a loss falls over decades, and a linear axis leaves most steps flat near 0), with the steps
+/// where an epoch ends marked (`epoch_ends`) and the epoch's length in steps under the axis.
+pub fn write_loss_png(path: &Path, points: &[(f64, f64)], title: &str, epoch_ends: &[u64], steps_per_epoch: u64) -> Result<()> {
+    let marks = epoch_ends.iter().enumerate().map(|(k, &s)| (s as f64, format!("epoch {}", k + 1))).collect();
+    let xlabel = if steps_per_epoch > 0 { format!("step (an epoch is {} steps)", fmt_number(steps_per_epoch as f64)) } else { "step".into() };
+    let log_y = points.iter().all(|p| p.1 > 0.0 || !p.1.is_finite());
+    write_curve_png(path, points, title, "loss", &CurveStyle { log_y, marks, xlabel })
+}
+
+/// How [`write_curve_png`] draws: the y axis in log scale, vertical lines at given steps with a
+/// label (epoch ends), and the x axis's name.
+#[derive(Debug, Clone, Default)]
+pub struct CurveStyle {
+    pub log_y: bool,
+    pub marks: Vec<(f64, String)>,
+    /// Default "step".
+    pub xlabel: String,
 }
 
 fn check_png_path(path: &Path, what: &str) -> Result<()> {
@@ -128,51 +145,183 @@ fn write_png_atomically(path: &Path, size: (u32, u32), draw: impl FnOnce(&Drawin
 }
 
 /// Writes a curve (`points` = (step, value)) to `path` as a PNG, atomically: the title above,
-/// "step" under the x axis, `ylabel` along the y axis, a light grid.
-pub fn write_curve_png(path: &Path, points: &[(f64, f64)], title: &str, ylabel: &str) -> Result<()> {
+/// the x axis in whole steps, `ylabel` along the y axis (in log scale with `style.log_y`, which
+/// needs positive values), a light grid, and `style.marks` as labelled vertical lines.
+pub fn write_curve_png(path: &Path, points: &[(f64, f64)], title: &str, ylabel: &str, style: &CurveStyle) -> Result<()> {
     let finite: Vec<(f64, f64)> = points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
     if finite.is_empty() {
         bail!("--plot {}: no finite {ylabel} values to plot", path.display());
     }
     check_png_path(path, "--plot")?;
-    let (mut x0, mut x1) = finite.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let (mut y0, mut y1) = finite.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    write_png_atomically(path, CURVE_SIZE, |root| draw_curve(root, &finite, title, ylabel, style))
+}
+
+/// Draws [`write_curve_png`]'s figure on `root` (of `CURVE_SIZE`) from its finite points.
+pub fn draw_curve<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, finite: &[(f64, f64)], title: &str, ylabel: &str, style: &CurveStyle) -> Result<()> {
+    register_fonts();
+    let log_y = style.log_y && finite.iter().all(|p| p.1 > 0.0);
+    // Steps are whole numbers: an integer x axis puts its ticks on them (never at step 1.2).
+    let pts: Vec<(i64, f64)> = finite.iter().map(|&(x, y)| (x.round() as i64, y)).collect();
+    let (mut x0, mut x1) = pts.iter().fold((i64::MAX, i64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
     if x1 <= x0 {
-        x0 -= 1.0;
-        x1 += 1.0;
+        x0 -= 1;
+        x1 += 1;
     }
-    if y1 <= y0 {
-        y0 -= 0.5;
-        y1 += 0.5;
+    let (mut y0, mut y1) = pts.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    if log_y {
+        // A little room in log terms, and at least a factor of 10 shown.
+        (y0, y1) = (y0 / 1.25, y1 * 1.25);
+        if y1 / y0 < 10.0 {
+            let mid = (y0 * y1).sqrt();
+            (y0, y1) = (mid / 10f64.sqrt(), mid * 10f64.sqrt());
+        }
+    } else {
+        if y1 <= y0 {
+            y0 -= 0.5;
+            y1 += 0.5;
+        }
+        let pad = (y1 - y0) * 0.05;
+        y0 = if pts.iter().all(|p| p.1 >= 0.0) { (y0 - pad).max(0.0) } else { y0 - pad };
+        y1 += pad;
     }
-    let pad = (y1 - y0) * 0.05;
-    y0 = if finite.iter().all(|p| p.1 >= 0.0) { (y0 - pad).max(0.0) } else { y0 - pad };
-    y1 += pad;
-    write_png_atomically(path, CURVE_SIZE, |root| {
-        let mut chart = ChartBuilder::on(root)
-            .caption(title, bold(30.0))
-            .margin(24)
-            .x_label_area_size(64)
-            .y_label_area_size(96)
-            .build_cartesian_2d(x0..x1, y0..y1)
-            .map_err(draw_err)?;
-        chart
-            .configure_mesh()
-            .light_line_style(WHITE)
-            .bold_line_style(GRID)
-            .x_labels(10)
-            .y_labels(8)
-            .x_label_formatter(&|v| fmt_number(*v))
-            .y_label_formatter(&|v| fmt_number(*v))
-            .x_desc("step")
-            .y_desc(ylabel)
-            .label_style(font(20.0))
-            .axis_desc_style(font(24.0))
-            .draw()
-            .map_err(draw_err)?;
-        chart.draw_series(LineSeries::new(finite.iter().copied(), CURVE.stroke_width(3))).map_err(draw_err)?;
+    let xlabel = if style.xlabel.is_empty() { "step" } else { style.xlabel.as_str() };
+    let marks: Vec<&(f64, String)> = style.marks.iter().filter(|(x, _)| *x >= x0 as f64 && *x <= x1 as f64).collect();
+    {
+        // The same chart over a linear or a log y axis (two coordinate types).
+        macro_rules! draw {
+            ($y:expr) => {{
+                let mut chart = ChartBuilder::on(root)
+                    .caption(title, bold(30.0))
+                    .margin(24)
+                    .x_label_area_size(64)
+                    .y_label_area_size(96)
+                    .build_cartesian_2d(x0..x1, $y)
+                    .map_err(draw_err)?;
+                chart
+                    .configure_mesh()
+                    .light_line_style(WHITE)
+                    .bold_line_style(GRID)
+                    .x_labels(10)
+                    .y_labels(8)
+                    .x_label_formatter(&|v| fmt_number(*v as f64))
+                    .y_label_formatter(&|v| fmt_number(*v))
+                    .x_desc(xlabel)
+                    .y_desc(ylabel)
+                    .label_style(font(20.0))
+                    .axis_desc_style(font(24.0))
+                    .draw()
+                    .map_err(draw_err)?;
+                for (x, label) in &marks {
+                    let x = x.round() as i64;
+                    chart.draw_series(LineSeries::new([(x, y0), (x, y1)], MARK.stroke_width(2))).map_err(draw_err)?;
+                    let (px, py) = chart.backend_coord(&(x, y1));
+                    root.draw(&Text::new(label.clone(), (px - 6, py + 6), font(18.0).pos(Pos::new(HPos::Right, VPos::Top)))).map_err(draw_err)?;
+                }
+                chart.draw_series(LineSeries::new(pts.iter().copied(), CURVE.stroke_width(3))).map_err(draw_err)?;
+            }};
+        }
+        if log_y {
+            draw!((y0..y1).log_scale());
+        } else {
+            draw!(y0..y1);
+        }
         Ok(())
-    })
+    }
+}
+
+/// The size of [`write_curve_png`]'s figure.
+pub const fn curve_size() -> (u32, u32) {
+    CURVE_SIZE
+}
+
+/// Writes `fig` as side-by-side panels of lines (RL curves per iteration): each panel's groups
+/// are the x axis in order (iterations), each series a line with a dot per value (a null leaves
+/// a gap), one legend for the figure where series are named.
+pub fn write_lines_png(path: &Path, fig: &BarFigure) -> Result<()> {
+    fig.check().with_context(|| format!("plotting {}", path.display()))?;
+    check_png_path(path, "-o")?;
+    write_png_atomically(path, bars_size(fig), |root| draw_lines(root, fig))
+}
+
+/// Draws [`write_lines_png`]'s figure on `root` (of [`bars_size`]).
+pub fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &BarFigure) -> Result<()> {
+    register_fonts();
+    let (w, _) = root.dim_in_pixel();
+    root.draw(&Text::new(fig.title.clone(), (w as i32 / 2, 18), bold(30.0).pos(Pos::new(HPos::Center, VPos::Top)))).map_err(draw_err)?;
+    let labels: Vec<&str> = fig.panels[0].series.iter().map(|s| s.label.as_str()).collect();
+    let named = labels.iter().any(|l| !l.is_empty());
+    let top = if named {
+        draw_legend(root, &labels, w as i32 / 2, 64)?;
+        104
+    } else {
+        64
+    };
+    let (_, body) = root.split_vertically(top);
+    for (panel, area) in fig.panels.iter().zip(body.split_evenly((1, fig.panels.len()))) {
+        draw_line_panel(root, &area, panel, named)?;
+    }
+    Ok(())
+}
+
+fn draw_line_panel<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, area: &DrawingArea<DB, Shift>, panel: &BarPanel, named: bool) -> Result<()> {
+    let values: Vec<f64> = panel.series.iter().flat_map(|s| s.values.iter().flatten().copied()).collect();
+    let (lo, hi) = values.iter().fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+    let (lo, hi) = if values.is_empty() { (0.0, 1.0) } else { (lo, hi) };
+    let span = if hi > lo { hi - lo } else { hi.abs().max(1.0) };
+    let y0 = if lo >= 0.0 && lo - 0.15 * span < 0.0 { 0.0 } else { lo - 0.15 * span };
+    let y1 = hi + 0.15 * span;
+    // Group k at x = k + 1, with half a step of room each side.
+    let n = panel.groups.len();
+    let mut chart = ChartBuilder::on(area)
+        .caption(&panel.title, bold(26.0))
+        .margin_left(16)
+        .margin_right(28)
+        .margin_top(8)
+        .margin_bottom(12)
+        .x_label_area_size(if panel.xlabel.is_empty() { 48 } else { 76 })
+        .y_label_area_size(96)
+        .build_cartesian_2d(0.5f64..n as f64 + 0.5, y0..y1)
+        .map_err(draw_err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .light_line_style(WHITE)
+        .bold_line_style(GRID)
+        .x_labels(0)
+        .y_labels(8)
+        .y_label_formatter(&|v| fmt_number(*v))
+        .x_desc(panel.xlabel.as_str())
+        .y_desc(panel.ylabel.as_str())
+        .label_style(font(20.0))
+        .axis_desc_style(font(22.0))
+        .draw()
+        .map_err(draw_err)?;
+    for (g, name) in panel.groups.iter().enumerate() {
+        let (px, py) = chart.backend_coord(&(g as f64 + 1.0, y0));
+        root.draw(&Text::new(name.clone(), (px, py + 10), font(22.0).pos(Pos::new(HPos::Center, VPos::Top)))).map_err(draw_err)?;
+    }
+    for (s, series) in panel.series.iter().enumerate() {
+        let color = if named { SERIES[s % SERIES.len()] } else { CURVE };
+        // Runs of consecutive values, each a line; every value a dot with its number.
+        let mut run: Vec<(f64, f64)> = Vec::new();
+        for (g, v) in series.values.iter().enumerate() {
+            match v {
+                Some(v) => run.push((g as f64 + 1.0, *v)),
+                None => {
+                    chart.draw_series(LineSeries::new(run.drain(..), color.stroke_width(3))).map_err(draw_err)?;
+                }
+            }
+        }
+        chart.draw_series(LineSeries::new(run, color.stroke_width(3))).map_err(draw_err)?;
+        for (g, v) in series.values.iter().enumerate() {
+            if let Some(v) = v {
+                chart.draw_series(std::iter::once(Circle::new((g as f64 + 1.0, *v), 6, color.filled()))).map_err(draw_err)?;
+                let (px, py) = chart.backend_coord(&(g as f64 + 1.0, *v));
+                root.draw(&Text::new(format!("{}{}", fmt_number(*v), panel.unit), (px, py - 12), font(17.0).pos(Pos::new(HPos::Center, VPos::Bottom)))).map_err(draw_err)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One named series of a bar panel: a value per group; `None` (JSON null) is "no value", e.g.
@@ -429,15 +578,45 @@ mod tests {
         assert_eq!(fmt_number(2e-5), "2.0e-5");
     }
 
+    /// A loss that falls tenfold every 10 steps is a straight line on the log axis; an epoch's
+    /// end is a red vertical line at its step.
+    #[test]
+    fn a_loss_is_drawn_on_a_log_axis_with_its_epochs_marked() {
+        let (w, h) = curve_size();
+        let pts: Vec<(f64, f64)> = (1..=40).map(|s| (s as f64, 10f64.powf(-(s as f64) / 10.0))).collect();
+        let style = CurveStyle { log_y: true, marks: vec![(20.0, "epoch 1".into())], xlabel: "step (an epoch is 20 steps)".into() };
+        let mut rgb = vec![0u8; (w * h * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
+            root.fill(&WHITE).unwrap();
+            draw_curve(&root, &pts, "sft loss", "loss", &style).unwrap();
+            root.present().unwrap();
+        }
+        let is = |x: u32, y: u32, c: RGBColor| rgb[((y * w + x) * 3) as usize..][..3] == [c.0, c.1, c.2];
+        // The curve's centre row in columns across the plot.
+        let centre = |x: u32| -> Option<f64> {
+            let ys: Vec<u32> = (0..h).filter(|&y| is(x, y, CURVE)).collect();
+            (!ys.is_empty()).then(|| ys.iter().sum::<u32>() as f64 / ys.len() as f64)
+        };
+        let cols: Vec<(f64, f64)> = (0..w).step_by(20).filter_map(|x| centre(x).map(|y| (x as f64, y))).collect();
+        assert!(cols.len() > 30, "the curve spans the plot: {} columns", cols.len());
+        let (a, b) = (cols[2], cols[cols.len() - 3]);
+        let worst = cols[2..cols.len() - 2].iter().map(|&(x, y)| (y - (a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0))).abs()).fold(0.0, f64::max);
+        assert!(worst < 4.0, "not a straight line on a log axis: {worst} px off");
+        // The mark: a long vertical run of red pixels in one column.
+        let red = (0..w).map(|x| (0..h).filter(|&y| is(x, y, MARK)).count()).max().unwrap();
+        assert!(red > h as usize / 2, "no epoch mark ({red} red pixels in a column)");
+    }
+
     #[test]
     fn png_is_written_atomically_and_is_a_png() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("loss.png");
         let pts: Vec<(f64, f64)> = (1..=50).map(|i| (i as f64, 6.0 / (i as f64).sqrt())).collect();
-        write_loss_png(&p, &pts, "sft loss").unwrap();
+        write_loss_png(&p, &pts, "sft loss", &[20, 40], 20).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temp file left");
-        assert!(write_loss_png(&dir.path().join("x.svg"), &pts, "t").is_err());
+        assert!(write_loss_png(&dir.path().join("x.svg"), &pts, "t", &[], 0).is_err());
     }
 }

@@ -161,15 +161,30 @@ fn rl_report_writes_a_figure_the_plotter_reads() {
             r#"{{"reward_mean": {reward}, "response_len": 718.0, "clip_frac": 0.008, "entropy": 1.619, "logprob_mismatch": 0.0, "mean_loss": 0.2246, "steps": 3}}"#
         );
         std::fs::write(d.join("train.json"), train).unwrap();
+        std::fs::write(d.join("score.json"), format!(r#"{{"rows_in": 40, "rows_out": 40, "correct": {}}}"#, 8 + 4 * k)).unwrap();
     }
     let out = Command::new("python3").arg(repo_root().join("pipelines/rl_report.py")).arg(dir.path()).arg("2").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let fig = BarFigure::read(&dir.path().join("curves.json")).unwrap();
     assert!(fig.panels.iter().all(|p| p.groups == ["1", "2"] && p.xlabel == "RL iteration" && !p.ylabel.is_empty()));
+    let titles: Vec<&str> = fig.panels.iter().map(|p| p.title.as_str()).collect();
+    assert_eq!(titles, ["Reward", "Success", "Response length", "Entropy"]);
+    assert_eq!(fig.panels[1].series[0].values, [Some(30.0), Some(40.0)], "success: correct / rollouts, in %");
+    // Drawn as lines, one panel per curve: a line of the curve's colour crosses each panel.
     let png = dir.path().join("curves.png");
-    let rects = plot::write_bars_png(&png, &fig).unwrap();
-    assert_eq!(rects.len(), 3 * 2);
-    // Negative rewards hang below the zero line.
-    let reward: Vec<_> = rects.iter().filter(|r| r.panel == 0).collect();
-    assert!(reward.iter().all(|r| r.rect.3 > r.rect.1));
+    plot::write_lines_png(&png, &fig).unwrap();
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+    let (w, h) = plot::bars_size(&fig);
+    let mut rgb = vec![0u8; (w * h * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
+        root.fill(&WHITE).unwrap();
+        plot::draw_lines(&root, &fig).unwrap();
+        root.present().unwrap();
+    }
+    let blue = |x: u32, y: u32| rgb[((y * w + x) * 3) as usize..][..3] == [31, 119, 180];
+    for k in 0..4 {
+        let panel = (k * w / 4)..((k + 1) * w / 4);
+        assert!(panel.clone().any(|x| (0..h).any(|y| blue(x, y))), "panel {k} has no line");
+    }
 }
