@@ -15,9 +15,9 @@ DEVICE     ?= cpu
 # default: the whole method on 2 CPU cores in about an hour. The student is a pretrained model,
 #   SmolLM2-135M-Instruct (`make model` fetches it), fully fine-tuned in bf16 products for half an
 #   epoch on the distilled multihop, math and code trajectories, improved by RL on math, and
-#   compared with the teacher on 100 held-out tasks of each suite: 63 minutes measured on
-#   2026-12-06, build excluded (SFT 32 at about 254 tokens/s, RL 8.5, eval 22) on an Intel Xeon
-#   with AMX, 61 on an AMD EPYC with avx512_bf16 the day before. One epoch (SFT_EPOCHS=1
+#   compared with the teacher on 100 held-out tasks of each suite: 56 min 48 s measured on
+#   2026-12-06, build excluded (SFT 28 at about 297 tokens/s, RL 7, eval 21) on an Intel Xeon
+#   with AMX, 61 on an AMD EPYC with avx512_bf16 the day before (before two speedups). One epoch (SFT_EPOCHS=1
 #   SFT_BATCH_TOKENS=8192) was the better student on a validation split and about 90 minutes
 #   there (README, "Results of the default run").
 # smoke: the loop's plumbing in under 20 minutes: a 1M-parameter model from scratch (it learns
