@@ -263,15 +263,16 @@ pub fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &BarFi
     Ok(())
 }
 
-fn draw_line_panel<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, area: &DrawingArea<DB, Shift>, panel: &BarPanel, named: bool) -> Result<()> {
-    let values: Vec<f64> = panel.series.iter().flat_map(|s| s.values.iter().flatten().copied()).collect();
-    let (lo, hi) = values.iter().fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
-    let (lo, hi) = if values.is_empty() { (0.0, 1.0) } else { (lo, hi) };
-    let span = if hi > lo { hi - lo } else { hi.abs().max(1.0) };
-    let y0 = if lo >= 0.0 && lo - 0.15 * span < 0.0 { 0.0 } else { lo - 0.15 * span };
-    let y1 = hi + 0.15 * span;
-    // Group k at x = k + 1, with half a step of room each side.
-    let n = panel.groups.len();
+/// A panel's axes, shared by bar and line panels: its title, the y axis with its label, the x
+/// axis spanning `x` with its label, and each group's name under the axis at `x_of(group)`.
+fn panel_axes<'a, DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    area: &'a DrawingArea<DB, Shift>,
+    panel: &BarPanel,
+    x: std::ops::Range<f64>,
+    (y0, y1): (f64, f64),
+    x_of: impl Fn(usize) -> f64,
+) -> Result<ChartContext<'a, DB, Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>>> {
     let mut chart = ChartBuilder::on(area)
         .caption(&panel.title, bold(26.0))
         .margin_left(16)
@@ -280,7 +281,7 @@ fn draw_line_panel<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, area: &Dra
         .margin_bottom(12)
         .x_label_area_size(if panel.xlabel.is_empty() { 48 } else { 76 })
         .y_label_area_size(96)
-        .build_cartesian_2d(0.5f64..n as f64 + 0.5, y0..y1)
+        .build_cartesian_2d(x, y0..y1)
         .map_err(draw_err)?;
     chart
         .configure_mesh()
@@ -296,10 +297,24 @@ fn draw_line_panel<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, area: &Dra
         .axis_desc_style(font(22.0))
         .draw()
         .map_err(draw_err)?;
+    // Group names under the axis, centred on their group.
     for (g, name) in panel.groups.iter().enumerate() {
-        let (px, py) = chart.backend_coord(&(g as f64 + 1.0, y0));
+        let (px, py) = chart.backend_coord(&(x_of(g), y0));
         root.draw(&Text::new(name.clone(), (px, py + 10), font(22.0).pos(Pos::new(HPos::Center, VPos::Top)))).map_err(draw_err)?;
     }
+    Ok(chart)
+}
+
+fn draw_line_panel<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, area: &DrawingArea<DB, Shift>, panel: &BarPanel, named: bool) -> Result<()> {
+    let values: Vec<f64> = panel.series.iter().flat_map(|s| s.values.iter().flatten().copied()).collect();
+    let (lo, hi) = values.iter().fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+    let (lo, hi) = if values.is_empty() { (0.0, 1.0) } else { (lo, hi) };
+    let span = if hi > lo { hi - lo } else { hi.abs().max(1.0) };
+    let y0 = if lo >= 0.0 && lo - 0.15 * span < 0.0 { 0.0 } else { lo - 0.15 * span };
+    let y1 = hi + 0.15 * span;
+    // Group k at x = k + 1, with half a step of room each side.
+    let n = panel.groups.len();
+    let mut chart = panel_axes(root, area, panel, 0.5..n as f64 + 0.5, (y0, y1), |g| g as f64 + 1.0)?;
     for (s, series) in panel.series.iter().enumerate() {
         let color = if named { SERIES[s % SERIES.len()] } else { CURVE };
         // Runs of consecutive values, each a line; every value a dot with its number.
@@ -473,35 +488,7 @@ fn draw_panel<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, area: &DrawingA
     // Room above (and below, for negative values) for the value labels.
     let (y0, y1) = (if lo < 0.0 { lo - 0.14 * span } else { 0.0 }, if hi > 0.0 || lo >= 0.0 { hi + 0.14 * span } else { 0.0 });
     let n_groups = panel.groups.len();
-    let mut chart = ChartBuilder::on(area)
-        .caption(&panel.title, bold(26.0))
-        .margin_left(16)
-        .margin_right(28)
-        .margin_top(8)
-        .margin_bottom(12)
-        .x_label_area_size(if panel.xlabel.is_empty() { 48 } else { 76 })
-        .y_label_area_size(96)
-        .build_cartesian_2d(0f64..n_groups as f64, y0..y1)
-        .map_err(draw_err)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .light_line_style(WHITE)
-        .bold_line_style(GRID)
-        .x_labels(0)
-        .y_labels(8)
-        .y_label_formatter(&|v| fmt_number(*v))
-        .x_desc(panel.xlabel.as_str())
-        .y_desc(panel.ylabel.as_str())
-        .label_style(font(20.0))
-        .axis_desc_style(font(22.0))
-        .draw()
-        .map_err(draw_err)?;
-    // Group names under the axis, centred on their group.
-    for (g, name) in panel.groups.iter().enumerate() {
-        let (px, py) = chart.backend_coord(&(g as f64 + 0.5, y0));
-        root.draw(&Text::new(name.clone(), (px, py + 10), font(22.0).pos(Pos::new(HPos::Center, VPos::Top)))).map_err(draw_err)?;
-    }
+    let mut chart = panel_axes(root, area, panel, 0.0..n_groups as f64, (y0, y1), |g| g as f64 + 0.5)?;
     let n_series = panel.series.len() as f64;
     // Bars of a group share 80% of its width, none wider than 30% (a lone series stays a bar).
     let width = (0.8 / n_series).min(0.3);
