@@ -128,7 +128,7 @@ impl Stage {
         if outputs.iter().any(|&(flag, path)| flag == "-o" && path.is_none()) && std::io::stdout().is_terminal() {
             anyhow::bail!(
                 "stdout is a terminal, and {} writes its table there as binary Arrow: give -o FILE (.parquet), pipe it into the next stage, \
-                 or look at it with `| python3 -c 'import sys, polars as pl; print(pl.read_ipc_stream(sys.stdin.buffer))'` (-o - writes it anyway)",
+                 or look at it with `| coa-show` (-o - writes it anyway)",
                 self.name
             );
         }
