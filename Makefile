@@ -55,6 +55,8 @@ test: cuda-deps model-optional hf-venv-optional
 	@# Parquet reader, coa-filter does not link it): one polars build, and `cargo test` reuses it.
 	$(CARGO) build --workspace --bins --tests
 	$(CARGO) test --workspace --no-fail-fast
+	@# The GPU run, rehearsed on the emulated device with the test build: it must fit the GPU machine.
+	bash bench/gpu/run.sh rehearse
 
 include pipelines/shard.mk
 include pipelines/cuda.mk

@@ -6,8 +6,8 @@ One JSON object per line on stdout, the same shapes as kernels/examples/gpu_benc
              fwd and fwd+bwd, T 1024..8192, head dims 64 and 128, 16k tokens per call;
   xent:      torch.nn.functional.cross_entropy on bf16 logits, fwd+bwd;
   copy:      device-to-device copy of 1 GiB;
-  trainstep: PyTorch eager bf16 training step of a ~125M-parameter Llama (HF transformers),
-             tokens/s and MFU -- the baseline for `coa-train-step --device cuda`.
+  trainstep: PyTorch bf16 training step of a ~125M-parameter Llama (HF transformers), eager and
+             torch.compile, tokens/s and MFU -- the baselines for `coa-train-step --device cuda`.
 Medians of CUDA-event-timed runs after warm-up; random inputs.
 """
 import json
@@ -107,18 +107,27 @@ def trainstep():
     b, t = 8, 1024
     ids = torch.randint(0, cfg.vocab_size, (b, t), device=dev)
 
-    def step():
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    ms = timed(step, iters=max(5, ITERS // 2))
-    tok_s = b * t / (ms / 1e3)
     # MFU with 6*N*tokens + attention (12 * layers * T * d per token, causal halves it).
     flops_per_tok = 6 * params + 6 * cfg.num_hidden_layers * t * cfg.hidden_size
-    emit(kind="trainstep", impl="torch_eager", params=params, B=b, T=t, ms=ms, tokens_per_s=tok_s,
-         tflops=flops_per_tok * tok_s / 1e12)
+
+    def measure(impl, fwd):
+        def step():
+            out = fwd(input_ids=ids, labels=ids)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()  # compiles, for torch.compile: kept out of the timing
+        ms = timed(step, iters=max(5, ITERS // 2))
+        tok_s = b * t / (ms / 1e3)
+        emit(kind="trainstep", impl=impl, params=params, B=b, T=t, ms=ms, tokens_per_s=tok_s,
+             tflops=flops_per_tok * tok_s / 1e12)
+
+    measure("torch_eager", model)
+    try:
+        measure("torch_compile", torch.compile(model))
+    except Exception as e:  # noqa: BLE001 -- a compiler failure is a result to report, not a crash
+        emit(kind="trainstep", impl="torch_compile", error=f"{type(e).__name__}: {str(e)[:200]}")
 
 
 if __name__ == "__main__":

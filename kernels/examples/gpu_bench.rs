@@ -4,10 +4,12 @@
 //!   fused masked cross-entropy fwd+bwd (GB/s over the minimal bytes: read + write the logits);
 //!   device-to-device copy bandwidth (bytes read + written).
 //! Medians of event-timed runs after a warm-up; inputs random (never zeros).
+//! `COA_BENCH_DEVICE=emu COA_BENCH_SMALL=1`: the same calls on small shapes on the emulated device
+//! (the device script's rehearsal; the numbers mean nothing).
 
 use coa_kernels::ops::attention::{AttnLayout, AttnShape};
 use coa_kernels::rng::Rng;
-use coa_kernels::Gpu;
+use coa_kernels::testing::{bench_gpu, bench_small};
 
 fn median(mut v: Vec<f32>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -15,7 +17,8 @@ fn median(mut v: Vec<f32>) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let gpu = Gpu::new(0)?;
+    let gpu = bench_gpu()?;
+    let small = bench_small();
     eprintln!("device: {}", gpu.info);
     gpu.warm_up()?;
     let mut rng = Rng::new(Rng::fresh_seed());
@@ -24,10 +27,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Attention: 16k tokens per call, model width 2048 (32 heads of 64 or 16 of 128), no GQA
     // (what SDPA is timed on).
-    for &hd in &[64usize, 128] {
-        for &t in &[1024usize, 2048, 4096, 8192] {
-            let h = 2048 / hd;
-            let b = 16384 / t;
+    let (head_dims, seqs, width, tokens): (&[usize], &[usize], usize, usize) =
+        if small { (&[64], &[128], 128, 256) } else { (&[64, 128], &[1024, 2048, 4096, 8192], 2048, 16384) };
+    for &hd in head_dims {
+        for &t in seqs {
+            let h = width / hd;
+            let b = tokens / t;
             let s = AttnShape { batch: b, seq: t, q_heads: h, kv_heads: h, head_dim: hd };
             let l = AttnLayout::contiguous(&s);
             let n = b * t * h * hd;
@@ -53,7 +58,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Masked cross-entropy, fused fwd+bwd in place. All rows unmasked for the bandwidth figure
     // (a masked row is skipped without reading its logits).
-    for &(n, v) in &[(8192usize, 32000usize), (4096, 151_936)] {
+    let xent_shapes: &[(usize, usize)] = if small { &[(64, 512)] } else { &[(8192, 32000), (4096, 151_936)] };
+    for &(n, v) in xent_shapes {
         let logits: Vec<f32> = (0..n * v).map(|_| rng.normal() * 2.0).collect();
         let mut x = gpu.upload_bf16(&logits)?;
         let t = gpu.upload(&(0..n).map(|_| rng.below(v) as i32).collect::<Vec<_>>())?;
@@ -67,7 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Copy bandwidth: 1 GiB device to device.
-    let n = 1usize << 29; // bf16 elements = 1 GiB
+    let n = if small { 1usize << 16 } else { 1usize << 29 }; // bf16 elements: 1 GiB
     let src = gpu.upload_bf16(&(0..n).map(|i| (i % 251) as f32).collect::<Vec<_>>())?;
     let mut dst = gpu.zeros::<coa_kernels::bf16>(n)?;
     let ms = median(gpu.time_ms(iters, || {

@@ -67,6 +67,26 @@ pub fn test_gpu(test: &str) -> Gpu {
     }
 }
 
+/// The device a benchmark binary times (`COA_BENCH_DEVICE`: `cuda`, the default, or `emu`, the
+/// emulated device the GPU script's rehearsal runs on; `bench/gpu/run.sh`), and whether it runs
+/// its small shapes (`COA_BENCH_SMALL=1`: the same code paths in seconds on the emulated device,
+/// numbers that mean nothing).
+pub fn bench_gpu() -> crate::Result<Gpu> {
+    match std::env::var("COA_BENCH_DEVICE").as_deref() {
+        Ok("emu") => Gpu::emulated(),
+        Ok("cuda") | Ok("") | Err(_) => {
+            let info = crate::probe().map_err(|e| crate::Error::new(format!("COA_BENCH_DEVICE=cuda: {e}")))?;
+            Gpu::new(info.ordinal)
+        }
+        Ok(other) => Err(crate::Error::new(format!("COA_BENCH_DEVICE={other:?}: expected cuda or emu"))),
+    }
+}
+
+/// `COA_BENCH_SMALL=1`: see [`bench_gpu`].
+pub fn bench_small() -> bool {
+    std::env::var("COA_BENCH_SMALL").is_ok_and(|v| v == "1")
+}
+
 /// A generator seeded from `COA_TEST_SEED` if set, else fresh; the seed is printed so a failure
 /// can be replayed.
 pub fn seeded(test: &str) -> Rng {

@@ -61,8 +61,11 @@ fn every_cu_file_is_listed() {
 fn all_kernels_compile_to_ptx_for_sm90() {
     let Some(c) = compiler_or_skip("all_kernels_compile_to_ptx_for_sm90") else { return };
     eprintln!("NVRTC {}.{} from {}; headers from {}", c.nvrtc_version.0, c.nvrtc_version.1, c.nvrtc_path, c.include_dir.display());
-    // Driver 580 (CUDA 13.0) rejects PTX from a newer NVRTC: the pinned wheel must be 13.0.
-    assert_eq!(c.nvrtc_version, (13, 0), "NVRTC {}.{} loaded; the GPU machines need 13.0 (pin nvidia-cuda-nvrtc==13.0.*)", c.nvrtc_version.0, c.nvrtc_version.1);
+    // The cu13 bindings need NVRTC 13.x. The minor version is reported, not asserted: a driver
+    // older than the NVRTC refuses its PTX at module load, which the kernel tests then show with
+    // both versions (the pinned wheel here is 13.0, for the GPU machines' driver 580).
+    println!("NVRTC {}.{}", c.nvrtc_version.0, c.nvrtc_version.1);
+    assert_eq!(c.nvrtc_version.0, 13, "NVRTC {}.{} loaded; the cu13 bindings need NVRTC 13.x (pip nvidia-cuda-nvrtc==13.0.*)", c.nvrtc_version.0, c.nvrtc_version.1);
     // Compile without the disk cache so this really runs NVRTC.
     let c = Compiler { cache_dir: None, ..c };
     let mut failures = Vec::new();

@@ -11,12 +11,15 @@
 //! `COA_BENCH_ITERS / 2` (at least 5) steps after 3 warm-up steps.
 //!
 //!   cargo run --release -p coa-train-step --example gpu_trainstep_bench   (on a GPU machine)
+//!
+//! `COA_BENCH_DEVICE=emu COA_BENCH_SMALL=1`: a 2-layer model of width 128 on 2 x 128 tokens on the
+//! emulated device (the device script's rehearsal; the numbers mean nothing).
 
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use coa_kernels::rng::Rng;
-use coa_kernels::Gpu;
+use coa_kernels::testing::{bench_gpu, bench_small};
 use coa_model::{Model, ModelConfig};
 use coa_train_step::data::{Dataset, Example};
 use coa_train_step::objective::Objective;
@@ -24,8 +27,6 @@ use coa_train_step::optim::AdamWConfig;
 use coa_train_step::schedule::Schedule;
 use coa_train_step::train::{Settings, Trainer};
 
-const B: usize = 8;
-const T: usize = 1024;
 
 /// Dense bf16 tensor-core peak (TFLOP/s) of the GPUs this is run on, for MFU.
 fn peak_tflops(name: &str) -> Option<f64> {
@@ -41,17 +42,20 @@ fn peak_tflops(name: &str) -> Option<f64> {
 }
 
 fn main() -> Result<()> {
-    let info = coa_kernels::probe().map_err(|e| anyhow!("{e}"))?;
-    let gpu = Gpu::new(info.ordinal)?;
+    let gpu = bench_gpu().map_err(|e| anyhow!("{e}"))?;
     gpu.warm_up()?;
+    let info = gpu.info.clone();
     eprintln!("device: {info}");
 
-    let mut c = ModelConfig::preset("small", 32000)?;
-    c.hidden_size = 768;
-    c.intermediate_size = 2048;
-    c.num_hidden_layers = 12;
-    c.num_attention_heads = 12;
-    c.num_key_value_heads = 12;
+    // The full shape is torch_ref.py's; the small one only exercises the same path.
+    let small = bench_small();
+    let (batch_rows, seq, vocab) = if small { (2usize, 128usize, 512usize) } else { (8, 1024, 32000) };
+    let mut c = ModelConfig::preset("small", vocab)?;
+    c.hidden_size = if small { 128 } else { 768 };
+    c.intermediate_size = if small { 256 } else { 2048 };
+    c.num_hidden_layers = if small { 2 } else { 12 };
+    c.num_attention_heads = c.hidden_size / 64;
+    c.num_key_value_heads = c.num_attention_heads;
     c.max_position_embeddings = 2048;
     c.tie_word_embeddings = false;
     c.validate()?;
@@ -62,10 +66,10 @@ fn main() -> Result<()> {
 
     let mut rng = Rng::new(1);
     let mut data = Dataset::default();
-    for row in 0..B {
-        let input_ids: Vec<u32> = (0..T).map(|_| rng.below(32000) as u32).collect();
+    for row in 0..batch_rows {
+        let input_ids: Vec<u32> = (0..seq).map(|_| rng.below(vocab) as u32).collect();
         data.rows += 1;
-        data.push(Example { source: 0, row, task_id: format!("bench{row}"), input_ids, loss_mask: vec![1; T], segment_ids: None, n_targets: 0, rl: None });
+        data.push(Example { source: 0, row, task_id: format!("bench{row}"), input_ids, loss_mask: vec![1; seq], segment_ids: None, n_targets: 0, rl: None });
     }
     let iters = std::env::var("COA_BENCH_ITERS").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(20).div_euclid(2).max(5);
     let settings = Settings {
@@ -73,8 +77,8 @@ fn main() -> Result<()> {
         schedule: Schedule::new(1e-4, 1e-4, 0, (iters + 3) as u64)?,
         adamw: AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 },
         grad_clip: 1.0,
-        batch_tokens: B * T,
-        micro_batch_tokens: B * T,
+        batch_tokens: batch_rows * seq,
+        micro_batch_tokens: batch_rows * seq,
         new_rows: None,
         frozen_layers: 0,
         matmul: Default::default(),
@@ -82,7 +86,7 @@ fn main() -> Result<()> {
     let mut trainer = Trainer::new(model, Objective::Sft, &settings, &data)?;
     trainer.to_cuda(Arc::new(gpu), &data)?;
     let gm = trainer.cuda.as_deref().map(|g| g.device_bytes()).unwrap_or(0);
-    eprintln!("{params} parameters, {B} x {T} tokens per step, {:.2} GiB of GPU buffers", gm as f64 / (1u64 << 30) as f64);
+    eprintln!("{params} parameters, {batch_rows} x {seq} tokens per step, {:.2} GiB of GPU buffers", gm as f64 / (1u64 << 30) as f64);
 
     let mut losses = Vec::new();
     for _ in 0..3 {
@@ -96,16 +100,16 @@ fn main() -> Result<()> {
     }
     ms.sort_by(f64::total_cmp);
     let ms = ms[ms.len() / 2];
-    let tokens_per_s = (B * T) as f64 / (ms / 1e3);
+    let tokens_per_s = (batch_rows * seq) as f64 / (ms / 1e3);
     // torch_ref.py's FLOPs per token: 6 N plus attention's 6 L T d.
-    let flops_per_tok = 6.0 * params as f64 + 6.0 * layers * T as f64 * hidden;
+    let flops_per_tok = 6.0 * params as f64 + 6.0 * layers * seq as f64 * hidden;
     let tflops = flops_per_tok * tokens_per_s / 1e12;
     let peak = peak_tflops(&info.name);
     let mfu = peak.map(|p| tflops / p);
     let json_opt = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.4}"));
     eprintln!("median step {ms:.2} ms: {tokens_per_s:.0} tokens/s, {tflops:.1} TFLOP/s, MFU {}; losses {losses:.3?}", json_opt(mfu));
     println!(
-        "{{\"kind\":\"trainstep\",\"impl\":\"ours\",\"device\":{:?},\"params\":{params},\"B\":{B},\"T\":{T},\"ms\":{ms:.3},\"tokens_per_s\":{tokens_per_s:.1},\"tflops\":{tflops:.2},\"peak_tflops\":{},\"mfu\":{},\"loss_first\":{:.4},\"loss_last\":{:.4}}}",
+        "{{\"kind\":\"trainstep\",\"impl\":\"ours\",\"device\":{:?},\"params\":{params},\"B\":{batch_rows},\"T\":{seq},\"ms\":{ms:.3},\"tokens_per_s\":{tokens_per_s:.1},\"tflops\":{tflops:.2},\"peak_tflops\":{},\"mfu\":{},\"loss_first\":{:.4},\"loss_last\":{:.4}}}",
         info.name,
         json_opt(peak),
         json_opt(mfu),
