@@ -67,6 +67,7 @@ include pipelines/sft.mk
 include pipelines/rl.mk
 include pipelines/eval.mk
 include pipelines/external.mk
+include pipelines/benchmarks.mk
 
 # `make -n`: print the commands only (the loop below still runs, as it calls $(MAKE)). MAKEFLAGS's
 # first word holds the one-letter flags, unless there are none: then it is a long option (this

@@ -28,11 +28,10 @@ RESERVE_S=20                        # kept for the log tarball and the report's 
 PHASES="tests:200 kernels:90 trainstep:140 pipeline:90"
 # What the device needs: the GPU test binaries, the two benchmarks, and the two stages that run on
 # a GPU. The smoke's inputs (tasks, the teacher's distilled tokens) are made here at pack time by
-# the CPU stages, so their binaries stay here.
+# the CPU stages (coa-generate, coa-extract, coa-convert, coa-tokenize), so those stay here.
 TESTS="device_select nvrtc_compile gpu_kernels gpu_model gpu_train"
 EXAMPLES="gpu_bench ptxas_report gpu_trainstep_bench"
 STAGE_BINS="coa-train-step coa-generate"
-PREP_BINS="coa-generate coa-extract coa-convert coa-tokenize"
 
 die() { echo "run.sh: $*" >&2; exit 1; }
 
@@ -68,12 +67,11 @@ for line in sys.stdin:
         continue  # a binary built as its own test harness has the same name: keep the binary
     shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
 ' "$stage" "$TESTS $EXAMPLES"
-    local stages=() dir=target/release
-    for b in $STAGE_BINS $PREP_BINS; do stages+=(-p "$b"); done
+    local dir=target/release
     if [ "$profile" = dev ]; then
         dir=target/debug   # built above
     else
-        cargo build --profile "$profile" "${stages[@]}" --bins
+        make build   # the stages as `make build` selects them: the same features, no second build
     fi
     for b in $STAGE_BINS; do cp "$dir/$b" "$stage/"; done
     for b in $TESTS $EXAMPLES $STAGE_BINS; do

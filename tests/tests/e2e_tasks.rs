@@ -156,7 +156,14 @@ fn importing_the_real_files_gives_the_expected_counts() {
         let Some(path) = coa_tasks::external::file_or_skip("importing_the_real_files_gives_the_expected_counts", file) else { continue };
         let out = dir.path().join(format!("{file}.out.parquet"));
         ok(dir.path(), &format!("coa-generate tasks --import {} -o {}", path.display(), out.display()));
-        assert_eq!(read_parquet(&out).height(), n, "{file}");
+        let all = read_parquet(&out);
+        assert_eq!(all.height(), n, "{file}");
+        // --first N: the file's first N tasks, in its order (make eval-benchmarks bounds itself so).
+        let first = dir.path().join(format!("{file}.first.parquet"));
+        ok(dir.path(), &format!("coa-generate tasks --import {} --first 7 -o {}", path.display(), first.display()));
+        let first = read_parquet(&first);
+        assert_eq!(first.height(), 7, "{file}");
+        assert!(first.column("task_id").unwrap().equals(&all.head(Some(7)).column("task_id").unwrap().clone()), "{file}");
     }
 }
 
@@ -191,4 +198,10 @@ fn bad_input_gets_a_clear_error_and_leaves_no_output() {
     assert!(e.contains("--n"), "{e}");
     let e = fails(d, "coa-generate tasks --suite math --corpus-out c.parquet > /dev/null");
     assert!(e.contains("--corpus-out"), "{e}");
+    let e = fails(d, "coa-generate tasks --suite math --first 3 > /dev/null");
+    assert!(e.contains("--first") && e.contains("--import"), "{e}");
+    let e = fails(d, "coa-generate tasks --suite math --import-split dev > /dev/null");
+    assert!(e.contains("--import-split") && e.contains("--import"), "{e}");
+    let e = fails(d, "coa-generate tasks --import x.parquet --first 0 > /dev/null");
+    assert!(e.contains("--first"), "{e}");
 }

@@ -36,6 +36,9 @@ pub struct TasksArgs {
     /// it records).
     #[arg(long, value_name = "SPLIT", requires = "import")]
     import_split: Option<String>,
+    /// Keep only the first N imported tasks, in the file's order (a bounded evaluation).
+    #[arg(long, value_name = "N", requires = "import", value_parser = task_count)]
+    first: Option<usize>,
     /// Where to write the multihop document corpus (the offline web the tools search).
     #[arg(long, value_name = "FILE")]
     corpus_out: Option<PathBuf>,
@@ -89,12 +92,22 @@ pub fn run(stage: &mut Stage, args: &TasksArgs) -> Result<()> {
             if args.corpus_out.is_some() {
                 bail!("--corpus-out: imported tasks come without a corpus; it is written only with --suite multihop");
             }
-            let (layout, tasks) = coa_tasks::import::import_file_with_layout(path, args.import_split.as_deref())?;
+            let (layout, mut tasks) = coa_tasks::import::import_file_with_layout(path, args.import_split.as_deref())?;
             stage.add_rows_in(tasks.len() as u64);
+            if let Some(n) = args.first {
+                tasks.truncate(n);
+            }
             stage.note("layout", layout.to_string());
             (tasks, Vec::new())
         }
         (None, false) => {
+            // clap's `requires` does not hold these inside the subcommand: refused here.
+            if args.first.is_some() {
+                bail!("--first N keeps the first N tasks of an imported file: give --import FILE (synthetic suites take --n)");
+            }
+            if args.import_split.is_some() {
+                bail!("--import-split labels imported tasks: give --import FILE (synthetic suites take --split)");
+            }
             stage.set_seed(args.seed);
             let counts = suite_counts(&args.suite, &args.n)?;
             let (mut tasks, mut corpus) = (Vec::new(), Vec::new());
