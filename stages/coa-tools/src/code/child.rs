@@ -65,7 +65,7 @@ impl Step {
             Step::Limits => "setting the resource limits",
             Step::DropPrivileges => "switching to the run's user",
             Step::NoNewPrivs => "setting no_new_privs",
-            Step::Payload => "passing the harness its token",
+            Step::Payload => "passing the harness its token and channel",
         }
     }
 }
@@ -129,6 +129,8 @@ pub(crate) struct ChildSetup {
     pub drop_to: Option<u32>,
     /// The harness's token (and tests): close-on-exec in the parent, inherited by python.
     pub payload_fd: RawFd,
+    /// A driver's or checker's descriptors (close-on-exec in the parent), inherited by python.
+    pub channel_fds: Vec<RawFd>,
     /// The stage's pid: a child whose parent changed before PR_SET_PDEATHSIG took hold is an
     /// orphan that must not run.
     pub stage_pid: libc::pid_t,
@@ -303,10 +305,12 @@ impl ChildSetup {
         }
         // Nothing the stage holds open reaches the code: every inherited descriptor above
         // stdio closes at exec (best effort: Linux >= 5.11), but the harness's payload, which it
-        // reads its token from (then closes).
+        // reads its token from (then closes), and a driver's or checker's channel.
         libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
-        if libc::fcntl(self.payload_fd, libc::F_SETFD, 0) != 0 {
-            return Err((Step::Payload, errno()));
+        for &fd in std::iter::once(&self.payload_fd).chain(&self.channel_fds) {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err((Step::Payload, errno()));
+            }
         }
         Ok(())
     }

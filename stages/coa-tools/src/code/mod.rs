@@ -56,6 +56,7 @@
 mod child;
 mod isolation;
 mod output;
+mod value;
 
 use std::ffi::{CString, OsString};
 use std::fs;
@@ -75,10 +76,17 @@ use child::{ChildSetup, Namespaces, Report};
 use isolation::{claim_uid, effective_uid, kill_uid, real_uid, NOBODY};
 pub use isolation::{isolation, Isolation};
 use output::HeadTail;
+pub use value::PyValue;
 
+/// The encoding of plain values between processes (`plain.py`: Python's half of [`PyValue`]),
+/// for the test planner of the code rewards, which writes the arguments the driver reads.
+pub const PLAIN_PY: &str = include_str!("plain.py");
 /// The Python that installs the sandbox's audit hook, reads the run's token, runs `main.py` as
-/// `__main__` (then the tests, if any) and prints the token if the program reached its end.
-const PRELUDE: &str = include_str!("prelude.py");
+/// `__main__` (then the tests, if any), prints the token if the program reached its end, and
+/// then, as the driver, answers calls with plain values.
+const PRELUDE: &str = concat!(include_str!("plain.py"), include_str!("prelude.py"));
+/// The checker's side of the driver: functions that forward calls to the candidate's run.
+const CLIENT: &str = include_str!("client.py");
 /// The user's code, written into the sandbox dir; tracebacks show this relative name, which
 /// keeps them identical from run to run (the temp dir's name is random).
 const SCRIPT_NAME: &str = "main.py";
@@ -306,6 +314,97 @@ pub fn run_program(program: &Program, limits: &SandboxLimits) -> Result<CodeRun>
 
 /// [`run_program`] with an explicit interpreter.
 pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits) -> Result<CodeRun> {
+    run_sandboxed(python, program, limits, None)
+}
+
+/// What a driver's call came back with (see [`run_calls`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// The plain value the call returned.
+    Value(PyValue),
+    /// The call raised: `Type: message`.
+    Raised(String),
+    /// The run wrote something that is no answer (a program can write to the answers' file).
+    Garbled(String),
+}
+
+/// Runs `code` (as `python3 main.py` would) with `python3`, then, as its driver, makes one call per
+/// request (a JSON line: `{"f": [name] or [class, method], "a": [args], "k": {name: arg}}`, the
+/// arguments encoded as [`PLAIN_PY`] does) and returns the run with one answer per call it made, in
+/// order: fewer when the run ended early (exited, timed out, crashed). The requests reach the run
+/// through an in-memory file; the answers come back through another, read here after the run.
+/// The caller compares them with what it expects, in its own process: nothing but the requests
+/// enters the sandbox.
+pub fn run_calls(code: &str, requests: &[String], limits: &SandboxLimits) -> Result<(CodeRun, Vec<Answer>)> {
+    let python = find_python()?;
+    let mut lines = requests.join("\n");
+    lines.push('\n');
+    let input = child::memfd_with(lines.as_bytes()).context("passing the driver its calls")?;
+    let output = child::memfd_with(b"").context("creating the driver's answers file")?;
+    let answers = fs::File::from(output.try_clone().context("keeping the driver's answers file")?);
+    let args = vec![input.as_raw_fd().to_string(), output.as_raw_fd().to_string()];
+    let program = Program { code, tests: None, stdin: None, ending: Ending::LastStatement };
+    let run = run_sandboxed(&python, &program, limits, Some(Channel { fds: vec![input, output], args }))?;
+    // Bounded by the run's file size limit (RLIMIT_FSIZE holds for in-memory files too).
+    let len = answers.metadata().context("reading the driver's answers")?.len().min(limits.file_bytes);
+    let mut bytes = vec![0u8; len as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&answers, &mut bytes, 0).context("reading the driver's answers")?;
+    let answers = bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).take(requests.len()).map(answer_of_line).collect();
+    Ok((run, answers))
+}
+
+fn answer_of_line(line: &[u8]) -> Answer {
+    let parsed: serde_json::Result<serde_json::Value> = serde_json::from_slice(line);
+    match parsed {
+        Ok(serde_json::Value::Object(m)) if m.len() == 1 => match (m.get("v"), m.get("e")) {
+            (Some(v), _) => PyValue::from_json(v).map_or_else(|e| Answer::Garbled(format!("{e:#}")), Answer::Value),
+            (_, Some(serde_json::Value::String(e))) => Answer::Raised(e.clone()),
+            _ => Answer::Garbled("an answer is {\"v\": value} or {\"e\": text}".into()),
+        },
+        Ok(_) => Answer::Garbled("an answer is {\"v\": value} or {\"e\": text}".into()),
+        Err(e) => Answer::Garbled(format!("not JSON: {e}")),
+    }
+}
+
+/// Runs `code` as [`run_calls`] does, but the calls come from a second sandboxed run, the
+/// checker: `checker_prelude` (trusted setup, such as LiveCodeBench's imports), then one
+/// forwarding function per name of `remote` that the prelude did not define, then `tests`, which
+/// call them as they would call the program's functions (`check(candidate)`). The two runs share
+/// no memory (two processes, each in its own namespaces and under its own uid where the machine
+/// allows, joined by two pipes), only plain values cross, and the checker passes when its tests
+/// ran to their end (its exit status 0 and its token). Returns (the checker's run, the
+/// candidate's run), both within `limits`.
+pub fn run_checked(code: &str, checker_prelude: &str, remote: &[String], tests: &str, limits: &SandboxLimits) -> Result<(CodeRun, CodeRun)> {
+    let python = find_python()?;
+    let (calls_read, calls_write) = child::pipe().context("creating the checker's call pipe")?;
+    let (answers_read, answers_write) = child::pipe().context("creating the checker's answer pipe")?;
+    let names = serde_json::to_string(remote).context("naming the checker's remote functions")?;
+    let checker_code = format!(
+        "{checker_prelude}\n{PLAIN_PY}\n_coa_channel = ({}, {}, {names})\n{CLIENT}",
+        answers_read.as_raw_fd(),
+        calls_write.as_raw_fd()
+    );
+    let candidate_channel = Channel { args: vec![calls_read.as_raw_fd().to_string(), answers_write.as_raw_fd().to_string()], fds: vec![calls_read, answers_write] };
+    let checker_channel = Channel { args: Vec::new(), fds: vec![answers_read, calls_write] };
+    let checker = Program { code: &checker_code, tests: Some(tests), stdin: None, ending: Ending::LastStatement };
+    let candidate = Program { code, tests: None, stdin: None, ending: Ending::LastStatement };
+    std::thread::scope(|s| {
+        let checked = s.spawn(|| run_sandboxed(&python, &checker, limits, Some(checker_channel)));
+        let ran = run_sandboxed(&python, &candidate, limits, Some(candidate_channel));
+        let checked = checked.join().map_err(|_| anyhow!("the checker's thread panicked"))?;
+        Ok((checked.context("the checker's run")?, ran?))
+    })
+}
+
+/// Descriptors a run gets beyond stdio (a driver's calls and answers) and the harness arguments
+/// that name them (none for a checker: its code names them). The parent's copies close as soon
+/// as the run has started, so that each pipe's reader sees its end when the other run is gone.
+struct Channel {
+    fds: Vec<std::os::fd::OwnedFd>,
+    args: Vec<String>,
+}
+
+fn run_sandboxed(python: &Path, program: &Program, limits: &SandboxLimits, channel: Option<Channel>) -> Result<CodeRun> {
     let iso = isolation();
     let slot = if iso.uid_per_run { Some(claim_uid(!iso.namespaces).context("claiming a user id for the sandbox")?) } else { None };
     let run_uid = match (&slot, iso.root) {
@@ -366,6 +465,7 @@ pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits
         nproc,
         drop_to,
         payload_fd: payload.as_raw_fd(),
+        channel_fds: channel.as_ref().map(|c| c.fds.iter().map(|f| f.as_raw_fd()).collect()).unwrap_or_default(),
         stage_pid: std::process::id() as libc::pid_t,
         namespaces,
     };
@@ -381,6 +481,7 @@ pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits
         .arg(SCRIPT_NAME)
         .arg(program.ending.as_arg())
         .arg(payload.as_raw_fd().to_string())
+        .args(channel.as_ref().map(|c| c.args.as_slice()).unwrap_or_default())
         .current_dir(workdir.as_ref().map_or(Path::new("/"), |d| d.path()))
         .env_clear()
         .envs(sandbox_env(&home))
@@ -398,6 +499,7 @@ pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits
     let spawned = cmd.spawn();
     drop(status_write); // the run's processes hold the write end now
     drop(payload);
+    drop(channel);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
