@@ -1,5 +1,5 @@
-# The test planner (coa-rewards, plan.rs): reads a task's assert-style test code on stdin and
-# writes one JSON object. It runs as a trusted process outside every sandbox and executes
+# The test planner (coa-rewards, plan.rs): reads a JSON list of tasks' assert-style test code on
+# stdin and writes the list of their plans, one JSON object each. It runs as a trusted process outside every sandbox and executes
 # nothing: the code is only parsed (ast), constants only read (ast.literal_eval).
 #
 # {"calls": [{"f": [name] or [class, method], "a": [args], "k": {name: arg},
@@ -177,18 +177,16 @@ class Planner:
         return self.calls
 
 
-def main():
-    source = sys.stdin.read()
+def plan(source):
     try:
         tree = ast.parse(source)
-    except SyntaxError as e:
-        json.dump({'remote': [], 'why': 'the tests do not parse: %s' % e}, sys.stdout)
-        return
+    except (SyntaxError, ValueError, RecursionError) as e:
+        return {'remote': [], 'why': 'the tests do not parse: %s' % e}
     try:
-        out = {'calls': Planner().module(tree)}
+        return {'calls': Planner().module(tree)}
     except (Unplannable, RecursionError) as e:
-        out = {'remote': free_names(tree), 'why': str(e)}
-    json.dump(out, sys.stdout)
+        return {'remote': free_names(tree), 'why': str(e)}
 
 
-main()
+# A JSON list of test texts in, the list of their plans out: one process plans a whole table.
+json.dump([plan(source) for source in json.load(sys.stdin)], sys.stdout)

@@ -93,17 +93,39 @@ impl Check {
 
 /// The plan of `test_code` (cached per text).
 pub fn plan(test_code: &str) -> Result<Arc<Plan>> {
-    static PLANS: OnceLock<Mutex<HashMap<String, Arc<Plan>>>> = OnceLock::new();
-    let cache = PLANS.get_or_init(Default::default);
-    if let Some(p) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(test_code) {
+    if let Some(p) = cache().lock().unwrap_or_else(|e| e.into_inner()).get(test_code) {
         return Ok(p.clone());
     }
-    let planned = Arc::new(run_planner(test_code)?);
-    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(test_code.to_string(), planned.clone());
-    Ok(planned)
+    plan_all(&[test_code])?;
+    cache().lock().unwrap_or_else(|e| e.into_inner()).get(test_code).cloned().ok_or_else(|| anyhow!("internal: a plan went missing"))
 }
 
-fn run_planner(test_code: &str) -> Result<Plan> {
+/// Plans every test text not planned yet with one planner process (a python3 start costs more
+/// than grading a run), so that [`plan`] finds them cached: what a stage calls before grading a
+/// table.
+pub fn plan_all(test_codes: &[&str]) -> Result<()> {
+    let todo: Vec<&str> = {
+        let cached = cache().lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = std::collections::HashSet::new();
+        test_codes.iter().copied().filter(|t| !cached.contains_key(*t) && seen.insert(*t)).collect()
+    };
+    if todo.is_empty() {
+        return Ok(());
+    }
+    let plans = run_planner(&todo)?;
+    let mut cached = cache().lock().unwrap_or_else(|e| e.into_inner());
+    for (code, planned) in todo.into_iter().zip(plans) {
+        cached.insert(code.to_string(), Arc::new(planned));
+    }
+    Ok(())
+}
+
+fn cache() -> &'static Mutex<HashMap<String, Arc<Plan>>> {
+    static PLANS: OnceLock<Mutex<HashMap<String, Arc<Plan>>>> = OnceLock::new();
+    PLANS.get_or_init(Default::default)
+}
+
+fn run_planner(test_codes: &[&str]) -> Result<Vec<Plan>> {
     let python = find_python()?;
     // -I -S: no environment, no user or site packages: only the standard library's ast and json.
     let mut child = Command::new(&python)
@@ -114,16 +136,17 @@ fn run_planner(test_code: &str) -> Result<Plan> {
         .spawn()
         .with_context(|| format!("starting the test planner ({})", python.display()))?;
     let mut stdin = child.stdin.take().expect("piped");
-    let code = test_code.to_string();
-    // Fed from a thread: a test bigger than the pipe would otherwise wait on the planner's output.
-    let feeder = std::thread::spawn(move || stdin.write_all(code.as_bytes()));
+    let input = serde_json::to_vec(test_codes).context("passing the test planner its tests")?;
+    // Fed from a thread: tests bigger than the pipe would otherwise wait on the planner's output.
+    let feeder = std::thread::spawn(move || stdin.write_all(&input));
     let out = child.wait_with_output().context("running the test planner")?;
     let _ = feeder.join();
     if !out.status.success() {
         bail!("the test planner failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
-    let json: Json = serde_json::from_slice(&out.stdout).context("reading the test planner's plan")?;
-    parse_plan(&json).with_context(|| format!("the test planner's plan {}", shorten(&json.to_string())))
+    let json: Json = serde_json::from_slice(&out.stdout).context("reading the test planner's plans")?;
+    let plans = json.as_array().filter(|p| p.len() == test_codes.len()).ok_or_else(|| anyhow!("the test planner did not answer one plan per test"))?;
+    plans.iter().map(|p| parse_plan(p).with_context(|| format!("the test planner's plan {}", shorten(&p.to_string())))).collect()
 }
 
 fn parse_plan(json: &Json) -> Result<Plan> {
