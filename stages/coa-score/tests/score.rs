@@ -260,7 +260,7 @@ fn attacks_on_the_verdict_score_wrong() {
     let stub = "ENTRY = _attack\nclass Solution:\n    def __getattr__(self, name):\n        return _attack\n";
     let attacks: Vec<(&str, String)> = vec![
         ("an object whose __eq__ is always true", format!("def _attack(*args, **kwargs):\n    class Anything:\n        def __eq__(self, other):\n            return True\n        def __ne__(self, other):\n            return False\n        def __bool__(self):\n            return True\n        def __sub__(self, other):\n            return 0\n        def __abs__(self):\n            return 0\n        __hash__ = None\n    return Anything()\n{stub}")),
-        ("patched builtins and math", format!("import builtins, math\nbuiltins.abs = lambda x: 0\nmath.isclose = lambda *a, **k: True\nbuiltins.isinstance = lambda *a: True\ndef _attack(*args, **kwargs):\n    return None\n{stub}")),
+        ("patched builtins and math", format!("import builtins, math\nbuiltins.abs = lambda x: 0\nmath.isclose = lambda *a, **k: True\nbuiltins.isinstance = lambda *a: True\ndef _attack(*args, **kwargs):\n    return 0.0\n{stub}")),
         ("patched unittest and sys.modules", format!("import sys, types, unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n\
             class Passed:\n    def wasSuccessful(self):\n        return True\nfake = types.ModuleType('unittest')\nfake.TestCase = object\nfake.main = lambda *a, **k: types.SimpleNamespace(result=Passed())\n\
             sys.modules['unittest'] = fake\ndef _attack(*args, **kwargs):\n    return None\n{stub}")),
@@ -270,7 +270,7 @@ fn attacks_on_the_verdict_score_wrong() {
             nxt = after[i + 1].opname if i + 1 < len(after) else ''\n            return list(ins.argval) if nxt == 'LIST_EXTEND' else ins.argval\n    return None\n{stub}")),
         ("an audit hook reading the test source", format!("import ast, sys\nsources = []\n\
             sys.addaudithook(lambda event, args: sources.append(args[0]) if event in ('compile', 'exec') and isinstance(args[0], (str, bytes)) else None)\n\
-            def _attack(*args, **kwargs):\n    for source in sources:\n        try:\n            tree = ast.parse(source)\n        except Exception:\n            continue\n        \
+            def _attack(*args, **kwargs):\n    for source in list(sources):\n        try:\n            tree = ast.parse(source)\n        except Exception:\n            continue\n        \
             for node in ast.walk(tree):\n            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):\n                try:\n                    \
             if [ast.literal_eval(a) for a in node.left.args] == list(args):\n                        return ast.literal_eval(node.comparators[0])\n                \
             except Exception:\n                    pass\n    return None\n{stub}")),
