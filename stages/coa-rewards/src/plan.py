@@ -2,9 +2,10 @@
 # stdin and writes the list of their plans, one JSON object each. It runs as a trusted process outside every sandbox and executes
 # nothing: the code is only parsed (ast), constants only read (ast.literal_eval).
 #
-# {"calls": [{"f": [name] or [class, method], "a": [args], "k": {name: arg},
+# {"calls": [{"req": the driver's request (plain.py's `lit`), "shown": "f(args)",
 #             "checks": [{"eq": v} | {"is": null/true/false} | {"truthy": bool}
 #                        | {"near": v, "tol": t, "strict": bool} | {"isclose": v, "rel": r, "abs": a}]}]}
+# with values encoded as plain.py does.
 # when every statement is one the grader can decide from (arguments, result) pairs:
 #   assert candidate(ARGS) == V          (or V == candidate(ARGS), `is None/True/False`)
 #   assert candidate(ARGS) / not candidate(ARGS)
@@ -21,18 +22,29 @@ import builtins
 import json
 import sys
 
-enc, _ = _coa_plain()
+enc, _, lit = _coa_plain()
 
 
 class Unplannable(Exception):
     pass
 
 
-def literal(node):
+def value(node):
     try:
-        return enc(ast.literal_eval(node))
+        v = ast.literal_eval(node)
+        enc(v)
+        return v
     except Exception:
         raise Unplannable('line %d: not a plain literal' % node.lineno)
+
+
+def plain(v):
+    # A value as the plan's JSON carries it.
+    return json.loads(enc(v))
+
+
+def literal(node):
+    return plain(value(node))
 
 
 def free_names(tree):
@@ -74,8 +86,10 @@ class Planner:
             return None
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise Unplannable('line %d: starred arguments' % node.lineno)
-        self.calls.append({'f': path, 'a': [literal(a) for a in node.args],
-                           'k': {k.arg: literal(k.value) for k in node.keywords}, 'checks': []})
+        args, kwargs = [value(a) for a in node.args], {k.arg: value(k.value) for k in node.keywords}
+        target = '%s().%s' % tuple(path) if len(path) == 2 else path[0]
+        shown = ', '.join([repr(a)[:60] for a in args] + ['%s=%s' % (k, repr(v)[:60]) for k, v in kwargs.items()])
+        self.calls.append({'path': path, 'args': args, 'kwargs': kwargs, 'shown': '%s(%s)' % (target, shown), 'checks': []})
         return len(self.calls) - 1
 
     def result(self, node):
@@ -127,8 +141,8 @@ class Planner:
                     at, value = self.result(test.args[1]), test.args[0]
                 if at is not None:
                     return self.check(at, {'isclose': literal(value),
-                                           'rel': literal(tol['rel_tol']) if 'rel_tol' in tol else enc(1e-09),
-                                           'abs': literal(tol['abs_tol']) if 'abs_tol' in tol else enc(0.0)})
+                                           'rel': literal(tol['rel_tol']) if 'rel_tol' in tol else plain(1e-09),
+                                           'abs': literal(tol['abs_tol']) if 'abs_tol' in tol else plain(0.0)})
         at = self.result(test)
         if at is not None:
             return self.check(at, {'truthy': True})
@@ -167,14 +181,16 @@ class Planner:
                 self.statement(node)
         if self.candidate is not None and self.entry is None:
             raise Unplannable('check(candidate) is never called')
-        for c in self.calls:
-            if c['f'] == ['\0candidate']:
-                c['f'] = [self.entry]
-            if not c['checks']:
-                raise Unplannable('a call whose result is never checked')
         if not self.calls:
             raise Unplannable('no call to check')
-        return self.calls
+        planned = []
+        for c in self.calls:
+            if not c['checks']:
+                raise Unplannable('a call whose result is never checked')
+            path = [self.entry] if c['path'] == ['\0candidate'] else c['path']
+            shown = c['shown'].replace('\0candidate', self.entry or 'candidate', 1)
+            planned.append({'req': lit(path, c['args'], c['kwargs']), 'shown': shown, 'checks': c['checks']})
+        return planned
 
 
 def plan(source):

@@ -161,21 +161,12 @@ fn parse_plan(json: &Json) -> Result<Plan> {
 
 fn parse_call(call: &Json) -> Result<PlannedCall> {
     let field = |k: &str| call.get(k).ok_or_else(|| anyhow!("a call without `{k}`"));
-    let (f, a, k) = (field("f")?, field("a")?, field("k")?);
+    let text = |k: &str| field(k)?.as_str().map(str::to_string).ok_or_else(|| anyhow!("`{k}` must be a string"));
+    let (request, shown) = (text("req")?, text("shown")?);
+    if request.contains('\n') {
+        bail!("a request of more than one line");
+    }
     let value = |j: &Json| PyValue::from_json(j);
-    let args: Vec<String> = a.as_array().ok_or_else(|| anyhow!("`a` must be a list"))?.iter().map(|x| value(x).map(|v| v.repr(60))).collect::<Result<_>>()?;
-    let kwargs: Vec<String> = k
-        .as_object()
-        .ok_or_else(|| anyhow!("`k` must be an object"))?
-        .iter()
-        .map(|(name, x)| value(x).map(|v| format!("{name}={}", v.repr(60))))
-        .collect::<Result<_>>()?;
-    let path: Vec<String> = serde_json::from_value(f.clone()).context("`f` must list names")?;
-    let target = match path.as_slice() {
-        [name] => name.clone(),
-        [class, method] => format!("{class}().{method}"),
-        _ => bail!("`f` must be [name] or [class, method]"),
-    };
     let checks = field("checks")?
         .as_array()
         .ok_or_else(|| anyhow!("`checks` must be a list"))?
@@ -197,11 +188,7 @@ fn parse_call(call: &Json) -> Result<PlannedCall> {
             })
         })
         .collect::<Result<_>>()?;
-    Ok(PlannedCall {
-        request: serde_json::json!({ "f": f, "a": a, "k": k }).to_string(),
-        shown: format!("{target}({})", args.into_iter().chain(kwargs).collect::<Vec<_>>().join(", ")),
-        checks,
-    })
+    Ok(PlannedCall { request, shown, checks })
 }
 
 fn shorten(s: &str) -> String {
@@ -233,10 +220,11 @@ mod tests {
                     assert abs(candidate([1]) - 0.5) < 1e-6\n    assert math.isclose(candidate([2]), 2.0, rel_tol=1e-3)\n\ncheck(total)\n";
         let c = calls(test);
         assert_eq!(c.len(), 6);
-        assert_eq!(c[0].request, r#"{"f":["total"],"a":[{"l":[{"i":"1"},{"i":"2"}]}],"k":{"k":{"i":"3"}}}"#, "no expected value in a request");
+        assert_eq!(c[0].request, "(['total'], ([1, 2],), {'k': 3})", "no expected value in a request");
         assert_eq!(c[0].shown, "total([1, 2], k=3)");
         assert_eq!(c[0].checks, vec![Check::Eq(int(6))]);
         assert_eq!(c[1].checks, vec![Check::Eq(PyValue::Tuple(vec![int(1), PyValue::Str("x".into())]))]);
+        assert_eq!(c[1].request, "(['total'], ([],), {'k': 0})");
         assert_eq!(c[2].checks, vec![Check::Is(PyValue::None)]);
         assert_eq!(c[3].checks, vec![Check::Truthy(false)]);
         assert!(c[4].checks[0].holds(&PyValue::Float(0.5000001)) && !c[4].checks[0].holds(&PyValue::Float(0.51)));
@@ -244,8 +232,8 @@ mod tests {
         assert!(Check::Is(PyValue::Bool(true)).holds(&PyValue::Bool(true)) && !Check::Is(PyValue::Bool(true)).holds(&int(1)), "`is True` is not `== 1`");
         // LiveCodeBench's form.
         let c = calls("\nresult = Solution().f('11111', 1)\nassert result == 15, f\"Expected 15, but got {repr(result)}\"\n");
-        assert_eq!(c[0].request, r#"{"f":["Solution","f"],"a":["11111",{"i":"1"}],"k":{}}"#);
-        assert_eq!(c[0].shown, "Solution().f(\"11111\", 1)");
+        assert_eq!(c[0].request, "(['Solution', 'f'], ('11111', 1), {})");
+        assert_eq!(c[0].shown, "Solution().f('11111', 1)");
     }
 
     #[test]

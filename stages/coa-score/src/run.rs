@@ -10,6 +10,7 @@ use coa_schemas::flags;
 use coa_schemas::rows::{self, Rollout, Task};
 use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{self, IoArgs, Stage};
+use coa_schemas::suite::{answer_kind, AnswerKind};
 use coa_schemas::tables::{ROLLOUTS, SCORES, TASKS};
 use coa_tools::CodeTimeout;
 
@@ -63,6 +64,16 @@ pub fn run(stage: &mut Stage, args: &ScoreArgs) -> Result<()> {
     for batch in stage.open(Some(&args.tasks), &TASKS)? {
         for t in rows::from_batch::<Task>(&batch?).with_context(|| format!("reading {}", args.tasks.display()))? {
             tasks.insert(t.task_id.clone(), t);
+        }
+    }
+    if tasks.values().any(|t| answer_kind(&t.suite) == Some(AnswerKind::Program)) {
+        // What the code sandbox enforces on this machine, in the stats; what it cannot, on stderr.
+        let iso = coa_tools::isolation();
+        stage.note("sandbox", iso.describe());
+        let missing = iso.missing();
+        stage.note("sandbox_missing", missing.join(", "));
+        if !missing.is_empty() {
+            eprintln!("coa-score: the code sandbox runs without {} on this machine ({})", missing.join(", "), iso.describe());
         }
     }
     let reader = stage.open(args.io.input.as_deref(), &ROLLOUTS)?;

@@ -307,3 +307,31 @@ fn attacks_on_the_verdict_score_wrong() {
     assert!(wrong.is_empty(), "{}\n{stderr}", wrong.join("\n"));
     eprintln!("{test}: {} attacks on {} tasks scored wrong, their honest programs right", attacks.len(), tasks.len());
 }
+
+/// The stats say what the code sandbox enforces here; a protection the machine (or, here, the
+/// environment) withholds is named on stderr and in `sandbox_missing`.
+#[test]
+fn the_stats_say_which_sandbox_protections_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let code = Task { task_id: "c".into(), suite: "code".into(), test_code: Some("assert f() == 1\n".into()), ..Default::default() };
+    write(&dir.path().join("tasks.parquet"), std::slice::from_ref(&code), &TASKS);
+    write(&dir.path().join("rollouts.parquet"), &[rollout(&code, 0, code_text("```python\ndef f():\n    return 1\n```"), 5)], &ROLLOUTS);
+    let stats = dir.path().join("stats.json");
+    let read_stats = || -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap() };
+    let out = score(dir.path(), &["--stats", stats.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let here = coa_tools::isolation();
+    assert_eq!(read_stats()["sandbox"], here.describe());
+    assert_eq!(read_stats()["sandbox_missing"], here.missing().join(", "));
+    let out = Command::new(env!("CARGO_BIN_EXE_coa-score"))
+        .args(["-i", dir.path().join("rollouts.parquet").to_str().unwrap(), "--tasks", dir.path().join("tasks.parquet").to_str().unwrap()])
+        .args(["-o", dir.path().join("scores.parquet").to_str().unwrap(), "--stats", stats.to_str().unwrap()])
+        .env("COA_SANDBOX_SECCOMP", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("coa-score: the code sandbox runs without") && stderr.contains("seccomp"), "{stderr}");
+    assert!(read_stats()["sandbox_missing"].as_str().unwrap().contains("seccomp"), "{}", read_stats());
+    assert!(read_stats()["sandbox"].as_str().unwrap().contains("no seccomp filter"), "{}", read_stats());
+}

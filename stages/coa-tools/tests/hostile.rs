@@ -7,8 +7,9 @@
 //! Covered: early exits faking a pass, fake tokens, hunting the token, infinite loops, sleeps,
 //! CPU burners, fork bombs, memory hogs, output floods, writes outside the working directory
 //! (Python, a shell, ctypes), a full /tmp, reading /etc/shadow, the network, raising rlimits,
-//! killing other runs, escaping the process group (setsid, a clean environment), and the stage
-//! itself dying of SIGTERM or SIGKILL mid-run.
+//! killing other runs, escaping the process group (setsid, a clean environment), the calls the
+//! seccomp filter refuses (ptrace, process_vm_readv, unshare, mount, bpf, perf_event_open,
+//! keyctl), and the stage itself dying of SIGTERM or SIGKILL mid-run.
 
 mod common;
 
@@ -363,6 +364,50 @@ fn network_is_cut_where_permitted() {
     assert_eq!(r.status, RunStatus::Exit(0), "{r:?}");
     assert!(r.stdout.starts_with("['lo']\n"), "host interfaces visible: {}", r.stdout);
     assert!(!r.stdout.contains("connected"), "reached the host's loopback: {}", r.stdout);
+}
+
+#[test]
+fn seccomp_refuses_reaching_other_processes_namespaces_and_the_kernel() {
+    if !isolation().seccomp {
+        not_enforced("no seccomp filter: ptrace, process_vm_readv, unshare -Urm, bpf, perf_event_open, keyctl stay open");
+        return;
+    }
+    // A child interpreter (no harness: ctypes works there) makes each call raw; every one must
+    // fail with EPERM. Each is one the kernel would otherwise answer differently for this user:
+    // process_vm_readv of nothing and keyctl succeed, perf_event_open and bpf with no
+    // attributes fail with EFAULT/EINVAL, unshare(CLONE_NEWUSER) succeeds (the issue's
+    // `unshare -Urm`). Threads and subprocesses still work; clone3 says ENOSYS (glibc's cue
+    // to use clone, which the filter can read).
+    let calls = [
+        ("ptrace_attach_parent", format!("{}, 16, os.getppid(), 0, 0", libc::SYS_ptrace)),
+        ("process_vm_readv_parent", format!("{}, os.getppid(), 0, 0, 0, 0, 0", libc::SYS_process_vm_readv)),
+        ("process_vm_writev_parent", format!("{}, os.getppid(), 0, 0, 0, 0, 0", libc::SYS_process_vm_writev)),
+        ("unshare_user", format!("{}, {}", libc::SYS_unshare, libc::CLONE_NEWUSER)),
+        ("clone_new_user", format!("{}, {}, 0, 0, 0, 0", libc::SYS_clone, libc::CLONE_NEWUSER | libc::SIGCHLD)),
+        ("mount_tmpfs", format!("{}, b'none', b'.', b'tmpfs', 0, 0", libc::SYS_mount)),
+        ("bpf", format!("{}, 0, 0, 0", libc::SYS_bpf)),
+        ("perf_event_open", format!("{}, 0, 0, -1, -1, 0", libc::SYS_perf_event_open)),
+        ("keyctl_session", format!("{}, 0, -3, 0", libc::SYS_keyctl)),
+    ];
+    let probe: String = calls.iter().map(|(name, args)| format!("rc = libc.syscall({args}); print({name:?}, rc, ctypes.get_errno() if rc < 0 else 0)\n")).collect();
+    let child = format!(
+        "import ctypes, os, threading\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n{probe}\
+         rc = libc.syscall({}, 0, 0); print('clone3', rc, ctypes.get_errno())\n\
+         t = threading.Thread(target=print, args=('thread ran',)); t.start(); t.join()\n",
+        libc::SYS_clone3
+    );
+    let r = run(&format!("import subprocess, sys\nsubprocess.run([sys.executable, '-c', {child:?}], check=True)\nprint('subprocess ran')\n"), None, &limits(10));
+    assert_eq!(r.status, RunStatus::Exit(0), "{r:?}");
+    for (name, _) in &calls {
+        assert!(r.stdout.contains(&format!("{name} -1 {}\n", libc::EPERM)), "{name} not refused with EPERM:\n{}", r.stdout);
+    }
+    assert!(r.stdout.contains(&format!("clone3 -1 {}\n", libc::ENOSYS)), "{}", r.stdout);
+    assert!(r.stdout.contains("thread ran\n") && r.stdout.ends_with("subprocess ran\n"), "{}", r.stdout);
+    // The shell tool, if this machine has it: `unshare -Urm` made nested user namespaces before.
+    if std::path::Path::new("/usr/bin/unshare").exists() {
+        let r = run("import subprocess\np = subprocess.run(['unshare', '-Urm', 'true'], capture_output=True)\nprint(p.returncode)\n", None, &limits(10));
+        assert_ne!(r.stdout.trim(), "0", "unshare -Urm succeeded: {r:?}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -301,22 +301,22 @@ fn the_driver_calls_functions_and_methods_and_returns_plain_values() {
                 class Solution:\n    def twice(self, xs):\n        return [2 * x for x in xs]\n\
                 print('module ran')\n";
     let (run, answers) = calls(code, &[
-        r#"{"f": ["add"], "a": [{"i": "2"}, {"i": "40"}], "k": {}}"#,
-        r#"{"f": ["add"], "a": ["a"], "k": {"b": "b"}}"#,
-        r#"{"f": ["boom"], "a": [], "k": {}}"#,
-        r#"{"f": ["odd"], "a": [], "k": {}}"#,
-        r#"{"f": ["mixed"], "a": [], "k": {}}"#,
-        r#"{"f": ["Solution", "twice"], "a": [{"l": [{"i": "1"}, {"f": "0.5"}]}], "k": {}}"#,
-        r#"{"f": ["missing"], "a": [], "k": {}}"#,
+        "(['add'], (2, 40), {})",
+        "(['add'], ('a',), {'b': 'b'})",
+        "(['boom'], (), {})",
+        "(['odd'], (), {})",
+        "(['mixed'], (), {})",
+        "(['Solution', 'twice'], ([1, 0.5],), {})",
+        "(['missing'], (), {})",
     ]);
     assert_eq!(run.status, RunStatus::Exit(0), "{run:?}");
     assert_eq!(run.stdout, "module ran\n");
     assert_eq!(answers.len(), 7, "{answers:?}");
     assert!(matches!(&answers[0], Answer::Value(v) if v.py_eq(&value(r#"{"i": "42"}"#))), "{answers:?}");
-    assert!(matches!(&answers[1], Answer::Value(v) if v.py_eq(&value(r#""ab""#))), "{answers:?}");
+    assert!(matches!(&answers[1], Answer::Value(v) if v.py_eq(&value(r#"{"u": "6162"}"#))), "{answers:?}");
     assert!(matches!(&answers[2], Answer::Raised(e) if e == "ValueError: no"), "{answers:?}");
     assert!(matches!(&answers[3], Answer::Raised(e) if e.starts_with("TypeError: not a plain value: A")), "an object with its own __eq__ does not cross: {answers:?}");
-    let want = value(r#"{"d": [[{"i": "2"}, {"l": [true, "é"]}], ["k", {"t": [{"i": "1"}, {"f": "2.5"}, null, {"b": "78"}, {"s": [{"i": "3"}]}]}]]}"#);
+    let want = value(r#"{"d": [[{"i": "2"}, {"l": [true, {"u": "c3a9"}]}], [{"u": "6b"}, {"t": [{"i": "1"}, {"f": "2.5"}, null, {"b": "78"}, {"s": [{"i": "3"}]}]}]]}"#);
     assert!(matches!(&answers[4], Answer::Value(v) if v.py_eq(&want)), "{answers:?}");
     assert!(matches!(&answers[5], Answer::Value(v) if v.py_eq(&value(r#"{"l": [{"i": "2"}, {"f": "1.0"}]}"#))), "{answers:?}");
     assert!(matches!(&answers[6], Answer::Raised(e) if e.starts_with("KeyError")), "{answers:?}");
@@ -324,12 +324,12 @@ fn the_driver_calls_functions_and_methods_and_returns_plain_values() {
 
 #[test]
 fn the_driver_answers_nothing_after_an_exit_and_garbage_is_no_answer() {
-    let (run, answers) = calls("import sys\nsys.exit(0)\ndef f():\n    return 1\n", &[r#"{"f": ["f"], "a": [], "k": {}}"#]);
+    let (run, answers) = calls("import sys\nsys.exit(0)\ndef f():\n    return 1\n", &["(['f'], (), {})"]);
     assert!(answers.is_empty() && run.status == RunStatus::Exit(0), "{run:?} {answers:?}");
     // A program that writes its own "answers" to every descriptor it can find gets them read as
     // what they are: values it chose (or garbage), never a verdict.
     let forge = "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'{\"v\": true}\\nnot json\\n')\n    except OSError:\n        pass\ndef f():\n    return 1\n";
-    let (_, answers) = calls(forge, &[r#"{"f": ["f"], "a": [], "k": {}}"#, r#"{"f": ["f"], "a": [], "k": {}}"#]);
+    let (_, answers) = calls(forge, &["(['f'], (), {})", "(['f'], (), {})"]);
     assert!(matches!(&answers[..], [coa_tools::Answer::Value(v), coa_tools::Answer::Garbled(_)] if v.py_eq(&value("true"))), "{answers:?}");
 }
 

@@ -46,12 +46,13 @@ pub(crate) enum Step {
     DropPrivileges,
     NoNewPrivs,
     Payload,
+    Seccomp,
 }
 
 impl Step {
     fn from_i32(v: i32) -> Option<Step> {
         use Step::*;
-        [Parent, MountPrivate, MountTmp, WriteProgram, Chdir, Fork, Limits, DropPrivileges, NoNewPrivs, Payload].into_iter().find(|s| *s as i32 == v)
+        [Parent, MountPrivate, MountTmp, WriteProgram, Chdir, Fork, Limits, DropPrivileges, NoNewPrivs, Payload, Seccomp].into_iter().find(|s| *s as i32 == v)
     }
 
     pub(crate) fn describe(self) -> &'static str {
@@ -66,6 +67,7 @@ impl Step {
             Step::DropPrivileges => "switching to the run's user",
             Step::NoNewPrivs => "setting no_new_privs",
             Step::Payload => "passing the harness its token and channel",
+            Step::Seccomp => "installing the seccomp filter",
         }
     }
 }
@@ -131,6 +133,8 @@ pub(crate) struct ChildSetup {
     pub payload_fd: RawFd,
     /// A driver's or checker's descriptors (close-on-exec in the parent), inherited by python.
     pub channel_fds: Vec<RawFd>,
+    /// Installed last before exec, where the machine takes it.
+    pub seccomp: Option<&'static crate::code::seccomp::Filters>,
     /// The stage's pid: a child whose parent changed before PR_SET_PDEATHSIG took hold is an
     /// orphan that must not run.
     pub stage_pid: libc::pid_t,
@@ -302,6 +306,9 @@ impl ChildSetup {
         // No setuid binary (su, sudo, ping) can give privileges back.
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err((Step::NoNewPrivs, errno()));
+        }
+        if let Some(filters) = self.seccomp {
+            filters.apply().map_err(|e| (Step::Seccomp, e))?;
         }
         // Nothing the stage holds open reaches the code: every inherited descriptor above
         // stdio closes at exec (best effort: Linux >= 5.11), but the harness's payload, which it

@@ -9,12 +9,12 @@
 
 def _coa_client(rfd, wfd, names, g):
     import builtins, json, os
-    enc, dec = _coa_plain()
+    _, dec, lit = _coa_plain()
     replies = open(rfd, 'rb')
-    dumps, loads, write = json.dumps, json.loads, os.write
+    loads, write = json.loads, os.write
 
     def call(name, args, kwargs):
-        data = (dumps({'f': [name], 'a': [enc(a) for a in args], 'k': {k: enc(v) for k, v in kwargs.items()}}) + '\n').encode()
+        data = (lit([name], args, kwargs) + '\n').encode()
         while data:
             data = data[write(wfd, data):]
         reply = replies.readline()
@@ -23,15 +23,16 @@ def _coa_client(rfd, wfd, names, g):
         reply = loads(reply)
         if 'e' not in reply:
             return dec(reply['v'])
-        name, _, message = reply['e'].partition(': ')
+        text = dec(reply['e'])
+        name, _, message = text.partition(': ')
         cls = getattr(builtins, name, None)
         if isinstance(cls, type) and issubclass(cls, Exception):
             try:
                 error = cls(message)
             except Exception:
-                error = RuntimeError(reply['e'])
+                error = RuntimeError(text)
         else:
-            error = RuntimeError(reply['e'])
+            error = RuntimeError(text)
         raise error
 
     def remote(name):

@@ -19,6 +19,8 @@
 //! 3. **rlimits** set before exec: CPU seconds (SIGXCPU, then SIGKILL one second later),
 //!    address space (allocations fail: Python raises `MemoryError`), file size, number of
 //!    tasks, no core dumps. `PR_SET_NO_NEW_PRIVS` keeps setuid binaries from undoing them.
+//!    A **seccomp filter** (`seccomp.rs`, where the kernel takes one) refuses ptrace,
+//!    process_vm_readv/writev, new namespaces, mounts, bpf, perf_event_open, keyctl and the like.
 //! 4. **Kills**: on the wall-clock deadline, when the output passes its limit, after every
 //!    normal exit, and when the stage gets SIGTERM/SIGINT/SIGHUP, the run's process group gets
 //!    SIGKILL (with namespaces that takes the whole namespace); without namespaces also every
@@ -40,6 +42,9 @@
 //!    `/proc` (the audit event does not carry the dir_fd).
 //! 6. **An audit-hook prelude** that refuses Python writes outside the working directory.
 //!    Defence in depth only, for the fallback without namespaces where `/tmp` is the host's.
+//! 7. **A driver** ([`run_calls`], [`run_checked`]): after the program, the harness calls its
+//!    functions on request and writes back plain values only (`plain.py`), so that a grader
+//!    decides outside this process, on data: the token proves an end, never a pass.
 //!
 //! Without namespaces a run's working directory is a fresh host temp dir (removed afterwards,
 //! and on SIGTERM/SIGINT/SIGHUP), and files written elsewhere through a subprocess
@@ -56,6 +61,7 @@
 mod child;
 mod isolation;
 mod output;
+mod seccomp;
 mod value;
 
 use std::ffi::{CString, OsString};
@@ -329,8 +335,8 @@ pub enum Answer {
 }
 
 /// Runs `code` (as `python3 main.py` would) with `python3`, then, as its driver, makes one call per
-/// request (a JSON line: `{"f": [name] or [class, method], "a": [args], "k": {name: arg}}`, the
-/// arguments encoded as [`PLAIN_PY`] does) and returns the run with one answer per call it made, in
+/// request (a line of Python literal text, `([name] or [class, method], (args), {kwargs})`, as
+/// [`PLAIN_PY`]'s `lit` writes it) and returns the run with one answer per call it made, in
 /// order: fewer when the run ended early (exited, timed out, crashed). The requests reach the run
 /// through an in-memory file; the answers come back through another, read here after the run.
 /// The caller compares them with what it expects, in its own process: nothing but the requests
@@ -356,9 +362,10 @@ pub fn run_calls(code: &str, requests: &[String], limits: &SandboxLimits) -> Res
 fn answer_of_line(line: &[u8]) -> Answer {
     let parsed: serde_json::Result<serde_json::Value> = serde_json::from_slice(line);
     match parsed {
-        Ok(serde_json::Value::Object(m)) if m.len() == 1 => match (m.get("v"), m.get("e")) {
-            (Some(v), _) => PyValue::from_json(v).map_or_else(|e| Answer::Garbled(format!("{e:#}")), Answer::Value),
-            (_, Some(serde_json::Value::String(e))) => Answer::Raised(e.clone()),
+        Ok(serde_json::Value::Object(m)) if m.len() == 1 => match (m.get("v").map(PyValue::from_json), m.get("e").map(PyValue::from_json)) {
+            (Some(Ok(v)), _) => Answer::Value(v),
+            (_, Some(Ok(PyValue::Str(e)))) => Answer::Raised(e),
+            (Some(Err(e)), _) => Answer::Garbled(format!("{e:#}")),
             _ => Answer::Garbled("an answer is {\"v\": value} or {\"e\": text}".into()),
         },
         Ok(_) => Answer::Garbled("an answer is {\"v\": value} or {\"e\": text}".into()),
@@ -466,6 +473,7 @@ fn run_sandboxed(python: &Path, program: &Program, limits: &SandboxLimits, chann
         drop_to,
         payload_fd: payload.as_raw_fd(),
         channel_fds: channel.as_ref().map(|c| c.fds.iter().map(|f| f.as_raw_fd()).collect()).unwrap_or_default(),
+        seccomp: if iso.seccomp { Some(seccomp::filters().map_err(|e| anyhow!(e))?) } else { None },
         stage_pid: std::process::id() as libc::pid_t,
         namespaces,
     };

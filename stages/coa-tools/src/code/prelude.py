@@ -152,32 +152,32 @@ def _coa_hook(run_frame):
     return root
 
 
-def _coa_serve(main, rfd, wfd, enc, dec):
-    # The driver: one JSON request a line, {"f": [name] or [class, method], "a": [args],
-    # "k": {name: arg}} (arguments encoded as plain.py does), calls `name(*a, **k)` or
-    # `class().method(*a, **k)` in main.py's namespace and answers {"v": value} or
-    # {"e": "Type: message"} on a line of its own. It runs in the candidate's process, so the
-    # candidate can change what it answers: that is no more than returning another value. The
-    # verdict is decided by whoever reads OUT (the grader or a checker process), which never
-    # runs code of this process and holds the expected values and tests that never come here.
-    import json, os
-    loads, dumps, write, type_, str_ = json.loads, json.dumps, os.write, type, str
+def _coa_serve(main, rfd, wfd, enc):
+    # The driver: one call a line as Python literal text, ([name] or [class, method], (args),
+    # {kwargs}) (plain.py's `lit`), calls `name(*args, **kwargs)` or `class().method(...)` in
+    # main.py's namespace and answers {"v": value} or {"e": "Type: message"} (plain.py's JSON) on
+    # a line of its own. It runs in the candidate's process, so the candidate can change what it
+    # answers: that is no more than returning another value. The verdict is decided by whoever
+    # reads OUT (the grader or a checker process), which never runs code of this process and
+    # holds the expected values and tests that never come here.
+    import os
+    write, type_, str_, eval_, getattr_ = os.write, type, str, eval, getattr
+    names = {'__builtins__': {}, 'set': set, 'frozenset': frozenset, 'inf': float('inf'), 'nan': float('nan')}
     requests = open(rfd, 'rb')
 
     def answer(line):
         try:
-            req = loads(line)
-            path, args, kwargs = req['f'], [dec(a) for a in req['a']], {k: dec(v) for k, v in req['k'].items()}
+            path, args, kwargs = eval_(line, dict(names))
             target = main[path[0]]
             if len(path) == 2:
-                target = getattr(target(), path[1])
-            return dumps({'v': enc(target(*args, **kwargs))})
+                target = getattr_(target(), path[1])
+            return '{"v":%s}' % enc(target(*args, **kwargs))
         except BaseException as e:
             try:
                 text = '%s: %s' % (type_(e).__name__, str_(e))
             except BaseException:
                 text = 'an exception that cannot be shown'
-            return dumps({'e': text[:2000]})
+            return '{"e":%s}' % enc(text[:2000])
 
     for line in requests:
         data = (answer(line) + '\n').encode()
@@ -188,7 +188,7 @@ def _coa_serve(main, rfd, wfd, enc, dec):
 def _coa_run():
     import linecache, sys
     audit = sys.audit
-    enc, dec = _coa_plain()
+    enc = _coa_plain()[0]
     serve = sys.argv[4:6]
     root = _coa_hook(sys._getframe(0))
     # Run main.py as `python3 main.py` would: as __main__, with argv and path[0] to match.
@@ -212,7 +212,7 @@ def _coa_run():
             raise
         audit('coa.sandbox.end', False, None)
         if serve:
-            serve_calls(main, int(serve[0]), int(serve[1]), enc, dec)
+            serve_calls(main, int(serve[0]), int(serve[1]), enc)
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as e:
