@@ -33,6 +33,11 @@ pub struct ScoreArgs {
     pub format_penalty: f32,
     #[command(flatten)]
     pub code: CodeTimeout,
+    /// Grade code tasks even where this machine withholds a protection of the code sandbox
+    /// (namespaces, a uid per run, the seccomp filter; the stats list them). Without it the stage
+    /// refuses: a program that escapes a weaker sandbox could find its task's answers.
+    #[arg(long)]
+    pub weaker_sandbox: bool,
     /// Also write the eval table (per suite and model) here: markdown, or JSON for *.json. It is
     /// printed on stderr either way.
     #[arg(long, value_name = "FILE")]
@@ -73,7 +78,15 @@ pub fn run(stage: &mut Stage, args: &ScoreArgs) -> Result<()> {
         let missing = iso.missing();
         stage.note("sandbox_missing", missing.join(", "));
         if !missing.is_empty() {
-            eprintln!("coa-score: the code sandbox runs without {} on this machine ({})", missing.join(", "), iso.describe());
+            if !args.weaker_sandbox {
+                anyhow::bail!(
+                    "the code sandbox runs without {} on this machine ({}): a program that escapes it could find its task's answers; \
+                     pass --weaker-sandbox to grade code here anyway",
+                    missing.join(", "),
+                    iso.describe()
+                );
+            }
+            eprintln!("coa-score: --weaker-sandbox: the code sandbox runs without {} on this machine ({})", missing.join(", "), iso.describe());
         }
     }
     let reader = stage.open(args.io.input.as_deref(), &ROLLOUTS)?;

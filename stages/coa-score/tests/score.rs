@@ -308,30 +308,41 @@ fn attacks_on_the_verdict_score_wrong() {
     eprintln!("{test}: {} attacks on {} tasks scored wrong, their honest programs right", attacks.len(), tasks.len());
 }
 
-/// The stats say what the code sandbox enforces here; a protection the machine (or, here, the
-/// environment) withholds is named on stderr and in `sandbox_missing`.
+/// The stats say what the code sandbox enforces here. Where the machine (here the environment)
+/// withholds a protection the stage refuses to grade code, naming it, unless `--weaker-sandbox`
+/// accepts the weaker set: then it grades and says so on stderr and in `sandbox_missing`.
 #[test]
-fn the_stats_say_which_sandbox_protections_hold() {
+fn the_stats_say_which_sandbox_protections_hold_and_a_weaker_sandbox_needs_a_flag() {
     let dir = tempfile::tempdir().unwrap();
     let code = Task { task_id: "c".into(), suite: "code".into(), test_code: Some("assert f() == 1\n".into()), ..Default::default() };
     write(&dir.path().join("tasks.parquet"), std::slice::from_ref(&code), &TASKS);
     write(&dir.path().join("rollouts.parquet"), &[rollout(&code, 0, code_text("```python\ndef f():\n    return 1\n```"), 5)], &ROLLOUTS);
-    let stats = dir.path().join("stats.json");
+    let (stats, scores) = (dir.path().join("stats.json"), dir.path().join("scores.parquet"));
     let read_stats = || -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap() };
-    let out = score(dir.path(), &["--stats", stats.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let here = coa_tools::isolation();
+    let weaker = if here.missing().is_empty() { vec![] } else { vec!["--weaker-sandbox"] };
+    let out = score(dir.path(), &[&["--stats", stats.to_str().unwrap()][..], &weaker].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(read_stats()["sandbox"], here.describe());
     assert_eq!(read_stats()["sandbox_missing"], here.missing().join(", "));
-    let out = Command::new(env!("CARGO_BIN_EXE_coa-score"))
-        .args(["-i", dir.path().join("rollouts.parquet").to_str().unwrap(), "--tasks", dir.path().join("tasks.parquet").to_str().unwrap()])
-        .args(["-o", dir.path().join("scores.parquet").to_str().unwrap(), "--stats", stats.to_str().unwrap()])
-        .env("COA_SANDBOX_SECCOMP", "0")
-        .output()
-        .unwrap();
+    std::fs::remove_file(&scores).unwrap();
+    let without_seccomp = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_coa-score"))
+            .args(["-i", dir.path().join("rollouts.parquet").to_str().unwrap(), "--tasks", dir.path().join("tasks.parquet").to_str().unwrap()])
+            .args(["-o", scores.to_str().unwrap(), "--stats", stats.to_str().unwrap()])
+            .args(extra)
+            .env("COA_SANDBOX_SECCOMP", "0")
+            .output()
+            .unwrap()
+    };
+    let out = without_seccomp(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("runs without") && stderr.contains("seccomp") && stderr.contains("--weaker-sandbox"), "{stderr}");
+    assert!(!scores.exists(), "no partial output");
+    let out = without_seccomp(&["--weaker-sandbox"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("coa-score: the code sandbox runs without") && stderr.contains("seccomp"), "{stderr}");
+    assert!(stderr.contains("coa-score: --weaker-sandbox: the code sandbox runs without") && stderr.contains("seccomp"), "{stderr}");
     assert!(read_stats()["sandbox_missing"].as_str().unwrap().contains("seccomp"), "{}", read_stats());
     assert!(read_stats()["sandbox"].as_str().unwrap().contains("no seccomp filter"), "{}", read_stats());
 }
