@@ -208,7 +208,8 @@ fn unknown_tasks_and_ragged_rows_are_named() {
 }
 
 /// Attacks on the verdict itself (issue 43): programs that would make the tests pass without
-/// solving the task, each a real row through `coa-score`, each scored wrong, on tasks of every
+/// solving the task (and one that copies the solution from the host's task file), each a real
+/// row through `coa-score`, each scored wrong, on tasks of every
 /// grading path: calls planned from asserts (a synthetic task, tolerance asserts, HumanEval/0,
 /// a LiveCodeBench method task), a checker process (unittest-style tests, HumanEval/32 with its
 /// random inputs and the prompt's `poly`) and stdin/stdout (LiveCodeBench). Each task's honest
@@ -245,8 +246,9 @@ fn attacks_on_the_verdict_score_wrong() {
             "def double(x):\n    return 2 * x\n",
         ),
     ];
-    if let Some(path) = coa_tasks::external::file_or_skip(test, "HumanEval.jsonl.gz") {
-        let all = coa_tasks::import::import_file(&path, None).unwrap();
+    let humaneval = coa_tasks::external::file_or_skip(test, "HumanEval.jsonl.gz");
+    if let Some(path) = &humaneval {
+        let all = coa_tasks::import::import_file(path, None).unwrap();
         tasks.extend(all.into_iter().filter(|t| t.task_id == "humaneval-0" || t.task_id == "humaneval-32"));
     }
     if let Some(path) = coa_tasks::external::file_or_skip(test, "livecodebench_v4.parquet") {
@@ -281,6 +283,30 @@ fn attacks_on_the_verdict_score_wrong() {
             for f in found:\n    sys.stdout.write('\\n' + f.decode() + '\\n')\n'''\n\
             sys.stdout.flush()\nsubprocess.run([sys.executable, '-c', reader, str(os.getpid())])\nos._exit(0)\ndef _attack(*args, **kwargs):\n    return None\n{stub}")),
     ];
+    // The host's copy of the benchmark, canonical solutions included: out of sight in the
+    // sandbox's minimal root (readable, read-only, before it).
+    let mut attacks = attacks;
+    if let Some(path) = &humaneval {
+        let path = std::fs::canonicalize(path).unwrap();
+        attacks.push(("the canonical solution read from the host's task file", format!("import gzip, json
+def _load():
+    \
+            for line in gzip.open({:?}, 'rt'):
+        task = json.loads(line)
+        if task['entry_point'] == 'ENTRY':
+            \
+            scope = {{}}
+            exec(task['prompt'] + task['canonical_solution'], scope)
+            return scope['ENTRY']
+    raise LookupError('ENTRY')
+\
+            try:
+    _attack = _load()
+except Exception:
+    def _attack(*args, **kwargs):
+        return None
+{stub}", path.display().to_string())));
+    }
     let program = |body: &str| code_text(&format!("```python\n{body}\n```"));
     let mut rollouts = Vec::new();
     for t in &tasks {

@@ -607,3 +607,32 @@ fn fallback_mode_holds_too() {
     assert!(out.status.success(), "the hostile suite fails without namespaces:\n{text}");
     eprintln!("fallback (no namespaces): {}", text.lines().filter(|l| l.starts_with("test result") || l.starts_with("not enforced")).collect::<Vec<_>>().join("\n"));
 }
+
+#[test]
+fn the_host_files_are_out_of_sight() {
+    let iso = isolation();
+    if !iso.minimal_root {
+        not_enforced("a minimal root: the host's files stay readable (read-only)");
+        return;
+    }
+    // The repository this test runs from, a task file beside it, a home, the stage's own
+    // command line: none of it exists inside the run; the interpreter and /dev/null do.
+    let repo = std::env::current_dir().unwrap();
+    let code = format!(
+        "import os, subprocess\nfor p in [{:?}, '/root', '/home', '/work', '/etc/shadow', '/var', '/proc/1/cmdline']:\n    print(p, os.path.exists(p))\n\
+         print(sorted(os.listdir('/')))\nprint(open('/dev/null').read() == '', subprocess.run(['true']).returncode)\n\
+         open('/tmp/x', 'w').write('ok')\ntry:\n    open('/usr/x', 'w')\nexcept OSError as e:\n    print('usr', type(e).__name__)\n",
+        repo.display().to_string()
+    );
+    let r = run(&code, None, &limits(10));
+    assert_eq!(r.status, RunStatus::Exit(0), "{r:?}");
+    for line in r.stdout.lines().take(6) {
+        assert!(line.ends_with(" False"), "visible in the run: {line}\n{}", r.stdout);
+    }
+    assert!(r.stdout.contains("/proc/1/cmdline True"), "the run's own procfs: {}", r.stdout);
+    assert!(r.stdout.contains("True 0\n") && (r.stdout.contains("usr OSError") || r.stdout.contains("usr PermissionError")), "{}", r.stdout);
+    let listing = r.stdout.lines().nth(7).unwrap_or_default();
+    for gone in ["'root'", "'home'", "'work'", "'var'", "'opt'", "'srv'", "'mnt'"] {
+        assert!(!listing.contains(gone), "{gone} in the run's root: {listing}");
+    }
+}

@@ -47,12 +47,13 @@ pub(crate) enum Step {
     NoNewPrivs,
     Payload,
     Seccomp,
+    NewRoot,
 }
 
 impl Step {
     fn from_i32(v: i32) -> Option<Step> {
         use Step::*;
-        [Parent, MountPrivate, MountTmp, WriteProgram, Chdir, Fork, Limits, DropPrivileges, NoNewPrivs, Payload, Seccomp].into_iter().find(|s| *s as i32 == v)
+        [Parent, MountPrivate, MountTmp, WriteProgram, Chdir, Fork, Limits, DropPrivileges, NoNewPrivs, Payload, Seccomp, NewRoot].into_iter().find(|s| *s as i32 == v)
     }
 
     pub(crate) fn describe(self) -> &'static str {
@@ -68,6 +69,7 @@ impl Step {
             Step::NoNewPrivs => "setting no_new_privs",
             Step::Payload => "passing the harness its token and channel",
             Step::Seccomp => "installing the seccomp filter",
+            Step::NewRoot => "building the run's minimal root",
         }
     }
 }
@@ -118,6 +120,8 @@ pub(crate) struct Namespaces {
     pub tmp_options: CString,
     /// Files written into the run's `/tmp` before the program starts (path, contents).
     pub files: Vec<(CString, Vec<u8>)>,
+    /// The run's minimal root; `None`: the host's tree, read-only.
+    pub root: Option<crate::code::root::NewRoot>,
 }
 
 /// Everything the child applies to itself before exec, computed beforehand.
@@ -154,7 +158,7 @@ unsafe fn set_limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -
     libc::setrlimit(resource, &lim) == 0
 }
 
-fn errno() -> i32 {
+pub(crate) fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
@@ -238,18 +242,22 @@ impl ChildSetup {
         if libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
             return Err(fail(Step::MountPrivate));
         }
-        make_read_only(c"/");
-        let tmpfs = |target: &std::ffi::CStr| {
-            libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, ns.tmp_options.as_ptr().cast())
-        };
-        if tmpfs(c"/tmp") != 0 {
-            return Err(fail(Step::MountTmp));
+        if let Some(root) = &ns.root {
+            root.enter(&ns.tmp_options)?;
+        } else {
+            make_read_only(c"/");
+            let tmpfs = |target: &std::ffi::CStr| {
+                libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, ns.tmp_options.as_ptr().cast())
+            };
+            if tmpfs(c"/tmp") != 0 {
+                return Err(fail(Step::MountTmp));
+            }
+            // Best effort: POSIX semaphores and shared memory live here (multiprocessing needs it).
+            tmpfs(c"/dev/shm");
+            // Best effort: a procfs of this PID namespace shows only the run's processes (a
+            // container may refuse a fresh procfs; the host's then stays, read-only).
+            libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, std::ptr::null());
         }
-        // Best effort: POSIX semaphores and shared memory live here (multiprocessing needs it).
-        tmpfs(c"/dev/shm");
-        // Best effort: a procfs of this PID namespace shows only the run's processes (a
-        // container may refuse a fresh procfs; the host's then stays, read-only).
-        libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, std::ptr::null());
         for (path, contents) in &ns.files {
             let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o644);
             if fd < 0 {
@@ -369,7 +377,7 @@ const AT_RECURSIVE: libc::c_int = 0x8000;
 /// Makes every mount under `root` read-only in this mount namespace (Linux >= 5.12; on older
 /// kernels only `root` itself). Best effort: what cannot be made read-only keeps its file
 /// permissions, which the run's unprivileged user meets.
-unsafe fn make_read_only(root: &std::ffi::CStr) {
+pub(crate) unsafe fn make_read_only(root: &std::ffi::CStr) {
     let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
     let rc = libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, root.as_ptr(), AT_RECURSIVE as libc::c_uint, &attr as *const MountAttr, std::mem::size_of::<MountAttr>());
     if rc != 0 {

@@ -6,6 +6,8 @@
 //!   (the PID namespace's init is ours). Needs CAP_SYS_ADMIN (root here and in CI); a container
 //!   without it, or a normal user, gets the fallback below. `COA_SANDBOX_NAMESPACES=0` forces
 //!   the fallback (its tests use it).
+//! - **A minimal root** (`root.rs`) in those namespaces: the interpreter and its libraries, no
+//!   other host file. `COA_SANDBOX_MINIMAL_ROOT=0` keeps the host's tree, read-only.
 //! - **A seccomp filter** (`seccomp.rs`), where the kernel takes one (a container's own filter
 //!   may refuse the `seccomp` call). `COA_SANDBOX_SECCOMP=0` runs without it.
 //! - **A user id per concurrent run** (root only): uid/gid `SLOT_BASE + k`, in a range no
@@ -35,6 +37,9 @@ pub struct Isolation {
     pub uid_per_run: bool,
     /// Running as root (privileges are dropped for the code).
     pub root: bool,
+    /// With namespaces: each run in a minimal root (`root.rs`: the interpreter and its libraries
+    /// read-only, its own `/tmp`, no other host file), not the host's tree read-only.
+    pub minimal_root: bool,
     /// Every run under the seccomp filter (`seccomp.rs`): no ptrace, process_vm_readv/writev,
     /// new namespaces, mounts, bpf, perf_event_open, keyctl and the like.
     pub seccomp: bool,
@@ -43,8 +48,10 @@ pub struct Isolation {
 impl Isolation {
     /// One line for logs and the README: what holds on this machine.
     pub fn describe(&self) -> String {
-        let ns = if self.namespaces {
-            "PID/mount/network namespaces per run (private /tmp, read-only root, every process killed with the run)"
+        let ns = if self.namespaces && self.minimal_root {
+            "PID/mount/network namespaces per run (a minimal root: the interpreter read-only, a private /tmp, no other host file; every process killed with the run)"
+        } else if self.namespaces {
+            "PID/mount/network namespaces per run (private /tmp, the host's files read-only, every process killed with the run)"
         } else {
             "no namespaces (runs share the host's /tmp and process table; process-group and uid kills)"
         };
@@ -64,6 +71,9 @@ impl Isolation {
         if !self.namespaces {
             missing.push("namespaces");
         }
+        if !self.minimal_root {
+            missing.push("a minimal root");
+        }
         if !self.uid_per_run {
             missing.push("a uid per run");
         }
@@ -80,8 +90,10 @@ pub fn isolation() -> Isolation {
     *PROBED.get_or_init(|| {
         let root = effective_uid() == 0;
         let off = |var: &str| std::env::var(var).is_ok_and(|v| v == "0");
+        let namespaces = !off("COA_SANDBOX_NAMESPACES") && probe_namespaces();
         Isolation {
-            namespaces: !off("COA_SANDBOX_NAMESPACES") && probe_namespaces(),
+            namespaces,
+            minimal_root: namespaces && !off("COA_SANDBOX_MINIMAL_ROOT"),
             uid_per_run: root && slots_are_mapped(),
             root,
             seccomp: !off("COA_SANDBOX_SECCOMP") && crate::code::seccomp::probe(),

@@ -61,6 +61,7 @@
 mod child;
 mod isolation;
 mod output;
+mod root;
 mod seccomp;
 mod value;
 
@@ -434,7 +435,8 @@ fn run_sandboxed(python: &Path, program: &Program, limits: &SandboxLimits, chann
         let (read, write) = child::pipe().context("creating the sandbox's status pipe")?;
         let files = vec![(CString::new(format!("/tmp/{SCRIPT_NAME}")).expect("no NUL"), program.code.as_bytes().to_vec())];
         let tmp_options = CString::new(format!("size={},nr_inodes={TMP_INODES},mode=1777", limits.tmp_bytes.max(1 << 20))).expect("no NUL");
-        let ns = Namespaces { status_fd: write.as_raw_fd(), tmp_options, files };
+        let root = iso.minimal_root.then(|| root::NewRoot::for_interpreter(python));
+        let ns = Namespaces { status_fd: write.as_raw_fd(), tmp_options, files, root };
         (None, PathBuf::from("/tmp"), Some(ns), Some(read), Some(write))
     } else {
         // The stage's pid in the name says whose a dir is (and whether its stage still lives).
