@@ -21,7 +21,8 @@
 //!   decided; a program that exits before being called answers nothing and fails.
 //! - **stdio** (`stdio_tests` non-empty: LiveCodeBench AtCoder): the program runs once per test
 //!   with its stdin; the test passes when the program ended cleanly (its last statement, or
-//!   `sys.exit()` with status 0, proven by the same token) and its output is what LiveCodeBench's
+//!   `sys.exit()` with status 0, proven by the harness's per-run token, see
+//!   [`coa_tools::CodeRun::finished`]) and its output, compared here, is what LiveCodeBench's
 //!   judge accepts ([`stdout_matches`]): both sides stripped, the same number of lines, each pair
 //!   of lines equal once stripped, or equal token by token as decimal numbers (`1.50` = `1.5`,
 //!   `1e3` = `1000`). Tests run in order and stop at the first failure (the verdict is already

@@ -10,10 +10,11 @@
 //! `M` is the process std's `Command` forked: it enters fresh namespaces (`unshare`), forks `I`,
 //! closes every descriptor and waits. `unshare(CLONE_NEWPID)` puts only the *children* of the
 //! caller into the new PID namespace, which is why `M` exists. `I` is that namespace's init:
-//! it mounts the private `/tmp`, `/dev/shm` and `/proc`, makes the rest read-only, writes the
-//! program, forks `P` and reaps everything until `P` exits; then it reports `P`'s wait status
-//! on the status pipe and exits, and the kernel kills every process left in the namespace. `P`
-//! sets the limits, drops to the run's uid and returns to std, which executes python.
+//! it builds the run's minimal root and pivots into it (`root.rs`; or keeps the host's tree
+//! read-only), mounts the private `/tmp`, `/dev/shm` and `/proc`, writes the program, forks `P`
+//! and reaps everything until `P` exits; then it reports `P`'s wait status on the status pipe
+//! and exits, and the kernel kills every process left in the namespace. `P` sets the limits,
+//! drops to the run's uid, installs the seccomp filter and returns to std, which executes python.
 //! `PR_SET_PDEATHSIG` chains the three to the stage: kill the stage (even with SIGKILL) and `M`
 //! dies, so `I` dies, so the whole namespace dies.
 //!

@@ -8,9 +8,10 @@
 //!
 //! 1. **Namespaces** (root or CAP_SYS_ADMIN): each run has its own PID namespace (it sees and can
 //!    signal only its own processes; when its main process exits, or the stage dies, even of
-//!    SIGKILL, every process of the run dies), its own mount namespace (a size-limited tmpfs as
-//!    `/tmp`, its working directory, and as `/dev/shm`; every other mount read-only; a procfs
-//!    of its own), no network, its own IPC and hostname. See `child.rs` for the process layout.
+//!    SIGKILL, every process of the run dies), its own mount namespace (a minimal root, see
+//!    `root.rs`: the interpreter and its libraries read-only, a size-limited tmpfs as `/tmp`,
+//!    its working directory, and as `/dev/shm`, a procfs of its own, no other host file), no
+//!    network, its own IPC and hostname. See `child.rs` for the process layout.
 //! 2. **An unprivileged user per concurrent run** (root): uid/gid from a reserved range, no
 //!    supplementary groups. Linux does not enforce RLIMIT_NPROC for root and root may write
 //!    anywhere; with its own uid a run's process limit is its own, `kill(-1, 9)` reaches only
