@@ -630,6 +630,9 @@ fn the_host_files_are_out_of_sight() {
         assert!(line.ends_with(" False"), "visible in the run: {line}\n{}", r.stdout);
     }
     assert!(r.stdout.contains("/proc/1/cmdline True"), "the run's own procfs: {}", r.stdout);
+    // Its init is a fork of this test process, whose arguments it must not show.
+    let init = run("print(repr(open('/proc/1/cmdline', 'rb').read().strip(b'\\0')))\n", None, &limits(10));
+    assert_eq!(init.stdout, "b''\n", "the stage's arguments are visible as the run's init's: {init:?}");
     assert!(r.stdout.contains("True 0\n") && (r.stdout.contains("usr OSError") || r.stdout.contains("usr PermissionError")), "{}", r.stdout);
     let listing = r.stdout.lines().nth(7).unwrap_or_default();
     for gone in ["'root'", "'home'", "'work'", "'var'", "'opt'", "'srv'", "'mnt'"] {

@@ -123,6 +123,24 @@ pub(crate) struct Namespaces {
     pub files: Vec<(CString, Vec<u8>)>,
     /// The run's minimal root; `None`: the host's tree, read-only.
     pub root: Option<crate::code::root::NewRoot>,
+    /// [`stage_strings`], for the run's init to zero.
+    pub stage_strings: Option<[(usize, usize); 2]>,
+}
+
+/// Where the stage's argument and environment strings lie in its memory, (start, end) each, from
+/// `/proc/self/stat` (fields 48 to 51), read once; `None` when unreadable or implausible.
+pub(crate) fn stage_strings() -> Option<[(usize, usize); 2]> {
+    static READ: std::sync::OnceLock<Option<[(usize, usize); 2]>> = std::sync::OnceLock::new();
+    *READ.get_or_init(|| {
+        let stat = fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name, which may hold spaces and parentheses: field 3 first.
+        let fields: Vec<usize> = stat.rsplit_once(')')?.1.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
+        let range = |i: usize| -> Option<(usize, usize)> {
+            let (start, end) = (*fields.get(i - 3)?, *fields.get(i - 2)?);
+            (start > 0 && start < end && end - start < 1 << 20).then_some((start, end))
+        };
+        Some([range(48)?, range(50)?])
+    })
 }
 
 /// Everything the child applies to itself before exec, computed beforehand.
@@ -215,7 +233,7 @@ impl ChildSetup {
             libc::_exit(127);
         }
         if program > 0 {
-            run_init(program, ns.status_fd);
+            run_init(program, ns.status_fd, ns.stage_strings);
         }
         // P.
         if let Err((step, e)) = self.restrict() {
@@ -333,9 +351,15 @@ impl ChildSetup {
 }
 
 /// I's life once P runs: reap every process of the namespace until P exits, report P's status,
-/// exit (the kernel then kills whatever is left in the namespace).
-unsafe fn run_init(program: libc::pid_t, status_fd: RawFd) -> ! {
+/// exit (the kernel then kills whatever is left in the namespace). I is a fork of the stage, so
+/// its `/proc/1/cmdline` (which every process of the run can read) would show the stage's
+/// arguments, task file paths included: it zeroes its copy of the stage's argument and
+/// environment strings first (nothing reads them in I any more).
+unsafe fn run_init(program: libc::pid_t, status_fd: RawFd, stage_strings: Option<[(usize, usize); 2]>) -> ! {
     close_fds_except(&[status_fd]);
+    for (start, end) in stage_strings.into_iter().flatten() {
+        std::ptr::write_bytes(start as *mut u8, 0, end - start);
+    }
     loop {
         let mut status = 0;
         let pid = libc::waitpid(-1, &mut status, 0);
