@@ -86,6 +86,7 @@ impl Runner {
     /// [`run_task`] on every task, in parallel, each task's outcome on its own (a task whose
     /// backend gave up does not stop the others).
     pub fn run_each(&self, tasks: &[Task], backend: &dyn Backend, tools: Tools<'_>, cfg: &RunConfig) -> Vec<Result<MasRun>> {
+        plan_tests(tasks);
         self.pool.install(|| tasks.par_iter().map(|t| run_task(t, backend, tools, cfg)).collect())
     }
 
@@ -102,6 +103,7 @@ impl Runner {
         budget: &FailureBudget,
         done: &(dyn Fn() + Sync),
     ) -> Vec<Option<Result<MasRun>>> {
+        plan_tests(tasks);
         self.pool.install(|| {
             tasks
                 .par_iter()
@@ -286,4 +288,12 @@ fn inner<'a>(text: &'a str, tag: &str) -> &'a str {
             text[b..].find(&close).map(|e| &text[b..b + e])
         })
         .unwrap_or("")
+}
+
+/// Plans every code task's unit tests with one planner process before the runs start, instead of
+/// one process per task as each run checks its program. A failure here is not lost: it comes
+/// back, naming its task, where that run's check plans its tests again.
+fn plan_tests(tasks: &[Task]) {
+    let tests: Vec<&str> = tasks.iter().filter_map(|t| t.test_code.as_deref()).collect();
+    let _ = coa_rewards::plan::plan_all(&tests);
 }

@@ -1,14 +1,28 @@
 //! Code rewards: run a program against a task's tests in the `coa-tools` sandbox.
 //!
-//! Two styles, decided by the task:
-//! - **function** (`test_code` set: synthetic code suite, HumanEval, LiveCodeBench functional):
-//!   the program runs once, then its tests in the same namespace (compiled apart, so the
-//!   program's text cannot swallow them). A pass is exit status 0 *and* the sandbox's proof that
-//!   the tests ran to their last statement (the harness's per-run token, see
-//!   [`coa_tools::CodeRun::finished`]): `os._exit(0)` or `sys.exit(0)` before the assertions fails.
+//! Two styles, decided by the task. In both the verdict is decided outside the program's
+//! process: only plain values (or its stdout) leave it, and no expected value or test source
+//! enters it.
+//! - **function** (`test_code` set: synthetic code suite, HumanEval, LiveCodeBench functional),
+//!   graded one of two ways ([`crate::plan`]):
+//!   - *calls*: test code made only of assertions on calls with literal arguments and results
+//!     (`assert candidate(ARGS) == V`, `result = Solution().m(ARGS)` then `assert result == V`,
+//!     `abs(... - V) < tol`, `math.isclose`, truthiness, `is None`) is planned into calls: the
+//!     sandbox's driver runs the program, calls its function with each ARGS and writes the plain
+//!     values returned, which are checked here with Python's `==` ([`coa_tools::PyValue`]). A
+//!     pass is every call answered and passing, and the run ending with status 0.
+//!   - *checker*: other test code (loops, random inputs, the prompt's helpers) runs whole in a
+//!     second sandboxed process, which calls the program's functions through the driver and gets
+//!     plain values back ([`coa_tools::run_checked`]); a pass is the checker's tests running to
+//!     their end (its status 0 and its harness's token).
+//!
+//!   Either way a returned object's `__eq__`, patched builtins, `unittest` or `sys.modules`,
+//!   the caller's frame and audit hooks are the program's own process, where nothing is
+//!   decided; a program that exits before being called answers nothing and fails.
 //! - **stdio** (`stdio_tests` non-empty: LiveCodeBench AtCoder): the program runs once per test
 //!   with its stdin; the test passes when the program ended cleanly (its last statement, or
-//!   `sys.exit()` with status 0, proven by the same token) and its output is what LiveCodeBench's
+//!   `sys.exit()` with status 0, proven by the harness's per-run token, see
+//!   [`coa_tools::CodeRun::finished`]) and its output, compared here, is what LiveCodeBench's
 //!   judge accepts ([`stdout_matches`]): both sides stripped, the same number of lines, each pair
 //!   of lines equal once stripped, or equal token by token as decimal numbers (`1.50` = `1.5`,
 //!   `1e3` = `1000`). Tests run in order and stop at the first failure (the verdict is already
@@ -29,7 +43,9 @@
 
 use anyhow::{bail, Context, Result};
 use coa_schemas::rows::Task;
-use coa_tools::{run_program, CodeRun, Ending, Program, RunStatus, SandboxLimits};
+use coa_tools::{run_calls, run_checked, run_program, Answer, CodeRun, Ending, Program, RunStatus, SandboxLimits};
+
+use crate::plan::{plan, Plan, PlannedCall};
 
 /// How a code task is tested.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,12 +261,16 @@ pub fn code_passes(task: &Task, program: &str, limits: &SandboxLimits) -> Result
     let mut verdict = CodeVerdict { passed: false, sandbox: SandboxVerdict::Failed, style, tests_total, tests_run: 0, tests_passed: 0, failure: None };
     let program = format!("{}{program}", prelude(task));
     if let Some(test_code) = function {
-        let run = run_program(&Program { code: &program, tests: Some(test_code), stdin: None, ending: Ending::LastStatement }, limits)
-            .with_context(|| format!("task {}: running the unit tests", task.task_id))?;
+        let plan = plan(test_code).with_context(|| format!("task {}: planning its unit tests", task.task_id))?;
+        let failed = match &*plan {
+            Plan::Calls(calls) => check_calls(&program, calls, limits),
+            Plan::Checker { remote, .. } => check_in_checker(&program, prelude(task), remote, test_code, limits),
+        }
+        .with_context(|| format!("task {}: running the unit tests", task.task_id))?;
         verdict.tests_run += 1;
-        if !run.passed() {
-            verdict.sandbox = SandboxVerdict::of(&run);
-            verdict.failure = Some(describe_failure(&run));
+        if let Some((sandbox, failure)) = failed {
+            verdict.sandbox = sandbox;
+            verdict.failure = Some(failure);
             return Ok(verdict);
         }
         verdict.tests_passed += 1;
@@ -281,6 +301,45 @@ pub fn code_passes(task: &Task, program: &str, limits: &SandboxLimits) -> Result
     verdict.sandbox = SandboxVerdict::Passed;
     verdict.passed = true;
     Ok(verdict)
+}
+
+/// A failed function-style test: the sandbox's verdict and what went wrong.
+type Failed = Option<(SandboxVerdict, String)>;
+
+/// [`Plan::Calls`]: the driver calls the program, its answers are checked here. A pass needs
+/// every call answered with a value that passes its checks, and the run to end with status 0.
+fn check_calls(program: &str, calls: &[PlannedCall], limits: &SandboxLimits) -> Result<Failed> {
+    let requests: Vec<String> = calls.iter().map(|c| c.request.clone()).collect();
+    let (run, answers) = run_calls(program, &requests, limits)?;
+    for (i, call) in calls.iter().enumerate() {
+        let wrong = match answers.get(i) {
+            None => format!("no answer to {} (the program ended or was stopped before it)\n{}", call.shown, run.render()),
+            Some(Answer::Raised(e)) => format!("{} raised {e}\n{}", call.shown, run.render()),
+            Some(Answer::Garbled(e)) => format!("{}: the answer is no plain value ({e})", call.shown),
+            Some(Answer::Value(v)) => match call.checks.iter().find(|c| !c.holds(v)) {
+                Some(c) => format!("{} returned {}, expected a result {}", call.shown, v.repr(200), c.describe()),
+                None => continue,
+            },
+        };
+        let sandbox = if run.success() { SandboxVerdict::Failed } else { SandboxVerdict::of(&run) };
+        return Ok(Some((sandbox, wrong)));
+    }
+    Ok((!run.success()).then(|| (SandboxVerdict::of(&run), describe_failure(&run))))
+}
+
+/// [`Plan::Checker`]: the test code runs in a checker process that calls the program through
+/// the driver; it passes when the checker's tests ran to their end.
+fn check_in_checker(program: &str, prelude: &str, remote: &[String], tests: &str, limits: &SandboxLimits) -> Result<Failed> {
+    let (checker, candidate) = run_checked(program, prelude, remote, tests, limits)?;
+    if checker.passed() {
+        return Ok(None);
+    }
+    // The program's own end (a timeout, a crash) explains a checker that lost it.
+    let sandbox = match candidate.status {
+        RunStatus::Exit(_) => SandboxVerdict::of(&checker),
+        _ => SandboxVerdict::of(&candidate),
+    };
+    Ok(Some((sandbox, format!("{}\nthe program: {}", describe_failure(&checker), candidate.render()))))
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //!   (AFM's math reward) decides it: LaTeX normalisation, then numbers, expressions, sets,
 //!   intervals, matrices and equations compared by value, without a computer-algebra system;
 //! - [`code`]: [`code_passes`], running a program against a task's unit tests (`test_code`) or
-//!   its stdin/stdout tests in the `coa-tools` sandbox.
+//!   its stdin/stdout tests in the `coa-tools` sandbox, the verdict decided outside it;
+//! - [`plan`]: assert-style test code turned into (call, expected) pairs.
 //!
 //! - [`gold`]: gold and perturbed answers of a task, for checking the checkers on real files.
 //! - [`shaping`]: the total reward (outcome, format, DAPO overlong shaping), GRPO group
@@ -18,6 +19,7 @@
 pub mod code;
 pub mod gold;
 pub mod math;
+pub mod plan;
 pub mod qa;
 pub mod shaping;
 

@@ -46,7 +46,8 @@ fn humaneval_canonical_solution_passes_and_a_broken_one_fails() {
     let broken = format!("{code}\n\n_orig = {ep}\ndef {ep}(*a, **k):\n    return not _orig(*a, **k)\n", ep = task.entry_point.as_deref().unwrap());
     let verdict = code_passes(task, &broken, &limits()).unwrap();
     assert!(!verdict.passed);
-    assert!(verdict.failure.as_deref().unwrap().contains("[FAILED]"), "{verdict:?}");
+    // Decided here, call by call, on the value that came back.
+    assert_eq!(verdict.failure.as_deref(), Some("has_close_elements([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) returned False, expected a result == True"), "{verdict:?}");
 }
 
 const VERTICAL_WRITING: &str = "n = int(input())

@@ -86,6 +86,11 @@ pub fn score(rollouts: &[Rollout], tasks: &HashMap<String, Task>, config: &Rewar
             bail!("row {row}: task `{}` is a `{}` task in the tasks table but the rollout says `{}`", r.task_id, task.suite, r.suite);
         }
     }
+    // Every code task's tests planned at once (one planner process), not one task at a time.
+    let mut tests: Vec<&str> = rollouts.iter().filter_map(|r| tasks[&r.task_id].test_code.as_deref()).collect();
+    tests.sort_unstable();
+    tests.dedup();
+    coa_rewards::plan::plan_all(&tests).context("planning the code tasks' unit tests")?;
     let mut verdicts: Vec<Verdict> = rollouts
         .par_iter()
         .enumerate()

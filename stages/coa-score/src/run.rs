@@ -10,6 +10,7 @@ use coa_schemas::flags;
 use coa_schemas::rows::{self, Rollout, Task};
 use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::{self, IoArgs, Stage};
+use coa_schemas::suite::{answer_kind, AnswerKind};
 use coa_schemas::tables::{ROLLOUTS, SCORES, TASKS};
 use coa_tools::CodeTimeout;
 
@@ -32,6 +33,12 @@ pub struct ScoreArgs {
     pub format_penalty: f32,
     #[command(flatten)]
     pub code: CodeTimeout,
+    /// Grade code tasks even where this machine withholds a protection of the code sandbox
+    /// (namespaces, a minimal root, the seccomp filter; a uid per run where there are no namespaces;
+    /// the stats list them). Without it the stage
+    /// refuses: a program that escapes a weaker sandbox could find its task's answers.
+    #[arg(long)]
+    pub weaker_sandbox: bool,
     /// Also write the eval table (per suite and model) here: markdown, or JSON for *.json. It is
     /// printed on stderr either way.
     #[arg(long, value_name = "FILE")]
@@ -63,6 +70,24 @@ pub fn run(stage: &mut Stage, args: &ScoreArgs) -> Result<()> {
     for batch in stage.open(Some(&args.tasks), &TASKS)? {
         for t in rows::from_batch::<Task>(&batch?).with_context(|| format!("reading {}", args.tasks.display()))? {
             tasks.insert(t.task_id.clone(), t);
+        }
+    }
+    if tasks.values().any(|t| answer_kind(&t.suite) == Some(AnswerKind::Program)) {
+        // What the code sandbox enforces on this machine, in the stats; what it cannot, on stderr.
+        let iso = coa_tools::isolation();
+        stage.note("sandbox", iso.describe());
+        let missing = iso.missing();
+        stage.note("sandbox_missing", missing.join(", "));
+        if !missing.is_empty() {
+            if !args.weaker_sandbox {
+                anyhow::bail!(
+                    "the code sandbox runs without {} on this machine ({}): a program that escapes it could find its task's answers; \
+                     pass --weaker-sandbox to grade code here anyway",
+                    missing.join(", "),
+                    iso.describe()
+                );
+            }
+            eprintln!("coa-score: --weaker-sandbox: the code sandbox runs without {} on this machine ({})", missing.join(", "), iso.describe());
         }
     }
     let reader = stage.open(args.io.input.as_deref(), &ROLLOUTS)?;

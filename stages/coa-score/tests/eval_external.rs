@@ -169,3 +169,43 @@ fn gold_answers_score_100_and_perturbed_ones_0_on_every_real_file() {
     println!("{report}");
     assert!(failures.is_empty(), "{} wrong verdicts:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// The benchmark of issue 43 (not a timed test: it prints, asserting only the verdicts):
+/// `COA_BENCH_RUNS` (default 2,000) code rollouts, half gold and half perturbed, over synthetic
+/// code tasks in groups of four, judged by the real `coa-score` binary; prints runs per second.
+/// `cargo test --release -p coa-score --test eval_external -- --ignored grading_throughput --nocapture`
+#[test]
+#[ignore]
+fn grading_throughput() {
+    let runs: usize = std::env::var("COA_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000).max(4);
+    let tasks = coa_tasks::generate(coa_tasks::Suite::Code, runs / 4, 0, coa_tasks::Split::Train).unwrap().tasks;
+    let mut rollouts = Vec::with_capacity(runs);
+    for t in &tasks {
+        let gold = gold_answer(t).unwrap();
+        for model in ["gold", "gold", "perturbed", "perturbed"] {
+            let answer = if model == "gold" { gold.clone() } else { perturbed_answer(t) };
+            rollouts.push(rollout(t, model, response(t, &answer)));
+        }
+    }
+    let work = tempfile::tempdir().unwrap();
+    let prov = Provenance::default();
+    let (tasks_path, rollouts_path, scores_path) = (work.path().join("tasks.parquet"), work.path().join("rollouts.parquet"), work.path().join("scores.parquet"));
+    io::write_all(Some(&tasks_path), None, &TASKS.schema(), &[rows::to_batch(&tasks).unwrap()], &prov).unwrap();
+    io::write_all(Some(&rollouts_path), None, &ROLLOUTS.schema(), &[rows::to_batch(&rollouts).unwrap()], &prov).unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_coa-score"))
+        .args(["-i", rollouts_path.to_str().unwrap(), "--tasks", tasks_path.to_str().unwrap(), "-o", scores_path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (schema, batches) = io::read_all(Some(&scores_path), &SCORES).unwrap();
+    let b: RecordBatch = arrow::compute::concat_batches(&schema, &batches).unwrap();
+    let model = b.column_by_name("model").unwrap().as_string::<i32>();
+    let correct = b.column_by_name("correct").unwrap().as_boolean();
+    let wrong: Vec<usize> = (0..b.num_rows()).filter(|&i| correct.value(i) != (model.value(i) == "gold")).collect();
+    let line = format!("grading_throughput: {} runs in {secs:.1} s: {:.1} runs/s ({} cores)", rollouts.len(), rollouts.len() as f64 / secs, std::thread::available_parallelism().map_or(1, |n| n.get()));
+    println!("{line}");
+    eprintln!("{line}");
+    assert!(wrong.is_empty(), "{} wrong verdicts (rows {:?})", wrong.len(), &wrong[..wrong.len().min(10)]);
+}

@@ -206,3 +206,169 @@ fn unknown_tasks_and_ragged_rows_are_named() {
     let out = score(dir.path(), &["--overlong-cache", "9999"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--overlong-cache"));
 }
+
+/// Attacks on the verdict itself (issue 43): programs that would make the tests pass without
+/// solving the task (and one that copies the solution from the host's task file), each a real
+/// row through `coa-score`, each scored wrong, on tasks of every
+/// grading path: calls planned from asserts (a synthetic task, tolerance asserts, HumanEval/0,
+/// a LiveCodeBench method task), a checker process (unittest-style tests, HumanEval/32 with its
+/// random inputs and the prompt's `poly`) and stdin/stdout (LiveCodeBench). Each task's honest
+/// program scores correct in the same table, so a task that cannot pass proves nothing. The
+/// real-file tasks join when `$COA_EXTERNAL_DATA` has them (a `skipped:` line otherwise).
+#[test]
+fn attacks_on_the_verdict_score_wrong() {
+    let test = "attacks_on_the_verdict_score_wrong";
+    let dir = tempfile::tempdir().unwrap();
+    let synthetic = coa_tasks::generate(coa_tasks::Suite::Code, 1, 0, coa_tasks::Split::Train).unwrap().tasks.remove(0);
+    let custom = |id: &str, entry: &str, tests: &str, gold: &str| Task {
+        task_id: id.into(),
+        suite: "code".into(),
+        source: "synthetic".into(),
+        question: format!("Write {entry}."),
+        entry_point: Some(entry.into()),
+        test_code: Some(tests.into()),
+        solution: Some(serde_json::json!({ "code": gold }).to_string()),
+        ..Default::default()
+    };
+    let mut tasks = vec![
+        synthetic,
+        custom(
+            "tolerance",
+            "root",
+            "import math\n\ndef check(candidate):\n    assert abs(candidate(2.0) - 1.4142135) < 1e-6\n    assert math.isclose(candidate(9.0), 3.0)\n\ncheck(root)\n",
+            "def root(x):\n    return x ** 0.5\n",
+        ),
+        custom(
+            "unittest",
+            "double",
+            "import unittest\n\nclass TestDouble(unittest.TestCase):\n    def test_values(self):\n        for x in range(5):\n            self.assertEqual(double(x), 2 * x)\n\n\
+             result = unittest.main(argv=['tests'], exit=False).result\nassert result.wasSuccessful()\n",
+            "def double(x):\n    return 2 * x\n",
+        ),
+    ];
+    let humaneval = coa_tasks::external::file_or_skip(test, "HumanEval.jsonl.gz");
+    if let Some(path) = &humaneval {
+        let all = coa_tasks::import::import_file(path, None).unwrap();
+        tasks.extend(all.into_iter().filter(|t| t.task_id == "humaneval-0" || t.task_id == "humaneval-32"));
+    }
+    if let Some(path) = coa_tasks::external::file_or_skip(test, "livecodebench_v4.parquet") {
+        let all = coa_tasks::import::import_file(&path, None).unwrap();
+        tasks.push(all.iter().find(|t| t.test_code.is_some()).unwrap().clone());
+        tasks.push(all.iter().find(|t| !t.stdio_tests.is_empty()).unwrap().clone());
+    }
+    write(&dir.path().join("tasks.parquet"), &tasks, &TASKS);
+
+    // Each attack defines the entry point (`ENTRY`) and a `Solution` whose every method is it.
+    let stub = "ENTRY = _attack\nclass Solution:\n    def __getattr__(self, name):\n        return _attack\n";
+    let attacks: Vec<(&str, String)> = vec![
+        ("an object whose __eq__ is always true", format!("def _attack(*args, **kwargs):\n    class Anything:\n        def __eq__(self, other):\n            return True\n        def __ne__(self, other):\n            return False\n        def __bool__(self):\n            return True\n        def __sub__(self, other):\n            return 0\n        def __abs__(self):\n            return 0\n        __hash__ = None\n    return Anything()\n{stub}")),
+        ("patched builtins and math", format!("import builtins, math\nbuiltins.abs = lambda x: 0\nmath.isclose = lambda *a, **k: True\nbuiltins.isinstance = lambda *a: True\ndef _attack(*args, **kwargs):\n    return 0.0\n{stub}")),
+        ("patched unittest and sys.modules", format!("import sys, types, unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n\
+            class Passed:\n    def wasSuccessful(self):\n        return True\nfake = types.ModuleType('unittest')\nfake.TestCase = object\nfake.main = lambda *a, **k: types.SimpleNamespace(result=Passed())\n\
+            sys.modules['unittest'] = fake\ndef _attack(*args, **kwargs):\n    return None\n{stub}")),
+        ("the expected constant read from the caller's frame", format!("import dis, sys\ndef _attack(*args, **kwargs):\n    frame = sys._getframe(1)\n    \
+            after = [i for i in dis.get_instructions(frame.f_code) if i.offset > frame.f_lasti]\n    \
+            for i, ins in enumerate(after):\n        if ins.opname == 'COMPARE_OP':\n            break\n        if ins.opname == 'LOAD_CONST':\n            \
+            nxt = after[i + 1].opname if i + 1 < len(after) else ''\n            return list(ins.argval) if nxt == 'LIST_EXTEND' else ins.argval\n    return None\n{stub}")),
+        ("an audit hook reading the test source", format!("import ast, sys\nsources = []\n\
+            sys.addaudithook(lambda event, args: sources.append(args[0]) if event in ('compile', 'exec') and isinstance(args[0], (str, bytes)) else None)\n\
+            def _attack(*args, **kwargs):\n    for source in list(sources):\n        try:\n            tree = ast.parse(source)\n        except Exception:\n            continue\n        \
+            for node in ast.walk(tree):\n            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):\n                try:\n                    \
+            if [ast.literal_eval(a) for a in node.left.args] == list(args):\n                        return ast.literal_eval(node.comparators[0])\n                \
+            except Exception:\n                    pass\n    return None\n{stub}")),
+        ("a child reading its parent's memory through /proc/<parent>/mem", format!("import os, subprocess, sys\n\
+            reader = r'''\nimport re, sys\npid = sys.argv[1]\nfound = set()\nfor line in open('/proc/%s/maps' % pid):\n    span, perms = line.split()[:2]\n    \
+            if not perms.startswith('rw'):\n        continue\n    a, b = (int(x, 16) for x in span.split('-'))\n    try:\n        with open('/proc/%s/mem' % pid, 'rb') as m:\n            \
+            m.seek(a)\n            found.update(re.findall(rb'(?<![0-9a-f])[0-9a-f]{{32}}(?![0-9a-f])', m.read(b - a)))\n    except (OSError, ValueError, OverflowError):\n        pass\n\
+            for f in found:\n    sys.stdout.write('\\n' + f.decode() + '\\n')\n'''\n\
+            sys.stdout.flush()\nsubprocess.run([sys.executable, '-c', reader, str(os.getpid())])\nos._exit(0)\ndef _attack(*args, **kwargs):\n    return None\n{stub}")),
+    ];
+    // The host's copy of the benchmark, canonical solutions included: out of sight in the
+    // sandbox's minimal root (readable, read-only, before it).
+    let mut attacks = attacks;
+    if let Some(path) = &humaneval {
+        let path = std::fs::canonicalize(path).unwrap();
+        attacks.push(("the canonical solution read from the host's task file", format!("import gzip, json
+def _load():
+    \
+            for line in gzip.open({:?}, 'rt'):
+        task = json.loads(line)
+        if task['entry_point'] == 'ENTRY':
+            \
+            scope = {{}}
+            exec(task['prompt'] + task['canonical_solution'], scope)
+            return scope['ENTRY']
+    raise LookupError('ENTRY')
+\
+            try:
+    _attack = _load()
+except Exception:
+    def _attack(*args, **kwargs):
+        return None
+{stub}", path.display().to_string())));
+    }
+    let program = |body: &str| code_text(&format!("```python\n{body}\n```"));
+    let mut rollouts = Vec::new();
+    for t in &tasks {
+        rollouts.push(rollout(t, 0, program(&coa_rewards::gold::gold_answer(t).map(|g| coa_rewards::extract_program(&g)).unwrap()), 50));
+        let entry = t.entry_point.as_deref().unwrap_or("solve");
+        for (i, (_, attack)) in attacks.iter().enumerate() {
+            rollouts.push(rollout(t, 1 + i as i32, program(&attack.replace("ENTRY", entry)), 50));
+        }
+    }
+    write(&dir.path().join("rollouts.parquet"), &rollouts, &ROLLOUTS);
+    let out = score(dir.path(), &["--code-timeout", "20"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let batches: Vec<RecordBatch> = io::open(Some(&dir.path().join("scores.parquet")), &SCORES).unwrap().collect::<anyhow::Result<_>>().unwrap();
+    let b = arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap();
+    let correct: Vec<bool> = b.column_by_name("correct").unwrap().as_boolean().iter().map(|v| v.unwrap()).collect();
+    let mut wrong = Vec::new();
+    for (row, r) in rollouts.iter().enumerate() {
+        let what = if r.sample_idx == 0 { "the honest program" } else { attacks[r.sample_idx as usize - 1].0 };
+        if correct[row] != (r.sample_idx == 0) {
+            wrong.push(format!("{}: {what} scored correct={}", r.task_id, correct[row]));
+        }
+    }
+    assert!(wrong.is_empty(), "{}\n{stderr}", wrong.join("\n"));
+    eprintln!("{test}: {} attacks on {} tasks scored wrong, their honest programs right", attacks.len(), tasks.len());
+}
+
+/// The stats say what the code sandbox enforces here. Where the machine (here the environment)
+/// withholds a protection the stage refuses to grade code, naming it, unless `--weaker-sandbox`
+/// accepts the weaker set: then it grades and says so on stderr and in `sandbox_missing`.
+#[test]
+fn the_stats_say_which_sandbox_protections_hold_and_a_weaker_sandbox_needs_a_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let code = Task { task_id: "c".into(), suite: "code".into(), test_code: Some("assert f() == 1\n".into()), ..Default::default() };
+    write(&dir.path().join("tasks.parquet"), std::slice::from_ref(&code), &TASKS);
+    write(&dir.path().join("rollouts.parquet"), &[rollout(&code, 0, code_text("```python\ndef f():\n    return 1\n```"), 5)], &ROLLOUTS);
+    let (stats, scores) = (dir.path().join("stats.json"), dir.path().join("scores.parquet"));
+    let read_stats = || -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap() };
+    let here = coa_tools::isolation();
+    let weaker = if here.missing().is_empty() { vec![] } else { vec!["--weaker-sandbox"] };
+    let out = score(dir.path(), &[&["--stats", stats.to_str().unwrap()][..], &weaker].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(read_stats()["sandbox"], here.describe());
+    assert_eq!(read_stats()["sandbox_missing"], here.missing().join(", "));
+    std::fs::remove_file(&scores).unwrap();
+    let without_seccomp = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_coa-score"))
+            .args(["-i", dir.path().join("rollouts.parquet").to_str().unwrap(), "--tasks", dir.path().join("tasks.parquet").to_str().unwrap()])
+            .args(["-o", scores.to_str().unwrap(), "--stats", stats.to_str().unwrap()])
+            .args(extra)
+            .env("COA_SANDBOX_SECCOMP", "0")
+            .output()
+            .unwrap()
+    };
+    let out = without_seccomp(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("runs without") && stderr.contains("seccomp") && stderr.contains("--weaker-sandbox"), "{stderr}");
+    assert!(!scores.exists(), "no partial output");
+    let out = without_seccomp(&["--weaker-sandbox"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("coa-score: --weaker-sandbox: the code sandbox runs without") && stderr.contains("seccomp"), "{stderr}");
+    assert!(read_stats()["sandbox_missing"].as_str().unwrap().contains("seccomp"), "{}", read_stats());
+    assert!(read_stats()["sandbox"].as_str().unwrap().contains("no seccomp filter"), "{}", read_stats());
+}

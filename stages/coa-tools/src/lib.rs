@@ -8,8 +8,9 @@
 //! - [`flags`] has [`ToolFlags`] and [`CodeTimeout`], the tool flags every stage that runs the
 //!   tools shares (`--search-k`, `--crawl-chars`, `--code-timeout`);
 //! - [`code`] has [`run_python`] (the agents' tool), [`run_program`] (a program with unit tests
-//!   or stdin, as the rewards run it), [`SandboxLimits`], [`CodeRun`] and [`isolation`] (what
-//!   this machine's kernel lets the sandbox enforce).
+//!   or stdin), [`run_calls`] and [`run_checked`] (a program's functions called by a driver, the
+//!   plain values they return coming back as [`PyValue`]s: how the rewards grade), [`SandboxLimits`],
+//!   [`CodeRun`] and [`isolation`] (what this machine's kernel lets the sandbox enforce).
 //!
 //! Nothing here panics on bad input: bad data is an `Err` with context, and bad *agent*
 //! behaviour (unknown URL, failing code) is an observation for the agent to read.
@@ -20,7 +21,7 @@ pub mod crawl;
 pub mod flags;
 pub mod search;
 
-pub use code::{find_python, isolation, run_program, run_program_with, run_python, run_python_with, CodeRun, Ending, Isolation, Program, RunStatus, SandboxLimits};
+pub use code::{find_python, isolation, run_calls, run_checked, run_program, run_program_with, run_python, run_python_with, Answer, CodeRun, Ending, Isolation, Program, PyValue, RunStatus, SandboxLimits, PLAIN_PY};
 pub use corpus::Corpus;
 pub use crawl::crawl_page;
 pub use flags::{CodeTimeout, ToolFlags};

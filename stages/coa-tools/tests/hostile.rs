@@ -7,8 +7,9 @@
 //! Covered: early exits faking a pass, fake tokens, hunting the token, infinite loops, sleeps,
 //! CPU burners, fork bombs, memory hogs, output floods, writes outside the working directory
 //! (Python, a shell, ctypes), a full /tmp, reading /etc/shadow, the network, raising rlimits,
-//! killing other runs, escaping the process group (setsid, a clean environment), and the stage
-//! itself dying of SIGTERM or SIGKILL mid-run.
+//! killing other runs, escaping the process group (setsid, a clean environment), the calls the
+//! seccomp filter refuses (ptrace, process_vm_readv, unshare, mount, bpf, perf_event_open,
+//! keyctl), and the stage itself dying of SIGTERM or SIGKILL mid-run.
 
 mod common;
 
@@ -365,6 +366,50 @@ fn network_is_cut_where_permitted() {
     assert!(!r.stdout.contains("connected"), "reached the host's loopback: {}", r.stdout);
 }
 
+#[test]
+fn seccomp_refuses_reaching_other_processes_namespaces_and_the_kernel() {
+    if !isolation().seccomp {
+        not_enforced("no seccomp filter: ptrace, process_vm_readv, unshare -Urm, bpf, perf_event_open, keyctl stay open");
+        return;
+    }
+    // A child interpreter (no harness: ctypes works there) makes each call raw; every one must
+    // fail with EPERM. Each is one the kernel would otherwise answer differently for this user:
+    // process_vm_readv of nothing and keyctl succeed, perf_event_open and bpf with no
+    // attributes fail with EFAULT/EINVAL, unshare(CLONE_NEWUSER) succeeds (the issue's
+    // `unshare -Urm`). Threads and subprocesses still work; clone3 says ENOSYS (glibc's cue
+    // to use clone, which the filter can read).
+    let calls = [
+        ("ptrace_attach_parent", format!("{}, 16, os.getppid(), 0, 0", libc::SYS_ptrace)),
+        ("process_vm_readv_parent", format!("{}, os.getppid(), 0, 0, 0, 0, 0", libc::SYS_process_vm_readv)),
+        ("process_vm_writev_parent", format!("{}, os.getppid(), 0, 0, 0, 0, 0", libc::SYS_process_vm_writev)),
+        ("unshare_user", format!("{}, {}", libc::SYS_unshare, libc::CLONE_NEWUSER)),
+        ("clone_new_user", format!("{}, {}, 0, 0, 0, 0", libc::SYS_clone, libc::CLONE_NEWUSER | libc::SIGCHLD)),
+        ("mount_tmpfs", format!("{}, b'none', b'.', b'tmpfs', 0, 0", libc::SYS_mount)),
+        ("bpf", format!("{}, 0, 0, 0", libc::SYS_bpf)),
+        ("perf_event_open", format!("{}, 0, 0, -1, -1, 0", libc::SYS_perf_event_open)),
+        ("keyctl_session", format!("{}, 0, -3, 0", libc::SYS_keyctl)),
+    ];
+    let probe: String = calls.iter().map(|(name, args)| format!("rc = libc.syscall({args}); print({name:?}, rc, ctypes.get_errno() if rc < 0 else 0)\n")).collect();
+    let child = format!(
+        "import ctypes, os, threading\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n{probe}\
+         rc = libc.syscall({}, 0, 0); print('clone3', rc, ctypes.get_errno())\n\
+         t = threading.Thread(target=print, args=('thread ran',)); t.start(); t.join()\n",
+        libc::SYS_clone3
+    );
+    let r = run(&format!("import subprocess, sys\nsubprocess.run([sys.executable, '-c', {child:?}], check=True)\nprint('subprocess ran')\n"), None, &limits(10));
+    assert_eq!(r.status, RunStatus::Exit(0), "{r:?}");
+    for (name, _) in &calls {
+        assert!(r.stdout.contains(&format!("{name} -1 {}\n", libc::EPERM)), "{name} not refused with EPERM:\n{}", r.stdout);
+    }
+    assert!(r.stdout.contains(&format!("clone3 -1 {}\n", libc::ENOSYS)), "{}", r.stdout);
+    assert!(r.stdout.contains("thread ran\n") && r.stdout.ends_with("subprocess ran\n"), "{}", r.stdout);
+    // The shell tool, if this machine has it: `unshare -Urm` made nested user namespaces before.
+    if std::path::Path::new("/usr/bin/unshare").exists() {
+        let r = run("import subprocess\np = subprocess.run(['unshare', '-Urm', 'true'], capture_output=True)\nprint(p.returncode)\n", None, &limits(10));
+        assert_ne!(r.stdout.trim(), "0", "unshare -Urm succeeded: {r:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Other runs, escaped processes
 
@@ -561,4 +606,36 @@ fn fallback_mode_holds_too() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "the hostile suite fails without namespaces:\n{text}");
     eprintln!("fallback (no namespaces): {}", text.lines().filter(|l| l.starts_with("test result") || l.starts_with("not enforced")).collect::<Vec<_>>().join("\n"));
+}
+
+#[test]
+fn the_host_files_are_out_of_sight() {
+    let iso = isolation();
+    if !iso.minimal_root {
+        not_enforced("a minimal root: the host's files stay readable (read-only)");
+        return;
+    }
+    // The repository this test runs from, a task file beside it, a home, the stage's own
+    // command line: none of it exists inside the run; the interpreter and /dev/null do.
+    let repo = std::env::current_dir().unwrap();
+    let code = format!(
+        "import os, subprocess\nfor p in [{:?}, '/root', '/home', '/work', '/etc/shadow', '/var', '/proc/1/cmdline']:\n    print(p, os.path.exists(p))\n\
+         print(sorted(os.listdir('/')))\nprint(open('/dev/null').read() == '', subprocess.run(['true']).returncode)\n\
+         open('/tmp/x', 'w').write('ok')\ntry:\n    open('/usr/x', 'w')\nexcept OSError as e:\n    print('usr', type(e).__name__)\n",
+        repo.display().to_string()
+    );
+    let r = run(&code, None, &limits(10));
+    assert_eq!(r.status, RunStatus::Exit(0), "{r:?}");
+    for line in r.stdout.lines().take(6) {
+        assert!(line.ends_with(" False"), "visible in the run: {line}\n{}", r.stdout);
+    }
+    assert!(r.stdout.contains("/proc/1/cmdline True"), "the run's own procfs: {}", r.stdout);
+    // Its init is a fork of this test process, whose arguments it must not show.
+    let init = run("print(repr(open('/proc/1/cmdline', 'rb').read().strip(b'\\0')))\n", None, &limits(10));
+    assert_eq!(init.stdout, "b''\n", "the stage's arguments are visible as the run's init's: {init:?}");
+    assert!(r.stdout.contains("True 0\n") && (r.stdout.contains("usr OSError") || r.stdout.contains("usr PermissionError")), "{}", r.stdout);
+    let listing = r.stdout.lines().nth(7).unwrap_or_default();
+    for gone in ["'root'", "'home'", "'work'", "'var'", "'opt'", "'srv'", "'mnt'"] {
+        assert!(!listing.contains(gone), "{gone} in the run's root: {listing}");
+    }
 }

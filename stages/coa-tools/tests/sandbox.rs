@@ -277,3 +277,77 @@ fn a_clean_exit_ends_a_stdin_program() {
         assert_eq!(r.stdout, "hello\n");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The driver: a program's functions called from outside, plain values back
+
+fn calls(code: &str, requests: &[&str]) -> (coa_tools::CodeRun, Vec<coa_tools::Answer>) {
+    let _guard = serial();
+    let requests: Vec<String> = requests.iter().map(|r| r.to_string()).collect();
+    coa_tools::run_calls(code, &requests, &limits(10)).expect("sandbox infrastructure failed")
+}
+
+fn value(json: &str) -> coa_tools::PyValue {
+    coa_tools::PyValue::from_json(&serde_json::from_str(json).unwrap()).unwrap()
+}
+
+#[test]
+fn the_driver_calls_functions_and_methods_and_returns_plain_values() {
+    use coa_tools::Answer;
+    let code = "def add(a, b=0):\n    return a + b\n\
+                def boom():\n    raise ValueError('no')\n\
+                def odd():\n    class A:\n        def __eq__(self, o):\n            return True\n    return A()\n\
+                def mixed():\n    return {'k': (1, 2.5, None, b'x', {3}), 2: [True, 'é']}\n\
+                class Solution:\n    def twice(self, xs):\n        return [2 * x for x in xs]\n\
+                print('module ran')\n";
+    let (run, answers) = calls(code, &[
+        "(['add'], (2, 40), {})",
+        "(['add'], ('a',), {'b': 'b'})",
+        "(['boom'], (), {})",
+        "(['odd'], (), {})",
+        "(['mixed'], (), {})",
+        "(['Solution', 'twice'], ([1, 0.5],), {})",
+        "(['missing'], (), {})",
+    ]);
+    assert_eq!(run.status, RunStatus::Exit(0), "{run:?}");
+    assert_eq!(run.stdout, "module ran\n");
+    assert_eq!(answers.len(), 7, "{answers:?}");
+    assert!(matches!(&answers[0], Answer::Value(v) if v.py_eq(&value(r#"{"i": "42"}"#))), "{answers:?}");
+    assert!(matches!(&answers[1], Answer::Value(v) if v.py_eq(&value(r#"{"u": "6162"}"#))), "{answers:?}");
+    assert!(matches!(&answers[2], Answer::Raised(e) if e == "ValueError: no"), "{answers:?}");
+    assert!(matches!(&answers[3], Answer::Raised(e) if e.starts_with("TypeError: not a plain value: A")), "an object with its own __eq__ does not cross: {answers:?}");
+    let want = value(r#"{"d": [[{"i": "2"}, {"l": [true, {"u": "c3a9"}]}], [{"u": "6b"}, {"t": [{"i": "1"}, {"f": "2.5"}, null, {"b": "78"}, {"s": [{"i": "3"}]}]}]]}"#);
+    assert!(matches!(&answers[4], Answer::Value(v) if v.py_eq(&want)), "{answers:?}");
+    assert!(matches!(&answers[5], Answer::Value(v) if v.py_eq(&value(r#"{"l": [{"i": "2"}, {"f": "1.0"}]}"#))), "{answers:?}");
+    assert!(matches!(&answers[6], Answer::Raised(e) if e.starts_with("KeyError")), "{answers:?}");
+}
+
+#[test]
+fn the_driver_answers_nothing_after_an_exit_and_garbage_is_no_answer() {
+    let (run, answers) = calls("import sys\nsys.exit(0)\ndef f():\n    return 1\n", &["(['f'], (), {})"]);
+    assert!(answers.is_empty() && run.status == RunStatus::Exit(0), "{run:?} {answers:?}");
+    // A program that writes its own "answers" to every descriptor it can find gets them read as
+    // what they are: values it chose (or garbage), never a verdict.
+    let forge = "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'{\"v\": true}\\nnot json\\n')\n    except OSError:\n        pass\ndef f():\n    return 1\n";
+    let (_, answers) = calls(forge, &["(['f'], (), {})", "(['f'], (), {})"]);
+    assert!(matches!(&answers[..], [coa_tools::Answer::Value(v), coa_tools::Answer::Garbled(_)] if v.py_eq(&value("true"))), "{answers:?}");
+}
+
+#[test]
+fn a_checker_runs_the_tests_in_its_own_process() {
+    let _guard = serial();
+    let code = "def add(a, b):\n    return a + b\ndef helper(x):\n    return -x\n";
+    let tests = "import random\ndef check(candidate):\n    for _ in range(50):\n        a, b = random.randint(-9, 9), random.randint(-9, 9)\n        assert candidate(a, b) == a + b\n    assert helper(3) == -3\n    try:\n        candidate('a', 1)\n        raise AssertionError('no TypeError')\n    except TypeError:\n        pass\n\ncheck(add)\n";
+    let remote = vec!["add".to_string(), "helper".to_string()];
+    let (checker, candidate) = coa_tools::run_checked(code, "", &remote, tests, &limits(10)).unwrap();
+    assert!(checker.passed(), "{checker:?}\n{candidate:?}");
+    assert_eq!(candidate.status, RunStatus::Exit(0), "the candidate's driver ends when the checker does: {candidate:?}");
+    let wrong = "def add(a, b):\n    return a - b\ndef helper(x):\n    return -x\n";
+    let (checker, _) = coa_tools::run_checked(wrong, "", &remote, tests, &limits(10)).unwrap();
+    assert!(!checker.passed() && checker.stderr.contains("AssertionError"), "{checker:?}");
+    // The candidate dies mid-test: the checker fails at once (not at its timeout).
+    let dies = "def add(a, b):\n    import os\n    os._exit(0)\ndef helper(x):\n    return -x\n";
+    let (checker, _) = coa_tools::run_checked(dies, "", &remote, tests, &limits(10)).unwrap();
+    assert!(!checker.passed() && checker.stderr.contains("the program under test is gone"), "{checker:?}");
+    assert!(checker.wall < std::time::Duration::from_secs(5), "{checker:?}");
+}

@@ -10,10 +10,11 @@
 //! `M` is the process std's `Command` forked: it enters fresh namespaces (`unshare`), forks `I`,
 //! closes every descriptor and waits. `unshare(CLONE_NEWPID)` puts only the *children* of the
 //! caller into the new PID namespace, which is why `M` exists. `I` is that namespace's init:
-//! it mounts the private `/tmp`, `/dev/shm` and `/proc`, makes the rest read-only, writes the
-//! program, forks `P` and reaps everything until `P` exits; then it reports `P`'s wait status
-//! on the status pipe and exits, and the kernel kills every process left in the namespace. `P`
-//! sets the limits, drops to the run's uid and returns to std, which executes python.
+//! it builds the run's minimal root and pivots into it (`root.rs`; or keeps the host's tree
+//! read-only), mounts the private `/tmp`, `/dev/shm` and `/proc`, writes the program, forks `P`
+//! and reaps everything until `P` exits; then it reports `P`'s wait status on the status pipe
+//! and exits, and the kernel kills every process left in the namespace. `P` sets the limits,
+//! drops to the run's uid, installs the seccomp filter and returns to std, which executes python.
 //! `PR_SET_PDEATHSIG` chains the three to the stage: kill the stage (even with SIGKILL) and `M`
 //! dies, so `I` dies, so the whole namespace dies.
 //!
@@ -46,12 +47,14 @@ pub(crate) enum Step {
     DropPrivileges,
     NoNewPrivs,
     Payload,
+    Seccomp,
+    NewRoot,
 }
 
 impl Step {
     fn from_i32(v: i32) -> Option<Step> {
         use Step::*;
-        [Parent, MountPrivate, MountTmp, WriteProgram, Chdir, Fork, Limits, DropPrivileges, NoNewPrivs, Payload].into_iter().find(|s| *s as i32 == v)
+        [Parent, MountPrivate, MountTmp, WriteProgram, Chdir, Fork, Limits, DropPrivileges, NoNewPrivs, Payload, Seccomp, NewRoot].into_iter().find(|s| *s as i32 == v)
     }
 
     pub(crate) fn describe(self) -> &'static str {
@@ -65,7 +68,9 @@ impl Step {
             Step::Limits => "setting the resource limits",
             Step::DropPrivileges => "switching to the run's user",
             Step::NoNewPrivs => "setting no_new_privs",
-            Step::Payload => "passing the harness its token",
+            Step::Payload => "passing the harness its token and channel",
+            Step::Seccomp => "installing the seccomp filter",
+            Step::NewRoot => "building the run's minimal root",
         }
     }
 }
@@ -116,6 +121,26 @@ pub(crate) struct Namespaces {
     pub tmp_options: CString,
     /// Files written into the run's `/tmp` before the program starts (path, contents).
     pub files: Vec<(CString, Vec<u8>)>,
+    /// The run's minimal root; `None`: the host's tree, read-only.
+    pub root: Option<crate::code::root::NewRoot>,
+    /// [`stage_strings`], for the run's init to zero.
+    pub stage_strings: Option<[(usize, usize); 2]>,
+}
+
+/// Where the stage's argument and environment strings lie in its memory, (start, end) each, from
+/// `/proc/self/stat` (fields 48 to 51), read once; `None` when unreadable or implausible.
+pub(crate) fn stage_strings() -> Option<[(usize, usize); 2]> {
+    static READ: std::sync::OnceLock<Option<[(usize, usize); 2]>> = std::sync::OnceLock::new();
+    *READ.get_or_init(|| {
+        let stat = fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name, which may hold spaces and parentheses: field 3 first.
+        let fields: Vec<usize> = stat.rsplit_once(')')?.1.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
+        let range = |i: usize| -> Option<(usize, usize)> {
+            let (start, end) = (*fields.get(i - 3)?, *fields.get(i - 2)?);
+            (start > 0 && start < end && end - start < 1 << 20).then_some((start, end))
+        };
+        Some([range(48)?, range(50)?])
+    })
 }
 
 /// Everything the child applies to itself before exec, computed beforehand.
@@ -129,6 +154,10 @@ pub(crate) struct ChildSetup {
     pub drop_to: Option<u32>,
     /// The harness's token (and tests): close-on-exec in the parent, inherited by python.
     pub payload_fd: RawFd,
+    /// A driver's or checker's descriptors (close-on-exec in the parent), inherited by python.
+    pub channel_fds: Vec<RawFd>,
+    /// Installed last before exec, where the machine takes it.
+    pub seccomp: Option<&'static crate::code::seccomp::Filters>,
     /// The stage's pid: a child whose parent changed before PR_SET_PDEATHSIG took hold is an
     /// orphan that must not run.
     pub stage_pid: libc::pid_t,
@@ -148,7 +177,7 @@ unsafe fn set_limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -
     libc::setrlimit(resource, &lim) == 0
 }
 
-fn errno() -> i32 {
+pub(crate) fn errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
@@ -204,7 +233,7 @@ impl ChildSetup {
             libc::_exit(127);
         }
         if program > 0 {
-            run_init(program, ns.status_fd);
+            run_init(program, ns.status_fd, ns.stage_strings);
         }
         // P.
         if let Err((step, e)) = self.restrict() {
@@ -232,18 +261,22 @@ impl ChildSetup {
         if libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
             return Err(fail(Step::MountPrivate));
         }
-        make_read_only(c"/");
-        let tmpfs = |target: &std::ffi::CStr| {
-            libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, ns.tmp_options.as_ptr().cast())
-        };
-        if tmpfs(c"/tmp") != 0 {
-            return Err(fail(Step::MountTmp));
+        if let Some(root) = &ns.root {
+            root.enter(&ns.tmp_options)?;
+        } else {
+            make_read_only(c"/");
+            let tmpfs = |target: &std::ffi::CStr| {
+                libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, ns.tmp_options.as_ptr().cast())
+            };
+            if tmpfs(c"/tmp") != 0 {
+                return Err(fail(Step::MountTmp));
+            }
+            // Best effort: POSIX semaphores and shared memory live here (multiprocessing needs it).
+            tmpfs(c"/dev/shm");
+            // Best effort: a procfs of this PID namespace shows only the run's processes (a
+            // container may refuse a fresh procfs; the host's then stays, read-only).
+            libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, std::ptr::null());
         }
-        // Best effort: POSIX semaphores and shared memory live here (multiprocessing needs it).
-        tmpfs(c"/dev/shm");
-        // Best effort: a procfs of this PID namespace shows only the run's processes (a
-        // container may refuse a fresh procfs; the host's then stays, read-only).
-        libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, std::ptr::null());
         for (path, contents) in &ns.files {
             let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o644);
             if fd < 0 {
@@ -301,21 +334,32 @@ impl ChildSetup {
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err((Step::NoNewPrivs, errno()));
         }
+        if let Some(filters) = self.seccomp {
+            filters.apply().map_err(|e| (Step::Seccomp, e))?;
+        }
         // Nothing the stage holds open reaches the code: every inherited descriptor above
         // stdio closes at exec (best effort: Linux >= 5.11), but the harness's payload, which it
-        // reads its token from (then closes).
+        // reads its token from (then closes), and a driver's or checker's channel.
         libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC);
-        if libc::fcntl(self.payload_fd, libc::F_SETFD, 0) != 0 {
-            return Err((Step::Payload, errno()));
+        for &fd in std::iter::once(&self.payload_fd).chain(&self.channel_fds) {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err((Step::Payload, errno()));
+            }
         }
         Ok(())
     }
 }
 
 /// I's life once P runs: reap every process of the namespace until P exits, report P's status,
-/// exit (the kernel then kills whatever is left in the namespace).
-unsafe fn run_init(program: libc::pid_t, status_fd: RawFd) -> ! {
+/// exit (the kernel then kills whatever is left in the namespace). I is a fork of the stage, so
+/// its `/proc/1/cmdline` (which every process of the run can read) would show the stage's
+/// arguments, task file paths included: it zeroes its copy of the stage's argument and
+/// environment strings first (nothing reads them in I any more).
+unsafe fn run_init(program: libc::pid_t, status_fd: RawFd, stage_strings: Option<[(usize, usize); 2]>) -> ! {
     close_fds_except(&[status_fd]);
+    for (start, end) in stage_strings.into_iter().flatten() {
+        std::ptr::write_bytes(start as *mut u8, 0, end - start);
+    }
     loop {
         let mut status = 0;
         let pid = libc::waitpid(-1, &mut status, 0);
@@ -358,7 +402,7 @@ const AT_RECURSIVE: libc::c_int = 0x8000;
 /// Makes every mount under `root` read-only in this mount namespace (Linux >= 5.12; on older
 /// kernels only `root` itself). Best effort: what cannot be made read-only keeps its file
 /// permissions, which the run's unprivileged user meets.
-unsafe fn make_read_only(root: &std::ffi::CStr) {
+pub(crate) unsafe fn make_read_only(root: &std::ffi::CStr) {
     let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
     let rc = libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, root.as_ptr(), AT_RECURSIVE as libc::c_uint, &attr as *const MountAttr, std::mem::size_of::<MountAttr>());
     if rc != 0 {

@@ -6,6 +6,10 @@
 //!   (the PID namespace's init is ours). Needs CAP_SYS_ADMIN (root here and in CI); a container
 //!   without it, or a normal user, gets the fallback below. `COA_SANDBOX_NAMESPACES=0` forces
 //!   the fallback (its tests use it).
+//! - **A minimal root** (`root.rs`) in those namespaces: the interpreter and its libraries, no
+//!   other host file. `COA_SANDBOX_MINIMAL_ROOT=0` keeps the host's tree, read-only.
+//! - **A seccomp filter** (`seccomp.rs`), where the kernel takes one (a container's own filter
+//!   may refuse the `seccomp` call). `COA_SANDBOX_SECCOMP=0` runs without it.
 //! - **A user id per concurrent run** (root only): uid/gid `SLOT_BASE + k`, in a range no
 //!   distribution assigns, claimed by binding the abstract socket `coa-sandbox-uid-<uid>` (the
 //!   kernel releases it when the process dies, even by SIGKILL). With its own uid a run's
@@ -33,13 +37,21 @@ pub struct Isolation {
     pub uid_per_run: bool,
     /// Running as root (privileges are dropped for the code).
     pub root: bool,
+    /// With namespaces: each run in a minimal root (`root.rs`: the interpreter and its libraries
+    /// read-only, its own `/tmp`, no other host file), not the host's tree read-only.
+    pub minimal_root: bool,
+    /// Every run under the seccomp filter (`seccomp.rs`): no ptrace, process_vm_readv/writev,
+    /// new namespaces, mounts, bpf, perf_event_open, keyctl and the like.
+    pub seccomp: bool,
 }
 
 impl Isolation {
     /// One line for logs and the README: what holds on this machine.
     pub fn describe(&self) -> String {
-        let ns = if self.namespaces {
-            "PID/mount/network namespaces per run (private /tmp, read-only root, every process killed with the run)"
+        let ns = if self.namespaces && self.minimal_root {
+            "PID/mount/network namespaces per run (a minimal root: the interpreter read-only, a private /tmp, no other host file; every process killed with the run)"
+        } else if self.namespaces {
+            "PID/mount/network namespaces per run (private /tmp, the host's files read-only, every process killed with the run)"
         } else {
             "no namespaces (runs share the host's /tmp and process table; process-group and uid kills)"
         };
@@ -48,7 +60,30 @@ impl Isolation {
             (false, true) => "every run as user nobody",
             (false, false) => "every run as the invoking user",
         };
-        format!("{ns}; {uid}")
+        let filter = if self.seccomp { "a seccomp filter (no ptrace, process_vm_readv, new namespaces, mounts, bpf, perf_event_open, keyctl)" } else { "no seccomp filter" };
+        format!("{ns}; {uid}; {filter}")
+    }
+
+    /// The protections this machine cannot give (empty when all hold), for the stats and a
+    /// warning on stderr.
+    pub fn missing(&self) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        if !self.namespaces {
+            missing.push("namespaces");
+        }
+        if !self.minimal_root {
+            missing.push("a minimal root");
+        }
+        // In its own user, pid and mount namespaces behind seccomp a run cannot reach another
+        // process or its files whatever its uid; a uid per run matters only without them (a
+        // user who is not root has none to give out, and still gets the full set).
+        if !self.uid_per_run && !self.namespaces {
+            missing.push("a uid per run");
+        }
+        if !self.seccomp {
+            missing.push("seccomp");
+        }
+        missing
     }
 }
 
@@ -57,8 +92,15 @@ pub fn isolation() -> Isolation {
     static PROBED: OnceLock<Isolation> = OnceLock::new();
     *PROBED.get_or_init(|| {
         let root = effective_uid() == 0;
-        let forced_off = std::env::var("COA_SANDBOX_NAMESPACES").is_ok_and(|v| v == "0");
-        Isolation { namespaces: !forced_off && probe_namespaces(), uid_per_run: root && slots_are_mapped(), root }
+        let off = |var: &str| std::env::var(var).is_ok_and(|v| v == "0");
+        let namespaces = !off("COA_SANDBOX_NAMESPACES") && probe_namespaces();
+        Isolation {
+            namespaces,
+            minimal_root: namespaces && !off("COA_SANDBOX_MINIMAL_ROOT"),
+            uid_per_run: root && slots_are_mapped(),
+            root,
+            seccomp: !off("COA_SANDBOX_SECCOMP") && crate::code::seccomp::probe(),
+        }
     })
 }
 
@@ -96,15 +138,21 @@ fn probe_namespaces() -> bool {
             let ok = init > 0 && libc::waitpid(init, &mut status, 0) == init && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
             libc::_exit(if ok { 0 } else { 1 });
         }
-        let mut status = 0;
-        loop {
-            let r = libc::waitpid(pid, &mut status, 0);
-            if r == pid {
-                return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-            }
-            if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                return false;
-            }
+        exited_zero(pid)
+    }
+}
+
+/// Waits for the child `pid` of a probe: whether it exited with status 0.
+pub(crate) fn exited_zero(pid: libc::pid_t) -> bool {
+    let mut status = 0;
+    loop {
+        // SAFETY: waits on our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        }
+        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
         }
     }
 }

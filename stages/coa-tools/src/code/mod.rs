@@ -8,9 +8,10 @@
 //!
 //! 1. **Namespaces** (root or CAP_SYS_ADMIN): each run has its own PID namespace (it sees and can
 //!    signal only its own processes; when its main process exits, or the stage dies, even of
-//!    SIGKILL, every process of the run dies), its own mount namespace (a size-limited tmpfs as
-//!    `/tmp`, its working directory, and as `/dev/shm`; every other mount read-only; a procfs
-//!    of its own), no network, its own IPC and hostname. See `child.rs` for the process layout.
+//!    SIGKILL, every process of the run dies), its own mount namespace (a minimal root, see
+//!    `root.rs`: the interpreter and its libraries read-only, a size-limited tmpfs as `/tmp`,
+//!    its working directory, and as `/dev/shm`, a procfs of its own, no other host file), no
+//!    network, its own IPC and hostname. See `child.rs` for the process layout.
 //! 2. **An unprivileged user per concurrent run** (root): uid/gid from a reserved range, no
 //!    supplementary groups. Linux does not enforce RLIMIT_NPROC for root and root may write
 //!    anywhere; with its own uid a run's process limit is its own, `kill(-1, 9)` reaches only
@@ -19,6 +20,8 @@
 //! 3. **rlimits** set before exec: CPU seconds (SIGXCPU, then SIGKILL one second later),
 //!    address space (allocations fail: Python raises `MemoryError`), file size, number of
 //!    tasks, no core dumps. `PR_SET_NO_NEW_PRIVS` keeps setuid binaries from undoing them.
+//!    A **seccomp filter** (`seccomp.rs`, where the kernel takes one) refuses ptrace,
+//!    process_vm_readv/writev, new namespaces, mounts, bpf, perf_event_open, keyctl and the like.
 //! 4. **Kills**: on the wall-clock deadline, when the output passes its limit, after every
 //!    normal exit, and when the stage gets SIGTERM/SIGINT/SIGHUP, the run's process group gets
 //!    SIGKILL (with namespaces that takes the whole namespace); without namespaces also every
@@ -40,6 +43,9 @@
 //!    `/proc` (the audit event does not carry the dir_fd).
 //! 6. **An audit-hook prelude** that refuses Python writes outside the working directory.
 //!    Defence in depth only, for the fallback without namespaces where `/tmp` is the host's.
+//! 7. **A driver** ([`run_calls`], [`run_checked`]): after the program, the harness calls its
+//!    functions on request and writes back plain values only (`plain.py`), so that a grader
+//!    decides outside this process, on data: the token proves an end, never a pass.
 //!
 //! Without namespaces a run's working directory is a fresh host temp dir (removed afterwards,
 //! and on SIGTERM/SIGINT/SIGHUP), and files written elsewhere through a subprocess
@@ -56,6 +62,9 @@
 mod child;
 mod isolation;
 mod output;
+mod root;
+mod seccomp;
+mod value;
 
 use std::ffi::{CString, OsString};
 use std::fs;
@@ -75,10 +84,17 @@ use child::{ChildSetup, Namespaces, Report};
 use isolation::{claim_uid, effective_uid, kill_uid, real_uid, NOBODY};
 pub use isolation::{isolation, Isolation};
 use output::HeadTail;
+pub use value::PyValue;
 
+/// The encoding of plain values between processes (`plain.py`: Python's half of [`PyValue`]),
+/// for the test planner of the code rewards, which writes the arguments the driver reads.
+pub const PLAIN_PY: &str = include_str!("plain.py");
 /// The Python that installs the sandbox's audit hook, reads the run's token, runs `main.py` as
-/// `__main__` (then the tests, if any) and prints the token if the program reached its end.
-const PRELUDE: &str = include_str!("prelude.py");
+/// `__main__` (then the tests, if any), prints the token if the program reached its end, and
+/// then, as the driver, answers calls with plain values.
+const PRELUDE: &str = concat!(include_str!("plain.py"), include_str!("prelude.py"));
+/// The checker's side of the driver: functions that forward calls to the candidate's run.
+const CLIENT: &str = include_str!("client.py");
 /// The user's code, written into the sandbox dir; tracebacks show this relative name, which
 /// keeps them identical from run to run (the temp dir's name is random).
 const SCRIPT_NAME: &str = "main.py";
@@ -306,6 +322,98 @@ pub fn run_program(program: &Program, limits: &SandboxLimits) -> Result<CodeRun>
 
 /// [`run_program`] with an explicit interpreter.
 pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits) -> Result<CodeRun> {
+    run_sandboxed(python, program, limits, None)
+}
+
+/// What a driver's call came back with (see [`run_calls`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// The plain value the call returned.
+    Value(PyValue),
+    /// The call raised: `Type: message`.
+    Raised(String),
+    /// The run wrote something that is no answer (a program can write to the answers' file).
+    Garbled(String),
+}
+
+/// Runs `code` (as `python3 main.py` would) with `python3`, then, as its driver, makes one call per
+/// request (a line of Python literal text, `([name] or [class, method], (args), {kwargs})`, as
+/// [`PLAIN_PY`]'s `lit` writes it) and returns the run with one answer per call it made, in
+/// order: fewer when the run ended early (exited, timed out, crashed). The requests reach the run
+/// through an in-memory file; the answers come back through another, read here after the run.
+/// The caller compares them with what it expects, in its own process: nothing but the requests
+/// enters the sandbox.
+pub fn run_calls(code: &str, requests: &[String], limits: &SandboxLimits) -> Result<(CodeRun, Vec<Answer>)> {
+    let python = find_python()?;
+    let mut lines = requests.join("\n");
+    lines.push('\n');
+    let input = child::memfd_with(lines.as_bytes()).context("passing the driver its calls")?;
+    let output = child::memfd_with(b"").context("creating the driver's answers file")?;
+    let answers = fs::File::from(output.try_clone().context("keeping the driver's answers file")?);
+    let args = vec![input.as_raw_fd().to_string(), output.as_raw_fd().to_string()];
+    let program = Program { code, tests: None, stdin: None, ending: Ending::LastStatement };
+    let run = run_sandboxed(&python, &program, limits, Some(Channel { fds: vec![input, output], args }))?;
+    // Bounded by the run's file size limit (RLIMIT_FSIZE holds for in-memory files too).
+    let len = answers.metadata().context("reading the driver's answers")?.len().min(limits.file_bytes);
+    let mut bytes = vec![0u8; len as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&answers, &mut bytes, 0).context("reading the driver's answers")?;
+    let answers = bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).take(requests.len()).map(answer_of_line).collect();
+    Ok((run, answers))
+}
+
+fn answer_of_line(line: &[u8]) -> Answer {
+    let parsed: serde_json::Result<serde_json::Value> = serde_json::from_slice(line);
+    match parsed {
+        Ok(serde_json::Value::Object(m)) if m.len() == 1 => match (m.get("v").map(PyValue::from_json), m.get("e").map(PyValue::from_json)) {
+            (Some(Ok(v)), _) => Answer::Value(v),
+            (_, Some(Ok(PyValue::Str(e)))) => Answer::Raised(e),
+            (Some(Err(e)), _) => Answer::Garbled(format!("{e:#}")),
+            _ => Answer::Garbled("an answer is {\"v\": value} or {\"e\": text}".into()),
+        },
+        Ok(_) => Answer::Garbled("an answer is {\"v\": value} or {\"e\": text}".into()),
+        Err(e) => Answer::Garbled(format!("not JSON: {e}")),
+    }
+}
+
+/// Runs `code` as [`run_calls`] does, but the calls come from a second sandboxed run, the
+/// checker: `checker_prelude` (trusted setup, such as LiveCodeBench's imports), then one
+/// forwarding function per name of `remote` that the prelude did not define, then `tests`, which
+/// call them as they would call the program's functions (`check(candidate)`). The two runs share
+/// no memory (two processes, each in its own namespaces and under its own uid where the machine
+/// allows, joined by two pipes), only plain values cross, and the checker passes when its tests
+/// ran to their end (its exit status 0 and its token). Returns (the checker's run, the
+/// candidate's run), both within `limits`.
+pub fn run_checked(code: &str, checker_prelude: &str, remote: &[String], tests: &str, limits: &SandboxLimits) -> Result<(CodeRun, CodeRun)> {
+    let python = find_python()?;
+    let (calls_read, calls_write) = child::pipe().context("creating the checker's call pipe")?;
+    let (answers_read, answers_write) = child::pipe().context("creating the checker's answer pipe")?;
+    let names = serde_json::to_string(remote).context("naming the checker's remote functions")?;
+    let checker_code = format!(
+        "{checker_prelude}\n{PLAIN_PY}\n_coa_channel = ({}, {}, {names})\n{CLIENT}",
+        answers_read.as_raw_fd(),
+        calls_write.as_raw_fd()
+    );
+    let candidate_channel = Channel { args: vec![calls_read.as_raw_fd().to_string(), answers_write.as_raw_fd().to_string()], fds: vec![calls_read, answers_write] };
+    let checker_channel = Channel { args: Vec::new(), fds: vec![answers_read, calls_write] };
+    let checker = Program { code: &checker_code, tests: Some(tests), stdin: None, ending: Ending::LastStatement };
+    let candidate = Program { code, tests: None, stdin: None, ending: Ending::LastStatement };
+    std::thread::scope(|s| {
+        let checked = s.spawn(|| run_sandboxed(&python, &checker, limits, Some(checker_channel)));
+        let ran = run_sandboxed(&python, &candidate, limits, Some(candidate_channel));
+        let checked = checked.join().map_err(|_| anyhow!("the checker's thread panicked"))?;
+        Ok((checked.context("the checker's run")?, ran?))
+    })
+}
+
+/// Descriptors a run gets beyond stdio (a driver's calls and answers) and the harness arguments
+/// that name them (none for a checker: its code names them). The parent's copies close as soon
+/// as the run has started, so that each pipe's reader sees its end when the other run is gone.
+struct Channel {
+    fds: Vec<std::os::fd::OwnedFd>,
+    args: Vec<String>,
+}
+
+fn run_sandboxed(python: &Path, program: &Program, limits: &SandboxLimits, channel: Option<Channel>) -> Result<CodeRun> {
     let iso = isolation();
     let slot = if iso.uid_per_run { Some(claim_uid(!iso.namespaces).context("claiming a user id for the sandbox")?) } else { None };
     let run_uid = match (&slot, iso.root) {
@@ -328,7 +436,8 @@ pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits
         let (read, write) = child::pipe().context("creating the sandbox's status pipe")?;
         let files = vec![(CString::new(format!("/tmp/{SCRIPT_NAME}")).expect("no NUL"), program.code.as_bytes().to_vec())];
         let tmp_options = CString::new(format!("size={},nr_inodes={TMP_INODES},mode=1777", limits.tmp_bytes.max(1 << 20))).expect("no NUL");
-        let ns = Namespaces { status_fd: write.as_raw_fd(), tmp_options, files };
+        let root = iso.minimal_root.then(|| root::NewRoot::for_interpreter(python));
+        let ns = Namespaces { status_fd: write.as_raw_fd(), tmp_options, files, root, stage_strings: child::stage_strings() };
         (None, PathBuf::from("/tmp"), Some(ns), Some(read), Some(write))
     } else {
         // The stage's pid in the name says whose a dir is (and whether its stage still lives).
@@ -366,6 +475,8 @@ pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits
         nproc,
         drop_to,
         payload_fd: payload.as_raw_fd(),
+        channel_fds: channel.as_ref().map(|c| c.fds.iter().map(|f| f.as_raw_fd()).collect()).unwrap_or_default(),
+        seccomp: if iso.seccomp { Some(seccomp::filters().map_err(|e| anyhow!(e))?) } else { None },
         stage_pid: std::process::id() as libc::pid_t,
         namespaces,
     };
@@ -381,6 +492,7 @@ pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits
         .arg(SCRIPT_NAME)
         .arg(program.ending.as_arg())
         .arg(payload.as_raw_fd().to_string())
+        .args(channel.as_ref().map(|c| c.args.as_slice()).unwrap_or_default())
         .current_dir(workdir.as_ref().map_or(Path::new("/"), |d| d.path()))
         .env_clear()
         .envs(sandbox_env(&home))
@@ -398,6 +510,7 @@ pub fn run_program_with(python: &Path, program: &Program, limits: &SandboxLimits
     let spawned = cmd.spawn();
     drop(status_write); // the run's processes hold the write end now
     drop(payload);
+    drop(channel);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {

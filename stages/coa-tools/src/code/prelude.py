@@ -1,4 +1,5 @@
-# coa-tools sandbox harness, run as `python3 -s -B -c <this> main.py ENDING FD` in the run's dir.
+# coa-tools sandbox harness, run as `python3 -s -B -c <plain.py + this> main.py ENDING FD [IN OUT]`
+# in the run's dir.
 #
 # 1. Reads the run's token (and the unit tests, if any) from descriptor FD, an in-memory file,
 #    and closes it: the program never sees either in a file, an argument or the environment.
@@ -14,6 +15,8 @@
 #    means the last statement of main.py and of the tests ran; `clean-exit` also accepts
 #    sys.exit() with 0 or None (the tests, if any, still run). Only the one runner frame that
 #    _coa_run started can make the witness print it, and only once, after the tests returned.
+# 5. With IN and OUT (the driver: see _coa_serve), once main.py ran to its end, answers calls
+#    read from descriptor IN with plain values written to OUT, until IN ends.
 # Everything lives inside functions that delete themselves, so __main__ starts clean.
 
 
@@ -149,9 +152,44 @@ def _coa_hook(run_frame):
     return root
 
 
+def _coa_serve(main, rfd, wfd, enc):
+    # The driver: one call a line as Python literal text, ([name] or [class, method], (args),
+    # {kwargs}) (plain.py's `lit`), calls `name(*args, **kwargs)` or `class().method(...)` in
+    # main.py's namespace and answers {"v": value} or {"e": "Type: message"} (plain.py's JSON) on
+    # a line of its own. It runs in the candidate's process, so the candidate can change what it
+    # answers: that is no more than returning another value. The verdict is decided by whoever
+    # reads OUT (the grader or a checker process), which never runs code of this process and
+    # holds the expected values and tests that never come here.
+    import os
+    write, type_, str_, eval_, getattr_ = os.write, type, str, eval, getattr
+    names = {'__builtins__': {}, 'set': set, 'frozenset': frozenset, 'inf': float('inf'), 'nan': float('nan')}
+    requests = open(rfd, 'rb')
+
+    def answer(line):
+        try:
+            path, args, kwargs = eval_(line, dict(names))
+            target = main[path[0]]
+            if len(path) == 2:
+                target = getattr_(target(), path[1])
+            return '{"v":%s}' % enc(target(*args, **kwargs))
+        except BaseException as e:
+            try:
+                text = '%s: %s' % (type_(e).__name__, str_(e))
+            except BaseException:
+                text = 'an exception that cannot be shown'
+            return '{"e":%s}' % enc(text[:2000])
+
+    for line in requests:
+        data = (answer(line) + '\n').encode()
+        while data:
+            data = data[write(wfd, data):]
+
+
 def _coa_run():
     import linecache, sys
     audit = sys.audit
+    enc = _coa_plain()[0]
+    serve = sys.argv[4:6]
     root = _coa_hook(sys._getframe(0))
     # Run main.py as `python3 main.py` would: as __main__, with argv and path[0] to match.
     # The fixed relative file name keeps tracebacks identical from run to run.
@@ -162,7 +200,8 @@ def _coa_run():
     sys.argv = sys.argv[1:2]
     sys.path.insert(0, root)
     main = sys.modules['__main__'].__dict__
-    del main['_coa_run'], main['_coa_hook'], main['_coa_end_hooks']
+    del main['_coa_run'], main['_coa_hook'], main['_coa_end_hooks'], main['_coa_plain']
+    serve_calls = main.pop('_coa_serve')
     main['__file__'] = name
     try:
         try:
@@ -172,6 +211,8 @@ def _coa_run():
             audit('coa.sandbox.end', True, e.code)
             raise
         audit('coa.sandbox.end', False, None)
+        if serve:
+            serve_calls(main, int(serve[0]), int(serve[1]), enc)
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as e:
