@@ -51,6 +51,9 @@ pub struct Args {
     /// Skip the per-column summary: read only as far as the first rows.
     #[arg(long)]
     pub no_summary: bool,
+    /// Print each cell whole, its lines as they are (indented), instead of one line cut at 96 characters.
+    #[arg(long)]
+    pub full: bool,
 }
 
 /// Reads the input and returns what `coa-show` prints.
@@ -128,7 +131,9 @@ pub fn run(args: &Args) -> Result<String> {
             for r in 0..batch.num_rows() {
                 let _ = writeln!(out, "  [{index}]");
                 for (f, fmt) in fields.iter().zip(&formatters) {
-                    let _ = writeln!(out, "    {:name_w$}  {}", f.name(), cell(&fmt.value(r).to_string()));
+                    let text = fmt.value(r).to_string();
+                    let shown = if args.full { text.replace('\n', &format!("\n    {:name_w$}  ", "")) } else { cell(&text) };
+                    let _ = writeln!(out, "    {:name_w$}  {shown}", f.name());
                 }
                 index += 1;
             }

@@ -74,6 +74,11 @@ fn shows_header_provenance_summaries_and_rows() {
     assert!(out.contains("t-2\\nsecond line"), "{out}");
     assert!(out.contains("... (300 chars)"), "{out}");
     assert!(out.contains("    hops     null\n"), "{out}");
+
+    // --full: whole cells, their lines kept and indented under the value column.
+    let out = stdout(&show(&[path.to_str().unwrap(), "--full", "--columns", "task_id", "--no-summary"]));
+    assert!(out.contains("    task_id  t-2\n             second line\n"), "{out}");
+    assert!(out.contains(&"x".repeat(300)), "{out}");
 }
 
 #[test]
