@@ -108,7 +108,7 @@ def plant(root, bug):
     return tmp
 
 
-def run_tests(root, kernels_dir, order, binaries):
+def run_tests(root, kernels_dir, order, binaries, bug):
     """Runs `binaries` on the emulated device built from `kernels_dir`: in CI's way when `order` is
     None, else in that schedule order with a fixed seed. True if they all pass."""
     env = dict(os.environ, COA_EMU_KERNELS_DIR=kernels_dir, COA_TEST_DEVICE="emu")
@@ -130,6 +130,12 @@ def run_tests(root, kernels_dir, order, binaries):
         for t in MUST_RUN[b]:
             if not re.search(rf"^test {re.escape(t)} \.\.\. ", p.stdout, re.M):
                 sys.exit(f"planted_bugs.py: {b}: test {t} did not run:\n{p.stdout[-3000:]}")
+    if p.returncode != 0:
+        # What failed, and the emulator's first error, for the record (stderr).
+        failed = re.findall(r"^test (\S+) \.\.\. FAILED", p.stdout, re.M)
+        errors = re.findall(r"emulated device: [^\n\"]*", p.stdout + p.stderr)
+        print(f"  {bug} ({order or 'CI run'}): failed {', '.join(failed) or '?'}"
+              + (f"; first emulator error: {errors[0][:300]}" if errors else ""), file=sys.stderr, flush=True)
     return p.returncode == 0
 
 
@@ -147,8 +153,8 @@ def main():
     for n in names:
         kernels_dir = plant(root, BUGS[n])
         try:
-            ci = not run_tests(root, kernels_dir, None, BINARIES)
-            caught = [not run_tests(root, kernels_dir, o, ["gpu_kernels"]) for o in orders]
+            ci = not run_tests(root, kernels_dir, None, BINARIES, n)
+            caught = [not run_tests(root, kernels_dir, o, ["gpu_kernels"], n) for o in orders]
         finally:
             shutil.rmtree(kernels_dir)
         cells = ["tests fail" if c else "pass (not caught)" for c in [ci] + caught]
