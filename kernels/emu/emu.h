@@ -18,6 +18,7 @@ struct Kernel {
     void (*invoke)(void** params);  // calls the kernel with cuLaunchKernel's argument array
     unsigned max_threads;           // __launch_bounds__, else 1024
     unsigned static_smem;           // bytes of its static __shared__ variables (build.rs sums them)
+    const char* shared_owners;      // the functions whose static __shared__ variables it uses, space-separated
 };
 
 // One field of a struct the kernels take by value (checked against the host's mirror by a test).
@@ -101,11 +102,11 @@ unsigned worker_threads();
 #define COA_EMU_CAT2(a, b) a##b
 #define COA_EMU_CAT(a, b) COA_EMU_CAT2(a, b)
 // ptxas refuses a kernel with more than 48 KiB of static shared memory; so does this build.
-#define COA_EMU_KERNEL(module, fn, max_threads, static_smem)                                     \
+#define COA_EMU_KERNEL(module, fn, max_threads, static_smem, owners)                             \
     static_assert((static_smem) <= 48 * 1024, #fn ": over 48 KiB of static __shared__ memory");  \
     __attribute__((no_sanitize_thread)) static void COA_EMU_CAT(coa_emu_invoke_, fn)(void** p) { ::coa_emu::invoke_with(&fn, p); } \
     static const ::coa_emu::Kernel COA_EMU_CAT(coa_emu_kernel_, fn) = {                         \
-        module, #fn, &COA_EMU_CAT(coa_emu_invoke_, fn), (unsigned)(max_threads), (unsigned)(static_smem)}; \
+        module, #fn, &COA_EMU_CAT(coa_emu_invoke_, fn), (unsigned)(max_threads), (unsigned)(static_smem), owners}; \
     static ::coa_emu::Registrar COA_EMU_CAT(coa_emu_reg_, fn)(&COA_EMU_CAT(coa_emu_kernel_, fn));
 #define COA_EMU_FIELD(S, f)                                                                        \
     static const ::coa_emu::Field COA_EMU_CAT(coa_emu_field_##S##_, f) = {#S, #f, offsetof(S, f), \

@@ -176,3 +176,12 @@ extern "C" __global__ void partial_barrier(float* out, int mode) {
         out[i] += s[i - 1];
     }
 }
+
+// Thread i writes word i of a 32-word static __shared__ array; with more than 32 threads the
+// last ones write past its end.
+extern "C" __global__ void static_shared_overrun(float* out) {
+    __shared__ float words[32];
+    words[threadIdx.x] = float(threadIdx.x);
+    __syncthreads();
+    out[threadIdx.x] = words[threadIdx.x % 32];
+}

@@ -17,6 +17,7 @@
 // variable, so its thread-local block is exactly the shared memory, which is poisoned with 0xff
 // bytes (NaN as bf16 and f32) before every block: a read before a write shows up in the output.
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <condition_variable>
 #include <cstdarg>
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -32,7 +34,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include <cxxabi.h>
 #include <dlfcn.h>
+#include <elf.h>
 #include <link.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -320,6 +324,7 @@ struct Launch {
     unsigned dyn_smem;
     Schedule schedule;
     bool checks = true;        // the memory checks (runtime.h)
+    const std::vector<struct SharedVar>* shared_vars = nullptr;  // the kernel's static __shared__ variables, if known
     std::uint32_t stamp = 0;   // this launch's mark in the global-memory shadow
     std::uint64_t n_blocks;
     std::uint64_t perm_a = 1, perm_c = 0;  // Order::Random: block i runs as (a i + c) mod n
@@ -548,6 +553,84 @@ void poison_shared(Block& b) {
     std::memset(b.dyn, 0xff, b.dyn_bytes);
 }
 
+// The static __shared__ variables: this library's thread-local symbols other than smem_raw (from
+// its ELF symbol table), as offsets in its thread-local block, with the function declaring each.
+struct SharedVar {
+    std::size_t begin, end;
+    std::string owner, name;  // e.g. "neighbour_read", "neighbour_read::slot"
+};
+std::vector<SharedVar>* all_shared_vars = nullptr;  // null: unknown (no symbol table)
+std::once_flag shared_vars_once;
+
+// "void attn_fwd_impl<64, 64>(AttnParams const&)" -> "attn_fwd_impl"; "neighbour_read" -> itself.
+std::string function_name(const std::string& s) {
+    std::size_t end = s.find_first_of("<(");
+    if (end == std::string::npos) end = s.size();
+    std::size_t begin = end;
+    while (begin > 0 && (std::isalnum(static_cast<unsigned char>(s[begin - 1])) || s[begin - 1] == '_')) --begin;
+    return s.substr(begin, end - begin);
+}
+
+void load_shared_vars(const char* path, std::size_t smem_raw_offset) {
+    std::call_once(shared_vars_once, [&] {
+        std::vector<unsigned char> bytes;
+        if (FILE* f = path ? std::fopen(path, "rb") : nullptr) {
+            unsigned char buf[1 << 16];
+            for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.insert(bytes.end(), buf, buf + n);
+            std::fclose(f);
+        }
+        auto in = [&](std::uint64_t off, std::uint64_t n) { return off <= bytes.size() && n <= bytes.size() - off; };
+        if (!in(0, sizeof(Elf64_Ehdr))) return;
+        const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(bytes.data());
+        if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_ident[EI_CLASS] != ELFCLASS64) return;
+        if (!in(eh->e_shoff, std::uint64_t(eh->e_shnum) * sizeof(Elf64_Shdr))) return;
+        const auto* sh = reinterpret_cast<const Elf64_Shdr*>(bytes.data() + eh->e_shoff);
+        auto vars = std::make_unique<std::vector<SharedVar>>();
+        bool raw_seen = false;
+        for (unsigned i = 0; i < eh->e_shnum; ++i) {
+            if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh->e_shnum) continue;
+            const Elf64_Shdr& strtab = sh[sh[i].sh_link];
+            if (!in(sh[i].sh_offset, sh[i].sh_size) || !in(strtab.sh_offset, strtab.sh_size)) return;
+            const auto* sym = reinterpret_cast<const Elf64_Sym*>(bytes.data() + sh[i].sh_offset);
+            const char* names = reinterpret_cast<const char*>(bytes.data() + strtab.sh_offset);
+            for (std::size_t k = 0; k < sh[i].sh_size / sizeof(Elf64_Sym); ++k) {
+                if (ELF64_ST_TYPE(sym[k].st_info) != STT_TLS || sym[k].st_size == 0 || sym[k].st_name >= strtab.sh_size) continue;
+                const std::string mangled(names + sym[k].st_name, strnlen(names + sym[k].st_name, strtab.sh_size - sym[k].st_name));
+                if (mangled == "smem_raw") {
+                    raw_seen = sym[k].st_value == smem_raw_offset;  // the table describes this block
+                    continue;
+                }
+                int status = 0;
+                char* d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+                const std::string name = status == 0 && d ? d : mangled;
+                std::free(d);
+                const std::size_t sep = name.rfind("::");
+                const std::string owner = function_name(sep == std::string::npos ? name : name.substr(0, sep));
+                vars->push_back(SharedVar{std::size_t(sym[k].st_value), std::size_t(sym[k].st_value + sym[k].st_size), owner, name});
+            }
+        }
+        if (raw_seen) all_shared_vars = vars.release();
+    });
+}
+
+// The static __shared__ variables kernel `k` may use (those of the functions build.rs found it
+// reaches), or null when the symbol table is unknown.
+const std::vector<SharedVar>* shared_vars_of(const Kernel& k) {
+    if (!all_shared_vars) return nullptr;
+    static std::mutex mu;
+    static auto* by_kernel = new std::map<const Kernel*, std::vector<SharedVar>>();
+    std::lock_guard<std::mutex> g(mu);
+    auto it = by_kernel->find(&k);
+    if (it != by_kernel->end()) return &it->second;
+    std::vector<SharedVar> mine;
+    const std::string owners = std::string(" ") + (k.shared_owners ? k.shared_owners : "") + " ";
+    for (const SharedVar& v : *all_shared_vars)
+        if (owners.find(" " + v.owner + " ") != std::string::npos) mine.push_back(v);
+    std::vector<SharedVar>& slot = (*by_kernel)[&k];
+    slot = std::move(mine);
+    return &slot;
+}
+
 // This module's thread-local block on the calling thread (found through the loader).
 void find_tls_block(Worker& w) {
     volatile unsigned char touch = smem_raw[0];  // allocates the block on this thread
@@ -556,7 +639,8 @@ void find_tls_block(Worker& w) {
         const void* inside;
         unsigned char* begin;
         std::size_t size;
-    } q{reinterpret_cast<const void*>(&find_tls_block), nullptr, 0};
+        const char* path;
+    } q{reinterpret_cast<const void*>(&find_tls_block), nullptr, 0, nullptr};
     dl_iterate_phdr(
         [](dl_phdr_info* info, std::size_t, void* data) -> int {
             auto* q = static_cast<Query*>(data);
@@ -572,6 +656,7 @@ void find_tls_block(Worker& w) {
             if (!mine) return 0;
             q->begin = static_cast<unsigned char*>(info->dlpi_tls_data);
             q->size = tls;
+            q->path = info->dlpi_name;
             return 1;
         },
         &q);
@@ -579,6 +664,7 @@ void find_tls_block(Worker& w) {
         w.tls_begin = q.begin;
         w.tls_end = q.begin + q.size;
         w.tls_known = true;
+        load_shared_vars(q.path, std::size_t(smem_raw - q.begin));
     } else {
         // Not found: static shared variables are not poisoned (and not recognised as shared
         // memory by ldmatrix / cp.async); the dynamic part is.
@@ -681,11 +767,29 @@ void shared_access(Fiber* f, std::uintptr_t a, std::size_t n, Access k) {
     const auto raw = reinterpret_cast<std::uintptr_t>(smem_raw), raw_end = raw + kSharedPerBlockOptin;
     const auto tls_end = reinterpret_cast<std::uintptr_t>(w.tls_end);
     const bool dynamic = a + n > raw && a < raw_end;
+    char what[64];
+    std::snprintf(what, sizeof what, "%s %zu bytes at ", verb(k), n);
     if ((dynamic && (a < raw || a + n > raw + b.dyn_bytes)) || a + n > tls_end) {
-        char buf[64];
-        std::snprintf(buf, sizeof buf, "%s %zu bytes at ", verb(k), n);
-        fail_fiber(f, kErrIllegalAddress, buf + shared_place(b, a) + ": outside the block's shared memory" +
+        fail_fiber(f, kErrIllegalAddress, what + shared_place(b, a) + ": outside the block's shared memory" +
                                               (dynamic ? " (past the dynamic shared memory the launch gave)" : ""));
+    }
+    if (!dynamic && b.launch->shared_vars) {
+        // Static: inside one of the kernel's own __shared__ variables (another kernel's, or the
+        // padding between them, is an overrun). `near`: the variable the access starts at or past.
+        const std::size_t off = a - reinterpret_cast<std::uintptr_t>(w.tls_begin);
+        const SharedVar* near = nullptr;
+        bool inside = false;
+        for (const SharedVar& v : *b.launch->shared_vars) {
+            inside = inside || (off >= v.begin && off + n <= v.end);
+            if (v.begin <= off && (!near || v.begin > near->begin)) near = &v;
+        }
+        if (!inside) {
+            std::string s = what + shared_place(b, a) + ": outside the kernel's static __shared__ variables";
+            if (near)
+                s += " (byte " + std::to_string(off - near->begin) + " of `" + near->name + "`, " +
+                     std::to_string(near->end - near->begin) + " bytes)";
+            fail_fiber(f, kErrIllegalAddress, s);
+        }
     }
     const std::uint16_t x = std::uint16_t(f->tid + 1);
     const auto base = reinterpret_cast<std::uintptr_t>(w.tls_begin);
@@ -1436,6 +1540,7 @@ int launch(const Kernel& k, dim3 grid, dim3 block, unsigned dyn_smem, void** par
     l.dyn_smem = dyn_smem;
     l.schedule = schedule_for_caller();
     l.checks = checks_for_caller();
+    l.shared_vars = shared_vars_of(k);
     static std::atomic<std::uint32_t> launches{0};
     l.stamp = ++launches;
     if (l.stamp == 0) l.stamp = ++launches;  // 0 is never a launch's

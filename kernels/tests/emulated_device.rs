@@ -454,6 +454,16 @@ fn memory_checks_report_kernel_block_and_thread() {
         b.arg(&mut out);
         run(b, cfg(1, 64, 256)).expect("within the dynamic shared memory");
 
+        // Static shared memory: 64 threads write a 32-word __shared__ array.
+        let f = k("static_shared_overrun");
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&mut out);
+        fails(&name("static shared overrun"), run(b, cfg(1, 64, 0)), &["CUDA_ERROR_ILLEGAL_ADDRESS", "static_shared_overrun, block (0,0,0), thread (",
+            "writes 4 bytes at static shared memory", "outside the kernel's static __shared__ variables", "of `static_shared_overrun::words`, 128 bytes)"]);
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&mut out);
+        run(b, cfg(1, 32, 0)).expect("within the static shared memory");
+
         // A lost update: 16 blocks of 64 threads add 1 to 8 sums, 128 each.
         let f = k("count_up");
         for mode in [0i32, 1, 2] {
