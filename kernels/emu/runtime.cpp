@@ -372,7 +372,7 @@ struct Worker {
         std::uintptr_t begin = 0, end = 0;
         std::uint64_t* shadow = nullptr;  // null: not device memory (this library's own data)
     } regions[8];
-    unsigned next_region = 0;
+    unsigned next_region = 0, last_region = 0;
     std::uint64_t region_generation = ~0ull;
 
     Fiber* fiber(unsigned i) {
@@ -700,7 +700,7 @@ struct Conflict {
 };
 
 // Applies an access of kind `k` by agent `x` to `e`; false (and the earlier access) on a conflict.
-bool apply(Entry& e, std::uint16_t x, Access k, Conflict* c) {
+inline __attribute__((always_inline)) bool apply(Entry& e, std::uint16_t x, Access k, Conflict* c) {
     const bool w_atomic = (e.w & kAtomic) != 0;
     const std::uint16_t w_agent = e.w == kMany ? 0 : std::uint16_t(e.w & ~kAtomic);
     const bool other_writer = e.w != 0 && (e.w == kMany || w_agent != x);
@@ -767,10 +767,13 @@ void shared_access(Fiber* f, std::uintptr_t a, std::size_t n, Access k) {
     const auto raw = reinterpret_cast<std::uintptr_t>(smem_raw), raw_end = raw + kSharedPerBlockOptin;
     const auto tls_end = reinterpret_cast<std::uintptr_t>(w.tls_end);
     const bool dynamic = a + n > raw && a < raw_end;
-    char what[64];
-    std::snprintf(what, sizeof what, "%s %zu bytes at ", verb(k), n);
+    auto what = [&] {  // for messages only: built on failure, not on every access
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%s %zu bytes at ", verb(k), n);
+        return std::string(buf);
+    };
     if ((dynamic && (a < raw || a + n > raw + b.dyn_bytes)) || a + n > tls_end) {
-        fail_fiber(f, kErrIllegalAddress, what + shared_place(b, a) + ": outside the block's shared memory" +
+        fail_fiber(f, kErrIllegalAddress, what() + shared_place(b, a) + ": outside the block's shared memory" +
                                               (dynamic ? " (past the dynamic shared memory the launch gave)" : ""));
     }
     if (!dynamic && b.launch->shared_vars) {
@@ -784,7 +787,7 @@ void shared_access(Fiber* f, std::uintptr_t a, std::size_t n, Access k) {
             if (v.begin <= off && (!near || v.begin > near->begin)) near = &v;
         }
         if (!inside) {
-            std::string s = what + shared_place(b, a) + ": outside the kernel's static __shared__ variables";
+            std::string s = what() + shared_place(b, a) + ": outside the kernel's static __shared__ variables";
             if (near)
                 s += " (byte " + std::to_string(off - near->begin) + " of `" + near->name + "`, " +
                      std::to_string(near->end - near->begin) + " bytes)";
@@ -875,12 +878,17 @@ bool image_segment(std::uintptr_t a, Worker::Region* out) {
 void global_access(Fiber* f, std::uintptr_t a, std::size_t n, Access k) {
     Block& b = *f->block;
     Worker& w = *b.worker;
-    const Worker::Region* r = nullptr;
-    for (const Worker::Region& c : w.regions)
-        if (a >= c.begin && a < c.end) {
-            r = &c;
-            break;
-        }
+    // The region of the previous access first: a kernel's accesses mostly stay in one buffer.
+    const Worker::Region* r = &w.regions[w.last_region];
+    if (!(a >= r->begin && a < r->end)) {
+        r = nullptr;
+        for (unsigned i = 0; i < sizeof w.regions / sizeof w.regions[0]; ++i)
+            if (a >= w.regions[i].begin && a < w.regions[i].end) {
+                r = &w.regions[i];
+                w.last_region = i;
+                break;
+            }
+    }
     if (!r) {
         Worker::Region found;
         bool ok = false;
@@ -901,9 +909,9 @@ void global_access(Fiber* f, std::uintptr_t a, std::size_t n, Access k) {
             if (!w.tls_known) return;  // static shared memory not located: cannot tell
             outside_allocations(f, a, n, k);
         }
-        Worker::Region& slot = w.regions[w.next_region++ % (sizeof w.regions / sizeof w.regions[0])];
-        slot = found;
-        r = &slot;
+        w.last_region = w.next_region++ % (sizeof w.regions / sizeof w.regions[0]);
+        w.regions[w.last_region] = found;
+        r = &w.regions[w.last_region];
     }
     if (a + n > r->end) outside_allocations(f, a + n - 1, n, k);
     if (!r->shadow) return;
