@@ -65,6 +65,9 @@ fn main() {
     kernels.include(emu.join("include")).include(&emu).include(&src_dir).include(&manifest);
     kernels.define("COA_EMU", "1");
     kernels.flag("-include").flag(emu.join("cuda_shim.h").to_str().unwrap());
+    // Every load and store of kernel code calls a hook the runtime defines (__tsan_read4, ...):
+    // the memory checks of emu/runtime.h. No libtsan is linked; function entry/exit hooks are off.
+    kernels.flag("-fsanitize=thread").flag("--param=tsan-instrument-func-entry-exit=0");
     kernels.files(&units);
     let mut objects = kernels.compile_intermediates();
     let mut runtime = base();
@@ -98,9 +101,10 @@ fn module_unit(out: &Path, source: &Path, module: &str) -> PathBuf {
     program.push_str(&text);
     let functions = functions(&program);
     for (name, bound) in kernels {
-        let shared = static_shared(&functions, &name);
+        let (shared, owners) = static_shared(&functions, &name);
         let size = if shared.is_empty() { "0".to_string() } else { shared.join(" + ") };
-        unit.push_str(&format!("COA_EMU_KERNEL(\"{module}\", {name}, {}, {size})\n", bound.unwrap_or_else(|| "1024".into())));
+        let bound = bound.unwrap_or_else(|| "1024".into());
+        unit.push_str(&format!("COA_EMU_KERNEL(\"{module}\", {name}, {bound}, {size}, \"{}\")\n", owners.join(" ")));
     }
     for (strct, fields) in structs(&text) {
         for f in fields {
@@ -290,8 +294,10 @@ fn shared_declarations(body: &str) -> Vec<String> {
 }
 
 /// The static shared memory of kernel `name`: the sizes declared in it and in every function it
-/// reaches by name (a call graph by mention, so an overload or an uncalled mention counts too).
-fn static_shared(functions: &[Function], name: &str) -> Vec<String> {
+/// reaches by name (a call graph by mention, so an overload or an uncalled mention counts too),
+/// and the names of the functions that declare them (the emulator's bounds check allows a kernel
+/// the static `__shared__` variables of these functions only).
+fn static_shared(functions: &[Function], name: &str) -> (Vec<String>, Vec<String>) {
     let mentions = |body: &str, f: &str| {
         body.match_indices(f).any(|(j, _)| {
             let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
@@ -311,11 +317,14 @@ fn static_shared(functions: &[Function], name: &str) -> Vec<String> {
         }
         k += 1;
     }
-    let mut sizes = Vec::new();
+    let (mut sizes, mut owners) = (Vec::new(), Vec::new());
     for f in functions.iter().filter(|f| reached.contains(&f.name)) {
         sizes.extend(f.shared.iter().cloned());
+        if !f.shared.is_empty() && !owners.contains(&f.name) {
+            owners.push(f.name.clone());
+        }
     }
-    sizes
+    (sizes, owners)
 }
 
 /// `struct Name { type a; type b, c; ... };` at file scope: (Name, field names).

@@ -77,8 +77,11 @@ inline int __any_sync(unsigned mask, int pred) { return ::coa_emu::ballot(mask, 
 inline int __all_sync(unsigned mask, int pred) { return ::coa_emu::ballot(mask, pred) == mask; }
 
 // ---- atomics (blocks of a grid run on several OS threads: real atomics) --------------------------
-template <typename T>
-inline T atomicAdd(T* p, T v) {
+// Not instrumented by -fsanitize=thread (its atomic hooks are not defined): each reports itself to
+// the race check as an atomic access instead.
+#define COA_EMU_ATOMIC template <typename T> __attribute__((no_sanitize_thread)) inline
+COA_EMU_ATOMIC T atomicAdd(T* p, T v) {
+    ::coa_emu::atomic_access(p, sizeof(T));
     if constexpr (std::is_integral<T>::value) {
         return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
     } else {
@@ -90,28 +93,28 @@ inline T atomicAdd(T* p, T v) {
         return old;
     }
 }
-template <typename T>
-inline T atomicMin(T* p, T v) {
+COA_EMU_ATOMIC T atomicMin(T* p, T v) {
+    ::coa_emu::atomic_access(p, sizeof(T));
     T old = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (v < old && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
     return old;
 }
-template <typename T>
-inline T atomicMax(T* p, T v) {
+COA_EMU_ATOMIC T atomicMax(T* p, T v) {
+    ::coa_emu::atomic_access(p, sizeof(T));
     T old = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (v > old && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
     return old;
 }
-template <typename T>
-inline T atomicExch(T* p, T v) {
+COA_EMU_ATOMIC T atomicExch(T* p, T v) {
+    ::coa_emu::atomic_access(p, sizeof(T));
     T old;
     __atomic_exchange(p, &v, &old, __ATOMIC_RELAXED);
     return old;
 }
-template <typename T>
-inline T atomicCAS(T* p, T expected, T desired) {
+COA_EMU_ATOMIC T atomicCAS(T* p, T expected, T desired) {
+    ::coa_emu::atomic_access(p, sizeof(T));
     __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     return expected;
 }

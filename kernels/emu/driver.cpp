@@ -141,48 +141,28 @@ struct Module {
     std::map<std::string, Function*> functions;
 };
 
-std::mutex state_mu;
-// Live allocations: start -> bytes.
-std::map<std::uintptr_t, std::size_t>& allocations() {
-    static std::map<std::uintptr_t, std::size_t> m;
-    return m;
-}
-
-// Whether [p, p + n) lies inside one allocation.
-bool allocated(std::uintptr_t p, std::size_t n) {
-    std::lock_guard<std::mutex> g(state_mu);
-    auto& a = allocations();
-    auto it = a.upper_bound(p);
-    if (it == a.begin()) return false;
-    --it;
-    return p + n <= it->first + it->second;
-}
-
 CUresult check_range(const char* what, CUdeviceptr p, std::size_t n) {
-    if (n == 0 || allocated(std::uintptr_t(p), n)) return CUDA_SUCCESS;
+    if (n == 0 || coa_emu::allocated(reinterpret_cast<const void*>(p), n)) return CUDA_SUCCESS;
     return errorf(CUDA_ERROR_INVALID_VALUE, "%s of %zu bytes at device address 0x%llx is outside every allocation", what, n, p);
 }
 
 CUresult alloc(CUdeviceptr* out, std::size_t bytes) {
     if (!out) return CUDA_ERROR_INVALID_VALUE;
     if (bytes == 0) return errorf(CUDA_ERROR_INVALID_VALUE, "cuMemAlloc of 0 bytes");
-    const std::size_t rounded = (bytes + 255) / 256 * 256;
+    // A guard zone after the allocation: a kernel's overrun lands outside every allocation (the
+    // memory checks report it) instead of in the next one.
+    const std::size_t rounded = (bytes + coa_emu::kAllocationGuard + 255) / 256 * 256;
     void* p = std::aligned_alloc(256, rounded);
     if (!p) return errorf(CUDA_ERROR_OUT_OF_MEMORY, "cannot allocate %zu bytes of host memory for the device", bytes);
-    std::lock_guard<std::mutex> g(state_mu);
-    allocations()[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+    coa_emu::register_allocation(p, bytes);
     *out = reinterpret_cast<CUdeviceptr>(p);
     return CUDA_SUCCESS;
 }
 
 CUresult release(CUdeviceptr p) {
     if (p == 0) return CUDA_SUCCESS;
-    {
-        std::lock_guard<std::mutex> g(state_mu);
-        auto it = allocations().find(std::uintptr_t(p));
-        if (it == allocations().end()) return errorf(CUDA_ERROR_INVALID_VALUE, "cuMemFree of 0x%llx, which is not an allocation", p);
-        allocations().erase(it);
-    }
+    if (!coa_emu::unregister_allocation(reinterpret_cast<void*>(p)))
+        return errorf(CUDA_ERROR_INVALID_VALUE, "cuMemFree of 0x%llx, which is not an allocation", p);
     std::free(reinterpret_cast<void*>(p));
     return CUDA_SUCCESS;
 }
@@ -500,6 +480,13 @@ COA_API int coa_emu_set_order(const char* order) {
     return 0;
 }
 
+// Memory checks for the launches from the calling thread: 1 on, 0 off, -1 back to COA_EMU_CHECKS's
+// choice. Returns whether they are on now.
+COA_API int coa_emu_set_checks(int on) {
+    if (on >= -1 && on <= 1) coa_emu::set_checks_for_caller(on);
+    return coa_emu::checks_for_caller() ? 1 : 0;
+}
+
 // The schedule of launches from the calling thread, as COA_EMU_ORDER spells it.
 COA_API const char* coa_emu_order() { return coa_emu::order_name(coa_emu::schedule_for_caller().order); }
 
@@ -517,4 +504,4 @@ COA_API int coa_emu_struct_field(const char* strct, int index, const char** name
 }
 
 // Whether [p, p + n) is inside one device allocation (the emulated cuBLAS checks its operands).
-COA_API int coa_emu_allocated(const void* p, std::size_t n) { return n == 0 || allocated(std::uintptr_t(p), n); }
+COA_API int coa_emu_allocated(const void* p, std::size_t n) { return n == 0 || coa_emu::allocated(p, n); }

@@ -18,6 +18,7 @@ struct Kernel {
     void (*invoke)(void** params);  // calls the kernel with cuLaunchKernel's argument array
     unsigned max_threads;           // __launch_bounds__, else 1024
     unsigned static_smem;           // bytes of its static __shared__ variables (build.rs sums them)
+    const char* shared_owners;      // the functions whose static __shared__ variables it uses, space-separated
 };
 
 // One field of a struct the kernels take by value (checked against the host's mirror by a test).
@@ -40,13 +41,15 @@ struct Registrar {
     explicit Registrar(const Field* f) { register_field(f); }
 };
 
-// Calls `f` with the arguments cuLaunchKernel passes: params[i] points at argument i.
+// Calls `f` with the arguments cuLaunchKernel passes: params[i] points at argument i. Not
+// instrumented (the kernels are compiled with -fsanitize=thread, see runtime.h): the argument array
+// is the host's, outside device memory.
 template <typename... A, std::size_t... I>
-void invoke_impl(void (*f)(A...), void** params, std::index_sequence<I...>) {
+__attribute__((no_sanitize_thread)) void invoke_impl(void (*f)(A...), void** params, std::index_sequence<I...>) {
     f(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(params[I])...);
 }
 template <typename... A>
-void invoke_with(void (*f)(A...), void** params) {
+__attribute__((no_sanitize_thread)) void invoke_with(void (*f)(A...), void** params) {
     invoke_impl(f, params, std::index_sequence_for<A...>{});
 }
 
@@ -72,6 +75,20 @@ void clear_schedule_for_caller();
 bool parse_order(const char* text, Schedule* out);
 const char* order_name(Order o);
 
+// Whether the memory checks (runtime.h: bounds, races between blocks, missing barriers, barriers
+// only some threads reach) are on for the calling host thread's launches: set_checks_for_caller's
+// choice, else COA_EMU_CHECKS's (on unless it is 0 or off).
+bool checks_for_caller();
+void set_checks_for_caller(int on);  // 1 on, 0 off, -1 back to COA_EMU_CHECKS's
+
+// Device allocations (driver.cpp's cuMemAlloc / cuMemFree): each has its own bounds and a shadow
+// for the race check; [p, p + n) must lie inside one of them.
+void register_allocation(void* p, std::size_t bytes);
+bool unregister_allocation(void* p);  // false: not an allocation
+bool allocated(const void* p, std::size_t n);
+// Bytes left unused after each allocation, so that an overrun lands outside every allocation.
+constexpr std::size_t kAllocationGuard = 256;
+
 // Runs a launch to completion on the worker threads. Returns a CUresult (0 = success) and, on
 // failure, a message naming the kernel, the block and thread, and what went wrong.
 int launch(const Kernel& k, dim3 grid, dim3 block, unsigned dyn_smem, void** params, std::string* message);
@@ -85,11 +102,11 @@ unsigned worker_threads();
 #define COA_EMU_CAT2(a, b) a##b
 #define COA_EMU_CAT(a, b) COA_EMU_CAT2(a, b)
 // ptxas refuses a kernel with more than 48 KiB of static shared memory; so does this build.
-#define COA_EMU_KERNEL(module, fn, max_threads, static_smem)                                     \
+#define COA_EMU_KERNEL(module, fn, max_threads, static_smem, owners)                             \
     static_assert((static_smem) <= 48 * 1024, #fn ": over 48 KiB of static __shared__ memory");  \
-    static void COA_EMU_CAT(coa_emu_invoke_, fn)(void** p) { ::coa_emu::invoke_with(&fn, p); } \
+    __attribute__((no_sanitize_thread)) static void COA_EMU_CAT(coa_emu_invoke_, fn)(void** p) { ::coa_emu::invoke_with(&fn, p); } \
     static const ::coa_emu::Kernel COA_EMU_CAT(coa_emu_kernel_, fn) = {                         \
-        module, #fn, &COA_EMU_CAT(coa_emu_invoke_, fn), (unsigned)(max_threads), (unsigned)(static_smem)}; \
+        module, #fn, &COA_EMU_CAT(coa_emu_invoke_, fn), (unsigned)(max_threads), (unsigned)(static_smem), owners}; \
     static ::coa_emu::Registrar COA_EMU_CAT(coa_emu_reg_, fn)(&COA_EMU_CAT(coa_emu_kernel_, fn));
 #define COA_EMU_FIELD(S, f)                                                                        \
     static const ::coa_emu::Field COA_EMU_CAT(coa_emu_field_##S##_, f) = {#S, #f, offsetof(S, f), \

@@ -120,3 +120,68 @@ extern "C" __global__ void ldmatrix_probe(const bf16* tile, unsigned* out) {
     ldsm_x4(o[0], o[1], o[2], o[3], row);
     ldsm_x4_t(o[4], o[5], o[6], o[7], row);
 }
+
+// ---- what the memory checks report (runtime.h) --------------------------------------------------
+
+// Thread i of the grid copies in[i] to out[i] (`mode` 0) or writes 1 to out[i] (`mode` 1): the
+// caller passes buffers shorter than the grid, so the last threads read or write past their end.
+extern "C" __global__ void global_overrun(const float* in, float* out, int mode) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = mode == 0 ? in[i] : 1.f;
+}
+
+// Thread i writes word i of the dynamic shared memory; launched with fewer bytes than the block
+// has threads, the last ones write past it.
+extern "C" __global__ void dynamic_shared_overrun(float* out) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float* s = reinterpret_cast<float*>(smem_raw);
+    s[threadIdx.x] = float(threadIdx.x);
+    __syncthreads();
+    out[threadIdx.x] = s[0];
+}
+
+// Every thread of every block adds 1 to acc[threadIdx.x % 8]: with atomics the sums are exact;
+// with a plain read-modify-write two blocks' updates race (on a GPU some are lost). `mode` 2: the
+// atomics, then a plain read of another block's sum (a read racing its atomics).
+extern "C" __global__ void count_up(float* acc, float* out, int mode) {
+    float* a = acc + threadIdx.x % 8;
+    if (mode == 0) *a += 1.f;
+    else atomicAdd(a, 1.f);
+    if (mode == 2 && threadIdx.x == 0) out[blockIdx.x] = acc[(blockIdx.x + 1) % 8];
+}
+
+// Lane l of each warp writes its slot and reads lane l ^ 1's: ordered by __syncwarp when `sync`,
+// a race without it.
+extern "C" __global__ void warp_exchange(float* out, int sync) {
+    __shared__ float slot[1024];
+    const unsigned i = threadIdx.x;
+    slot[i] = float(i);
+    if (sync) __syncwarp();
+    out[i] = slot[i ^ 1];
+}
+
+// A __syncthreads only some threads reach: `mode` 0, the threads after the first warp return
+// before it; `mode` 1, the first warp waits at one __syncthreads and the others at another.
+extern "C" __global__ void partial_barrier(float* out, int mode) {
+    __shared__ float s[1024];
+    const unsigned i = threadIdx.x;
+    s[i] = float(i);
+    if (mode == 0 && i >= 32) return;
+    if (i < 32) {
+        __syncthreads();
+        out[i] = s[(i + 1) % blockDim.x];
+    } else {
+        out[i] = -1.f;
+        __syncthreads();
+        out[i] += s[i - 1];
+    }
+}
+
+// Thread i writes word i of a 32-word static __shared__ array; with more than 32 threads the
+// last ones write past its end.
+extern "C" __global__ void static_shared_overrun(float* out) {
+    __shared__ float words[32];
+    words[threadIdx.x] = float(threadIdx.x);
+    __syncthreads();
+    out[threadIdx.x] = words[threadIdx.x % 32];
+}

@@ -6,13 +6,18 @@
 // What a GPU would refuse ends the launch with an error instead of undefined behaviour: a
 // misaligned ldmatrix / cp.async address, one outside shared memory, a warp collective that some
 // lanes of its mask skip (they returned, or wait elsewhere), mismatched collectives in one warp,
-// and a deadlock (every live thread waits and none can be released).
+// and a deadlock (every live thread waits and none can be released). With the memory checks on
+// (runtime.h; COA_EMU_CHECKS, or coa_emu_set_checks per calling thread) also: an access outside
+// device allocations and shared memory, a race between blocks of a launch, a shared-memory access
+// another thread's access to the same address conflicts with in one barrier interval, and a
+// __syncthreads that only some threads of a block reach.
 //
 // Shared memory: `__shared__` variables are thread-local (one worker runs one block at a time)
 // and `extern __shared__` arrays are `smem_raw` below. This module defines no other thread-local
 // variable, so its thread-local block is exactly the shared memory, which is poisoned with 0xff
 // bytes (NaN as bf16 and f32) before every block: a read before a write shows up in the output.
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <condition_variable>
 #include <cstdarg>
@@ -20,6 +25,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -27,7 +34,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include <cxxabi.h>
 #include <dlfcn.h>
+#include <elf.h>
 #include <link.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -137,6 +146,31 @@ Schedule env_schedule() {
 }
 }  // namespace
 
+namespace {
+std::unordered_map<std::thread::id, bool>& caller_checks() {
+    static std::unordered_map<std::thread::id, bool> m;
+    return m;
+}
+bool env_checks() {
+    static const bool on = [] {
+        const char* e = std::getenv("COA_EMU_CHECKS");
+        return !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0));
+    }();
+    return on;
+}
+}  // namespace
+
+bool checks_for_caller() {
+    std::lock_guard<std::mutex> g(schedule_mu);
+    auto it = caller_checks().find(std::this_thread::get_id());
+    return it == caller_checks().end() ? env_checks() : it->second;
+}
+void set_checks_for_caller(int on) {
+    std::lock_guard<std::mutex> g(schedule_mu);
+    if (on < 0) caller_checks().erase(std::this_thread::get_id());
+    else caller_checks()[std::this_thread::get_id()] = on != 0;
+}
+
 Schedule schedule_for_caller() {
     std::lock_guard<std::mutex> g(schedule_mu);
     auto it = caller_schedules().find(std::this_thread::get_id());
@@ -206,6 +240,7 @@ const char* op_name(Op op) {
 // The exchange of one warp: operands in, results out, one slot per lane.
 struct WarpExchange {
     unsigned arrived = 0, mask = 0;
+    std::uint32_t syncs = 0;  // __syncwarp calls completed (orders shared memory within the warp)
     Op op = Op::None;
     // shuffles and votes
     std::uint64_t value[32];
@@ -288,6 +323,9 @@ struct Launch {
     dim3 grid, block;
     unsigned dyn_smem;
     Schedule schedule;
+    bool checks = true;        // the memory checks (runtime.h)
+    const std::vector<struct SharedVar>* shared_vars = nullptr;  // the kernel's static __shared__ variables, if known
+    std::uint32_t stamp = 0;   // this launch's mark in the global-memory shadow
     std::uint64_t n_blocks;
     std::uint64_t perm_a = 1, perm_c = 0;  // Order::Random: block i runs as (a i + c) mod n
     // guarded by the pool's mutex
@@ -324,6 +362,18 @@ struct Worker {
     // This module's thread-local block (all of a block's shared memory) on this thread.
     unsigned char* tls_begin = nullptr;
     unsigned char* tls_end = nullptr;
+    bool tls_known = false;
+    // The memory checks: a shadow entry per 2-byte granule of the thread-local block (shared
+    // memory), stamped with the barrier interval (`epoch`, advanced at each block start and
+    // __syncthreads); recently used device allocations.
+    struct SharedEntry* shared_shadow = nullptr;
+    std::uint32_t epoch = 0;
+    struct Region {
+        std::uintptr_t begin = 0, end = 0;
+        std::uint64_t* shadow = nullptr;  // null: not device memory (this library's own data)
+    } regions[8];
+    unsigned next_region = 0, last_region = 0;
+    std::uint64_t region_generation = ~0ull;
 
     Fiber* fiber(unsigned i) {
         unsigned char* base = spans + std::size_t(i) * kFiberSpan;
@@ -350,6 +400,9 @@ struct Block {
     // Shared memory: the dynamic part, and this module's thread-local block around it.
     unsigned char* dyn = nullptr;
     std::size_t dyn_bytes = 0;
+    std::uint16_t agent = 0;  // the block in the global-memory shadow (1-based)
+    const void* barrier_site = nullptr;  // where the threads at the barrier wait, and the first of them
+    const Fiber* barrier_first = nullptr;
 };
 
 // The fiber that is running on this OS thread.
@@ -500,6 +553,84 @@ void poison_shared(Block& b) {
     std::memset(b.dyn, 0xff, b.dyn_bytes);
 }
 
+// The static __shared__ variables: this library's thread-local symbols other than smem_raw (from
+// its ELF symbol table), as offsets in its thread-local block, with the function declaring each.
+struct SharedVar {
+    std::size_t begin, end;
+    std::string owner, name;  // e.g. "neighbour_read", "neighbour_read::slot"
+};
+std::vector<SharedVar>* all_shared_vars = nullptr;  // null: unknown (no symbol table)
+std::once_flag shared_vars_once;
+
+// "void attn_fwd_impl<64, 64>(AttnParams const&)" -> "attn_fwd_impl"; "neighbour_read" -> itself.
+std::string function_name(const std::string& s) {
+    std::size_t end = s.find_first_of("<(");
+    if (end == std::string::npos) end = s.size();
+    std::size_t begin = end;
+    while (begin > 0 && (std::isalnum(static_cast<unsigned char>(s[begin - 1])) || s[begin - 1] == '_')) --begin;
+    return s.substr(begin, end - begin);
+}
+
+void load_shared_vars(const char* path, std::size_t smem_raw_offset) {
+    std::call_once(shared_vars_once, [&] {
+        std::vector<unsigned char> bytes;
+        if (FILE* f = path ? std::fopen(path, "rb") : nullptr) {
+            unsigned char buf[1 << 16];
+            for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.insert(bytes.end(), buf, buf + n);
+            std::fclose(f);
+        }
+        auto in = [&](std::uint64_t off, std::uint64_t n) { return off <= bytes.size() && n <= bytes.size() - off; };
+        if (!in(0, sizeof(Elf64_Ehdr))) return;
+        const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(bytes.data());
+        if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_ident[EI_CLASS] != ELFCLASS64) return;
+        if (!in(eh->e_shoff, std::uint64_t(eh->e_shnum) * sizeof(Elf64_Shdr))) return;
+        const auto* sh = reinterpret_cast<const Elf64_Shdr*>(bytes.data() + eh->e_shoff);
+        auto vars = std::make_unique<std::vector<SharedVar>>();
+        bool raw_seen = false;
+        for (unsigned i = 0; i < eh->e_shnum; ++i) {
+            if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh->e_shnum) continue;
+            const Elf64_Shdr& strtab = sh[sh[i].sh_link];
+            if (!in(sh[i].sh_offset, sh[i].sh_size) || !in(strtab.sh_offset, strtab.sh_size)) return;
+            const auto* sym = reinterpret_cast<const Elf64_Sym*>(bytes.data() + sh[i].sh_offset);
+            const char* names = reinterpret_cast<const char*>(bytes.data() + strtab.sh_offset);
+            for (std::size_t k = 0; k < sh[i].sh_size / sizeof(Elf64_Sym); ++k) {
+                if (ELF64_ST_TYPE(sym[k].st_info) != STT_TLS || sym[k].st_size == 0 || sym[k].st_name >= strtab.sh_size) continue;
+                const std::string mangled(names + sym[k].st_name, strnlen(names + sym[k].st_name, strtab.sh_size - sym[k].st_name));
+                if (mangled == "smem_raw") {
+                    raw_seen = sym[k].st_value == smem_raw_offset;  // the table describes this block
+                    continue;
+                }
+                int status = 0;
+                char* d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+                const std::string name = status == 0 && d ? d : mangled;
+                std::free(d);
+                const std::size_t sep = name.rfind("::");
+                const std::string owner = function_name(sep == std::string::npos ? name : name.substr(0, sep));
+                vars->push_back(SharedVar{std::size_t(sym[k].st_value), std::size_t(sym[k].st_value + sym[k].st_size), owner, name});
+            }
+        }
+        if (raw_seen) all_shared_vars = vars.release();
+    });
+}
+
+// The static __shared__ variables kernel `k` may use (those of the functions build.rs found it
+// reaches), or null when the symbol table is unknown.
+const std::vector<SharedVar>* shared_vars_of(const Kernel& k) {
+    if (!all_shared_vars) return nullptr;
+    static std::mutex mu;
+    static auto* by_kernel = new std::map<const Kernel*, std::vector<SharedVar>>();
+    std::lock_guard<std::mutex> g(mu);
+    auto it = by_kernel->find(&k);
+    if (it != by_kernel->end()) return &it->second;
+    std::vector<SharedVar> mine;
+    const std::string owners = std::string(" ") + (k.shared_owners ? k.shared_owners : "") + " ";
+    for (const SharedVar& v : *all_shared_vars)
+        if (owners.find(" " + v.owner + " ") != std::string::npos) mine.push_back(v);
+    std::vector<SharedVar>& slot = (*by_kernel)[&k];
+    slot = std::move(mine);
+    return &slot;
+}
+
 // This module's thread-local block on the calling thread (found through the loader).
 void find_tls_block(Worker& w) {
     volatile unsigned char touch = smem_raw[0];  // allocates the block on this thread
@@ -508,7 +639,8 @@ void find_tls_block(Worker& w) {
         const void* inside;
         unsigned char* begin;
         std::size_t size;
-    } q{reinterpret_cast<const void*>(&find_tls_block), nullptr, 0};
+        const char* path;
+    } q{reinterpret_cast<const void*>(&find_tls_block), nullptr, 0, nullptr};
     dl_iterate_phdr(
         [](dl_phdr_info* info, std::size_t, void* data) -> int {
             auto* q = static_cast<Query*>(data);
@@ -524,16 +656,301 @@ void find_tls_block(Worker& w) {
             if (!mine) return 0;
             q->begin = static_cast<unsigned char*>(info->dlpi_tls_data);
             q->size = tls;
+            q->path = info->dlpi_name;
             return 1;
         },
         &q);
     if (q.begin && smem_raw >= q.begin && smem_raw + kSharedPerBlockOptin <= q.begin + q.size) {
         w.tls_begin = q.begin;
         w.tls_end = q.begin + q.size;
+        w.tls_known = true;
+        load_shared_vars(q.path, std::size_t(smem_raw - q.begin));
     } else {
         // Not found: static shared variables are not poisoned (and not recognised as shared
         // memory by ldmatrix / cp.async); the dynamic part is.
         w.tls_begin = w.tls_end = smem_raw;
+    }
+}
+
+
+// ---- memory checks (runtime.h) ------------------------------------------------------------------
+
+// Set when the first launch starts. Before it, instrumented code runs only as the kernel files'
+// static initialisers, on an ordinary thread: there is no fiber to attribute an access to.
+std::atomic<bool> kernels_running{false};
+
+enum class Access : std::uint8_t { Read, Write, Atomic };
+
+// The shadow of one 2-byte granule: the launch (global memory) or barrier interval (shared
+// memory) it was last accessed in, the agent (block or thread, 1-based) that wrote it, with
+// kAtomic if by atomics (kMany: atomics of several agents), and the agent that read it (kMany:
+// several). A stale stamp reads as untouched, so nothing is cleared between launches.
+constexpr std::uint16_t kAtomic = 0x8000, kMany = 0xffff;
+struct Entry {
+    std::uint32_t stamp;
+    std::uint16_t w, r;
+};
+std::uint64_t pack(Entry e) { return std::uint64_t(e.stamp) << 32 | std::uint64_t(e.w) << 16 | e.r; }
+Entry unpack(std::uint64_t v) { return Entry{std::uint32_t(v >> 32), std::uint16_t(v >> 16), std::uint16_t(v)}; }
+
+// An earlier access that one conflicts with: its agent (0 for several) and kind.
+struct Conflict {
+    std::uint16_t agent;
+    Access kind;
+};
+
+// Applies an access of kind `k` by agent `x` to `e`; false (and the earlier access) on a conflict.
+inline __attribute__((always_inline)) bool apply(Entry& e, std::uint16_t x, Access k, Conflict* c) {
+    const bool w_atomic = (e.w & kAtomic) != 0;
+    const std::uint16_t w_agent = e.w == kMany ? 0 : std::uint16_t(e.w & ~kAtomic);
+    const bool other_writer = e.w != 0 && (e.w == kMany || w_agent != x);
+    const bool other_reader = e.r != 0 && e.r != x;
+    const Conflict writer{w_agent, w_atomic ? Access::Atomic : Access::Write};
+    const Conflict reader{e.r == kMany ? std::uint16_t(0) : e.r, Access::Read};
+    switch (k) {
+        case Access::Read:
+            if (other_writer) return *c = writer, false;
+            e.r = (e.r == 0 || e.r == x) ? x : kMany;
+            return true;
+        case Access::Write:
+            if (other_writer) return *c = writer, false;
+            if (other_reader) return *c = reader, false;
+            e.w = x;
+            return true;
+        case Access::Atomic:
+            if (other_writer && !w_atomic) return *c = writer, false;
+            if (other_reader) return *c = reader, false;
+            e.w = (e.w == 0 || w_agent == x) && e.w != kMany ? std::uint16_t(kAtomic | x) : kMany;
+            return true;
+    }
+    return true;
+}
+
+const char* verb(Access k) { return k == Access::Read ? "reads" : k == Access::Write ? "writes" : "atomically updates"; }
+const char* past(Access k) { return k == Access::Read ? "read" : k == Access::Write ? "wrote" : "updated atomically"; }
+
+std::string thread_name(const Block& b, unsigned tid) {
+    const dim3 d = b.launch->block;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "thread (%u,%u,%u)", tid % d.x, tid / d.x % d.y, tid / (d.x * d.y));
+    return buf;
+}
+
+std::string block_name(const Launch& l, std::uint16_t agent) {
+    const std::uint64_t i = agent - 1u;  // exact below 0x7ffe blocks, else one of those equal mod 0x7ffe
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "block (%u,%u,%u)", unsigned(i % l.grid.x), unsigned(i / l.grid.x % l.grid.y),
+                  unsigned(i / (std::uint64_t(l.grid.x) * l.grid.y)));
+    return buf;
+}
+
+struct SharedEntry {
+    std::uint64_t e;              // Entry, stamped with the worker's epoch; agents are threads
+    std::uint32_t w_sync, r_sync;  // the writer's / reader's warp's __syncwarp count at the access
+};
+
+// Where a shared address is, for messages.
+std::string shared_place(const Block& b, std::uintptr_t a) {
+    const auto raw = reinterpret_cast<std::uintptr_t>(smem_raw);
+    char buf[96];
+    if (a >= raw && a < raw + kSharedPerBlockOptin)
+        std::snprintf(buf, sizeof buf, "byte %zu of the dynamic shared memory (%zu bytes)", std::size_t(a - raw), b.dyn_bytes);
+    else
+        std::snprintf(buf, sizeof buf, "static shared memory (byte %zu of the block's shared variables)",
+                      std::size_t(a - reinterpret_cast<std::uintptr_t>(b.worker->tls_begin)));
+    return buf;
+}
+
+void shared_access(Fiber* f, std::uintptr_t a, std::size_t n, Access k) {
+    Block& b = *f->block;
+    Worker& w = *b.worker;
+    const auto raw = reinterpret_cast<std::uintptr_t>(smem_raw), raw_end = raw + kSharedPerBlockOptin;
+    const auto tls_end = reinterpret_cast<std::uintptr_t>(w.tls_end);
+    const bool dynamic = a + n > raw && a < raw_end;
+    auto what = [&] {  // for messages only: built on failure, not on every access
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%s %zu bytes at ", verb(k), n);
+        return std::string(buf);
+    };
+    if ((dynamic && (a < raw || a + n > raw + b.dyn_bytes)) || a + n > tls_end) {
+        fail_fiber(f, kErrIllegalAddress, what() + shared_place(b, a) + ": outside the block's shared memory" +
+                                              (dynamic ? " (past the dynamic shared memory the launch gave)" : ""));
+    }
+    if (!dynamic && b.launch->shared_vars) {
+        // Static: inside one of the kernel's own __shared__ variables (another kernel's, or the
+        // padding between them, is an overrun). `near`: the variable the access starts at or past.
+        const std::size_t off = a - reinterpret_cast<std::uintptr_t>(w.tls_begin);
+        const SharedVar* near = nullptr;
+        bool inside = false;
+        for (const SharedVar& v : *b.launch->shared_vars) {
+            inside = inside || (off >= v.begin && off + n <= v.end);
+            if (v.begin <= off && (!near || v.begin > near->begin)) near = &v;
+        }
+        if (!inside) {
+            std::string s = what() + shared_place(b, a) + ": outside the kernel's static __shared__ variables";
+            if (near)
+                s += " (byte " + std::to_string(off - near->begin) + " of `" + near->name + "`, " +
+                     std::to_string(near->end - near->begin) + " bytes)";
+            fail_fiber(f, kErrIllegalAddress, s);
+        }
+    }
+    const std::uint16_t x = std::uint16_t(f->tid + 1);
+    const auto base = reinterpret_cast<std::uintptr_t>(w.tls_begin);
+    for (std::uintptr_t g = (a - base) >> 1, last = (a + n - 1 - base) >> 1; g <= last; ++g) {
+        SharedEntry& s = w.shared_shadow[g];
+        Entry e = unpack(s.e);
+        if (e.stamp != w.epoch) e = Entry{w.epoch, 0, 0};
+        // A __syncwarp since another lane of this warp accessed it orders the two accesses.
+        const std::uint32_t syncs = w.warps[f->warp].syncs;
+        auto synced = [&](std::uint16_t agent, std::uint32_t at) { return (agent - 1u) / kWarpSize == f->warp && at != syncs; };
+        if (e.w && e.w != kMany && !(e.w & kAtomic) && synced(e.w, s.w_sync)) e.w = 0;
+        if (e.r && e.r != kMany && synced(e.r, s.r_sync)) e.r = 0;
+        Conflict c;
+        if (!apply(e, x, k, &c)) {
+            const std::string other = c.agent ? thread_name(b, c.agent - 1u) : std::string("other threads");
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "shared memory race: %s %zu bytes at ", verb(k), n);
+            fail_fiber(f, kErrLaunchFailed, buf + shared_place(b, a) + " that " + other + " " + past(c.kind) +
+                                                " since the last __syncthreads (a missing barrier)");
+        }
+        if (k == Access::Read) s.r_sync = syncs;
+        else s.w_sync = syncs;
+        s.e = pack(e);
+    }
+}
+
+// Device allocations (driver.cpp registers them) and their shadows.
+struct Allocation {
+    std::size_t bytes;
+    std::uint64_t* shadow;  // an Entry per 2-byte granule, stamped with the launch
+    std::size_t shadow_bytes;
+};
+std::mutex allocation_mu;
+std::map<std::uintptr_t, Allocation>& allocation_map() {
+    static auto* m = new std::map<std::uintptr_t, Allocation>();
+    return *m;
+}
+std::atomic<std::uint64_t> allocation_generation{0};  // changes at every allocation and free
+
+// The loaded object segment holding `a` (this library's constant data, say), or false.
+bool image_segment(std::uintptr_t a, Worker::Region* out) {
+    struct Q {
+        std::uintptr_t a;
+        Worker::Region* out;
+        bool found;
+    } q{a, out, false};
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, std::size_t, void* data) -> int {
+            auto* q = static_cast<Q*>(data);
+            for (int i = 0; i < info->dlpi_phnum; ++i) {
+                const auto& ph = info->dlpi_phdr[i];
+                const std::uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+                if (ph.p_type == PT_LOAD && q->a >= lo && q->a < lo + ph.p_memsz) {
+                    *q->out = Worker::Region{lo, lo + ph.p_memsz, nullptr};
+                    q->found = true;
+                    return 1;
+                }
+            }
+            return 0;
+        },
+        &q);
+    return q.found;
+}
+
+[[noreturn]] void outside_allocations(Fiber* f, std::uintptr_t a, std::size_t n, Access k) {
+    char buf[256];
+    int len = std::snprintf(buf, sizeof buf, "%s %zu bytes at 0x%llx, outside every device allocation", verb(k), n,
+                            (unsigned long long)a);
+    {
+        std::lock_guard<std::mutex> g(allocation_mu);
+        auto& m = allocation_map();
+        auto it = m.upper_bound(a);
+        if (it != m.begin()) {
+            --it;
+            if (a >= it->first && a < it->first + it->second.bytes + kAllocationGuard + 256)
+                std::snprintf(buf + len, sizeof buf - len, " (%zu bytes into the allocation at 0x%llx of %zu bytes)",
+                              std::size_t(a - it->first), (unsigned long long)it->first, it->second.bytes);
+        }
+    }
+    fail_fiber(f, kErrIllegalAddress, buf);
+}
+
+void global_access(Fiber* f, std::uintptr_t a, std::size_t n, Access k) {
+    Block& b = *f->block;
+    Worker& w = *b.worker;
+    // The region of the previous access first: a kernel's accesses mostly stay in one buffer.
+    const Worker::Region* r = &w.regions[w.last_region];
+    if (!(a >= r->begin && a < r->end)) {
+        r = nullptr;
+        for (unsigned i = 0; i < sizeof w.regions / sizeof w.regions[0]; ++i)
+            if (a >= w.regions[i].begin && a < w.regions[i].end) {
+                r = &w.regions[i];
+                w.last_region = i;
+                break;
+            }
+    }
+    if (!r) {
+        Worker::Region found;
+        bool ok = false;
+        {
+            std::lock_guard<std::mutex> g(allocation_mu);
+            auto& m = allocation_map();
+            auto it = m.upper_bound(a);
+            if (it != m.begin()) {
+                --it;
+                if (a < it->first + it->second.bytes) {
+                    found = Worker::Region{it->first, it->first + it->second.bytes, it->second.shadow};
+                    ok = true;
+                }
+            }
+        }
+        if (!ok) ok = image_segment(a, &found);
+        if (!ok) {
+            if (!w.tls_known) return;  // static shared memory not located: cannot tell
+            outside_allocations(f, a, n, k);
+        }
+        w.last_region = w.next_region++ % (sizeof w.regions / sizeof w.regions[0]);
+        w.regions[w.last_region] = found;
+        r = &w.regions[w.last_region];
+    }
+    if (a + n > r->end) outside_allocations(f, a + n - 1, n, k);
+    if (!r->shadow) return;
+    const Launch& l = *b.launch;
+    for (std::uintptr_t g = (a - r->begin) >> 1, last = (a + n - 1 - r->begin) >> 1; g <= last; ++g) {
+        // Blocks run on several workers: the entry is read and written whole (a lost shadow update
+        // can hide a race, never invent one).
+        const std::uint64_t old = __atomic_load_n(r->shadow + g, __ATOMIC_RELAXED);
+        Entry e = unpack(old);
+        if (e.stamp != l.stamp) e = Entry{l.stamp, 0, 0};
+        Conflict c;
+        if (!apply(e, b.agent, k, &c)) {
+            const std::string other = c.agent ? block_name(l, c.agent) : std::string("other blocks");
+            char buf[200];
+            std::snprintf(buf, sizeof buf, "race between blocks of one launch: %s %zu bytes at 0x%llx (byte %zu of the allocation at 0x%llx) that ",
+                          verb(k), n, (unsigned long long)a, std::size_t(a - r->begin), (unsigned long long)r->begin);
+            fail_fiber(f, kErrLaunchFailed, buf + other + " " + past(c.kind) +
+                                                " (blocks are not ordered within a launch: use atomics for both, or separate launches)");
+        }
+        const std::uint64_t now = pack(e);
+        if (now != old) __atomic_store_n(r->shadow + g, now, __ATOMIC_RELAXED);
+    }
+}
+
+// Every instrumented load and store of kernel code, and the emulated loads and stores (ldmatrix,
+// cp.async, atomics).
+inline void check(const void* p, std::size_t n, Access k) {
+    if (!kernels_running.load(std::memory_order_relaxed)) return;
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    const ThreadVars* vars = here();
+    if ((a & ~std::uintptr_t(kFiberSpan - 1)) == reinterpret_cast<std::uintptr_t>(vars)) return;  // its own stack
+    Fiber* f = reinterpret_cast<Fiber*>(const_cast<ThreadVars*>(vars));
+    Block& b = *f->block;
+    if (!b.launch->checks || n == 0) return;
+    const Worker& w = *b.worker;
+    if (a >= reinterpret_cast<std::uintptr_t>(w.tls_begin) && a < reinterpret_cast<std::uintptr_t>(w.tls_end)) {
+        shared_access(f, a, n, k);
+    } else {
+        global_access(f, a, n, k);
     }
 }
 
@@ -557,6 +974,7 @@ void release(Block& b, unsigned first, unsigned count, State waiting, unsigned l
 
 void release_barrier(Block& b) {
     b.at_barrier = 0;
+    ++b.worker->epoch;  // a new barrier interval for the shared-memory race check
     release(b, 0, b.n, State::AtBarrier, 0xffffffffu);
 }
 
@@ -585,6 +1003,12 @@ unsigned warp_size_of(const Block& b, unsigned warp) { return std::min(kWarpSize
         fail_fiber(f, kErrLaunchFailed,
                    std::string("returned while lanes ") + lanes(w.arrived) + " of its warp wait for it in " +
                        op_name(w.op) + " (mask " + hex(w.mask) + "): a warp collective that some lanes of its mask skip");
+    }
+    if (b.at_barrier > 0 && b.launch->checks) {
+        // On a GPU a barrier some threads skip is undefined (it may hang or release early).
+        fail_fiber(f, kErrLaunchFailed,
+                   "returned while " + std::to_string(b.at_barrier) + " thread(s) of its block wait at __syncthreads: a barrier "
+                   "that only some threads of the block reach");
     }
     f->state = State::Returned;
     --b.live;
@@ -617,6 +1041,26 @@ void fail(int code, const char* fmt, ...) {
 void sync_threads() {
     Fiber* f = current();
     Block& b = *f->block;
+    // The call site: a GPU has one barrier per block, so threads at two different __syncthreads
+    // would release each other; that is a barrier each of them reaches with only some threads.
+    const void* site = __builtin_return_address(0);
+    if (b.launch->checks) {
+        if (b.returned)
+            fail_fiber(f, kErrLaunchFailed,
+                       "__syncthreads after " + std::to_string(b.returned) + " thread(s) of its block returned: a barrier that "
+                       "only some threads of the block reach");
+        if (b.at_barrier && b.barrier_site != site) {
+            const Fiber* o = b.barrier_first;
+            char buf[160];
+            std::snprintf(buf, sizeof buf, "__syncthreads at code address %p while thread (%u,%u,%u) waits at another one (%p)",
+                          site, o->vars.thread_idx.x, o->vars.thread_idx.y, o->vars.thread_idx.z, b.barrier_site);
+            fail_fiber(f, kErrLaunchFailed, std::string(buf) + ": a barrier that only some threads of the block reach");
+        }
+    }
+    if (b.at_barrier == 0) {
+        b.barrier_site = site;
+        b.barrier_first = f;
+    }
     f->state = State::AtBarrier;
     if (++b.at_barrier == b.live) release_barrier(b);
     yield(f);
@@ -657,6 +1101,7 @@ void arrive(Fiber* f, Op op, unsigned mask) {
     w.arrived |= bit;
     f->state = State::InCollective;
     if (w.arrived == w.mask) {
+        if (op == Op::Sync) ++w.syncs;
         compute(b, w, f->warp);
         w.arrived = 0;
         release(b, f->warp * 32, size, State::InCollective, w.mask);
@@ -824,6 +1269,7 @@ void ldmatrix_x4(bool trans, const void* row, unsigned out[4]) {
         fail_fiber(f, kErrMisaligned, "ldmatrix row address " + addr() + " is not 16-byte aligned");
     if (!in_shared(*f->block, row, 16))
         fail_fiber(f, kErrIllegalAddress, "ldmatrix row address " + addr() + " is not in the block's shared memory");
+    check(row, 16, Access::Read);
     WarpExchange& w = exchange_of(f);
     w.row[f->lane] = static_cast<const unsigned char*>(row);
     arrive(f, trans ? Op::LdmatrixTrans : Op::Ldmatrix, 0xffffffffu);
@@ -854,6 +1300,9 @@ void cp_async16(void* shared_dst, const void* global_src, int bytes) {
         fail_fiber(f, kErrIllegalAddress, "cp.async " + where_() + ": the destination is not in the block's shared memory");
     if (bytes < 0 || bytes > 16)
         fail_fiber(f, kErrLaunchFailed, "cp.async source size " + std::to_string(bytes) + " is outside 0..16");
+    // The copy is the issuing thread's: its write of the destination counts now, whenever it lands.
+    check(shared_dst, 16, Access::Write);
+    check(global_src, std::size_t(bytes), Access::Read);
     const Copy c{static_cast<unsigned char*>(shared_dst), static_cast<const unsigned char*>(global_src), bytes};
     // When the copy lands is a schedule choice too: at its wait (the latest the hardware may: a
     // read before the wait sees old data) in forward and reverse order; at issue (the earliest: a
@@ -877,6 +1326,39 @@ void cp_async_commit() {
 void cp_async_wait(int pending_groups) {
     Fiber* f = current();
     finish_copies(f, std::size_t(pending_groups < 0 ? 0 : pending_groups));
+}
+
+void atomic_access(const void* p, std::size_t bytes) { check(p, bytes, Access::Atomic); }
+
+void register_allocation(void* p, std::size_t bytes) {
+    const std::size_t shadow_bytes = (bytes / 2 + 1) * sizeof(std::uint64_t);
+    void* shadow = mmap(nullptr, shadow_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    std::lock_guard<std::mutex> g(allocation_mu);
+    // Without a shadow (address space exhausted) the bounds are still checked, races are not.
+    allocation_map()[reinterpret_cast<std::uintptr_t>(p)] =
+        Allocation{bytes, shadow == MAP_FAILED ? nullptr : static_cast<std::uint64_t*>(shadow), shadow_bytes};
+    ++allocation_generation;
+}
+
+bool unregister_allocation(void* p) {
+    std::lock_guard<std::mutex> g(allocation_mu);
+    auto& m = allocation_map();
+    auto it = m.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == m.end()) return false;
+    if (it->second.shadow) munmap(it->second.shadow, it->second.shadow_bytes);
+    m.erase(it);
+    ++allocation_generation;
+    return true;
+}
+
+bool allocated(const void* p, std::size_t n) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard<std::mutex> g(allocation_mu);
+    auto& m = allocation_map();
+    auto it = m.upper_bound(a);
+    if (it == m.begin()) return false;
+    --it;
+    return a + n <= it->first + it->second.bytes;
 }
 
 unsigned shared_offset(const void* p) {
@@ -929,6 +1411,13 @@ void run_block(Worker& w, Launch& l, std::uint64_t linear) {
                   unsigned(linear / (std::uint64_t(l.grid.x) * l.grid.y))};
     b.dyn = smem_raw;
     b.dyn_bytes = l.dyn_smem;
+    b.agent = std::uint16_t(linear % (kAtomic - 2) + 1);
+    ++w.epoch;  // the block's first barrier interval
+    if (w.region_generation != allocation_generation.load()) {
+        // allocations came or went since this worker cached some: forget them all
+        for (Worker::Region& r : w.regions) r = Worker::Region{};
+        w.region_generation = allocation_generation.load();
+    }
     poison_shared(b);
     for (unsigned i = 0; i < b.n / 32 + 1 && i < kMaxThreadsPerBlock / 32; ++i) {
         w.warps[i].arrived = 0;
@@ -994,6 +1483,15 @@ struct Pool {
         const auto base = (reinterpret_cast<std::uintptr_t>(mem) + kFiberSpan - 1) & ~(std::uintptr_t)(kFiberSpan - 1);
         w->spans = reinterpret_cast<unsigned char*>(base);
         find_tls_block(*w);
+        // The shared-memory shadow: an entry per 2 bytes of the thread-local block (reserved,
+        // touched as used).
+        const std::size_t shadow_bytes = ((w->tls_end - w->tls_begin) / 2 + 1) * sizeof(SharedEntry);
+        void* shadow = mmap(nullptr, shadow_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (shadow == MAP_FAILED) {
+            std::fprintf(stderr, "coa emulated device: cannot reserve the shared-memory shadow\n");
+            std::abort();
+        }
+        w->shared_shadow = static_cast<SharedEntry*>(shadow);
         std::unique_lock<std::mutex> lk(mu);
         for (;;) {
             work.wait(lk, [this] { return !jobs.empty(); });
@@ -1049,6 +1547,12 @@ int launch(const Kernel& k, dim3 grid, dim3 block, unsigned dyn_smem, void** par
     l.block = block;
     l.dyn_smem = dyn_smem;
     l.schedule = schedule_for_caller();
+    l.checks = checks_for_caller();
+    l.shared_vars = shared_vars_of(k);
+    static std::atomic<std::uint32_t> launches{0};
+    l.stamp = ++launches;
+    if (l.stamp == 0) l.stamp = ++launches;  // 0 is never a launch's
+    kernels_running.store(true);
     l.n_blocks = std::uint64_t(grid.x) * grid.y * grid.z;
     if (l.schedule.order == Order::Random && l.n_blocks > 1) {
         // A seeded affine permutation of 0..n-1: a multiplier coprime with n.
@@ -1066,3 +1570,23 @@ int launch(const Kernel& k, dim3 grid, dim3 block, unsigned dyn_smem, void** par
 }
 
 }  // namespace coa_emu
+
+// ---- the hooks -fsanitize=thread calls (kernels/*.cu only; no libtsan is linked) -------------------
+
+#define COA_EMU_TSAN_HOOKS(n)                                                                                    \
+    extern "C" void __tsan_read##n(void* p) { coa_emu::check(p, n, coa_emu::Access::Read); }                    \
+    extern "C" void __tsan_write##n(void* p) { coa_emu::check(p, n, coa_emu::Access::Write); }                  \
+    extern "C" void __tsan_unaligned_read##n(void* p) { coa_emu::check(p, n, coa_emu::Access::Read); }          \
+    extern "C" void __tsan_unaligned_write##n(void* p) { coa_emu::check(p, n, coa_emu::Access::Write); }        \
+    extern "C" void __tsan_volatile_read##n(void* p) { coa_emu::check(p, n, coa_emu::Access::Read); }           \
+    extern "C" void __tsan_volatile_write##n(void* p) { coa_emu::check(p, n, coa_emu::Access::Write); }
+COA_EMU_TSAN_HOOKS(1)
+COA_EMU_TSAN_HOOKS(2)
+COA_EMU_TSAN_HOOKS(4)
+COA_EMU_TSAN_HOOKS(8)
+COA_EMU_TSAN_HOOKS(16)
+extern "C" void __tsan_read_range(void* p, unsigned long n) { coa_emu::check(p, n, coa_emu::Access::Read); }
+extern "C" void __tsan_write_range(void* p, unsigned long n) { coa_emu::check(p, n, coa_emu::Access::Write); }
+extern "C" void __tsan_init() {}
+extern "C" void __tsan_func_entry(void*) {}
+extern "C" void __tsan_func_exit() {}

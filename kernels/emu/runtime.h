@@ -76,6 +76,18 @@ void cp_async16(void* shared_dst, const void* global_src, int bytes);
 void cp_async_commit();
 void cp_async_wait(int pending_groups);
 
+// Memory checks. kernels/*.cu are compiled with -fsanitize=thread, and the runtime defines the
+// hooks that instrumentation calls (__tsan_read4, __tsan_write8, ...; no libtsan is linked): every
+// load and store of kernel code reports its address. An access outside the thread's own stack
+// must lie inside one device allocation, the block's dynamic shared memory (as launched) or its
+// static shared variables; within a launch, an address one block wrote with a plain store may not
+// be accessed by another block, nor one block's atomics mixed with another's plain accesses (a lost
+// update); within a block, a shared address one thread wrote may not be read or written by
+// another, nor one it read written by another, until a __syncthreads (or, within a warp, a
+// __syncwarp) separates them. Atomics are not instrumented (cuda_shim.h marks them): they report
+// themselves here.
+void atomic_access(const void* p, std::size_t bytes);
+
 // __cvta_generic_to_shared: the offset of `p` in the block's shared window (fails outside it).
 unsigned shared_offset(const void* p);
 

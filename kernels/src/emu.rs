@@ -11,7 +11,10 @@
 //! every block. What a GPU would refuse is an error naming the kernel, block and thread: more than
 //! 1024 threads or more than `__launch_bounds__`, shared memory over the limit, misaligned or
 //! non-shared ldmatrix / cp.async addresses, a warp collective some lanes skip, a deadlock; and
-//! a copy, memset or cuBLAS operand outside its allocation.
+//! a copy, memset or cuBLAS operand outside its allocation. With the memory checks on (the
+//! default, [`set_checks`]) also every load and store of kernel code outside device allocations
+//! and shared memory, races between the blocks of a launch, shared-memory accesses a missing
+//! barrier leaves unordered, and a `__syncthreads` only some threads of a block reach.
 //!
 //! The driver is process-wide: once the emulated device is loaded, the process has no real GPU
 //! (and a process whose cudarc already uses a real driver cannot load it). The order in which a
@@ -84,6 +87,7 @@ impl FromStr for Order {
 struct Emulator {
     set_order: unsafe extern "C" fn(*const c_char) -> c_int,
     order: unsafe extern "C" fn() -> *const c_char,
+    set_checks: unsafe extern "C" fn(c_int) -> c_int,
     worker_threads: unsafe extern "C" fn() -> u32,
     struct_field: unsafe extern "C" fn(*const c_char, c_int, *mut *const c_char, *mut usize, *mut usize, *mut usize) -> c_int,
     blas_last_error: unsafe extern "C" fn() -> *const c_char,
@@ -198,6 +202,7 @@ fn load() -> Result<&'static Emulator, Error> {
             Ok(Emulator {
                 set_order: symbol(cuda, "coa_emu_set_order")?,
                 order: symbol(cuda, "coa_emu_order")?,
+                set_checks: symbol(cuda, "coa_emu_set_checks")?,
                 worker_threads: symbol(cuda, "coa_emu_worker_threads")?,
                 struct_field: symbol(cuda, "coa_emu_struct_field")?,
                 blas_last_error: {
@@ -255,6 +260,16 @@ pub fn set_order(order: Option<Order>) -> Result<()> {
         return Err(Error(format!("the emulated device refused schedule order {order:?}")));
     }
     Ok(())
+}
+
+/// Turns the memory checks (emu/runtime.h: accesses outside allocations and shared memory, races
+/// between blocks, missing barriers, barriers only some threads reach; each an error naming the
+/// kernel, block and thread) on or off for the launches made from the calling thread (None: back
+/// to `COA_EMU_CHECKS`'s choice, on unless it is `0` or `off`). Returns whether they are on now.
+pub fn set_checks(on: Option<bool>) -> Result<bool> {
+    let emu = load()?;
+    // SAFETY: a plain call; -1, 0 and 1 are its arguments.
+    Ok(unsafe { (emu.set_checks)(on.map_or(-1, c_int::from)) } == 1)
 }
 
 /// The schedule order of the calling thread's launches, as `COA_EMU_ORDER` spells it (`random`

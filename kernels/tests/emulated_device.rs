@@ -256,16 +256,18 @@ fn what_a_gpu_refuses_is_an_error() {
     // Still a working device.
     let mut b = gpu.stream.launch_builder(&bounded);
     b.arg(&mut out);
-    run(b, cfg(2, 64, 0)).unwrap();
+    run(b, cfg(1, 64, 0)).unwrap();
     assert_eq!(gpu.download(&out).unwrap()[..64], vec![1.0f32; 64][..]);
 }
 
 /// A read of a neighbour's shared slot without the barrier between write and read gets the
 /// poison (NaN) in every schedule order, and the right value with it; a cp.async lands at its
 /// wait_group in forward order (a read before the wait sees the poison), at its issue in max-drift.
+/// (With the memory checks off: on, the missing barrier is an error, see `memory_checks_*`.)
 #[test]
 fn barriers_and_async_copies_are_enforced() {
     let gpu = emulated();
+    emu::set_checks(Some(false)).unwrap();
     let m = hazards(&gpu);
     let f = m.load_function("neighbour_read").unwrap();
     let n = 256usize;
@@ -306,6 +308,7 @@ fn barriers_and_async_copies_are_enforced() {
         assert_eq!(got[32..].to_vec(), data, "{order}: after the wait");
     }
     emu::set_order(None).unwrap();
+    emu::set_checks(None).unwrap();
 }
 
 /// `cublasGemmEx` called directly, column-major with padded leading dimensions and every
@@ -392,9 +395,154 @@ fn shared_memory_is_poisoned_per_block() {
     let mut b = gpu.stream.launch_builder(&f);
     b.arg(&mut out).arg(&no_barrier);
     emu::set_order(Some(Order::Forward)).unwrap();
+    emu::set_checks(Some(false)).unwrap(); // on, the missing barrier is an error
     run(b, cfg(blocks, n as u32, 0)).unwrap();
+    emu::set_checks(None).unwrap();
     emu::set_order(None).unwrap();
     // Forward order: thread i reads slot i + 1 before thread i + 1 writes it, in every block.
     let got = gpu.download(&out).unwrap();
     assert!(got[..n - 1].iter().all(|x| x.is_nan()) && got[n - 1] == 0.0, "{got:?}");
+}
+
+/// The memory checks (emu/runtime.h), on by default: every out-of-bounds access, race between
+/// blocks, missing barrier and partial barrier of `hazards.cu` is an error naming the kernel, block
+/// and thread, in every schedule order, and the correct variant of each kernel passes.
+#[test]
+fn memory_checks_report_kernel_block_and_thread() {
+    let gpu = emulated();
+    let m = hazards(&gpu);
+    let k = |name: &str| m.load_function(name).unwrap();
+    // On by default (COA_EMU_CHECKS unset); on here whatever it says.
+    let default_on = std::env::var("COA_EMU_CHECKS").map_or(true, |v| v != "0" && v != "off");
+    assert_eq!(emu::set_checks(None).unwrap(), default_on, "COA_EMU_CHECKS's choice");
+    assert!(emu::set_checks(Some(true)).unwrap());
+    let fails = |name: &str, e: Result<(), Error>, words: &[&str]| {
+        let e = e.expect_err(name).0;
+        for w in words {
+            assert!(e.contains(w), "{name}: the message must say {w:?}: {e}");
+        }
+    };
+    for order in Order::all(11) {
+        emu::set_order(Some(order)).unwrap();
+        let name = |what: &str| format!("{order}: {what}");
+
+        // Device buffers: 2 blocks of 64 threads over 100 floats (the allocation's rounding and
+        // guard zone are outside it too).
+        let f = k("global_overrun");
+        let short = gpu.upload(&vec![1.0f32; 100]).unwrap();
+        let mut long = gpu.zeros::<f32>(128).unwrap();
+        let mut b = gpu.stream.launch_builder(&f);
+        let read = 0i32;
+        b.arg(&short).arg(&mut long).arg(&read);
+        fails(&name("global read overrun"), run(b, cfg(2, 64, 0)), &["CUDA_ERROR_ILLEGAL_ADDRESS", "global_overrun, block (1,0,0), thread (", "reads 4 bytes",
+            "outside every device allocation", "into the allocation at", "of 400 bytes"]);
+        let mut short_out = gpu.zeros::<f32>(100).unwrap();
+        let mut b = gpu.stream.launch_builder(&f);
+        let write = 1i32;
+        b.arg(&short).arg(&mut short_out).arg(&write);
+        fails(&name("global write overrun"), run(b, cfg(2, 64, 0)), &["CUDA_ERROR_ILLEGAL_ADDRESS", "global_overrun, block (1,0,0), thread (", "writes 4 bytes",
+            "outside every device allocation", "of 400 bytes"]);
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&short).arg(&mut long).arg(&read);
+        run(b, cfg(1, 64, 0)).expect("within bounds");
+
+        // Dynamic shared memory: 64 threads write 64 words into 128 bytes.
+        let f = k("dynamic_shared_overrun");
+        let mut out = gpu.zeros::<f32>(64).unwrap();
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&mut out);
+        fails(&name("dynamic shared overrun"), run(b, cfg(1, 64, 128)), &["CUDA_ERROR_ILLEGAL_ADDRESS", "dynamic_shared_overrun, block (0,0,0), thread (",
+            "writes 4 bytes at byte ", "of the dynamic shared memory (128 bytes)", "outside the block's shared memory"]);
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&mut out);
+        run(b, cfg(1, 64, 256)).expect("within the dynamic shared memory");
+
+        // Static shared memory: 64 threads write a 32-word __shared__ array.
+        let f = k("static_shared_overrun");
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&mut out);
+        fails(&name("static shared overrun"), run(b, cfg(1, 64, 0)), &["CUDA_ERROR_ILLEGAL_ADDRESS", "static_shared_overrun, block (0,0,0), thread (",
+            "writes 4 bytes at static shared memory", "outside the kernel's static __shared__ variables", "of `static_shared_overrun::words`, 128 bytes)"]);
+        let mut b = gpu.stream.launch_builder(&f);
+        b.arg(&mut out);
+        run(b, cfg(1, 32, 0)).expect("within the static shared memory");
+
+        // A lost update: 16 blocks of 64 threads add 1 to 8 sums, 128 each.
+        let f = k("count_up");
+        for mode in [0i32, 1, 2] {
+            let mut acc = gpu.zeros::<f32>(8).unwrap();
+            let mut sums = gpu.zeros::<f32>(16).unwrap();
+            let mut b = gpu.stream.launch_builder(&f);
+            b.arg(&mut acc).arg(&mut sums).arg(&mode);
+            let r = run(b, cfg(16, 64, 0));
+            match mode {
+                0 => fails(&name("plain read-modify-write"), r, &["CUDA_ERROR_LAUNCH_FAILED", "count_up, block (", "race between blocks of one launch", "that block ("]),
+                1 => {
+                    r.expect("atomics");
+                    assert_eq!(gpu.download(&acc).unwrap(), vec![128.0f32; 8], "{order}: every atomic update counts");
+                }
+                // the read, or a later atomic update of what it read
+                _ => fails(&name("plain read of atomics"), r, &["count_up, block (", "race between blocks of one launch", "atomically"]),
+            }
+        }
+
+        // A missing barrier, a missing __syncwarp.
+        let f = k("neighbour_read");
+        for barrier in [1i32, 0] {
+            let mut out = gpu.zeros::<f32>(256).unwrap();
+            let mut b = gpu.stream.launch_builder(&f);
+            b.arg(&mut out).arg(&barrier);
+            let r = run(b, cfg(1, 256, 0));
+            if barrier == 1 {
+                r.expect("with the barrier");
+            } else {
+                fails(&name("missing barrier"), r, &["CUDA_ERROR_LAUNCH_FAILED", "neighbour_read, block (0,0,0), thread (", "shared memory race",
+                    "static shared memory", "since the last __syncthreads (a missing barrier)"]);
+            }
+        }
+        let f = k("warp_exchange");
+        for sync in [1i32, 0] {
+            let mut out = gpu.zeros::<f32>(64).unwrap();
+            let mut b = gpu.stream.launch_builder(&f);
+            b.arg(&mut out).arg(&sync);
+            let r = run(b, cfg(1, 64, 0));
+            if sync == 1 {
+                r.expect("__syncwarp orders the warp's shared accesses");
+                let want: Vec<f32> = (0..64).map(|i| (i ^ 1) as f32).collect();
+                assert_eq!(gpu.download(&out).unwrap(), want);
+            } else {
+                fails(&name("missing __syncwarp"), r, &["warp_exchange", "shared memory race"]);
+            }
+        }
+
+        // A barrier only some threads reach.
+        let f = k("partial_barrier");
+        for mode in [0i32, 1] {
+            let mut out = gpu.zeros::<f32>(128).unwrap();
+            let mut b = gpu.stream.launch_builder(&f);
+            b.arg(&mut out).arg(&mode);
+            fails(&name("partial barrier"), run(b, cfg(1, 128, 0)), &["CUDA_ERROR_LAUNCH_FAILED", "partial_barrier, block (0,0,0), thread (",
+                "a barrier that only some threads of the block reach"]);
+        }
+    }
+    emu::set_order(None).unwrap();
+
+    // Off, the same kernels run (as they did before the checks): the lost update does not show.
+    emu::set_checks(Some(false)).unwrap();
+    let mut acc = gpu.zeros::<f32>(8).unwrap();
+    let mut sums = gpu.zeros::<f32>(16).unwrap();
+    let count_up = k("count_up");
+    let mut b = gpu.stream.launch_builder(&count_up);
+    let mode = 0i32;
+    b.arg(&mut acc).arg(&mut sums).arg(&mode);
+    run(b, cfg(16, 64, 0)).expect("checks off");
+    assert_eq!(emu::set_checks(None).unwrap(), default_on, "None restores COA_EMU_CHECKS's choice");
+
+    // Still a working device.
+    let f = k("bounded");
+    let mut out = gpu.zeros::<f32>(64).unwrap();
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&mut out);
+    run(b, cfg(1, 64, 0)).unwrap();
+    assert_eq!(gpu.download(&out).unwrap(), vec![1.0f32; 64]);
 }

@@ -14,10 +14,13 @@
 //! loss depends on getting the targets right.
 //!
 //! Without a CUDA device the tests run on the emulated CUDA device (the same kernels and host code
-//! on the CPU; a line says so); `COA_TEST_DEVICE=cuda` makes them fail instead.
+//! on the CPU; a line says so); `COA_TEST_DEVICE=cuda` makes them fail instead. There the two
+//! comparisons with the CPU run each config in another schedule order ([`schedule_config`]), so a
+//! race the forward order hides in the host code's sequence of launches still shows.
 
 use std::sync::Arc;
 
+use coa_kernels::emu::{self, Order};
 use coa_kernels::model::{check_supported, DLogp};
 use coa_kernels::rng::Rng;
 use coa_kernels::testing::seeded;
@@ -26,6 +29,18 @@ use coa_model::{Model, ModelConfig, Params, Seq, TokenStats};
 
 fn test_gpu(test: &str) -> Arc<Gpu> {
     Arc::new(coa_kernels::testing::test_gpu(test))
+}
+
+/// On the emulated device, runs config `i` of a test in the schedule order after forward in turn
+/// (reverse, random, max-drift, forward, ...: the forward order alone keeps warps together and
+/// blocks in index order), unless COA_EMU_ORDER picks one. Returns the order set, if any.
+fn schedule_config(gpu: &Gpu, i: usize) -> Option<Order> {
+    if !gpu.is_emulated() || std::env::var("COA_EMU_ORDER").is_ok_and(|o| !o.is_empty()) {
+        return None;
+    }
+    let order = Order::all(0x5eed + i as u64)[(i + 1) % 4];
+    emu::set_order(Some(order)).unwrap();
+    Some(order)
 }
 
 /// (label, config): GQA + tied head + Llama 3 RoPE scaling (llama); q/k/v biases + untied head + head_dim 128 (qwen2);
@@ -151,7 +166,9 @@ fn gpu_model_matches_cpu_on_one_batch() {
     let test = "gpu_model_matches_cpu_on_one_batch";
     let gpu = test_gpu(test);
     let mut rng = seeded(test);
-    for (label, c) in configs() {
+    for (i, (label, c)) in configs().into_iter().enumerate() {
+        let order = schedule_config(&gpu, i);
+        eprintln!("{label}: schedule order {order:?}");
         let cpu = model(&c, &mut rng);
         let b = batch(&mut rng, c.vocab_size);
         let s = seqs(&b);
@@ -199,6 +216,9 @@ fn gpu_model_matches_cpu_on_one_batch() {
         let st_gpu = gm.token_stats(&s).unwrap();
         let st_cpu: Vec<TokenStats> = s.iter().map(|q| cpu.token_stats(q).unwrap()).collect();
         check_stats(&format!("{label} token_stats"), &b, &st_gpu, &st_cpu, true);
+    }
+    if gpu.is_emulated() {
+        emu::set_order(None).unwrap();
     }
 }
 
@@ -275,7 +295,9 @@ fn decoder_matches_cpu_extend() {
     let mut tiny = ModelConfig::preset("tiny", 300).unwrap(); // head_dim 32: decodable, not trainable on the GPU
     tiny.initializer_range = 0.08;
     all.push(("tiny preset hd32", tiny));
-    for (label, c) in all {
+    for (i, (label, c)) in all.into_iter().enumerate() {
+        let order = schedule_config(&gpu, i);
+        eprintln!("{label}: schedule order {order:?}");
         let m = model(&c, &mut rng);
         let (slots, max_len) = (3usize, 200usize);
         let mut cpu = KvCache::new(&c, slots, max_len).unwrap();
@@ -321,6 +343,9 @@ fn decoder_matches_cpu_extend() {
         assert!(dec.extend(&[(1, &[])]).is_err(), "no tokens");
         assert!(dec.extend(&[(2, &[c.vocab_size as u32])]).is_err(), "token outside the vocabulary");
         eprintln!(" {label}: ok ({} device bytes)", dec.device_bytes());
+    }
+    if gpu.is_emulated() {
+        emu::set_order(None).unwrap();
     }
 }
 

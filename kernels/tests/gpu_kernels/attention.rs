@@ -17,6 +17,25 @@ fn attention_fwd_bwd_matches_cpu() {
     }
 }
 
+/// The cases random shapes may miss, in every run: a sequence of four 64-row blocks, so the
+/// forward refills a K/V buffer (the third key block of a query block goes into the first one's
+/// buffer) and the backward's dQ rows take atomics from several key blocks; and the same length
+/// packed as two segments split at row 100, inside key block 1 (rows 64..127): query blocks past
+/// the split still see that block's keys 100..127, so the backward's query loop must not stop
+/// before them (`m_stop`), whatever the seed.
+#[test]
+fn attention_long_and_packed_cases() {
+    let test = "attention_long_and_packed_cases";
+    let gpu = test_gpu(test);
+    let mut rng = seeded(test);
+    let split: Vec<i32> = (0..256).map(|i| i32::from(i >= 100)).collect();
+    for (hd, hq, hkv) in [(64usize, 4usize, 2usize), (128, 2, 1)] {
+        let s = AttnShape { batch: 1, seq: 256, q_heads: hq, kv_heads: hkv, head_dim: hd };
+        case_with(&gpu, &mut rng, s, Some(vec![None]));
+        case_with(&gpu, &mut rng, s, Some(vec![Some(split.clone())]));
+    }
+}
+
 /// For the schedule-order test: two query blocks (the diagonal and the one before it), GQA, both
 /// head dims.
 pub fn small(gpu: &Gpu, rng: &mut Rng) {
@@ -25,9 +44,14 @@ pub fn small(gpu: &Gpu, rng: &mut Rng) {
 }
 
 fn case(gpu: &Gpu, rng: &mut Rng, s: AttnShape) {
+    case_with(gpu, rng, s, None)
+}
+
+/// One case with the given segment ids per sequence (None: random ones).
+fn case_with(gpu: &Gpu, rng: &mut Rng, s: AttnShape, segments: Option<Vec<Option<Vec<i32>>>>) {
     let AttnShape { batch: b, seq: t, q_heads: hq, kv_heads: hkv, head_dim: hd } = s;
 
-    let segs: Vec<Option<Vec<i32>>> = (0..b).map(|_| random_segments(rng, t)).collect();
+    let segs: Vec<Option<Vec<i32>>> = segments.unwrap_or_else(|| (0..b).map(|_| random_segments(rng, t)).collect());
     let use_seg = segs.iter().any(|x| x.is_some());
     eprintln!(" shape {s:?}, segments {use_seg}");
     let (qw, kw) = (hq * hd, hkv * hd);

@@ -161,6 +161,53 @@ fn mean(v: &[f64]) -> f64 {
 
 // ---- GPU vs CPU ----------------------------------------------------------------------------------
 
+/// The GPU's AdamW (`adamw_step` with the scalars `AdamWArgs::new` computes on the host, as this
+/// crate's GPU trainer passes them) against the CPU trainer's own `optim::adamw_update`: the first
+/// steps, where the bias corrections are far from 1, and a late one; with and without weight
+/// decay; with a clipping factor (the CPU gets the clipped gradient). A slip in the kernel or in the
+/// host scalars (bias correction, decay, step size) shows here, which the kernel test cannot see:
+/// it builds its expectation from the same `AdamWArgs`.
+#[test]
+fn gpu_adamw_matches_the_cpu_optimizer() {
+    use coa_kernels::gpu::AdamWArgs;
+    use coa_train_step::optim::{adamw_update, Moments};
+    let gpu = test_gpu("gpu_adamw_matches_the_cpu_optimizer");
+    let cfg = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+    let (n, lr) = (4099usize, 3e-4f64);
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let mut normal = move |scale: f32| {
+        // a sum of 4 uniforms: close enough to normal for parameters and gradients
+        let mut acc = 0f32;
+        for _ in 0..4 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            acc += (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+        }
+        acc * scale
+    };
+    for (t, decay, clip) in [(1u64, true, 1.0f32), (2, false, 0.5), (3, true, 0.25), (1000, true, 1.0)] {
+        let p: Vec<f32> = (0..n).map(|_| normal(0.05)).collect();
+        let g: Vec<f32> = (0..n).map(|_| normal(0.02)).collect();
+        // the moments of t - 1 earlier steps (none at the first)
+        let m: Vec<f32> = (0..n).map(|_| if t == 1 { 0.0 } else { normal(2e-3) }).collect();
+        let v: Vec<f32> = (0..n).map(|_| if t == 1 { 0.0 } else { normal(2e-2).powi(2) }).collect();
+        let (mut p_cpu, mut mom) = (p.clone(), Moments { exp_avg: m.clone(), exp_avg_sq: v.clone() });
+        let clipped: Vec<f32> = g.iter().map(|x| x * clip).collect();
+        adamw_update(&cfg, lr, t, decay, &mut p_cpu, &clipped, &mut mom);
+        let (mut pd, gd, mut md, mut vd) = (gpu.upload(&p).unwrap(), gpu.upload(&g).unwrap(), gpu.upload(&m).unwrap(), gpu.upload(&v).unwrap());
+        let args = AdamWArgs::new(lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, t, decay, clip);
+        gpu.adamw(&mut pd, &gd, &mut md, &mut vd, None, n, &args).unwrap();
+        // fp32 on both sides, the same order of operations: only FMA contraction may differ.
+        for (what, got, want) in [("p", gpu.download(&pd).unwrap(), p_cpu), ("m", gpu.download(&md).unwrap(), mom.exp_avg), ("v", gpu.download(&vd).unwrap(), mom.exp_avg_sq)] {
+            for i in 0..n {
+                let tol = 1e-12 + 1e-5 * want[i].abs();
+                assert!((got[i] - want[i]).abs() <= tol, "step {t}, decay {decay}, clip {clip}: {what}[{i}] = {} on the GPU, {} on the CPU", got[i], want[i]);
+            }
+        }
+    }
+}
+
 #[test]
 fn gpu_tracks_the_cpu_loss_curve_for_200_steps() {
     let test = "gpu_tracks_the_cpu_loss_curve_for_200_steps";
