@@ -4,7 +4,7 @@ benchmark file and model, pass@1 of a greedy answer, avg@k (the mean success of 
 with pass@k where the file was sampled, tokens per task, tool calls and format errors; plus the
 seconds each cell took. Also writes BENCH_DIR/benchmarks.json for `coa-train-step plot --bars`.
 
-usage: benchmarks_report.py BENCH_DIR K TEMPERATURE
+usage: benchmarks_report.py BENCH_DIR K TEMPERATURE MODEL...   (the models in BENCH_MODELS's order)
 """
 import json
 import os
@@ -42,8 +42,7 @@ def pct(x):
 
 
 def main():
-    root, k, temperature = sys.argv[1], sys.argv[2], sys.argv[3]
-    models = sorted(d for d in os.listdir(root) if d != "tasks" and os.path.isdir(os.path.join(root, d)))
+    root, k, temperature, models = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     benches = sorted(f[: -len(".parquet")] for f in os.listdir(os.path.join(root, "tasks")) if f.endswith(".parquet"))
     seconds = {}
     if os.path.exists(os.path.join(root, "times.tsv")):

@@ -481,12 +481,20 @@ fn draw_legend<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, labels: &[&str
     Ok(())
 }
 
-fn draw_panel<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, area: &DrawingArea<DB, Shift>, k: usize, panel: &BarPanel, own_legend: bool) -> Result<Vec<BarRect>> {
-    let values = panel.series.iter().flat_map(|s| s.values.iter().flatten().copied());
-    let (lo, hi) = values.fold((0.0f64, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
+/// The y range of a bar panel: zero and every value, with room above (and below, for negative
+/// values) for the value labels. A percentage axis reaches at least 10%, so bars of 0% and 1%
+/// read as small, not as a 0-0.14 axis.
+fn bar_range(values: impl Iterator<Item = f64>, unit: &str) -> (f64, f64) {
+    let (lo, mut hi) = values.fold((0.0f64, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
+    if unit == "%" {
+        hi = hi.max(10.0);
+    }
     let span = if hi > lo { hi - lo } else { 1.0 };
-    // Room above (and below, for negative values) for the value labels.
-    let (y0, y1) = (if lo < 0.0 { lo - 0.14 * span } else { 0.0 }, if hi > 0.0 || lo >= 0.0 { hi + 0.14 * span } else { 0.0 });
+    (if lo < 0.0 { lo - 0.14 * span } else { 0.0 }, if hi > 0.0 || lo >= 0.0 { hi + 0.14 * span } else { 0.0 })
+}
+
+fn draw_panel<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, area: &DrawingArea<DB, Shift>, k: usize, panel: &BarPanel, own_legend: bool) -> Result<Vec<BarRect>> {
+    let (y0, y1) = bar_range(panel.series.iter().flat_map(|s| s.values.iter().flatten().copied()), &panel.unit);
     let n_groups = panel.groups.len();
     let mut chart = panel_axes(root, area, panel, 0.0..n_groups as f64, (y0, y1), |g| g as f64 + 0.5)?;
     let n_series = panel.series.len() as f64;
@@ -552,6 +560,20 @@ mod tests {
         assert_eq!(nice_ticks(0.0, 10.0, 5), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
         assert_eq!(nice_ticks(1.37, 7.9, 6), vec![2.0, 4.0, 6.0]);
         assert_eq!(nice_ticks(0.013, 0.05, 4), vec![0.02, 0.03, 0.04, 0.05]);
+    }
+
+    #[test]
+    fn bar_axes_hold_every_value_and_a_percent_axis_reaches_ten() {
+        let (y0, y1) = bar_range([0.0, 0.0].into_iter(), "%");
+        assert_eq!(y0, 0.0);
+        assert!((y1 - 11.4).abs() < 1e-9, "{y1}");
+        let (y0, y1) = bar_range([40.0, 71.0].into_iter(), "%");
+        assert_eq!(y0, 0.0);
+        assert!(y1 > 71.0 && y1 < 82.0, "{y1}");
+        let (y0, y1) = bar_range([-1.0, 0.5].into_iter(), "");
+        assert!(y0 < -1.0 && y1 > 0.5, "{y0} {y1}");
+        let (y0, y1) = bar_range([0.0].into_iter(), "");
+        assert_eq!((y0, y1), (0.0, 0.14));
     }
 
     #[test]
