@@ -233,3 +233,21 @@ pub(crate) fn kill_uid(uid: u32) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Isolation;
+
+    #[test]
+    fn a_uid_per_run_is_missing_only_without_namespaces() {
+        let full = Isolation { namespaces: true, uid_per_run: true, root: true, minimal_root: true, seccomp: true };
+        assert!(full.missing().is_empty());
+        // A user who is not root: namespaces, a minimal root and seccomp, no uids to give out.
+        let user = Isolation { uid_per_run: false, root: false, ..full };
+        assert!(user.missing().is_empty(), "{:?}", user.missing());
+        let bare = Isolation { namespaces: false, minimal_root: false, ..user };
+        assert_eq!(bare.missing(), ["namespaces", "a minimal root", "a uid per run"]);
+        let no_filter = Isolation { seccomp: false, ..full };
+        assert_eq!(no_filter.missing(), ["seccomp"]);
+    }
+}
