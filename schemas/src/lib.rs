@@ -21,3 +21,4 @@ pub mod shard;
 pub mod stage;
 pub mod suite;
 pub mod tables;
+pub mod text;

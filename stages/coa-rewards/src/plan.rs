@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{anyhow, bail, Context, Result};
 use coa_tools::{find_python, PyValue, PLAIN_PY};
+use coa_schemas::text::shorten;
 use serde_json::Value as Json;
 
 const PLANNER: &str = include_str!("plan.py");
@@ -146,7 +147,7 @@ fn run_planner(test_codes: &[&str]) -> Result<Vec<Plan>> {
     }
     let json: Json = serde_json::from_slice(&out.stdout).context("reading the test planner's plans")?;
     let plans = json.as_array().filter(|p| p.len() == test_codes.len()).ok_or_else(|| anyhow!("the test planner did not answer one plan per test"))?;
-    plans.iter().map(|p| parse_plan(p).with_context(|| format!("the test planner's plan {}", shorten(&p.to_string())))).collect()
+    plans.iter().map(|p| parse_plan(p).with_context(|| format!("the test planner's plan {}", shorten(&p.to_string(), 200)))).collect()
 }
 
 fn parse_plan(json: &Json) -> Result<Plan> {
@@ -189,13 +190,6 @@ fn parse_call(call: &Json) -> Result<PlannedCall> {
         })
         .collect::<Result<_>>()?;
     Ok(PlannedCall { request, shown, checks })
-}
-
-fn shorten(s: &str) -> String {
-    match s.char_indices().nth(200) {
-        Some((i, _)) => format!("{}...", &s[..i]),
-        None => s.to_string(),
-    }
 }
 
 #[cfg(test)]

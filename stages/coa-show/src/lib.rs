@@ -17,6 +17,7 @@ use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::Parser;
 use coa_schemas::io::{self, Format, Provenance};
+use coa_schemas::text::shorten;
 
 /// Distinct values of a string column counted at most (memory stays bounded on huge tables).
 pub const MAX_DISTINCT: usize = 1_000_000;
@@ -114,7 +115,7 @@ pub fn run(args: &Args) -> Result<String> {
     let types: Vec<String> = fields.iter().map(|f| type_label(f.data_type())).collect();
     let type_w = types.iter().map(|t| t.chars().count()).max().unwrap_or(4).clamp(4, 40);
     for ((f, t), s) in fields.iter().zip(&types).zip(&summaries) {
-        let t = cut(t, 40);
+        let t = shorten(t, 40);
         if args.no_summary {
             let _ = writeln!(out, "  {:name_w$}  {t}", f.name());
         } else {
@@ -178,7 +179,7 @@ fn write_provenance(out: &mut String, p: &Provenance, depth: usize) {
     let seed = p.seed.map(|s| format!(" (seed {s})")).unwrap_or_default();
     let args = p.args.iter().map(|a| shell_word(a)).collect::<Vec<_>>().join(" ");
     let label = if depth == 0 { "written by  " } else { "" };
-    let args = if args.is_empty() { String::new() } else { format!(": {}", cut(&args, 240)) };
+    let args = if args.is_empty() { String::new() } else { format!(": {}", shorten(&args, 240)) };
     let _ = writeln!(out, "{pad}{label}{} {}{args}{seed}", p.stage, p.version);
     for input in &p.inputs {
         let table = input.table.as_deref().map(|t| format!(" ({t})")).unwrap_or_default();
@@ -222,14 +223,6 @@ fn cell(text: &str) -> String {
         flat
     } else {
         format!("{}... ({} chars)", flat.chars().take(CELL_CHARS).collect::<String>(), group_digits(n as u64))
-    }
-}
-
-fn cut(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        text.to_string()
-    } else {
-        format!("{}...", text.chars().take(max).collect::<String>())
     }
 }
 

@@ -5,6 +5,7 @@
 
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value as Json;
+use coa_schemas::text::shorten;
 
 /// None, bool, int, float, str, bytes, and lists, tuples, sets (frozensets) and dicts of these.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,8 +72,8 @@ impl PyValue {
                 match (tag.as_str(), x) {
                     ("i", Json::String(s)) => PyValue::Int(canonical_int(s).ok_or_else(|| anyhow!("bad int {s:?}"))?),
                     ("f", Json::String(s)) => PyValue::Float(s.parse().map_err(|_| anyhow!("bad float {s:?}"))?),
-                    ("u", Json::String(s)) => PyValue::Str(hex_bytes(s).and_then(|b| String::from_utf8(b).ok()).ok_or_else(|| anyhow!("bad str {}", shorten(s)))?),
-                    ("b", Json::String(s)) => PyValue::Bytes(hex_bytes(s).ok_or_else(|| anyhow!("bad bytes {}", shorten(s)))?),
+                    ("u", Json::String(s)) => PyValue::Str(hex_bytes(s).and_then(|b| String::from_utf8(b).ok()).ok_or_else(|| anyhow!("bad str {}", shorten(s, 80)))?),
+                    ("b", Json::String(s)) => PyValue::Bytes(hex_bytes(s).ok_or_else(|| anyhow!("bad bytes {}", shorten(s, 80)))?),
                     ("l", _) => PyValue::List(items()?),
                     ("t", _) => PyValue::Tuple(items()?),
                     ("s", _) => PyValue::Set(items()?),
@@ -88,7 +89,7 @@ impl PyValue {
                     _ => bail!("unknown encoded value {j}"),
                 }
             }
-            _ => bail!("not an encoded plain value: {}", shorten(&j.to_string())),
+            _ => bail!("not an encoded plain value: {}", shorten(&j.to_string(), 80)),
         })
     }
 
@@ -211,13 +212,6 @@ fn hex_bytes(s: &str) -> Option<Vec<u8>> {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
-}
-
-fn shorten(s: &str) -> String {
-    match s.char_indices().nth(80) {
-        Some((i, _)) => format!("{}...", &s[..i]),
-        None => s.to_string(),
-    }
 }
 
 #[cfg(test)]
