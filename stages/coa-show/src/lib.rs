@@ -17,7 +17,7 @@ use arrow::record_batch::RecordBatch;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use clap::Parser;
 use coa_schemas::io::{self, Format, Provenance};
-use coa_schemas::text::shorten;
+use coa_schemas::text::{group_digits, shorten};
 
 /// Distinct values of a string column counted at most (memory stays bounded on huge tables).
 pub const MAX_DISTINCT: usize = 1_000_000;
@@ -226,19 +226,6 @@ fn cell(text: &str) -> String {
     }
 }
 
-/// 1234567 -> "1,234,567".
-pub fn group_digits(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// A number in a summary line: integers as integers, others with 4 significant digits.
 fn num(x: f64) -> String {
     if x.fract() == 0.0 && x.abs() < 1e15 {
@@ -392,14 +379,6 @@ fn value_len(col: &dyn Array, i: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn digits_are_grouped_in_threes() {
-        assert_eq!(group_digits(0), "0");
-        assert_eq!(group_digits(999), "999");
-        assert_eq!(group_digits(1000), "1,000");
-        assert_eq!(group_digits(1234567), "1,234,567");
-    }
 
     #[test]
     fn cells_stay_on_one_line_and_long_ones_say_their_length() {

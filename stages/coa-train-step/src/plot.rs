@@ -82,14 +82,7 @@ pub fn fmt_number(v: f64) -> String {
         return format!("{v:.1e}");
     }
     if a >= 1000.0 {
-        let digits = format!("{:.0}", a);
-        let mut out = String::new();
-        for (i, c) in digits.chars().enumerate() {
-            if i > 0 && (digits.len() - i) % 3 == 0 {
-                out.push(',');
-            }
-            out.push(c);
-        }
+        let out = coa_schemas::text::group_digits(a.round() as u64);
         return if v < 0.0 { format!("-{out}") } else { out };
     }
     let decimals = if a >= 100.0 { 0 } else if a >= 10.0 { 1 } else if a >= 1.0 { 2 } else { 3 };
