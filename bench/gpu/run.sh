@@ -130,7 +130,7 @@ run_phase() {
     ((budget <= left)) || budget=$left
     if ((budget < 10)); then
         printf '\n## %s: not run (%d s left of the %d s total; a phase gets at least 10)\n' "$name" "$left" "$TOTAL_S" >> "$REPORT"
-        echo "$name skipped" >> "$LOGS/phases.tsv"
+        printf '%s\tskipped\t0\t%s\n' "$name" "$budget" >> "$LOGS/phases.tsv"
         return
     fi
     echo "== $name (budget ${budget} s)"
