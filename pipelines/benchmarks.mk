@@ -12,8 +12,11 @@ BENCH_FILES       ?= math500.parquet aime24.parquet HumanEval.jsonl.gz livecodeb
 # files: hours on 2 cores). 10 took 17.5 minutes of rollouts for the two students on a loaded 2-core
 # Xeon, LiveCodeBench the longest (about 25 s a task).
 BENCH_TASKS       ?= 10
-# NAME=CHECKPOINT (an HF directory or a GGUF file) pairs.
+# NAME=CHECKPOINT (an HF directory or a GGUF file) pairs, answering with the CoA tools.
 BENCH_MODELS      ?= sft=$(SFT)/checkpoint rl=$(RL)/checkpoint
+# NAME=CHECKPOINT pairs answering on their own, without tags or tools (coa-generate policy --plain,
+# coa-score --plain): by default the pretrained SmolLM2-135M-Instruct the students start from.
+BENCH_PLAIN_MODELS ?= base=$(SMOLLM2_GGUF)
 BENCH_AVG         ?= aime24
 BENCH_K           ?= 4
 BENCH_TEMPERATURE ?= 0.6
@@ -22,14 +25,15 @@ BENCH := $(RUNDIR)/benchmarks
 bench_first = $(if $(filter all,$(BENCH_TASKS)),,--first $(BENCH_TASKS))
 
 .PHONY: eval-benchmarks
-eval-benchmarks: | build
+eval-benchmarks: | build $(if $(findstring $(SMOLLM2_GGUF),$(BENCH_PLAIN_MODELS)),model)
 	@mkdir -p $(BENCH)/tasks
 	@for f in $(BENCH_FILES); do \
 	  test -f "$(COA_EXTERNAL_DATA)/$$f" || { echo "eval-benchmarks: $(COA_EXTERNAL_DATA)/$$f is missing: skipped"; continue; }; \
 	  $(GENERATE) tasks --import "$(COA_EXTERNAL_DATA)/$$f" $(bench_first) -o $(BENCH)/tasks/$${f%%.*}.parquet; \
 	done
-	@for m in $(BENCH_MODELS); do \
-	  name=$${m%%=*}; ckpt=$${m#*=}; \
+	@for m in $(addprefix coa:,$(BENCH_MODELS)) $(addprefix plain:,$(BENCH_PLAIN_MODELS)); do \
+	  answers=$${m%%:*}; m=$${m#*:}; name=$${m%%=*}; ckpt=$${m#*=}; \
+	  plain=; [ $$answers = plain ] && plain=--plain; \
 	  test -e "$$ckpt" || { echo "eval-benchmarks: $$name: no checkpoint $$ckpt (make pipeline first, or BENCH_MODELS=name=DIR|GGUF)"; exit 1; }; \
 	  for t in $(BENCH)/tasks/*.parquet; do \
 	    b=$$(basename $$t .parquet); d=$(BENCH)/$$name/$$b; mkdir -p $$d; \
@@ -38,9 +42,9 @@ eval-benchmarks: | build
 	      test -f $$d/$$r.json && continue; \
 	      if [ $$r = greedy ]; then flags="--n 1 --temperature 0"; else flags="--n $(BENCH_K) --temperature $(BENCH_TEMPERATURE) --seed $(SEED)"; fi; \
 	      start=$$(date +%s); \
-	      $(GENERATE) policy --checkpoint $$ckpt -i $$t $$flags --max-response-tokens $(EVAL_MAX_RESPONSE) --max-turns $(EVAL_MAX_TURNS) \
+	      $(GENERATE) policy --checkpoint $$ckpt -i $$t $$flags $$plain --max-response-tokens $(EVAL_MAX_RESPONSE) --max-turns $(EVAL_MAX_TURNS) \
 	          --model-name $$name --batch $(EVAL_BATCH) --device $(DEVICE) $(DECODE_PRECISION_FLAGS) --stats $$d/$$r.policy.json \
-	        | $(BIN)/coa-score --tasks $$t --max-response-len $(EVAL_MAX_RESPONSE) --overlong-cache 0 \
+	        | $(BIN)/coa-score --tasks $$t $$plain --max-response-len $(EVAL_MAX_RESPONSE) --overlong-cache 0 \
 	          --report $$d/$$r.json --stats $$d/$$r.score.json -o $$d/$$r.parquet; \
 	      printf '%s\t%s\t%s\t%s\n' $$name $$b $$r $$(( $$(date +%s) - start )) >> $(BENCH)/times.tsv; \
 	      echo "eval-benchmarks: $$name $$b $$r: $$(( $$(date +%s) - start )) s"; \
@@ -48,6 +52,7 @@ eval-benchmarks: | build
 	  done; \
 	done
 	@$(PYTHON) pipelines/benchmarks_report.py $(BENCH) "$(BENCH_K)" "$(BENCH_TEMPERATURE)" $(foreach m,$(BENCH_MODELS),$(firstword $(subst =, ,$(m)))) \
+	  $(foreach m,$(BENCH_PLAIN_MODELS),$(firstword $(subst =, ,$(m))):plain) \
 	  | tee $(BENCH)/report.md
 	$(BIN)/coa-train-step plot --bars $(BENCH)/benchmarks.json -o $(BENCH)/benchmarks.png
 	@echo "plot: $(BENCH)/benchmarks.png"

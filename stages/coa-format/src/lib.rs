@@ -35,7 +35,7 @@ pub use parse::{
     char_len, code_source, find_block, find_last_block, parse, parse_into, ParseError,
     ParseErrorKind, Segment, Span,
 };
-pub use prompt::{build_prompt, instruction, split_prompt, write_prompt};
+pub use prompt::{build_plain_prompt, build_prompt, instruction, plain_instruction, split_prompt, write_prompt};
 pub use render::{check_observations, check_steps, render, render_to, RenderError, RenderProblem, Rendered};
 pub use retract::retracted_steps;
 pub use tag::{is_known_tool, list_tags, Tag, TagKind, TOOL_NAMES};

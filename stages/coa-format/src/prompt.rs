@@ -63,6 +63,30 @@ pub fn instruction(suite: &str) -> &'static str {
     }
 }
 
+/// Plain prompts: a model answering on its own, without tags or tools (a base model measured
+/// beside the students). The answer forms are the ones the field's evaluations read: math as
+/// Qwen-Math and AFM's evaluations prompt it (the last `\boxed{}`), code as LiveCodeBench does
+/// (the last fenced block), a short answer boxed too.
+pub const PLAIN_MATH_INSTRUCTION: &str = "Please reason step by step, and put your final answer within \\boxed{}.";
+pub const PLAIN_CODE_INSTRUCTION: &str =
+    "Solve the programming task. Write the complete final program in one ```python block at the end of your response.";
+pub const PLAIN_WEB_INSTRUCTION: &str = "Answer the question. Put your final answer, short, within \\boxed{}.";
+
+/// The plain instruction for a suite (see [`PLAIN_MATH_INSTRUCTION`]).
+pub fn plain_instruction(suite: &str) -> &'static str {
+    match Suite::parse(suite) {
+        Some(Suite::Math) => PLAIN_MATH_INSTRUCTION,
+        Some(Suite::Code) => PLAIN_CODE_INSTRUCTION,
+        Some(Suite::Multihop | Suite::Qa) | None => PLAIN_WEB_INSTRUCTION,
+    }
+}
+
+/// The plain prompt for `question` in `suite`: the same shape as [`build_prompt`]'s (instruction,
+/// [`QUESTION_PREFIX`], question), so chat templates render it the same way.
+pub fn build_plain_prompt(suite: &str, question: &str) -> String {
+    format!("{}{QUESTION_PREFIX}{question}", plain_instruction(suite))
+}
+
 /// Separates the instruction from the question.
 pub const QUESTION_PREFIX: &str = "\n\nQuestion: ";
 

@@ -35,6 +35,11 @@
 //! the decoder's results do not depend on the thread count or on which samples share a batch, so
 //! the output is the same for any `--threads` and `--batch`.
 //!
+//! **Plain answers** (`--plain`): a model answering on its own, as a base model is measured beside
+//! the students: the prompt is `coa_format::build_plain_prompt` (answer in `\boxed{}`, or a
+//! program in a fenced block), one turn until EOS or the budget, no tools; the CoA tag tokens (added
+//! to a pretrained vocabulary) are never sampled. `coa-score --plain` grades such rollouts.
+//!
 //! **Oversampling.** With `--oversample --groups N`, each finished group (in task order) is judged
 //! with `coa_score::judge` against its task's gold (reward as coa-score computes it, with
 //! Lmax = `--max-response-tokens`, Lcache = `--overlong-cache` (default Lmax / 8) and the default
@@ -58,7 +63,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use coa_agents::{Action, Tools};
-use coa_format::{build_prompt, code_source, find_last_block, render, Step, Tag};
+use coa_format::{build_plain_prompt, build_prompt, code_source, find_last_block, render, Step, Tag};
 use coa_kernels::decode::{check_decodable, GpuDecoder};
 use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
 use coa_model::{KvCache, Model};
@@ -167,6 +172,11 @@ pub struct PolicyArgs {
     /// Keep taking tasks until --groups informative groups (rewards not all equal) exist.
     #[arg(long, requires = "groups")]
     oversample: bool,
+    /// Plain answers: the model answers on its own, without CoA tags or tools (a base model
+    /// measured beside the students): math and short answers in \boxed{}, code in a fenced
+    /// block, one turn. Grade the rollouts with `coa-score --plain`.
+    #[arg(long, conflicts_with = "oversample")]
+    plain: bool,
     /// With --oversample: informative groups wanted (with --shard I/N: over all N shards; this
     /// shard wants G/N, one more for the first G mod N shards).
     #[arg(long, value_parser = positive, value_name = "N", requires = "oversample")]
@@ -421,11 +431,15 @@ impl Environment for ToolEnv<'_> {
 pub struct Codec<'a> {
     pub vocab: &'a Vocab,
     eos: Option<u32>,
-    answer_close: u32,
-    /// (opening id, closing id, tag) of every tool.
+    /// `</answer>`; none for plain answers.
+    answer_close: Option<u32>,
+    /// (opening id, closing id, tag) of every tool; none for plain answers.
     tools: Vec<(u32, u32, Tag)>,
     obs_head: Vec<u32>,
     obs_tail: Vec<u32>,
+    /// Plain answers: the plain prompt, and these ids (the CoA tags) are never sampled.
+    plain: bool,
+    never_sampled: Vec<u32>,
 }
 
 impl<'a> Codec<'a> {
@@ -441,12 +455,24 @@ impl<'a> Codec<'a> {
         vocab.encode_into(&format!("{OBSERVATION_PREFIX}{}", Tag::Observation.open()), &mut obs_head)?;
         let mut obs_tail = Vec::new();
         vocab.encode_into(Tag::Observation.close(), &mut obs_tail)?;
-        Ok(Codec { vocab, eos: vocab.eos, answer_close: id(Tag::Answer.close())?, tools, obs_head, obs_tail })
+        let answer_close = Some(id(Tag::Answer.close())?);
+        Ok(Codec { vocab, eos: vocab.eos, answer_close, tools, obs_head, obs_tail, plain: false, never_sampled: Vec::new() })
+    }
+
+    /// Plain answers (`--plain`): no tools, no `</answer>`; the sample ends at EOS or the budget.
+    /// The CoA tags the vocabulary holds are never sampled: a pretrained model's vocabulary is
+    /// grown by them, with rows it was never trained on.
+    pub fn plain(vocab: &'a Vocab) -> Codec<'a> {
+        let tok = &vocab.tokenizer;
+        let mut never_sampled: Vec<u32> = Tag::ALL.iter().flat_map(|t| [t.open(), t.close()]).filter_map(|s| tok.token_to_id(s)).collect();
+        never_sampled.sort_unstable();
+        never_sampled.dedup();
+        Codec { vocab, eos: vocab.eos, answer_close: None, tools: Vec::new(), obs_head: Vec::new(), obs_tail: Vec::new(), plain: true, never_sampled }
     }
 
     /// The prompt ids of a task: the conditioning prefix of the training layout.
     pub fn prompt_ids(&self, suite: &str, question: &str) -> Result<Vec<u32>> {
-        let prompt = build_prompt(suite, question);
+        let prompt = if self.plain { build_plain_prompt(suite, question) } else { build_prompt(suite, question) };
         let enc = encode_row(self.vocab, &prompt, "", &[], &[]).map_err(|e| anyhow!("{e}"))?;
         Ok(enc.ids[..enc.prompt_len as usize].to_vec())
     }
@@ -504,11 +530,15 @@ pub fn sample_seed(seed: u64, task_id: &str, sample_idx: usize) -> u64 {
 /// (T = 0: greedy, log-prob at T = 1). Top-p keeps the most likely tokens (ties by id) whose
 /// probabilities reach `top_p`.
 pub fn sample_token(logits: &[f32], temperature: f32, top_p: f32, rng: &mut Rng) -> Result<(u32, f32)> {
-    if let Some(i) = logits.iter().position(|x| !x.is_finite()) {
+    // -inf marks a token that is never sampled (weight 0); NaN and +inf are a broken model.
+    if let Some(i) = logits.iter().position(|x| x.is_nan() || *x == f32::INFINITY) {
         bail!("the model produced a non-finite logit ({}) for token {i}", logits[i]);
     }
     let t = if temperature > 0.0 { temperature as f64 } else { 1.0 };
     let mx = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    if mx == f64::NEG_INFINITY {
+        bail!("every token of the vocabulary is excluded from sampling");
+    }
     let w: Vec<f64> = logits.iter().map(|&z| ((z as f64 - mx) / t).exp()).collect();
     let sum: f64 = w.iter().sum();
     let logp = |i: usize| ((logits[i] as f64 - mx) / t - sum.ln()) as f32;
@@ -668,7 +698,7 @@ pub fn generate(
         }
         // One batched forward.
         let t0 = Instant::now();
-        let logits = {
+        let mut logits = {
             let items: Vec<(usize, &[u32])> =
                 active.iter().map(|&i| (i, slots[i].as_ref().expect("active").pending.as_slice())).collect();
             stats.tokens_fed += items.iter().map(|(_, p)| p.len() as u64).sum::<u64>();
@@ -679,6 +709,13 @@ pub fn generate(
         let v = policy.vocab_size();
         if logits.len() != active.len() * v {
             bail!("the policy returned {} logits for {} sequences of a {v}-token vocabulary", logits.len(), active.len());
+        }
+        for row in logits.chunks_mut(v) {
+            for &id in &codec.never_sampled {
+                if let Some(z) = row.get_mut(id as usize) {
+                    *z = f32::NEG_INFINITY;
+                }
+            }
         }
         // Sample every row in parallel (a softmax over the vocabulary each; every row draws from
         // its own generator, so the threads change no result); then collect tool calls in order.
@@ -707,7 +744,7 @@ pub fn generate(
             let tool = codec.tools.iter().find(|t| t.1 == tok).copied();
             if Some(tok) == codec.eos {
                 a.s.finish_reason = "eos";
-            } else if tok == codec.answer_close {
+            } else if Some(tok) == codec.answer_close {
                 a.s.finish_reason = "answer";
             } else if let Some((open, _, tag)) = tool {
                 if a.s.turns as usize >= cfg.max_turns {
@@ -819,7 +856,10 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
             stage.add_input_file(&p);
         }
     }
-    let codec = Codec::new(&vocab)?;
+    let codec = if args.plain { Codec::plain(&vocab) } else { Codec::new(&vocab)? };
+    if args.plain && args.oversample {
+        bail!("--plain with --oversample: the groups are judged as CoA answers; drop one of the two");
+    }
     let model_name = match &args.model_name {
         Some(n) => n.clone(),
         None => std::fs::canonicalize(&args.checkpoint)
@@ -977,6 +1017,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     debug_assert_eq!(n, written);
     stage.add_rows_out(n);
     stage.note("model", model_name.as_str());
+    stage.note("answers", if args.plain { "plain" } else { "coa" });
     stage.note("device", device_name);
     stage.note("groups", groups_written);
     if let Some(want) = want {

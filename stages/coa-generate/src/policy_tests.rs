@@ -496,3 +496,92 @@ fn the_shards_shares_of_oversampled_groups_add_up_to_the_whole_count() {
         assert!(shares.windows(2).all(|w| w[0] >= w[1]), "the first shards take the remainder: {shares:?}");
     }
 }
+
+/// `--plain`: the plain prompt, one turn to EOS, no tools; a tag the model favours is never
+/// sampled (greedy falls to the best other token) and never starts a tool call.
+#[test]
+fn plain_answers_use_the_plain_prompt_never_sample_a_tag_and_call_no_tool() {
+    let v = vocab();
+    let codec = Codec::plain(&v);
+    let prompt = codec.prompt_ids("math", "What is 6 times 7?").unwrap();
+    let text = codec.decode(&prompt).unwrap();
+    assert!(text.contains(coa_format::prompt::PLAIN_MATH_INSTRUCTION), "{text}");
+    assert!(!text.contains("<plan>") && !text.contains("team of agents"), "{text}");
+    assert_ne!(prompt, Codec::new(&v).unwrap().prompt_ids("math", "What is 6 times 7?").unwrap());
+
+    let tags: Vec<u32> = Tag::ALL.iter().flat_map(|t| [t.open(), t.close()]).filter_map(|s| v.tokenizer.token_to_id(s)).collect();
+    assert!(tags.len() >= 10, "the test vocabulary holds the CoA tags");
+    let env = Echo::new();
+    let greedy = SampleConfig { temperature: 0.0, top_p: 1.0, max_response_tokens: 12, max_turns: 16, max_observation_tokens: None };
+    // Every tag scores 10, one ordinary token 5, the rest (EOS included) 0.
+    struct LovesTags {
+        tags: Vec<u32>,
+        other: u32,
+        v: usize,
+    }
+    impl Policy for LovesTags {
+        fn vocab_size(&self) -> usize {
+            self.v
+        }
+        fn n_slots(&self) -> usize {
+            1
+        }
+        fn reset(&mut self, _: usize) {}
+        fn extend(&mut self, items: &[(usize, &[u32])]) -> Result<Vec<f32>> {
+            let mut z = vec![0f32; items.len() * self.v];
+            for row in z.chunks_mut(self.v) {
+                self.tags.iter().for_each(|&t| row[t as usize] = 10.0);
+                row[self.other as usize] = 5.0;
+            }
+            Ok(z)
+        }
+    }
+    let other = enc(&v, "fox")[0];
+    let mut p = LovesTags { tags: tags.clone(), other, v: v.size() };
+    let mut out = Vec::new();
+    generate(&mut p, &env, &codec, &greedy, vec![Job { key: 0, prompt_ids: prompt.clone(), seed: 1 }], &mut |_, s| {
+        out.push(s);
+        Ok(true)
+    })
+    .unwrap();
+    let s = out.pop().unwrap();
+    assert_eq!(s.response_ids, vec![other; 12]);
+    assert_eq!((s.tool_calls, s.turns, s.finish_reason), (0, 1, "budget"));
+    assert!(env.calls.lock().unwrap().is_empty());
+    // The CoA codec samples the tags (and so ends at the first `</answer>` or runs a tool).
+    let mut out = Vec::new();
+    generate(&mut p, &env, &Codec::new(&v).unwrap(), &greedy, vec![Job { key: 0, prompt_ids: prompt.clone(), seed: 1 }], &mut |_, s| {
+        out.push(s);
+        Ok(true)
+    })
+    .unwrap();
+    assert!(tags.contains(&out[0].response_ids[0]));
+
+    // Plain text runs to EOS in one turn.
+    let (answer, eos) = ("the answer is 42", v.eos.unwrap());
+    let mut p = Scripted::new(enc(&v, answer), eos, v.size(), 1);
+    let mut out = Vec::new();
+    generate(&mut p, &env, &codec, &cfg(64, 16), vec![Job { key: 0, prompt_ids: prompt, seed: 1 }], &mut |_, s| {
+        out.push(s);
+        Ok(true)
+    })
+    .unwrap();
+    let s = out.pop().unwrap();
+    assert_eq!((s.finish_reason, s.tool_calls, s.turns), ("eos", 0, 1));
+    assert_eq!(&s.response_ids[..s.response_ids.len() - 1], enc(&v, answer).as_slice());
+}
+
+#[test]
+fn a_token_excluded_from_sampling_is_never_drawn_and_an_all_excluded_row_is_an_error() {
+    let mut rng = Rng::new(3);
+    let z = [f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY, 0.5];
+    for _ in 0..200 {
+        let (t, lp) = sample_token(&z, 1.0, 1.0, &mut rng).unwrap();
+        assert!(t == 1 || t == 3, "drew {t}");
+        assert!(lp.is_finite());
+    }
+    assert_eq!(sample_token(&z, 0.0, 1.0, &mut rng).unwrap().0, 3);
+    let all = [f32::NEG_INFINITY; 4];
+    assert!(sample_token(&all, 1.0, 1.0, &mut rng).unwrap_err().to_string().contains("excluded"));
+    assert!(sample_token(&[0.0, f32::INFINITY], 1.0, 1.0, &mut rng).unwrap_err().to_string().contains("non-finite"));
+}

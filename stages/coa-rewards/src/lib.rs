@@ -29,7 +29,7 @@ use coa_schemas::suite::{answer_kind, AnswerKind};
 use coa_tools::SandboxLimits;
 
 pub use code::{code_passes, extract_program, CodeVerdict, SandboxVerdict, TestStyle};
-pub use math::{extract_boxed, math_equal, normalize_math};
+pub use math::{boxed_answer, extract_boxed, math_equal, normalize_math};
 pub use qa::{comparable_answer, exact_match, f1, normalize_answer, split_answers};
 pub use shaping::{group_advantages, overlong_penalty, pass_at_k, total_reward, RewardConfig};
 

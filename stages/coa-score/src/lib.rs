@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{ArrayRef, BooleanArray, Float32Array, RecordBatch, StringArray};
 use coa_format::{find_last_block, steps_from_text, validate, Flavor, Tag};
-use coa_rewards::{check_answer, code_passes, extract_program, f1, group_advantages, overlong_penalty, total_reward, RewardConfig, SandboxVerdict};
+use coa_rewards::{boxed_answer, check_answer, code_passes, extract_program, f1, group_advantages, overlong_penalty, total_reward, RewardConfig, SandboxVerdict};
 use coa_schemas::rows::{Rollout, Task};
 use coa_schemas::suite::{answer_kind, AnswerKind};
 use coa_schemas::tables::SCORES;
@@ -48,13 +48,45 @@ pub fn final_answer(text: &str) -> Option<&str> {
 }
 
 /// Checks one rollout against its task.
+/// How a response gives its final answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answers {
+    /// In the CoA grammar: the last `<answer>` block; the grammar is checked.
+    Coa,
+    /// Plain text (`coa-generate policy --plain`): the last `\boxed{}` for math and short
+    /// answers, the last fenced code block for code (as Qwen-Math's and LiveCodeBench's
+    /// evaluations read them); there is no grammar to break.
+    Plain,
+}
+
+/// The final answer of a plain response (see [`Answers::Plain`]); code is read from the whole
+/// text by [`extract_program`].
+pub fn plain_answer<'a>(task: &Task, text: &'a str) -> Option<std::borrow::Cow<'a, str>> {
+    match answer_kind(&task.suite) {
+        Some(AnswerKind::Program) => Some(std::borrow::Cow::Borrowed(text)),
+        _ => boxed_answer(text).map(std::borrow::Cow::Owned),
+    }
+}
+
+/// [`judge_as`] for CoA responses.
 pub fn judge(task: &Task, rollout: &Rollout, config: &RewardConfig, limits: &SandboxLimits) -> Result<Verdict> {
+    judge_as(task, rollout, config, limits, Answers::Coa)
+}
+
+pub fn judge_as(task: &Task, rollout: &Rollout, config: &RewardConfig, limits: &SandboxLimits, answers: Answers) -> Result<Verdict> {
     let flavor = Flavor::for_suite(&rollout.suite);
-    let format_error = match steps_from_text(&rollout.response_text) {
-        Err(e) => Some(e.to_string()),
-        Ok(steps) => validate(&steps, flavor).err().map(|v| v.to_string()),
+    let format_error = match answers {
+        Answers::Plain => None,
+        Answers::Coa => match steps_from_text(&rollout.response_text) {
+            Err(e) => Some(e.to_string()),
+            Ok(steps) => validate(&steps, flavor).err().map(|v| v.to_string()),
+        },
     };
-    let answer = final_answer(&rollout.response_text);
+    let answer = match answers {
+        Answers::Coa => final_answer(&rollout.response_text).map(std::borrow::Cow::Borrowed),
+        Answers::Plain => plain_answer(task, &rollout.response_text),
+    };
+    let answer = answer.as_deref();
     let checked = || format!("task {}: checking the answer", task.task_id);
     let (correct, sandbox) = match answer {
         Some(a) if answer_kind(&task.suite) == Some(AnswerKind::Program) => {
@@ -77,7 +109,14 @@ pub fn judge(task: &Task, rollout: &Rollout, config: &RewardConfig, limits: &San
 /// Judges every rollout (in parallel: code tasks run their tests) and fills in the group
 /// advantages, a group being the samples of one (task, model). `judged` is called once per
 /// rollout as its verdict is in (a progress bar).
-pub fn score(rollouts: &[Rollout], tasks: &HashMap<String, Task>, config: &RewardConfig, limits: &SandboxLimits, judged: &(dyn Fn() + Sync)) -> Result<Vec<Verdict>> {
+pub fn score(
+    rollouts: &[Rollout],
+    tasks: &HashMap<String, Task>,
+    config: &RewardConfig,
+    limits: &SandboxLimits,
+    answers: Answers,
+    judged: &(dyn Fn() + Sync),
+) -> Result<Vec<Verdict>> {
     for (row, r) in rollouts.iter().enumerate() {
         let Some(task) = tasks.get(&r.task_id) else {
             bail!("row {row}: task `{}` is not in the tasks table (pass the tasks the rollouts were generated from with --tasks)", r.task_id);
@@ -95,7 +134,7 @@ pub fn score(rollouts: &[Rollout], tasks: &HashMap<String, Task>, config: &Rewar
         .par_iter()
         .enumerate()
         .map(|(row, r)| {
-            let verdict = judge(&tasks[&r.task_id], r, config, limits).with_context(|| format!("row {row}"));
+            let verdict = judge_as(&tasks[&r.task_id], r, config, limits, answers).with_context(|| format!("row {row}"));
             judged();
             verdict
         })

@@ -39,6 +39,11 @@ pub struct ScoreArgs {
     /// refuses: a program that escapes a weaker sandbox could find its task's answers.
     #[arg(long)]
     pub weaker_sandbox: bool,
+    /// The rollouts answer in plain text (`coa-generate policy --plain`): the final answer is the
+    /// last \boxed{} (math, short answers) or the last fenced code block (code); no CoA grammar
+    /// is checked (format_ok is true).
+    #[arg(long)]
+    pub plain: bool,
     /// Also write the eval table (per suite and model) here: markdown, or JSON for *.json. It is
     /// printed on stderr either way.
     #[arg(long, value_name = "FILE")]
@@ -109,8 +114,10 @@ pub fn run(stage: &mut Stage, args: &ScoreArgs) -> Result<()> {
             );
         }
     }
+    let answers = if args.plain { crate::Answers::Plain } else { crate::Answers::Coa };
+    stage.note("answers", if args.plain { "plain" } else { "coa" });
     let bar = stage.progress(Some(all.len() as u64), "judging");
-    let verdicts = crate::score(&all, &tasks, &config, &limits, &|| bar.inc(1)).with_context(|| source.clone())?;
+    let verdicts = crate::score(&all, &tasks, &config, &limits, answers, &|| bar.inc(1)).with_context(|| source.clone())?;
     bar.finish_and_clear();
 
     let mut out = stage.create(args.io.output.as_deref(), args.io.format, &SCORES.schema())?;

@@ -132,16 +132,21 @@ fn rewards_advantages_and_report_on_real_tasks() {
     assert_eq!(math_line["tokens_per_solved"], 4108.0 / 3.0);
 }
 
-#[test]
-fn the_sandbox_verdict_is_recorded_and_early_exits_do_not_pass() {
-    let dir = tempfile::tempdir().unwrap();
-    let code = Task {
+/// A code task: write `add(a, b)`, checked by two asserts.
+fn add_task() -> Task {
+    Task {
         task_id: "code-1".into(),
         suite: "code".into(),
         question: "Write add(a, b).".into(),
         test_code: Some("assert add(2, 3) == 5\nassert add(-1, 1) == 0\n".into()),
         ..Default::default()
-    };
+    }
+}
+
+#[test]
+fn the_sandbox_verdict_is_recorded_and_early_exits_do_not_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let code = add_task();
     let math = Task { task_id: "math-1".into(), suite: "math".into(), question: "1 + 1?".into(), answers: vec!["2".into()], ..Default::default() };
     write(&dir.path().join("tasks.parquet"), &[code.clone(), math.clone()], &TASKS);
     let program = |body: &str| code_text(&format!("```python\n{body}\n```"));
@@ -371,4 +376,43 @@ fn the_stats_say_which_sandbox_protections_hold_and_a_weaker_sandbox_needs_a_fla
     assert!(stderr.contains("coa-score: --weaker-sandbox: the code sandbox runs without") && stderr.contains("seccomp"), "{stderr}");
     assert!(read_stats()["sandbox_missing"].as_str().unwrap().contains("seccomp"), "{}", read_stats());
     assert!(read_stats()["sandbox"].as_str().unwrap().contains("no seccomp filter"), "{}", read_stats());
+}
+
+/// `--plain` (rollouts of `coa-generate policy --plain`): the last `\boxed{}` is the answer of a
+/// math or QA task, the last fenced block the program of a code task; no grammar is checked. The
+/// same texts graded as CoA answers have no `<answer>` and score wrong, with a format error.
+#[test]
+fn plain_answers_are_the_last_box_or_the_last_code_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let code = add_task();
+    let math = Task { task_id: "math-1".into(), suite: "math".into(), question: "Half of 1?".into(), answers: vec!["\\frac{1}{2}".into()], ..Default::default() };
+    let qa = Task { task_id: "qa-1".into(), suite: "qa".into(), question: "Capital of France?".into(), answers: vec!["Paris".into()], ..Default::default() };
+    write(&dir.path().join("tasks.parquet"), &[code.clone(), math.clone(), qa.clone()], &TASKS);
+    let rollouts = vec![
+        // A draft first, the final program last: the last block is graded.
+        rollout(&code, 0, "A draft:\n```python\ndef add(a, b):\n    return a - b\n```\nFixed:\n```python\ndef add(a, b):\n    return a + b\n```\n".into(), 40),
+        rollout(&code, 1, "```python\ndef add(a, b):\n    return a + b\n```\nOops:\n```python\ndef add(a, b):\n    return 0\n```".into(), 40),
+        // The last box (an earlier one far enough before it, without a list separator, is a
+        // draft; boxes listed together are one several-part answer, as math-verify reads them).
+        rollout(&math, 0, "First I guessed \\boxed{1}. Checking it again shows it was wrong. The half is \\boxed{0.5}.".into(), 20),
+        rollout(&math, 1, "It is \\boxed{\\frac{1}{2}}, or maybe \\boxed{2}.".into(), 20),
+        rollout(&math, 2, "The answer is 1/2.".into(), 20), // no box: no answer
+        rollout(&qa, 0, "It is \\boxed{Paris}.".into(), 10),
+    ];
+    write(&dir.path().join("rollouts.parquet"), &rollouts, &ROLLOUTS);
+    let read = |name: &str| -> Vec<bool> {
+        let batches: Vec<RecordBatch> = io::open(Some(&dir.path().join("scores.parquet")), &SCORES).unwrap().collect::<anyhow::Result<_>>().unwrap();
+        batches[0].column_by_name(name).unwrap().as_boolean().iter().map(|v| v.unwrap()).collect()
+    };
+    let out = score(dir.path(), &["--plain", "--code-timeout", "3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(read("correct"), [true, false, true, false, false, true], "{stderr}");
+    assert_eq!(read("format_ok"), [true; 6]);
+
+    std::fs::remove_file(dir.path().join("scores.parquet")).unwrap();
+    let out = score(dir.path(), &["--code-timeout", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(read("correct"), [false; 6]);
+    assert_eq!(read("format_ok"), [false; 6]);
 }
