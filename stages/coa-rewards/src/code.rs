@@ -88,7 +88,7 @@ impl SandboxVerdict {
         match run.status {
             RunStatus::Timeout(_) => SandboxVerdict::TimedOut,
             RunStatus::OutputLimit(_) => SandboxVerdict::OutputLimit,
-            RunStatus::Signal(_) => SandboxVerdict::Killed,
+            RunStatus::Signal(_) | RunStatus::TreeLimit(_) => SandboxVerdict::Killed,
             RunStatus::Exit(_) if run.passed() => SandboxVerdict::Passed,
             RunStatus::Exit(_) => SandboxVerdict::Failed,
         }

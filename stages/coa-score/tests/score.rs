@@ -158,6 +158,8 @@ fn the_sandbox_verdict_is_recorded_and_early_exits_do_not_pass() {
         rollout(&code, 4, program("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"), 50),
         rollout(&code, 5, program("import sys\nwhile True:\n    sys.stdout.write('y' * 65536)"), 50),
         rollout(&code, 6, program("def add(a, b):\n    return a - b"), 50),
+        // The right answer, from a run whose processes together hold more than its 1 GiB.
+        rollout(&code, 7, program("import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        held = b'x' * (400 << 20)\n        time.sleep(1)\n        os._exit(0)\nfor _ in range(4):\n    os.wait()\ndef add(a, b):\n    return a + b"), 50),
         rollout(&math, 0, code_text("\\boxed{2}"), 50),
     ];
     write(&dir.path().join("rollouts.parquet"), &rollouts, &ROLLOUTS);
@@ -168,10 +170,10 @@ fn the_sandbox_verdict_is_recorded_and_early_exits_do_not_pass() {
     let b = &batches[0];
     let correct: Vec<bool> = b.column_by_name("correct").unwrap().as_boolean().iter().map(|v| v.unwrap()).collect();
     let sandbox: Vec<Option<&str>> = b.column_by_name("sandbox").unwrap().as_string::<i32>().iter().collect();
-    assert_eq!(correct, [true, false, false, false, false, false, false, true], "{stderr}");
+    assert_eq!(correct, [true, false, false, false, false, false, false, false, true], "{stderr}");
     assert_eq!(
         sandbox,
-        [Some("passed"), Some("failed"), Some("failed"), Some("timed_out"), Some("killed"), Some("output_limit"), Some("failed"), None],
+        [Some("passed"), Some("failed"), Some("failed"), Some("timed_out"), Some("killed"), Some("output_limit"), Some("failed"), Some("killed"), None],
         "{stderr}"
     );
 }

@@ -21,7 +21,7 @@ pub mod crawl;
 pub mod flags;
 pub mod search;
 
-pub use code::{find_python, isolation, run_calls, run_checked, run_program, run_program_with, run_python, run_python_with, Answer, CodeRun, Ending, Isolation, Program, PyValue, RunStatus, SandboxLimits, PLAIN_PY};
+pub use code::{find_python, isolation, run_calls, run_checked, run_program, run_program_with, run_python, run_python_with, Answer, CodeRun, Ending, Isolation, Program, PyValue, RunStatus, SandboxLimits, TreeLimit, PLAIN_PY};
 pub use corpus::Corpus;
 pub use crawl::crawl_page;
 pub use flags::{CodeTimeout, ToolFlags};

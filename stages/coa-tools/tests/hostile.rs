@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{is_root, limits, run, run_tests, sandbox_dirs, serial, survivors, unique_tag, SLOT_BASE};
-use coa_tools::{isolation, run_python, RunStatus, SandboxLimits};
+use coa_tools::{isolation, run_python, RunStatus, SandboxLimits, TreeLimit};
 
 fn python() -> PathBuf {
     coa_tools::find_python().unwrap()
@@ -159,7 +159,13 @@ while True:
 "#;
     let code = format!("import os, sys\nos.execv(sys.executable, [sys.executable, '-c', {bomb:?}, '{tag}'])\n");
     let r = run(&code, None, &SandboxLimits { max_procs: 32, ..limits(2) });
-    assert_eq!(r.status, RunStatus::Timeout(Duration::from_secs(2)), "{r:?}");
+    // RLIMIT_NPROC holds the bomb until the timeout where the run has a uid of its own; where
+    // runs share a uid, the user's other processes count too, and the watchdog stops the tree.
+    match r.status {
+        RunStatus::Timeout(after) => assert_eq!(after, Duration::from_secs(2)),
+        RunStatus::TreeLimit(TreeLimit::Tasks(n)) => assert!(n > 32, "{r:?}"),
+        _ => panic!("{r:?}"),
+    }
     assert!(r.wall < Duration::from_secs(3), "took {:?}", r.wall);
     if is_root() {
         // Under root the code runs unprivileged, where RLIMIT_NPROC applies.
@@ -186,6 +192,48 @@ fn memory_hog_fails_clearly() {
     let r = run("x = bytearray(20 * 10**9)", None, &lim);
     assert_eq!(r.status, RunStatus::Exit(1));
     assert!(r.stderr.trim_end().ends_with("MemoryError"), "{}", r.stderr);
+}
+
+/// `n` children that each hold `mb` MiB (written, so resident) and then sleep; the parent waits.
+fn forked_holders(n: usize, mb: usize) -> String {
+    format!(
+        "import os, time\nfor _ in range({n}):\n    if os.fork() == 0:\n        held = b'x' * ({mb} << 20)\n        time.sleep(4)\n        os._exit(0)\n\
+         for _ in range({n}):\n    os.wait()\nprint('done')\n"
+    )
+}
+
+#[test]
+fn memory_held_by_a_process_tree_is_limited_for_the_whole_tree() {
+    // Each process stays far under its own address-space limit; together they pass the run's.
+    let lim = SandboxLimits { mem_bytes: 512 << 20, ..limits(10) };
+    let r = run(&forked_holders(4, 200), None, &lim);
+    match r.status {
+        RunStatus::TreeLimit(TreeLimit::Memory(b)) => assert!(b > 512 << 20, "{r:?}"),
+        _ => panic!("4 x 200 MiB under a 512 MiB run limit: {r:?}"),
+    }
+    assert!(r.wall < Duration::from_secs(4), "stopped only after {:?}", r.wall);
+    assert!(r.render().starts_with("[FAILED] Code was stopped: its processes held"), "{}", r.render());
+    // One holder is within the limit.
+    let r = run(&forked_holders(1, 200), None, &lim);
+    assert_eq!((r.status, r.stdout.as_str()), (RunStatus::Exit(0), "done\n"), "{r:?}");
+}
+
+#[test]
+fn cpu_used_by_a_process_tree_is_limited_for_the_whole_tree() {
+    // Four processes of 0.8 CPU seconds each: under the per-process limit of 1 s, over it together.
+    let lim = SandboxLimits { cpu_secs: 1, ..limits(20) };
+    let code = "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        while time.process_time() < 0.8:\n            pass\n        os._exit(0)\n\
+                for _ in range(4):\n    os.wait()\nprint('done')\n";
+    let r = run(code, None, &lim);
+    match r.status {
+        RunStatus::TreeLimit(TreeLimit::Cpu(ms)) => assert!(ms > 1000, "{r:?}"),
+        _ => panic!("4 x 0.8 CPU s under a 1 s run limit: {r:?}"),
+    }
+    assert!(r.render().contains("CPU seconds together"), "{}", r.render());
+    // One such process is within it.
+    let one = code.replace("range(4)", "range(1)");
+    let r = run(&one, None, &lim);
+    assert_eq!((r.status, r.stdout.as_str()), (RunStatus::Exit(0), "done\n"), "{r:?}");
 }
 
 #[test]

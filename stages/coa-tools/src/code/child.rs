@@ -476,6 +476,73 @@ pub(crate) fn has_exited(pid: libc::pid_t) -> io::Result<bool> {
     }
 }
 
+/// What a run's process tree holds at one moment: the watchdog's reading (see [`tree_usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TreeUsage {
+    /// Tasks (processes and their threads), as RLIMIT_NPROC counts them.
+    pub tasks: u64,
+    /// Private resident memory, summed over the processes: resident minus file-backed shared
+    /// pages (statm). Copy-on-write pages a fork still shares count once per process.
+    pub private_bytes: u64,
+    /// CPU time of every process, and of the children each has reaped, in clock ticks.
+    pub cpu_ticks: u64,
+}
+
+/// Most processes one reading walks (a fork bomb is stopped by RLIMIT_NPROC long before).
+const TREE_WALK_LIMIT: usize = 4096;
+
+/// The process tree under `root` (itself included), read from the host's /proc: each task's
+/// `children`, each process's `statm` and `stat`. A process that exits during the walk is
+/// skipped; with a PID namespace, processes that left their parent are the namespace init's
+/// children, so still in the tree. Not async-signal-safe (allocates): parent side only.
+pub(crate) fn tree_usage(root: libc::pid_t) -> TreeUsage {
+    let mut usage = TreeUsage::default();
+    let mut stack = vec![root];
+    let mut walked = 0;
+    let page = page_size();
+    while let Some(pid) = stack.pop() {
+        walked += 1;
+        if walked > TREE_WALK_LIMIT {
+            break;
+        }
+        let dir = format!("/proc/{pid}");
+        let Ok(stat) = fs::read_to_string(format!("{dir}/stat")) else { continue };
+        // The fields after the command name (which may hold spaces and parentheses).
+        let Some(fields) = stat.rfind(')').map(|at| stat[at + 1..].split_ascii_whitespace().collect::<Vec<_>>()) else { continue };
+        let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+        // stat(5) fields 14-17 (utime, stime, cutime, cstime) and 20 (num_threads); `fields`
+        // starts at field 3.
+        usage.cpu_ticks += field(11) + field(12) + field(13) + field(14);
+        usage.tasks += field(17).max(1);
+        if let Ok(statm) = fs::read_to_string(format!("{dir}/statm")) {
+            let pages: Vec<u64> = statm.split_ascii_whitespace().filter_map(|f| f.parse().ok()).collect();
+            if let [_, resident, shared, ..] = pages[..] {
+                usage.private_bytes += resident.saturating_sub(shared) * page;
+            }
+        }
+        let Ok(tasks) = fs::read_dir(format!("{dir}/task")) else { continue };
+        for task in tasks.flatten() {
+            if let Ok(children) = fs::read_to_string(task.path().join("children")) {
+                stack.extend(children.split_ascii_whitespace().filter_map(|c| c.parse::<libc::pid_t>().ok()));
+            }
+        }
+    }
+    usage
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 { n as u64 } else { 4096 }
+}
+
+/// Clock ticks per second (the unit of /proc/PID/stat's CPU times).
+pub(crate) fn clock_ticks_per_sec() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if n > 0 { n as u64 } else { 100 }
+}
+
 /// A pidfd for `pid` (Linux >= 5.3): becomes readable when the process exits, so the parent can
 /// sleep in poll() on output and exit at once. `None` where unsupported (then we poll briefly).
 pub(crate) fn pidfd_open(pid: libc::pid_t) -> Option<OwnedFd> {

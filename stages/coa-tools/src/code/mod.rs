@@ -20,6 +20,12 @@
 //! 3. **rlimits** set before exec: CPU seconds (SIGXCPU, then SIGKILL one second later),
 //!    address space (allocations fail: Python raises `MemoryError`), file size, number of
 //!    tasks, no core dumps. `PR_SET_NO_NEW_PRIVS` keeps setuid binaries from undoing them.
+//!    A **watchdog** in the parent bounds the run's whole process tree: every 20 ms it reads
+//!    `/proc` for the tree's private resident memory, CPU time (with the children each process
+//!    reaped) and task count (`child::tree_usage`), and kills the run past
+//!    [`SandboxLimits::mem_bytes`], [`SandboxLimits::cpu_secs`] or [`SandboxLimits::max_procs`]
+//!    ([`RunStatus::TreeLimit`]): four forks that each stay under their own limits do not add up
+//!    to four times the run's memory.
 //!    A **seccomp filter** (`seccomp.rs`, where the kernel takes one) refuses ptrace,
 //!    process_vm_readv/writev, new namespaces, mounts, bpf, perf_event_open, keyctl and the like.
 //! 4. **Kills**: on the wall-clock deadline, when the output passes its limit, after every
@@ -116,13 +122,15 @@ pub struct SandboxLimits {
     /// Wall-clock limit; then the whole run is killed.
     pub wall: Duration,
     /// CPU seconds (RLIMIT_CPU), summed over the process's threads; each forked process gets
-    /// its own. At least 1.
+    /// its own, and the watchdog holds the whole tree to it too. At least 1.
     pub cpu_secs: u64,
-    /// Address space per process (RLIMIT_AS), in bytes.
+    /// Address space per process (RLIMIT_AS), and private resident memory of the whole tree
+    /// (the watchdog), in bytes.
     pub mem_bytes: u64,
     /// Largest file the code may write (RLIMIT_FSIZE), in bytes.
     pub file_bytes: u64,
-    /// Processes + threads the code may add (RLIMIT_NPROC on top of what the user runs).
+    /// Processes + threads the code may add (RLIMIT_NPROC on top of what the user runs; the
+    /// watchdog holds the tree to it too).
     pub max_procs: u64,
     /// Output kept per stream (head + tail); the rest is counted and replaced by a marker.
     pub max_output_bytes: usize,
@@ -160,6 +168,30 @@ pub enum RunStatus {
     Timeout(Duration),
     /// Stopped for writing more than this many bytes of output.
     OutputLimit(u64),
+    /// Stopped by the watchdog: the run's processes together passed one of its limits.
+    TreeLimit(TreeLimit),
+}
+
+/// A limit on a run's whole process tree (its processes together; the rlimits hold per process),
+/// with what the tree held when the watchdog stopped it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreeLimit {
+    /// Private resident bytes over [`SandboxLimits::mem_bytes`].
+    Memory(u64),
+    /// CPU milliseconds over [`SandboxLimits::cpu_secs`].
+    Cpu(u64),
+    /// Tasks (processes and threads) over [`SandboxLimits::max_procs`] plus the harness's own.
+    Tasks(u64),
+}
+
+impl std::fmt::Display for TreeLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            TreeLimit::Memory(b) => write!(f, "its processes held {} MiB of memory together", b >> 20),
+            TreeLimit::Cpu(ms) => write!(f, "its processes used {} CPU seconds together", format_secs(Duration::from_millis(ms))),
+            TreeLimit::Tasks(n) => write!(f, "it ran {n} processes and threads at once"),
+        }
+    }
 }
 
 /// What counts as a program having run to its end (when the harness prints the run's token).
@@ -258,6 +290,7 @@ impl CodeRun {
             RunStatus::Signal(sig) => format!("[FAILED] Code was killed by signal {sig} ({})", describe_signal(sig)),
             RunStatus::Timeout(after) => format!("[FAILED] Code timed out after {} s", format_secs(after)),
             RunStatus::OutputLimit(limit) => format!("[FAILED] Code was stopped after more than {limit} bytes of output"),
+            RunStatus::TreeLimit(what) => format!("[FAILED] Code was stopped: {what}, over the run's limit"),
         };
         match (out.is_empty(), err.is_empty()) {
             (true, true) => format!("{head} (no output)."),
@@ -532,6 +565,7 @@ fn run_sandboxed(python: &Path, program: &Program, limits: &SandboxLimits, chann
             (Some(Report::SetupFailed(step, e)), _) => bail!("sandbox: {}: {}", step.describe(), io::Error::from_raw_os_error(e)),
             (_, Ended::Timeout) => RunStatus::Timeout(limits.wall),
             (_, Ended::OutputLimit) => RunStatus::OutputLimit(limits.max_output_total),
+            (_, Ended::TreeLimit(what)) => RunStatus::TreeLimit(what),
             (Some(Report::Exited(raw)), Ended::Exited) => status_from_raw(raw)?,
             (None, Ended::Exited) => bail!("sandbox: the run's init ended without reporting the program's status ({exit})"),
         }
@@ -539,6 +573,7 @@ fn run_sandboxed(python: &Path, program: &Program, limits: &SandboxLimits, chann
         match ended {
             Ended::Timeout => RunStatus::Timeout(limits.wall),
             Ended::OutputLimit => RunStatus::OutputLimit(limits.max_output_total),
+            Ended::TreeLimit(what) => RunStatus::TreeLimit(what),
             Ended::Exited => status_from_raw(exit.into_raw())?,
         }
     };
@@ -641,6 +676,27 @@ enum Ended {
     Exited,
     Timeout,
     OutputLimit,
+    TreeLimit(TreeLimit),
+}
+
+/// How often the watchdog reads the run's process tree.
+const WATCH_TICK: Duration = Duration::from_millis(20);
+/// Tasks of the sandbox's own around the code (outside process, the namespace's init, the
+/// interpreter), not counted against [`SandboxLimits::max_procs`].
+const HARNESS_TASKS: u64 = 3;
+
+/// The tree-wide limit `usage` passes, if any.
+fn over_tree_limit(usage: &child::TreeUsage, limits: &SandboxLimits, ticks_per_sec: u64) -> Option<TreeLimit> {
+    if usage.private_bytes > limits.mem_bytes {
+        return Some(TreeLimit::Memory(usage.private_bytes));
+    }
+    if usage.cpu_ticks > limits.cpu_secs * ticks_per_sec {
+        return Some(TreeLimit::Cpu(usage.cpu_ticks * 1000 / ticks_per_sec));
+    }
+    if usage.tasks > limits.max_procs + HARNESS_TASKS {
+        return Some(TreeLimit::Tasks(usage.tasks));
+    }
+    None
 }
 
 /// Pumps the child's pipes until it exits (or is killed at the deadline or the output limit),
@@ -708,6 +764,8 @@ fn pump(
     let mut buf = vec![0u8; 64 << 10];
     let mut killed: Option<Ended> = None;
     let mut drain_until: Option<Instant> = None;
+    let ticks_per_sec = child::clock_ticks_per_sec();
+    let mut next_watch = Instant::now() + WATCH_TICK;
 
     loop {
         let now = Instant::now();
@@ -726,6 +784,14 @@ fn pump(
                 child::kill_group(pid);
                 escapees.kill();
                 killed = Some(Ended::OutputLimit);
+            } else if killed.is_none() && now >= next_watch {
+                // The watchdog: the rlimits bound each process; the tree is bounded here.
+                if let Some(what) = over_tree_limit(&child::tree_usage(pid), limits, ticks_per_sec) {
+                    child::kill_group(pid);
+                    escapees.kill();
+                    killed = Some(Ended::TreeLimit(what));
+                }
+                next_watch = now + WATCH_TICK;
             }
         }
         if let Some(until) = drain_until {
@@ -737,7 +803,7 @@ fn pump(
         let mut wait = match drain_until {
             Some(until) => until - now,
             None if killed.is_some() => Duration::from_millis(50), // killed; exit is imminent
-            None => deadline - now,
+            None => deadline.min(next_watch).saturating_duration_since(now),
         };
         if pidfd.is_none() && drain_until.is_none() {
             wait = wait.min(FALLBACK_TICK);
