@@ -678,9 +678,21 @@ fn the_host_files_are_out_of_sight() {
         assert!(line.ends_with(" False"), "visible in the run: {line}\n{}", r.stdout);
     }
     assert!(r.stdout.contains("/proc/1/cmdline True"), "the run's own procfs: {}", r.stdout);
-    // Its init is a fork of this test process, whose arguments it must not show.
-    let init = run("print(repr(open('/proc/1/cmdline', 'rb').read().strip(b'\\0')))\n", None, &limits(10));
-    assert_eq!(init.stdout, "b''\n", "the stage's arguments are visible as the run's init's: {init:?}");
+    // Its init is a fresh exec (the interpreter running the init script), not a fork of this
+    // test process: none of the stage's arguments, its name gone from /proc/1/status.
+    let init = run(
+        "import os\nargs = open('/proc/1/cmdline', 'rb').read().split(b'\\0')\nprint(os.path.basename(args[0]).decode(), args[1:4])\n\
+         print([l for l in open('/proc/1/status').read().splitlines() if l.startswith('Name:')][0].split()[1])\n\
+         print(open('/proc/1/cmdline', 'rb').read().decode(errors='replace'))\n",
+        None,
+        &limits(10),
+    );
+    let mut lines = init.stdout.lines();
+    assert!(lines.next().is_some_and(|l| l.starts_with("python") && l.ends_with("[b'-I', b'-S', b'-c']")), "{init:?}");
+    assert!(lines.next().is_some_and(|name| name.starts_with("python")), "the run's init is not the interpreter: {init:?}");
+    for arg in std::env::args().filter(|a| a.len() > 3) {
+        assert!(!init.stdout.contains(&arg), "the stage's argument {arg} is visible as the run's init's: {init:?}");
+    }
     assert!(r.stdout.contains("True 0\n") && (r.stdout.contains("usr OSError") || r.stdout.contains("usr PermissionError")), "{}", r.stdout);
     let listing = r.stdout.lines().nth(7).unwrap_or_default();
     for gone in ["'root'", "'home'", "'work'", "'var'", "'opt'", "'srv'", "'mnt'"] {

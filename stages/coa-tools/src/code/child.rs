@@ -12,8 +12,10 @@
 //! caller into the new PID namespace, which is why `M` exists. `I` is that namespace's init:
 //! it builds the run's minimal root and pivots into it (`root.rs`; or keeps the host's tree
 //! read-only), mounts the private `/tmp`, `/dev/shm` and `/proc`, writes the program, forks `P`
-//! and reaps everything until `P` exits; then it reports `P`'s wait status on the status pipe
-//! and exits, and the kernel kills every process left in the namespace. `P` sets the limits,
+//! and execs a fresh init (`init.py` under the run's interpreter, so that no copy of the stage's
+//! memory, arguments or environment stays in the run), which reaps everything until `P` exits;
+//! then it reports `P`'s wait status on the status pipe and exits, and the kernel kills every
+//! process left in the namespace. `P` sets the limits,
 //! drops to the run's uid, installs the seccomp filter and returns to std, which executes python.
 //! `PR_SET_PDEATHSIG` chains the three to the stage: kill the stage (even with SIGKILL) and `M`
 //! dies, so `I` dies, so the whole namespace dies.
@@ -123,8 +125,33 @@ pub(crate) struct Namespaces {
     pub files: Vec<(CString, Vec<u8>)>,
     /// The run's minimal root; `None`: the host's tree, read-only.
     pub root: Option<crate::code::root::NewRoot>,
-    /// [`stage_strings`], for the run's init to zero.
+    /// [`stage_strings`], for the run's init to zero (when it cannot exec [`InitExec`]).
     pub stage_strings: Option<[(usize, usize); 2]>,
+    /// The fresh init `I` execs once `P` runs.
+    pub init: InitExec,
+}
+
+/// The command line of the run's exec'd init (`init.py` under the run's interpreter), made before
+/// the fork: the child only adds `P`'s pid (formatted on its stack).
+pub(crate) struct InitExec {
+    /// The interpreter (the same path inside the run's root).
+    pub path: CString,
+    /// `python -I -S -c SOURCE`.
+    pub head: [CString; 4],
+    /// The status pipe's descriptor and the record kind it writes, in decimal.
+    pub tail: [CString; 2],
+}
+
+impl InitExec {
+    pub(crate) fn new(python: &std::path::Path, status_fd: RawFd) -> InitExec {
+        let c = |s: &[u8]| CString::new(s).expect("no NUL in a path or a number");
+        let path = c(python.as_os_str().as_encoded_bytes());
+        InitExec {
+            head: [path.clone(), c(b"-I"), c(b"-S"), c(b"-c")],
+            path,
+            tail: [c(status_fd.to_string().as_bytes()), c(MSG_EXITED.to_string().as_bytes())],
+        }
+    }
 }
 
 /// Where the stage's argument and environment strings lie in its memory, (start, end) each, from
@@ -233,6 +260,8 @@ impl ChildSetup {
             libc::_exit(127);
         }
         if program > 0 {
+            exec_init(&ns.init, program, ns.status_fd);
+            // The exec failed: this fork of the stage stays the init.
             run_init(program, ns.status_fd, ns.stage_strings);
         }
         // P.
@@ -350,8 +379,49 @@ impl ChildSetup {
     }
 }
 
-/// I's life once P runs: reap every process of the namespace until P exits, report P's status,
-/// exit (the kernel then kills whatever is left in the namespace). I is a fork of the stage, so
+/// Replaces I with the fresh init of `init.py`, keeping only the status pipe open; returns only
+/// if the exec fails.
+unsafe fn exec_init(init: &InitExec, program: libc::pid_t, status_fd: RawFd) {
+    close_fds_except(&[status_fd]);
+    if libc::fcntl(status_fd, libc::F_SETFD, 0) != 0 {
+        return;
+    }
+    // P's pid in decimal, NUL-terminated, without allocating.
+    let mut digits = [0u8; 24];
+    let mut at = digits.len() - 1;
+    let mut n = program.max(0) as u64;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let argv: [*const libc::c_char; 9] = [
+        init.head[0].as_ptr(),
+        init.head[1].as_ptr(),
+        init.head[2].as_ptr(),
+        init.head[3].as_ptr(),
+        INIT_SOURCE.as_ptr(),
+        digits[at..].as_ptr().cast(),
+        init.tail[0].as_ptr(),
+        init.tail[1].as_ptr(),
+        std::ptr::null(),
+    ];
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    libc::execve(init.path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+}
+
+/// `init.py`, NUL-terminated for execve.
+const INIT_SOURCE: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(concat!(include_str!("init.py"), "\0").as_bytes()) {
+    Ok(s) => s,
+    Err(_) => panic!("init.py holds a NUL"),
+};
+
+/// I's life once P runs when the fresh init could not be exec'd: reap every process of the
+/// namespace until P exits, report P's status, exit (the kernel then kills whatever is left in
+/// the namespace). I is then a fork of the stage, so
 /// its `/proc/1/cmdline` (which every process of the run can read) would show the stage's
 /// arguments, task file paths included: it zeroes its copy of the stage's argument and
 /// environment strings first (nothing reads them in I any more).

@@ -470,7 +470,8 @@ fn run_sandboxed(python: &Path, program: &Program, limits: &SandboxLimits, chann
         let files = vec![(CString::new(format!("/tmp/{SCRIPT_NAME}")).expect("no NUL"), program.code.as_bytes().to_vec())];
         let tmp_options = CString::new(format!("size={},nr_inodes={TMP_INODES},mode=1777", limits.tmp_bytes.max(1 << 20))).expect("no NUL");
         let root = iso.minimal_root.then(|| root::NewRoot::for_interpreter(python));
-        let ns = Namespaces { status_fd: write.as_raw_fd(), tmp_options, files, root, stage_strings: child::stage_strings() };
+        let init = child::InitExec::new(python, write.as_raw_fd());
+        let ns = Namespaces { status_fd: write.as_raw_fd(), tmp_options, files, root, stage_strings: child::stage_strings(), init };
         (None, PathBuf::from("/tmp"), Some(ns), Some(read), Some(write))
     } else {
         // The stage's pid in the name says whose a dir is (and whether its stage still lives).
