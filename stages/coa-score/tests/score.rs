@@ -253,10 +253,22 @@ fn attacks_on_the_verdict_score_wrong() {
             "def double(x):\n    return 2 * x\n",
         ),
     ];
+    // A HumanEval-layout task whose tests call a helper of its prompt (as HumanEval/38 calls
+    // `encode_cyclic`), through the importer.
+    let demo = dir.path().join("demo.jsonl");
+    let line = serde_json::json!({
+        "task_id": "Demo/0",
+        "prompt": "def shift(s: str):\n    return s[1:] + s[:1]\n\n\ndef unshift(s: str):\n    \"\"\"Undo shift.\"\"\"\n",
+        "entry_point": "unshift",
+        "canonical_solution": "    return s[-1:] + s[:-1]\n",
+        "test": "def check(candidate):\n    for w in ['abc', 'hello', 'xy', 'a']:\n        assert candidate(shift(w)) == w\n",
+    });
+    std::fs::write(&demo, format!("{line}\n")).unwrap();
+    tasks.extend(coa_tasks::import::import_file(&demo, None).unwrap());
     let humaneval = coa_tasks::external::file_or_skip(test, "HumanEval.jsonl.gz");
     if let Some(path) = &humaneval {
         let all = coa_tasks::import::import_file(path, None).unwrap();
-        tasks.extend(all.into_iter().filter(|t| t.task_id == "humaneval-0" || t.task_id == "humaneval-32"));
+        tasks.extend(all.into_iter().filter(|t| ["humaneval-0", "humaneval-32", "humaneval-38", "humaneval-50"].contains(&t.task_id.as_str())));
     }
     if let Some(path) = coa_tasks::external::file_or_skip(test, "livecodebench_v4.parquet") {
         let all = coa_tasks::import::import_file(&path, None).unwrap();
@@ -289,6 +301,8 @@ fn attacks_on_the_verdict_score_wrong() {
             m.seek(a)\n            found.update(re.findall(rb'(?<![0-9a-f])[0-9a-f]{{32}}(?![0-9a-f])', m.read(b - a)))\n    except (OSError, ValueError, OverflowError):\n        pass\n\
             for f in found:\n    sys.stdout.write('\\n' + f.decode() + '\\n')\n'''\n\
             sys.stdout.flush()\nsubprocess.run([sys.executable, '-c', reader, str(os.getpid())])\nos._exit(0)\ndef _attack(*args, **kwargs):\n    return None\n{stub}")),
+        ("the prompt's helpers redefined (an identity encoder, a zero polynomial)", format!("def shift(s):\n    return s\ndef encode_cyclic(s):\n    return s\n\
+            def encode_shift(s):\n    return s\ndef poly(xs, x):\n    return 0.0\ndef _attack(*args, **kwargs):\n    return args[0] if args else None\n{stub}")),
     ];
     // The host's copy of the benchmark, canonical solutions included: out of sight in the
     // sandbox's minimal root (readable, read-only, before it).

@@ -754,16 +754,53 @@ fn humaneval_record(mut obj: Map<String, Value>, split_override: Option<&str>, i
         question,
         tools: strings(&TOOLS_CODE),
         entry_point: Some(entry_point.clone()),
-        test_code: Some(format!("{test}\ncheck({entry_point})\n")),
+        test_code: Some(format!("{}{test}\ncheck({entry_point})\n", trusted_helpers(&prompt, &entry_point, &test))),
         solution,
         extra: Some(Value::Object(extra).to_string()),
         ..Default::default()
     })
 }
 
+/// The prompt's code before the entry point's `def` when it defines a helper the tests call
+/// (HumanEval/32's `poly`, /38's `encode_cyclic`, /50's `encode_shift`), else nothing. The
+/// tests get these definitions from the task file: taken from the program, as HumanEval's own
+/// harness takes them, a program could redefine `encode_cyclic` as the identity next to an
+/// identity `decode_cyclic` and pass.
+fn trusted_helpers<'a>(prompt: &'a str, entry_point: &str, test: &str) -> &'a str {
+    let def = format!("def {entry_point}(");
+    let at = prompt.match_indices(&def).map(|(i, _)| i).filter(|&i| i == 0 || prompt[..i].ends_with('\n')).last();
+    let Some(at) = at else { return "" };
+    let before = &prompt[..at];
+    let used = before.lines().filter_map(|l| l.strip_prefix("def ").or_else(|| l.strip_prefix("class "))).any(|rest| {
+        let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        !name.is_empty() && test.match_indices(name.as_str()).any(|(i, _)| {
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+            !word(test[..i].chars().last()) && !word(test[i + name.len()..].chars().next())
+        })
+    });
+    if used { before } else { "" }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prompts_helpers_that_the_tests_call_come_from_the_task_file() {
+        let prompt = "import math\n\n\ndef shift(s: str):\n    return s[1:] + s[:1]\n\n\ndef unshift(s: str):\n    \"\"\"Undo shift.\"\"\"\n";
+        let test = "def check(candidate):\n    assert candidate(shift('abc')) == 'abc'\n";
+        assert_eq!(trusted_helpers(prompt, "unshift", test), "import math\n\n\ndef shift(s: str):\n    return s[1:] + s[:1]\n\n\n");
+        // A helper the tests do not call (HumanEval/10's is_palindrome), a name only inside
+        // another word, or no helper at all: nothing.
+        assert_eq!(trusted_helpers(prompt, "unshift", "def check(candidate):\n    assert candidate('bca') == 'abc'\n"), "");
+        assert_eq!(trusted_helpers(prompt, "unshift", "def check(candidate):\n    assert candidate(unshifted) == 1\n"), "");
+        assert_eq!(trusted_helpers("from typing import List\n\n\ndef f(x: List[int]):\n", "f", test), "");
+        let mut ids = Ids::default();
+        let obj = serde_json::json!({"task_id": "Demo/1", "prompt": prompt, "entry_point": "unshift", "test": test});
+        let Value::Object(obj) = obj else { unreachable!() };
+        let task = humaneval_record(obj, None, &mut ids).unwrap();
+        assert_eq!(task.test_code.unwrap(), format!("{}{test}\ncheck(unshift)\n", &prompt[..prompt.find("def unshift").unwrap()]));
+    }
 
     #[test]
     fn ids_are_made_unique() {
