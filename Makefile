@@ -33,6 +33,8 @@ help:
 	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
 	@echo "make eval-external  import every real task file in COA_EXTERNAL_DATA (default ../shared/data/external) and"
 	@echo "                score gold and perturbed answers (100% / 0% expected); make fetch-humaneval fetches HumanEval"
+	@echo "make eval-benchmarks  the students (with tools) and the base model (plain answers) on the real benchmark files:"
+	@echo "                pass@1, avg@4 on AIME24, tokens per task (BENCH_TASKS=10 a file; pipelines/benchmarks.mk)"
 	@echo "make math-verify-table  HF math-verify's verdicts on the agreement table (bench venv) and math_equal's agreement"
 	@echo "variables: RUN=name (runs/<name>/), DEVICE=cpu|cuda|auto (training and policy decoding; cuda with"
 	@echo "           SFT_MODEL=small or larger), SIZE=default|smoke|full (default: the pretrained SmolLM2 student"
