@@ -113,6 +113,9 @@ fn exception_traceback_shows_only_user_code() {
     assert!(r.render().starts_with(
         "[FAILED] Code exited with status 1 with mixed output:\n[STDOUT:BEGIN]\nbefore\n"
     ));
+    // The source lines come from main.py on disk, found through sys.path[0] after a chdir too.
+    let r = run("import os\nos.chdir('/')\nhalf = 1 / 0\n", None, &limits(5));
+    assert!(r.stderr.contains("line 3, in <module>\n    half = 1 / 0"), "{}", r.stderr);
 }
 
 #[test]

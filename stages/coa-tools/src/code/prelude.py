@@ -186,17 +186,18 @@ def _coa_serve(main, rfd, wfd, enc):
 
 
 def _coa_run():
-    import linecache, sys
+    import sys
     audit = sys.audit
     enc = _coa_plain()[0]
     serve = sys.argv[4:6]
     root = _coa_hook(sys._getframe(0))
     # Run main.py as `python3 main.py` would: as __main__, with argv and path[0] to match.
-    # The fixed relative file name keeps tracebacks identical from run to run.
+    # The fixed relative file name keeps tracebacks identical from run to run; their source
+    # lines are read from main.py (found through path[0] after a chdir). No linecache entry:
+    # importing linecache (tokenize, re) would cost every run about 9 ms.
     name = sys.argv[1]
     with open(name, encoding='utf-8') as f:
         source = f.read()
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
     sys.argv = sys.argv[1:2]
     sys.path.insert(0, root)
     main = sys.modules['__main__'].__dict__
