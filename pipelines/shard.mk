@@ -4,7 +4,8 @@
 #   make distill EXECUTOR=slurm SHARDS=64 SLURM_PARTITION=cpu SLURM_TIME=04:00:00
 #   runs/<RUN>/distill/<suite>/mas_runs.parquet.shards/part-IIIII-of-NNNNN.parquet   shard I's table
 #                                                     .../part-IIIII-of-NNNNN.json      its --stats
-#                                                     .../logs/                         each shard's log
+#                                                     .../logs/                         each shard's log, and
+#                                                     .../logs/index.tsv                shard, job, attempt, state, seconds, log
 #                                                     .../job.sh                        the job script
 # EXECUTOR=local (the default) runs the shards as parallel processes with the same job script;
 # SHARDS=1 with EXECUTOR=local is the plain one-process run. A shard whose output exists is not
@@ -19,6 +20,8 @@ SLURM_TIME      ?= 01:00:00
 SLURM_CPUS      ?= 2
 SLURM_MEM       ?= 4G
 SLURM_FLAGS     ?=
+# At most this many tasks of one array run at once (sbatch --array=...%K; empty: no limit).
+SLURM_ARRAY_LIMIT ?=
 
 ifeq ($(filter local slurm,$(EXECUTOR)),)
 $(error EXECUTOR=$(EXECUTOR): expected local or slurm)
@@ -37,5 +40,5 @@ SHARDED := $(if $(and $(filter local,$(EXECUTOR)),$(filter 1,$(SHARDS))),,yes)
 sharded = $(if $(SHARDED),\
 	pipelines/shards.sh --executor $(EXECUTOR) --shards $(SHARDS) --retries $(MAX_RETRIES) --bin $(BIN) \
 	    --partition $(call shell_quote,$(SLURM_PARTITION)) --time $(SLURM_TIME) --cpus $(SLURM_CPUS) --mem $(call shell_quote,$(SLURM_MEM)) \
-	    --sbatch-flags $(call shell_quote,$(SLURM_FLAGS)) --out $(1) --stats $(2) --order $(3) --inputs "$^" $(5) -- $(call shell_quote,$(4)),\
+	    --sbatch-flags $(call shell_quote,$(SLURM_FLAGS)) $(if $(SLURM_ARRAY_LIMIT),--array-limit $(SLURM_ARRAY_LIMIT)) --out $(1) --stats $(2) --order $(3) --inputs "$^" $(5) -- $(call shell_quote,$(4)),\
 	SHARD=; OUT=$(1); STATS=$(2); $(4))

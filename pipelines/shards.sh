@@ -23,14 +23,21 @@
 #   coa-filter --rules none -i 'FILE.shards/part-*-of-NNNNN.parquet' --task-order TASKS -o FILE
 # and their --stats files with pipelines/merge_stats.py into --stats FILE.
 #
-# With --executor slurm the array is `sbatch --array=<missing shards> --wait` with --partition
-# (empty: the cluster's default), --time, --cpus-per-task, --mem (empty: the default) and any
-# --sbatch-flags; --wait blocks until the array ends (no accounting database is needed: which
-# shards failed is read from their missing outputs).
+# With --executor slurm the missing shards are submitted as job arrays (`sbatch --array`) with
+# --partition (empty: the cluster's default), --time, --cpus-per-task, --mem (empty: the default),
+# --requeue and any --sbatch-flags. Array indices must stay under the cluster's MaxArraySize (read
+# from `scontrol show config`; 1001 by default), so the shards go in arrays of at most that many,
+# each with an offset the job script adds (SHARD_OFFSET); --array-limit K runs at most K tasks of
+# an array at once (`%K`). A submission sbatch refuses is an error at once, not a retry. The
+# arrays are waited for until none of their tasks is queued or running (a requeued task, after a
+# preemption or a node failure, is waited for too; no accounting database is needed: which shards
+# failed is read from their missing outputs). Each retry doubles the time limit (a shard killed at
+# its limit would hit it again). logs/index.tsv lists every shard: the job that ran it last, the
+# attempt, done or missing, its seconds (from its --stats) and its log.
 set -euo pipefail
 
 executor=local shards= out= order= stats= retries=2 bin=target/release inputs= vars= contents=
-partition= time=01:00:00 cpus=1 mem= sbatch_flags=
+partition= time=01:00:00 cpus=1 mem= sbatch_flags= array_limit= poll=${SHARDS_POLL_SECONDS:-5}
 while [ $# -gt 0 ]; do
   case "$1" in
     --executor) executor=$2; shift 2 ;;
@@ -50,6 +57,7 @@ while [ $# -gt 0 ]; do
     --cpus) cpus=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
     --sbatch-flags) sbatch_flags=$2; shift 2 ;;
+    --array-limit) array_limit=$2; shift 2 ;;
     --) shift; break ;;
     *) echo "shards.sh: unknown argument $1 (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
@@ -59,6 +67,7 @@ command=$1
 case "$executor" in local|slurm) ;; *) echo "shards.sh: EXECUTOR=$executor: expected local or slurm" >&2; exit 2 ;; esac
 [[ "$shards" =~ ^[1-9][0-9]*$ ]] || { echo "shards.sh: SHARDS=$shards: expected a whole number of at least 1" >&2; exit 2; }
 [[ "$retries" =~ ^[0-9]+$ ]] || { echo "shards.sh: MAX_RETRIES=$retries: expected a whole number (0 or more)" >&2; exit 2; }
+[[ -z "$array_limit" || "$array_limit" =~ ^[1-9][0-9]*$ ]] || { echo "shards.sh: SLURM_ARRAY_LIMIT=$array_limit: expected a whole number of at least 1 (or empty)" >&2; exit 2; }
 [ -n "$out" ] && [ -n "$order" ] || { echo "shards.sh: --out and --order are required" >&2; exit 2; }
 if [ "$executor" = slurm ] && ! command -v sbatch >/dev/null; then
   echo "shards.sh: EXECUTOR=slurm but sbatch is not on PATH (run on a Slurm login node, or EXECUTOR=local)" >&2; exit 2
@@ -90,7 +99,7 @@ cat > "$job.tmp" <<EOF
 #!/usr/bin/env bash
 # One shard of: $out (written by pipelines/shards.sh)
 ${digests}set -euo pipefail
-i=\${SHARD_INDEX:-\${SLURM_ARRAY_TASK_ID:?neither SHARD_INDEX nor SLURM_ARRAY_TASK_ID is set}}
+i=\${SHARD_INDEX:-\$(( \${SHARD_OFFSET:-0} + \${SLURM_ARRAY_TASK_ID:?neither SHARD_INDEX nor SLURM_ARRAY_TASK_ID is set} ))}
 p=\$(printf '%s/part-%05d-of-%s' '$dir' "\$i" '$n5')
 export SHARD="--shard \$i/$shards" OUT=\$p.parquet STATS=\$p.json
 ${vars}if [ -e "\$OUT" ]; then echo "shard \$i/$shards: \$OUT exists, not rerun"; exit 0; fi
@@ -109,32 +118,127 @@ missing() {
   for i in $(seq 0 $((shards - 1))); do [ -e "$(part "$i").parquet" ] || echo "$i"; done
 }
 
+# Slurm time limits (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in minutes, and back as D-HH:MM:00.
+minutes() {
+  local t=$1 d=0 h=0 m=0 s=0
+  if [[ "$t" == *-* ]]; then
+    d=${t%%-*}; t=${t#*-}
+    IFS=: read -r h m s <<< "$t"
+  else
+    local n; n=$(tr -cd : <<< "$t" | wc -c)
+    case $n in 0) m=$t ;; 1) IFS=: read -r m s <<< "$t" ;; *) IFS=: read -r h m s <<< "$t" ;; esac
+  fi
+  echo $(( 10#${d:-0} * 1440 + 10#${h:-0} * 60 + 10#${m:-0} + (10#${s:-0} > 0 ? 1 : 0) ))
+}
+slurm_time() { printf '%d-%02d:%02d:00' $(($1 / 1440)) $(($1 % 1440 / 60)) $(($1 % 60)); }
+if [ "$executor" = slurm ]; then
+  [[ "$time" =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$ ]] || { echo "shards.sh: SLURM_TIME=$time: expected a Slurm time (MM, HH:MM:SS, D-HH:MM:SS)" >&2; exit 2; }
+  max_array=$(scontrol show config 2>/dev/null | awk -F= '/^MaxArraySize/ {gsub(/ /, "", $2); print $2}')
+  [[ "$max_array" =~ ^[1-9][0-9]*$ ]] || max_array=1001
+fi
+
+# Which job ran each shard last, and its log (for logs/index.tsv).
+declare -A ran_by ran_log ran_attempt
+
+# submit_arrays ATTEMPT TIME SHARD...: the shards as arrays of indices under MaxArraySize; prints
+# the job ids. Exits on a refused submission.
+submit_arrays() {
+  local attempt=$1 limit=$2; shift 2
+  local offset=-1 spec= prev=-2 start=-1 i
+  flush() {
+    [ "$offset" -ge 0 ] || return 0
+    [ "$start" -ge 0 ] && { [ "$prev" -gt "$start" ] && spec+="${spec:+,}$start-$prev" || spec+="${spec:+,}$start"; }
+    local jid err
+    err=$(mktemp)
+    # shellcheck disable=SC2086
+    if ! jid=$(sbatch --parsable --array="$spec${array_limit:+%$array_limit}" --export="ALL,SHARD_OFFSET=$offset" \
+        --job-name="coa-$(basename "$out" .parquet)" --requeue --open-mode=append \
+        ${partition:+--partition="$partition"} --time="$limit" --cpus-per-task="$cpus" ${mem:+--mem="$mem"} $sbatch_flags \
+        --output="$dir/logs/slurm-%A-a$attempt-o$offset-%a.log" "$job" 2> "$err"); then
+      echo "shards.sh: $out: sbatch refused the array of shards $offset+($spec): $(tr '\n' ' ' < "$err")" >&2
+      rm -f "$err"; exit 1
+    fi
+    rm -f "$err"
+    jid=${jid%%;*}
+    echo "shards.sh: $out: submitted job $jid: shards $offset+($spec), time limit $limit" >&2
+    jobs_submitted+=" $jid"
+    for r in $(expand "$spec"); do
+      ran_by[$((offset + r))]="${jid}_$r"; ran_attempt[$((offset + r))]=$attempt
+      ran_log[$((offset + r))]="$dir/logs/slurm-$jid-a$attempt-o$offset-$r.log"
+    done
+    offset=-1 spec= prev=-2 start=-1
+  }
+  for i in "$@"; do
+    if [ "$offset" -ge 0 ] && [ $((i - offset)) -ge "$max_array" ]; then flush; fi
+    [ "$offset" -lt 0 ] && offset=$i
+    local r=$((i - offset))
+    if [ "$r" -ne $((prev + 1)) ]; then
+      [ "$start" -ge 0 ] && { [ "$prev" -gt "$start" ] && spec+="${spec:+,}$start-$prev" || spec+="${spec:+,}$start"; }
+      start=$r
+    fi
+    prev=$r
+  done
+  flush
+}
+# The indices of an --array spec like 0-3,7.
+expand() {
+  local part
+  for part in ${1//,/ }; do
+    if [[ "$part" == *-* ]]; then seq "${part%-*}" "${part#*-}"; else echo "$part"; fi
+  done
+}
+# Waits until no task of the submitted jobs is queued, running or requeued.
+wait_jobs() {
+  local ids; ids=$(echo $jobs_submitted | tr ' ' ,)
+  while [ -n "$(squeue -h -o %i -j "$ids" 2>/dev/null | head -1)" ]; do sleep "$poll"; done
+}
+
+# logs/index.tsv: shard, job (Slurm JOBID_TASK or local), attempt, done|missing, seconds, log.
+write_index() {
+  {
+    printf 'shard\tjob\tattempt\tstate\tseconds\tlog\n'
+    for i in $(seq 0 $((shards - 1))); do
+      local p state=missing secs=
+      p=$(part "$i")
+      if [ -e "$p.parquet" ]; then
+        state=done
+        secs=$(grep -o '"seconds": *[0-9.]*' "$p.json" 2>/dev/null | head -1 | grep -o '[0-9.]*$' || true)
+      fi
+      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$i" "${ran_by[$i]:-}" "${ran_attempt[$i]:-}" "$state" "$secs" "${ran_log[$i]:-}"
+    done
+  } > "$dir/logs/index.tsv.tmp"
+  mv "$dir/logs/index.tsv.tmp" "$dir/logs/index.tsv"
+}
+
 attempt=0
 while :; do
   todo=$(missing | paste -sd, -)
   [ -z "$todo" ] && break
   if [ "$attempt" -gt "$retries" ]; then
-    echo "shards.sh: $out: shard(s) $todo still have no output after $retries retries; logs in $dir/logs/" >&2
+    write_index
+    echo "shards.sh: $out: shard(s) $todo still have no output after $retries retries; logs in $dir/logs/ (index.tsv)" >&2
     for i in ${todo//,/ }; do
-      log=$(ls -t "$dir"/logs/*-"$i".log 2>/dev/null | head -1 || true)
-      [ -n "$log" ] && { echo "--- shard $i, $log:" >&2; tail -5 "$log" >&2; }
+      log=${ran_log[$i]:-}
+      [ -n "$log" ] && { echo "--- shard $i, $log:" >&2; tail -5 "$log" >&2 || true; }
     done
     exit 1
   fi
   [ "$attempt" -gt 0 ] && echo "shards.sh: $out: rerunning shard(s) $todo (retry $attempt of $retries)" >&2
+  write_index
   if [ "$executor" = local ]; then
     # As many at once as there are CPUs (a shard's own threads share them).
     printf '%s\n' ${todo//,/ } | xargs -P "$(nproc)" -I{} \
       bash -c 'SHARD_INDEX=$1 bash "$2" > "$3/logs/local-a$4-$1.log" 2>&1 || true' _ {} "$job" "$dir" "$attempt"
+    for i in ${todo//,/ }; do ran_by[$i]=local; ran_attempt[$i]=$attempt; ran_log[$i]="$dir/logs/local-a$attempt-$i.log"; done
   else
-    # --wait: sbatch returns when every task of the array has ended (non-zero if any failed).
-    sbatch --parsable --wait --array="$todo" --job-name="coa-$(basename "$out" .parquet)" \
-      ${partition:+--partition="$partition"} --time="$time" --cpus-per-task="$cpus" ${mem:+--mem="$mem"} $sbatch_flags \
-      --output="$dir/logs/slurm-%A-a$attempt-%a.log" "$job" || true
+    jobs_submitted=
+    submit_arrays "$attempt" "$(slurm_time $(( $(minutes "$time") << attempt )))" ${todo//,/ }
+    wait_jobs
   fi
   attempt=$((attempt + 1))
 done
 
+write_index
 "$bin/coa-filter" --rules none -i "$dir/part-*-of-$n5.parquet" --task-order "$order" --stats "$dir/merge.json" -o "$out"
 if [ -n "$stats" ]; then
   python3 "$(dirname "$0")/merge_stats.py" "$dir"/part-*-of-"$n5".json > "$stats.tmp"

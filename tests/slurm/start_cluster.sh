@@ -69,6 +69,9 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 MinJobAge=300
+# Small, so that a dozen shards already need several arrays (a real cluster's 1001 needs more than
+# a thousand shards; this node starts about one array task a second).
+MaxArraySize=8
 KillWait=5
 NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP

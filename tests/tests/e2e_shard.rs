@@ -274,6 +274,8 @@ impl Cluster {
     fn command(&self, program: &str) -> Command {
         let mut c = Command::new(program);
         c.env("SLURM_CONF", &self.conf).env("PATH", format!("{}:/usr/sbin", std::env::var("PATH").unwrap_or_default()));
+        // shards.sh asks squeue every second here (every 5 s by default).
+        c.env("SHARDS_POLL_SECONDS", "1");
         c
     }
 }
@@ -390,8 +392,62 @@ fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_ta
     assert!(done.status.success(), "shards.sh failed after killing {killed}:\n{stderr}");
     let shard = killed.rsplit('_').next().unwrap();
     assert!(stderr.contains(&format!("rerunning shard(s) {shard} (retry 1 of 1)")), "killed {killed}:\n{stderr}");
+    // The retry runs with twice the time limit, and the index names the job that ran each shard.
+    let retry = stderr.lines().filter_map(|l| l.split("submitted job ").nth(1)).last().unwrap().split(':').next().unwrap().to_string();
+    assert!(stderr.contains(&format!("submitted job {retry}: shards 0+({shard}), time limit 0-02:00:00")), "{stderr}");
+    let limit = cluster.command("scontrol").args(["show", "job", &retry]).output().unwrap();
+    assert!(String::from_utf8_lossy(&limit.stdout).contains("TimeLimit=02:00:00"), "{}", String::from_utf8_lossy(&limit.stdout));
+    let index = std::fs::read_to_string(w.join("killed/tasks.parquet.shards/logs/index.tsv")).unwrap();
+    let rows: Vec<Vec<&str>> = index.lines().skip(1).map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows.len(), 3, "{index}");
+    assert!(rows.iter().all(|r| r[3] == "done" && r[5].ends_with(".log") && Path::new(r[5]).exists()), "{index}");
+    assert_eq!(rows[shard.parse::<usize>().unwrap()][1], format!("{retry}_{shard}"), "{index}");
     assert_eq!(data(Path::new(&out)).1.columns(), data(Path::new(&tasks)).1.columns(), "the merged shards are the tasks table");
-    eprintln!("slurm test: {:.1} s (killed array task {killed}, rerun)", started.elapsed().as_secs_f64());
+
+    // More shards than MaxArraySize (8 on the test cluster): arrays of at most 8 with an offset,
+    // at most 3 tasks of an array at once; a task requeued while running (as after a preemption)
+    // is waited for and not rerun as missing.
+    let out = w.join("many/tasks.parquet").display().to_string();
+    let command = format!("sleep 2; {}/coa-filter -i {tasks} --rules none $SHARD -o $OUT", bin_dir().display());
+    let mut run = cluster.command("bash");
+    run.current_dir(w)
+        .arg(repo_root().join("pipelines/shards.sh"))
+        .args(["--executor", "slurm", "--shards", "12", "--retries", "0", "--cpus", "1", "--mem", "256M", "--array-limit", "3"])
+        .args(["--bin", &bin_dir().display().to_string(), "--out", &out, "--order", &tasks, "--", &command])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = run.spawn().unwrap();
+    let mut requeued = None;
+    for _ in 0..300 {
+        let q = cluster.command("squeue").args(["-h", "-t", "R", "-o", "%i"]).output().unwrap();
+        if let Some(id) = String::from_utf8_lossy(&q.stdout).lines().map(|s| s.trim().to_string()).find(|s| s.contains('_')) {
+            if cluster.command("scontrol").args(["requeue", &id]).status().unwrap().success() {
+                requeued = Some(id);
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let requeued = requeued.expect("an array task was seen running within 30 s");
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "shards.sh failed after requeueing {requeued}:\n{stderr}");
+    assert!(stderr.contains("shards 0+(0-7)") && stderr.contains("shards 8+(0-3)"), "two arrays under MaxArraySize 8:\n{stderr}");
+    assert!(!stderr.contains("rerunning"), "the requeued task {requeued} ran again by Slurm, not as a retry:\n{stderr}");
+    assert_eq!(data(Path::new(&out)).1.columns(), data(Path::new(&tasks)).1.columns(), "12 shards merged are the tasks table");
+
+    // A submission sbatch refuses is an error at once, not retried.
+    let refused = cluster
+        .command("bash")
+        .current_dir(w)
+        .arg(repo_root().join("pipelines/shards.sh"))
+        .args(["--executor", "slurm", "--shards", "2", "--retries", "2", "--partition", "no_such_partition"])
+        .args(["--bin", &bin_dir().display().to_string(), "--out", &w.join("refused/t.parquet").display().to_string(), "--order", &tasks, "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("sbatch refused the array of shards 0+(0-1)") && !stderr.contains("rerunning"), "{stderr}");
+    eprintln!("slurm test: {:.1} s (killed array task {killed}, rerun; requeued {requeued})", started.elapsed().as_secs_f64());
 }
 
 // ---------------------------------------------------------------------------------------------
