@@ -321,6 +321,30 @@ fn same_table(a: &Path, b: &Path, what: &str) {
     }
 }
 
+/// `pipelines/shards.sh --executor slurm ARGS -- COMMAND` on the cluster, in `dir`, with the test
+/// build's binaries, its output piped.
+fn shards_sh(cluster: &Cluster, dir: &Path, args: &[&str], command: &str) -> Command {
+    let mut c = cluster.command("bash");
+    c.current_dir(dir).arg(repo_root().join("pipelines/shards.sh")).args(["--executor", "slurm", "--bin", &bin_dir().display().to_string()]);
+    c.args(args).args(["--", command]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// Waits (up to `tries` tenths of a second) for a running array task and does `act` to it until
+/// `act` says it took; the task's id.
+fn on_a_running_task(cluster: &Cluster, tries: usize, act: impl Fn(&str) -> bool) -> String {
+    for _ in 0..tries {
+        let q = cluster.command("squeue").args(["-h", "-t", "R", "-o", "%i"]).output().unwrap();
+        if let Some(id) = String::from_utf8_lossy(&q.stdout).lines().map(|s| s.trim().to_string()).find(|s| s.contains('_')) {
+            if act(&id) {
+                return id;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("no array task was seen running within {} s", tries / 10);
+}
+
 #[test]
 fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_task_reruns() {
     let started = std::time::Instant::now();
@@ -366,27 +390,12 @@ fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_ta
     let tasks = w.join("runs/local/tasks.parquet").display().to_string();
     let out = w.join("killed/tasks.parquet").display().to_string();
     let command = format!("sleep 6; {}/coa-filter -i {tasks} --rules none $SHARD -o $OUT", bin_dir().display());
-    let mut run = cluster.command("bash");
-    run.current_dir(w)
-        .arg(repo_root().join("pipelines/shards.sh"))
-        .args(["--executor", "slurm", "--shards", "3", "--retries", "1", "--cpus", "1", "--mem", "256M"])
-        .args(["--bin", &bin_dir().display().to_string(), "--out", &out, "--order", &tasks, "--", &command])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = run.spawn().unwrap();
-    let mut killed = None;
-    for _ in 0..200 {
-        let q = cluster.command("squeue").args(["-h", "-t", "R", "-o", "%i"]).output().unwrap();
-        let running = String::from_utf8_lossy(&q.stdout).lines().map(|s| s.trim().to_string()).find(|s| s.contains('_'));
-        if let Some(id) = running {
-            let s = cluster.command("scancel").args(["--signal=KILL", "--full", &id]).status().unwrap();
-            assert!(s.success(), "scancel {id}");
-            killed = Some(id);
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let killed = killed.expect("an array task was seen running within 20 s");
+    let child = shards_sh(&cluster, w, &["--shards", "3", "--retries", "1", "--cpus", "1", "--mem", "256M", "--out", &out, "--order", &tasks], &command).spawn().unwrap();
+    let killed = on_a_running_task(&cluster, 200, |id| {
+        let s = cluster.command("scancel").args(["--signal=KILL", "--full", id]).status().unwrap();
+        assert!(s.success(), "scancel {id}");
+        true
+    });
     let done = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&done.stderr);
     assert!(done.status.success(), "shards.sh failed after killing {killed}:\n{stderr}");
@@ -409,26 +418,9 @@ fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_ta
     // is waited for and not rerun as missing.
     let out = w.join("many/tasks.parquet").display().to_string();
     let command = format!("sleep 2; {}/coa-filter -i {tasks} --rules none $SHARD -o $OUT", bin_dir().display());
-    let mut run = cluster.command("bash");
-    run.current_dir(w)
-        .arg(repo_root().join("pipelines/shards.sh"))
-        .args(["--executor", "slurm", "--shards", "12", "--retries", "0", "--cpus", "1", "--mem", "256M", "--array-limit", "3"])
-        .args(["--bin", &bin_dir().display().to_string(), "--out", &out, "--order", &tasks, "--", &command])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = run.spawn().unwrap();
-    let mut requeued = None;
-    for _ in 0..300 {
-        let q = cluster.command("squeue").args(["-h", "-t", "R", "-o", "%i"]).output().unwrap();
-        if let Some(id) = String::from_utf8_lossy(&q.stdout).lines().map(|s| s.trim().to_string()).find(|s| s.contains('_')) {
-            if cluster.command("scontrol").args(["requeue", &id]).status().unwrap().success() {
-                requeued = Some(id);
-                break;
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let requeued = requeued.expect("an array task was seen running within 30 s");
+    let args = ["--shards", "12", "--retries", "0", "--cpus", "1", "--mem", "256M", "--array-limit", "3", "--out", &out, "--order", &tasks];
+    let child = shards_sh(&cluster, w, &args, &command).spawn().unwrap();
+    let requeued = on_a_running_task(&cluster, 300, |id| cluster.command("scontrol").args(["requeue", id]).status().unwrap().success());
     let done = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&done.stderr);
     assert!(done.status.success(), "shards.sh failed after requeueing {requeued}:\n{stderr}");
@@ -437,14 +429,9 @@ fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_ta
     assert_eq!(data(Path::new(&out)).1.columns(), data(Path::new(&tasks)).1.columns(), "12 shards merged are the tasks table");
 
     // A submission sbatch refuses is an error at once, not retried.
-    let refused = cluster
-        .command("bash")
-        .current_dir(w)
-        .arg(repo_root().join("pipelines/shards.sh"))
-        .args(["--executor", "slurm", "--shards", "2", "--retries", "2", "--partition", "no_such_partition"])
-        .args(["--bin", &bin_dir().display().to_string(), "--out", &w.join("refused/t.parquet").display().to_string(), "--order", &tasks, "--", "true"])
-        .output()
-        .unwrap();
+    let refused_out = w.join("refused/t.parquet").display().to_string();
+    let args = ["--shards", "2", "--retries", "2", "--partition", "no_such_partition", "--out", &refused_out, "--order", &tasks];
+    let refused = shards_sh(&cluster, w, &args, "true").output().unwrap();
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && stderr.contains("sbatch refused the array of shards 0+(0-1)") && !stderr.contains("rerunning"), "{stderr}");
     eprintln!("slurm test: {:.1} s (killed array task {killed}, rerun; requeued {requeued})", started.elapsed().as_secs_f64());
