@@ -48,6 +48,19 @@ pub const BATCH_ROWS: usize = 8192;
 /// `events` re-read contexts run to tens of kilobytes) get fewer rows per batch, so each batch
 /// stays a few MB and its buffers are reused instead of faulted in fresh (3x less system time).
 const PARQUET_BATCH_BYTES: i64 = 4 << 20;
+/// [`PARQUET_BATCH_BYTES`], or less for a process that holds many files open at once (a merge).
+static BATCH_BYTES: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(PARQUET_BATCH_BYTES);
+/// Whether readers decode ahead on a thread of their own ([`prefetch`]).
+static PREFETCH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// For a process that reads many files at once (a merge of shard parts, one batch of each held at
+/// a time): the files opened from now on decode batches of about `bytes` (down to one row) on the
+/// caller's thread, without a reader thread decoding ahead (which would hold more batches, and
+/// start a thread per file).
+pub fn read_many_files_at_once(bytes: i64) {
+    BATCH_BYTES.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+    PREFETCH.store(false, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// Rows per Parquet batch: [`BATCH_ROWS`], fewer when rows are large (from row-group metadata).
 fn parquet_batch_rows(meta: &parquet::file::metadata::ParquetMetaData) -> usize {
@@ -56,7 +69,9 @@ fn parquet_batch_rows(meta: &parquet::file::metadata::ParquetMetaData) -> usize 
         return BATCH_ROWS;
     }
     let per_row = (bytes / rows).max(1);
-    ((PARQUET_BATCH_BYTES / per_row) as usize).clamp(64, BATCH_ROWS)
+    let budget = BATCH_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+    let fewest = if budget < PARQUET_BATCH_BYTES { 1 } else { 64 };
+    ((budget / per_row) as usize).clamp(fewest, BATCH_ROWS)
 }
 
 /// zstd level of IPC stream buffers.
@@ -533,7 +548,7 @@ fn open_inner(path: Option<&Path>, expected: Option<&'static Table>, omit: Vec<V
 /// The files an input names when it is a directory (its `*.parquet` files) or a glob pattern
 /// (`shards/part-*.parquet`; any of the three formats), sorted by name; `None` for one file.
 /// Hidden files (a writer's `.NAME.PID.tmp`) and `_`-prefixed ones (`_SUCCESS`) are never read.
-fn table_files(path: &Path) -> Result<Option<Vec<PathBuf>>> {
+pub fn table_files(path: &Path) -> Result<Option<Vec<PathBuf>>> {
     let shown = |p: &Path| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| !n.starts_with('.') && !n.starts_with('_'));
     let mut files: Vec<PathBuf> = if path.is_dir() {
         let entries = std::fs::read_dir(path).with_context(|| format!("cannot list input directory {}", path.display()))?;
@@ -620,7 +635,7 @@ fn finish_open(
             None => (found.clone(), false, None),
         },
     };
-    let inner = prefetch(inner);
+    let inner = if PREFETCH.load(std::sync::atomic::Ordering::Relaxed) { prefetch(inner) } else { inner };
     Ok(TableReader { source, format, expected, found, schema, needs_cast, prune, inner, batches: 0, rows: 0, shard: None, files: None, reread: None })
 }
 

@@ -132,6 +132,150 @@ pub fn restore_task_order(schema: &SchemaRef, batches: &[RecordBatch], order: &[
     Ok(take_record_batch(&all, &indices)?)
 }
 
+/// Shard parts merged back into the unsharded row order as a stream: a k-way merge of the
+/// parts by each row's position in `order` (ties: the earlier part, then the earlier row), as
+/// [`restore_task_order`] orders their concatenation, holding one batch per part instead of every
+/// row. Each part must be in task order already, as every sharded stage writes it (a shard keeps
+/// its tasks' order); a row out of order is an error naming the part.
+pub struct TaskOrderMerge {
+    parts: Vec<Part>,
+    rank: HashMap<String, usize>,
+    order_source: String,
+    /// (rank, part) of each part's current row, smallest first.
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<(usize, usize)>>,
+    /// Rows taken for the next output batch: (part, row in its current batch).
+    taken: Vec<(usize, usize)>,
+    /// Rows per output batch.
+    batch_rows: usize,
+    failed: bool,
+}
+
+struct Part {
+    batches: Box<dyn Iterator<Item = Result<RecordBatch>>>,
+    source: String,
+    batch: Option<RecordBatch>,
+    ranks: Vec<usize>,
+    row: usize,
+    /// Rows of this part before the current batch.
+    before: usize,
+}
+
+impl TaskOrderMerge {
+    /// `parts`: each part's batches and its name (for errors); `order`: the task ids in order.
+    pub fn new(parts: Vec<(Box<dyn Iterator<Item = Result<RecordBatch>>>, String)>, order: &[String], order_source: &str, batch_rows: usize) -> Result<TaskOrderMerge> {
+        let rank: HashMap<String, usize> = order.iter().enumerate().rev().map(|(i, id)| (id.clone(), i)).collect();
+        let mut merge = TaskOrderMerge {
+            parts: parts.into_iter().map(|(batches, source)| Part { batches, source, batch: None, ranks: Vec::new(), row: 0, before: 0 }).collect(),
+            rank,
+            order_source: order_source.to_string(),
+            heap: Default::default(),
+            taken: Vec::new(),
+            batch_rows: batch_rows.max(1),
+            failed: false,
+        };
+        for p in 0..merge.parts.len() {
+            if merge.load(p)? {
+                merge.heap.push(std::cmp::Reverse((merge.parts[p].ranks[0], p)));
+            }
+        }
+        Ok(merge)
+    }
+
+    /// Reads part `p`'s next non-empty batch; false at its end.
+    fn load(&mut self, p: usize) -> Result<bool> {
+        let part = &mut self.parts[p];
+        let last = part.ranks.last().copied();
+        part.before += part.batch.as_ref().map_or(0, |b| b.num_rows());
+        part.batch = None;
+        while let Some(batch) = part.batches.next() {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let ids = task_ids(&batch, &part.source)?;
+            let mut ranks = Vec::with_capacity(ids.len());
+            for (i, id) in ids.iter().enumerate() {
+                let row = part.before + i;
+                let id = id.with_context(|| format!("{}: row {row} has a null `{SHARD_COLUMN}`", part.source))?;
+                let Some(&r) = self.rank.get(id) else {
+                    bail!("{}: row {row} has task_id {}, which is not in --task-order {}", part.source, crate::rows::Shown(id), self.order_source);
+                };
+                if let Some(prev) = ranks.last().copied().or(last) {
+                    if r < prev {
+                        bail!(
+                            "{}: row {row} (task {}) comes before the row above it in --task-order {}: a shard part must be in task order, as the sharded stages write it",
+                            part.source,
+                            crate::rows::Shown(id),
+                            self.order_source
+                        );
+                    }
+                }
+                ranks.push(r);
+            }
+            part.ranks = ranks;
+            part.row = 0;
+            part.batch = Some(batch);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// The rows taken so far as one batch, built from the parts' current batches.
+    fn flush(&mut self) -> Result<Option<RecordBatch>> {
+        if self.taken.is_empty() {
+            return Ok(None);
+        }
+        // Every taken row lies in its part's current batch: a part moves to its next batch only
+        // after a flush.
+        let batches: Vec<&RecordBatch> = self.parts.iter().map(|p| p.batch.as_ref().unwrap_or_else(|| self.parts.iter().find_map(|q| q.batch.as_ref()).expect("a taken row's batch"))).collect();
+        let out = arrow::compute::interleave_record_batch(&batches, &self.taken)?;
+        self.taken.clear();
+        Ok(Some(out))
+    }
+
+    fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        while let Some(std::cmp::Reverse((_, p))) = self.heap.pop() {
+            let part = &mut self.parts[p];
+            self.taken.push((p, part.row));
+            part.row += 1;
+            let next_rank = part.ranks.get(part.row).copied();
+            match next_rank {
+                Some(r) => self.heap.push(std::cmp::Reverse((r, p))),
+                None => {
+                    // This part's batch is used up: what was taken from it goes out first.
+                    let out = self.flush()?;
+                    if self.load(p)? {
+                        self.heap.push(std::cmp::Reverse((self.parts[p].ranks[0], p)));
+                    }
+                    if out.is_some() {
+                        return Ok(out);
+                    }
+                    continue;
+                }
+            }
+            if self.taken.len() >= self.batch_rows {
+                return self.flush();
+            }
+        }
+        self.flush()
+    }
+}
+
+impl Iterator for TaskOrderMerge {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        if self.failed {
+            return None;
+        }
+        let next = self.next_batch().transpose();
+        if matches!(next, Some(Err(_))) {
+            self.failed = true;
+        }
+        next
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,6 +283,72 @@ mod tests {
 
     use arrow::array::Int32Array;
     use arrow::datatypes::{Field, Schema};
+
+    /// (task_id, value) rows as a batch.
+    fn rows(schema: &SchemaRef, rows: &[(&str, i32)]) -> RecordBatch {
+        let ids = StringArray::from_iter_values(rows.iter().map(|r| r.0));
+        let values = Int32Array::from_iter_values(rows.iter().map(|r| r.1));
+        RecordBatch::try_new(schema.clone(), vec![Arc::new(ids), Arc::new(values)]).unwrap()
+    }
+
+    fn merged(parts: Vec<Vec<RecordBatch>>, order: &[String], batch_rows: usize) -> Result<Vec<RecordBatch>> {
+        let parts = parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| (Box::new(b.into_iter().map(Ok)) as Box<dyn Iterator<Item = Result<RecordBatch>>>, format!("part-{i}")))
+            .collect();
+        TaskOrderMerge::new(parts, order, "tasks", batch_rows)?.collect()
+    }
+
+    #[test]
+    fn the_streaming_merge_equals_the_in_memory_order_and_refuses_a_part_out_of_order() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("task_id", DataType::Utf8, false), Field::new("v", DataType::Int32, false)]));
+        let order: Vec<String> = (0..40).map(|k| format!("t{k:02}")).collect();
+        // 3 shards of 40 tasks, 0 to 3 rows a task, cut into batches of assorted sizes (empty
+        // ones too); one shard empty.
+        let mut shards: Vec<Vec<(String, i32)>> = vec![Vec::new(); 4];
+        let mut v = 0;
+        for (k, id) in order.iter().enumerate() {
+            let s = ShardSpec::of(id, 3) as usize;
+            for _ in 0..(k * 7 % 4) {
+                shards[s].push((id.clone(), v));
+                v += 1;
+            }
+        }
+        let parts: Vec<Vec<RecordBatch>> = shards
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let r: Vec<(&str, i32)> = r.iter().map(|(a, b)| (a.as_str(), *b)).collect();
+                let mut batches = vec![rows(&schema, &[])];
+                let mut at = 0;
+                for size in [1, 4, 2].iter().cycle().skip(i) {
+                    if at >= r.len() {
+                        break;
+                    }
+                    let end = (at + size).min(r.len());
+                    batches.push(rows(&schema, &r[at..end]));
+                    at = end;
+                }
+                batches
+            })
+            .collect();
+        let all: Vec<RecordBatch> = parts.iter().flatten().cloned().collect();
+        let want = restore_task_order(&schema, &all, &order, "parts", "tasks").unwrap();
+        for batch_rows in [1, 3, 1000] {
+            let got = merged(parts.clone(), &order, batch_rows).unwrap();
+            assert!(got.iter().all(|b| b.num_rows() <= batch_rows));
+            assert_eq!(concat_batches(&schema, &got).unwrap(), want, "batch_rows {batch_rows}");
+        }
+        assert_eq!(want.num_rows(), v as usize);
+
+        // A part out of task order, across a batch boundary; a task not in the order.
+        let swapped = vec![vec![rows(&schema, &[("t05", 0)]), rows(&schema, &[("t03", 1)])]];
+        let e = merged(swapped, &order, 8).unwrap_err().to_string();
+        assert!(e.contains("part-0: row 1 (task \"t03\") comes before the row above it in --task-order tasks"), "{e}");
+        let e = merged(vec![vec![rows(&schema, &[("nope", 0)])]], &order, 8).unwrap_err().to_string();
+        assert!(e.contains("part-0: row 0 has task_id \"nope\", which is not in --task-order tasks"), "{e}");
+    }
 
     #[test]
     fn shard_specs_parse_zero_based_and_refuse_the_rest() {
