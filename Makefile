@@ -46,7 +46,7 @@ help:
 	@echo "           iteration's rollouts as N shards by task_id, merged in the unsharded order; slurm: one sbatch --array"
 	@echo "           per stage), RL_OVERSAMPLE=1|0 (0: every task, sharded rollouts equal unsharded), MAX_RETRIES=$(MAX_RETRIES) (reruns"
 	@echo "           of shards left without output), SLURM_PARTITION, SLURM_TIME=$(SLURM_TIME), SLURM_CPUS=$(SLURM_CPUS),"
-	@echo "           SLURM_MEM=$(SLURM_MEM), SLURM_FLAGS (pipelines/shard.mk)"
+	@echo "           SLURM_MEM=$(SLURM_MEM), SLURM_ARRAY_LIMIT (tasks of an array at once), SLURM_FLAGS (pipelines/shard.mk)"
 
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))
