@@ -43,7 +43,7 @@ help:
 	@echo "           size in pipelines/default.mk; PRECISION=f32|bf16 (the CPU's products in training and decoding:"
 	@echo "           bf16, the default size's, runs on AMX tiles or AVX-512 BF16 dot products; f32 bit for bit on every CPU)"
 	@echo "sharding:  EXECUTOR=local|slurm SHARDS=N (distill's teacher and extraction, eval's teacher and students, each rl"
-	@echo "           iteration's rollouts as N shards by task_id, merged in the unsharded order; slurm: one sbatch --array"
+	@echo "           iteration's rollouts as N shards by task_id, merged in the unsharded order; slurm: sbatch --array"
 	@echo "           per stage), RL_OVERSAMPLE=1|0 (0: every task, sharded rollouts equal unsharded), MAX_RETRIES=$(MAX_RETRIES) (reruns"
 	@echo "           of shards left without output), SLURM_PARTITION, SLURM_TIME=$(SLURM_TIME), SLURM_CPUS=$(SLURM_CPUS),"
 	@echo "           SLURM_MEM=$(SLURM_MEM), SLURM_ARRAY_LIMIT (tasks of an array at once), SLURM_FLAGS (pipelines/shard.mk)"
