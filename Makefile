@@ -11,7 +11,7 @@ CARGO   ?= cargo
 PROFILE ?= release
 BIN     := target/$(PROFILE)
 RUNDIR  := runs/$(RUN)
-STAGES  := coa-generate coa-extract coa-filter coa-convert coa-tokenize coa-score coa-train-step coa-show
+STAGES  := coa-generate coa-extract coa-filter coa-convert coa-tokenize coa-score coa-train-step coa-show coa-serve
 GENERATE := $(BIN)/coa-generate
 PYTHON  ?= python3
 VENV    := .venv
@@ -49,7 +49,7 @@ help:
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))
 
-test: cuda-deps model-optional hf-venv-optional
+test: cuda-deps model-optional hf-venv-optional openai-venv-optional
 	@command -v $(PYTHON) >/dev/null || { echo "make test: python3 is needed (the code sandbox runs it)"; exit 1; }
 	@# The stage binaries with the tests' feature set (the tests read outputs with polars' own
 	@# Parquet reader, coa-filter does not link it): one polars build, and `cargo test` reuses it.

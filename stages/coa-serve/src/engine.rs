@@ -18,7 +18,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context, Result};
 use coa_agents::Tools;
 use coa_format::{find_last_block, steps_from_text, Tag};
-use coa_generate::policy::{Batch, Codec, DecodeFlags, Environment, Job, Mode, Sample, SampleConfig, ToolEnv};
+use coa_generate::policy::{Batch, Codec, DecodeFlags, Environment, Job, Mode, Policy, Sample, SampleConfig, ToolEnv};
 use coa_kernels::Device;
 use coa_model::Model;
 use coa_tokenize::Vocab;
@@ -136,10 +136,30 @@ impl Environment for NoTools {
     }
 }
 
-/// What the decode thread is given: the model and how to decode it.
-pub struct EngineConfig {
-    pub decode: DecodeFlags,
+/// The decoder the decode thread runs: opened in that thread (a CUDA context belongs to the
+/// thread that made it) and lent to `serve` for as long as the server runs.
+pub trait Decoding: Send {
+    /// Opens the decoder with `slots` sequences of up to `context` tokens and runs `serve` with it
+    /// and the device's name.
+    fn run(self: Box<Self>, slots: usize, context: usize, serve: &mut dyn FnMut(&mut dyn Policy, String) -> Result<()>) -> Result<()>;
+}
+
+/// The checkpoint's model, decoded as `--device`, `--decode-weights` and `--kv-cache` say.
+pub struct ModelDecoding {
+    pub model: Model,
+    pub flags: DecodeFlags,
     pub device: Device,
+}
+
+impl Decoding for ModelDecoding {
+    fn run(self: Box<Self>, slots: usize, context: usize, serve: &mut dyn FnMut(&mut dyn Policy, String) -> Result<()>) -> Result<()> {
+        let (mut decoder, device) = self.flags.open(self.device.clone(), &self.model, slots, context, "coa-serve")?;
+        serve(decoder.policy(), device)
+    }
+}
+
+/// What the decode thread serves with.
+pub struct EngineConfig {
     pub slots: usize,
     pub context: usize,
     pub tools: Option<ToolSetup>,
@@ -149,15 +169,21 @@ pub struct EngineConfig {
 /// Starts the decode thread; returns once the decoder is open (or failed to open), with the
 /// device's name. Requests are sent on the returned channel, which holds at most `queue` waiting
 /// requests; the thread ends when every sender is dropped and its last sequence is finished.
-pub fn spawn(model: Model, vocab: Arc<Vocab>, cfg: EngineConfig, queue: usize) -> Result<(SyncSender<Work>, String)> {
+pub fn spawn(decoding: Box<dyn Decoding>, vocab: Arc<Vocab>, cfg: EngineConfig, queue: usize) -> Result<(SyncSender<Work>, String)> {
     let (tx, rx) = std::sync::mpsc::sync_channel::<Work>(queue);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<String>>();
     std::thread::Builder::new()
         .name("coa-serve-decode".into())
         .spawn(move || {
-            if let Err(e) = decode_loop(&model, &vocab, &cfg, rx, &ready_tx) {
-                // The decoder did not open (reported through `ready`) or the thread's own state
-                // broke: nothing more can be served.
+            let mut rx = Some(rx);
+            let (slots, context) = (cfg.slots, cfg.context);
+            let served = decoding.run(slots, context, &mut |policy, device| {
+                let _ = ready_tx.send(Ok(device));
+                decode_loop(policy, &vocab, &cfg, rx.take().expect("run once"))
+            });
+            if let Err(e) = served {
+                // The decoder did not open (then `ready` hands the error to `spawn`) or the
+                // thread's own state broke: nothing more can be served.
                 let _ = ready_tx.send(Err(anyhow!("{e:#}")));
                 eprintln!("coa-serve: error: the decode thread stopped: {e:#}");
             }
@@ -191,16 +217,13 @@ struct Shared {
     reply: UnboundedSender<Event>,
 }
 
-fn decode_loop(model: &Model, vocab: &Vocab, cfg: &EngineConfig, rx: Receiver<Work>, ready: &std::sync::mpsc::Sender<Result<String>>) -> Result<()> {
-    let (mut decoder, device) = cfg.decode.open(cfg.device.clone(), model, cfg.slots, cfg.context, "coa-serve")?;
-    let policy = decoder.policy();
+fn decode_loop(policy: &mut dyn Policy, vocab: &Vocab, cfg: &EngineConfig, rx: Receiver<Work>) -> Result<()> {
     let codec = Codec::new(vocab)?;
     let tool_env = cfg.tools.as_ref().map(|t| ToolEnv { tools: Tools { corpus: t.corpus.as_ref(), config: &t.config } });
     let env: &dyn Environment = match &tool_env {
         Some(e) => e,
         None => &NoTools,
     };
-    let _ = ready.send(Ok(device));
     let mut batch = Batch::new(policy);
     let mut waiting: VecDeque<(Arc<Shared>, Job, SampleConfig, usize)> = VecDeque::new();
     let mut live: HashMap<usize, Live> = HashMap::new();

@@ -136,8 +136,14 @@ pub fn start(args: &ServeArgs) -> Result<Running> {
         let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
     }
     let (model, vocab) = args.model.load()?;
-    let vocab = Arc::new(vocab);
     let positions = model.config.max_position_embeddings;
+    start_with(args, vocab, Box::new(engine::ModelDecoding { model, flags: args.decode.clone(), device }), positions)
+}
+
+/// [`start`] with the vocabulary and decoder given (`positions`: the most the model takes): the
+/// checkpoint's model, or in tests a scripted policy.
+pub fn start_with(args: &ServeArgs, vocab: coa_tokenize::Vocab, decoding: Box<dyn engine::Decoding>, positions: usize) -> Result<Running> {
+    let vocab = Arc::new(vocab);
     let context = match args.context {
         Some(n) if n > positions => bail!("--context {n}: more than the model's max_position_embeddings {positions} (--checkpoint {})", args.model.checkpoint.display()),
         Some(n) => n,
@@ -159,8 +165,8 @@ pub fn start(args: &ServeArgs) -> Result<Running> {
     // The chat layout: the checkpoint's template, else the plain layout it was trained with.
     let chat = http::ChatLayout::new(&vocab)?;
     let stats = Arc::new(engine::Stats::default());
-    let cfg = engine::EngineConfig { decode: args.decode.clone(), device, slots: args.batch, context, tools, stats: stats.clone() };
-    let (work, device) = engine::spawn(model, vocab.clone(), cfg, args.queue)?;
+    let cfg = engine::EngineConfig { slots: args.batch, context, tools, stats: stats.clone() };
+    let (work, device) = engine::spawn(decoding, vocab.clone(), cfg, args.queue)?;
     let state = Arc::new(http::State {
         work,
         vocab,

@@ -423,3 +423,123 @@ fn the_binary_prints_its_address_and_serves() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--checkpoint /nonexistent/ckpt"), "{err}");
 }
+
+/// The Python with the pinned `openai` client: `COA_OPENAI_PYTHON`, else `.venv-openai` (`make
+/// openai-venv`, which `make test` runs).
+fn openai_python() -> Option<PathBuf> {
+    let p = std::env::var_os("COA_OPENAI_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv-openai/bin/python"));
+    let ok = std::process::Command::new(&p).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    ok.then_some(p)
+}
+
+#[test]
+fn the_official_openai_client_and_curl_talk_to_it() {
+    let s = serve(&["--batch", "4"]);
+    let base = s.running.url();
+    match openai_python() {
+        Some(py) => {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+            let out = std::process::Command::new(py).arg(script).args([&base, "tiny-agent"]).output().unwrap();
+            let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "the openai client failed:\n{stdout}\n{stderr}");
+            eprintln!("the_official_openai_client_and_curl_talk_to_it: {}", stdout.trim());
+        }
+        None => eprintln!("the_official_openai_client_and_curl_talk_to_it: SKIPPED the openai client part: no Python with the `openai` package (run `make openai-venv`, or set COA_OPENAI_PYTHON)"),
+    }
+    let curl = |args: &[&str]| std::process::Command::new("curl").args(["-sS", "--max-time", "60"]).args(args).output();
+    match curl(&["--version"]) {
+        Ok(o) if o.status.success() => {
+            let body = hello(json!({"max_tokens": 5, "stream": true, "temperature": 0})).to_string();
+            let out = curl(&["-N", "-H", "Content-Type: application/json", "-d", &body, &format!("{base}/v1/chat/completions")]).unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success() && text.trim_end().ends_with("data: [DONE]"), "{text}");
+            assert_eq!(text.matches("data: ").count(), 5 + 1 + 1 + 1, "5 token chunks, the finish, the usage, [DONE]: {text}");
+            // curl's default form content type, and a bad body: the error object.
+            let out = curl(&["-w", "\n%{http_code}", "-d", "{\"messages\": 3}", &format!("{base}/v1/chat/completions")]).unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let (json_body, code) = text.rsplit_once('\n').unwrap();
+            assert_eq!(code, "422", "{text}");
+            let v: Value = serde_json::from_str(json_body).unwrap();
+            assert_eq!(v["error"]["param"], "messages");
+        }
+        _ => eprintln!("the_official_openai_client_and_curl_talk_to_it: SKIPPED the curl part: no curl on PATH"),
+    }
+}
+
+/// Writes `script` at its k-th forward on a slot (then repeats its last token), as a logit of 10
+/// over zeros: a policy whose tool calls are known, to run the agent loop behind the API.
+struct Scripted {
+    script: Vec<u32>,
+    vocab: usize,
+    cursor: Vec<usize>,
+}
+
+impl coa_generate::policy::Policy for Scripted {
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+    fn n_slots(&self) -> usize {
+        self.cursor.len()
+    }
+    fn reset(&mut self, slot: usize) {
+        self.cursor[slot] = 0;
+    }
+    fn extend(&mut self, items: &[(usize, &[u32])]) -> anyhow::Result<Vec<f32>> {
+        let mut out = vec![0f32; items.len() * self.vocab];
+        for (i, &(slot, _)) in items.iter().enumerate() {
+            let k = self.cursor[slot].min(self.script.len() - 1);
+            self.cursor[slot] += 1;
+            out[i * self.vocab + self.script[k] as usize] = 10.0;
+        }
+        Ok(out)
+    }
+}
+
+impl coa_serve::engine::Decoding for Scripted {
+    fn run(
+        mut self: Box<Self>,
+        slots: usize,
+        _context: usize,
+        serve: &mut dyn FnMut(&mut dyn coa_generate::policy::Policy, String) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        self.cursor = vec![0; slots];
+        serve(&mut *self, "scripted".into())
+    }
+}
+
+#[test]
+fn with_tools_a_chat_completion_runs_the_agent_loop_and_returns_the_trajectory() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let vocab = Vocab::load(&ckpt, &SpecialChoice::Auto, &SpecialChoice::Auto, &TemplateChoice::Auto).unwrap();
+    let script = "<think>compute it</think>\n<code>\n```py\nprint(6*7)\n```\n</code>\n<answer>42</answer>";
+    let mut ids = Vec::new();
+    vocab.encode_into(script, &mut ids).unwrap();
+    let n_vocab = vocab.size();
+    let args: ServeArgs = coa_schemas::flags::try_parse_from(["coa-serve", "--checkpoint", ckpt.to_str().unwrap(), "--port", "0", "--tools", "--batch", "2"]).unwrap();
+    let running = coa_serve::start_with(&args, vocab, Box::new(Scripted { script: ids, vocab: n_vocab, cursor: Vec::new() }), 2048).unwrap();
+    let url = format!("{}/v1/chat/completions", running.url());
+    let (status, v) = post_raw(&agent(), &url, json!({"messages": [{"role": "user", "content": "What is 6 times 7?"}], "suite": "math", "n": 2}).to_string().as_bytes());
+    assert_eq!(status, 200, "{v}");
+    for c in v["choices"].as_array().unwrap() {
+        // The message is the final answer; the trajectory has the steps, the real tool's output.
+        assert_eq!(c["message"]["content"], "42", "{c}");
+        assert_eq!(c["finish_reason"], "stop");
+        let t = &c["trajectory"];
+        assert_eq!(t["finish_reason"], "answer");
+        assert_eq!((t["turns"].as_u64(), t["tool_calls"].as_u64()), (Some(2), Some(1)), "{t}");
+        let tags: Vec<&str> = t["steps"].as_array().unwrap().iter().map(|s| s["tag"].as_str().unwrap()).collect();
+        assert_eq!(tags, ["think", "code", "answer"], "{t}");
+        let obs = t["steps"][1]["observation"].as_str().unwrap();
+        assert!(obs.contains("42"), "the sandbox ran the code: {obs:?}");
+        assert!(t["text"].as_str().unwrap().contains("<observation>"));
+        assert!(t["observation_tokens"].as_u64().unwrap() > 0);
+    }
+    let sampled: u64 = v["choices"].as_array().unwrap().iter().map(|c| c["trajectory"]["sampled_tokens"].as_u64().unwrap()).sum();
+    assert_eq!(v["usage"]["completion_tokens"], sampled);
+    // Settings that do not apply to the agent loop are refused.
+    let (status, e) = post_raw(&agent(), &url, json!({"messages": [{"role": "user", "content": "x"}], "stop": "a"}).to_string().as_bytes());
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("stop")));
+}
