@@ -33,7 +33,7 @@ use coa_tools::flags::ToolFlags;
     about = "Serve a checkpoint with the OpenAI API (chat and text completions, streaming), concurrent requests sharing one batched decoder",
     after_help = "Examples:\n  coa-serve --checkpoint runs/default/rl/checkpoint\n  \
 coa-serve --checkpoint runs/default/rl/checkpoint --tools --corpus runs/default/corpus.parquet\n  \
-coa-serve --checkpoint .cache/models/SmolLM2-135M-Instruct-Q4_1.gguf --port 0   # prints the address it bound"
+coa-serve --checkpoint .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0   # prints the address it bound"
 )]
 pub struct ServeArgs {
     #[command(flatten)]
