@@ -17,7 +17,7 @@ PYTHON  ?= python3
 VENV    := .venv
 TORCH_VENV := .venv-torch
 
-.PHONY: help build test pipeline config tasks distill sft rl eval bench bench-io bench-distill bench-tokenize bench-train bench-decode schemas-doc clean
+.PHONY: help build test pipeline config tasks distill sft rl eval bench bench-io bench-distill bench-tokenize bench-train bench-decode bench-serve schemas-doc clean
 
 help:
 	@echo "make pipeline   the whole offline loop into runs/$(RUN)/: tasks, distill, sft, rl, eval"
@@ -109,7 +109,7 @@ $(VENV)/.ok: bench/requirements.txt
 	$(VENV)/bin/pip install -q -r bench/requirements.txt
 	touch $@
 
-bench: bench-io bench-distill bench-tokenize bench-train bench-decode
+bench: bench-io bench-distill bench-tokenize bench-train bench-decode bench-serve
 
 bench-io: $(VENV)/.ok
 	$(CARGO) build --profile $(PROFILE) -p coa-schemas --example io_passthrough
@@ -138,6 +138,17 @@ bench-decode: $(TORCH_VENV)/.ok $(DECODE_CKPT)/config.json
 	$(CARGO) build --profile $(PROFILE) -p coa-model --example decode_bench
 	$(TORCH_VENV)/bin/python bench/decode_bench.py --example $(BIN)/examples/decode_bench --checkpoint $(DECODE_CKPT) \
 	    --threads 2 --batches 1 16 --out bench/results/decode.md
+
+# coa-serve against llama.cpp's server on the same GGUF (SmolLM2-135M-Instruct Q4_1, the format
+# both read), 2 threads each: single-stream decode, time to first token, 16 concurrent clients.
+LLAMA_VENV := .venv-llama
+$(LLAMA_VENV)/.ok: bench/requirements-llama.txt
+	$(call pip_venv,$(LLAMA_VENV),$<)
+
+bench-serve: $(LLAMA_VENV)/.ok $(SMOLLM2_GGUF)
+	$(CARGO) build --profile $(PROFILE) -p coa-serve
+	$(LLAMA_VENV)/bin/python bench/serve_bench.py --coa-serve $(BIN)/coa-serve --gguf $(SMOLLM2_GGUF) \
+	    --llama-python $(LLAMA_VENV)/bin/python --threads 2 --clients 16 --tokens 128 --out bench/results/serve.md
 
 bench-train: $(TORCH_VENV)/.ok build
 	$(CARGO) build --profile $(PROFILE) -p coa-model --example gemm_bench

@@ -345,7 +345,8 @@ fn on_token(live: &mut HashMap<usize, Live>, codec: &Codec, vocab: &Vocab, key: 
     let delta = text[from..safe].to_string();
     l.sent = safe;
     l.text = if stopped { text[..safe].to_string() } else { text };
-    if w.reply.send(Event::Token { index: l.index, delta, token }).is_err() {
+    // Nothing to say (text held back, no log-probs asked for): no event.
+    if (!delta.is_empty() || token.is_some()) && w.reply.send(Event::Token { index: l.index, delta, token }).is_err() {
         return Some("cancelled");
     }
     stopped.then_some("stop")

@@ -40,8 +40,10 @@ pub struct State {
     pub max_observation_tokens: Option<usize>,
     pub created: u64,
     pub stats: Arc<crate::engine::Stats>,
-    /// Numbers request ids and seeds requests that give none.
+    /// Numbers the answers' ids.
     pub ids: AtomicU64,
+    /// Counts requests without a seed (their seeds differ even within one clock tick).
+    pub unseeded: AtomicU64,
 }
 
 type Shared = Arc<State>;
@@ -253,7 +255,9 @@ fn plan(st: &State, kind: Kind, r: Request) -> Result<Plan, ApiError> {
     if r.suite.is_some() && !agent {
         return Err(ApiError::invalid("suite", "`suite` chooses the agent's instruction: the server runs without --tools"));
     }
-    let seed = r.seed.map_or_else(|| st.ids.fetch_add(1, Ordering::Relaxed) ^ now_nanos(), |s| s as u64);
+    // No seed: one of its own (the clock, mixed with a count so that two requests in the same
+    // nanosecond differ).
+    let seed = r.seed.map_or_else(|| coa_schemas::rng::splitmix64_mix(now_nanos() ^ st.unseeded.fetch_add(1, Ordering::Relaxed).rotate_left(32)), |s| s as u64);
 
     let prompts: Vec<Vec<u32>> = match kind {
         Kind::Chat => vec![chat_prompt(st, &r, agent)?],

@@ -181,6 +181,7 @@ pub fn start_with(args: &ServeArgs, vocab: coa_tokenize::Vocab, decoding: Box<dy
         max_observation_tokens: args.max_observation_tokens,
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         ids: Default::default(),
+        unseeded: Default::default(),
         stats,
     });
     let listener = std::net::TcpListener::bind((args.host.as_str(), args.port)).with_context(|| format!("--host {} --port {}: binding", args.host, args.port))?;
