@@ -141,9 +141,15 @@ bench-decode: $(TORCH_VENV)/.ok $(DECODE_CKPT)/config.json
 
 # coa-serve against llama.cpp's server on the same GGUF (SmolLM2-135M-Instruct Q4_1, the format
 # both read), 2 threads each: single-stream decode, time to first token, 16 concurrent clients.
+# llama.cpp is built for AVX-512 (VNNI, BF16) without AMX: built for the native CPU (AMX), its
+# server died with SIGILL at the first completion (`tilezero` in libggml-cpu, llama-cpp-python
+# 0.3.36, 2026-12-06: the tile state was not requested for its threads). No pip cache: a wheel
+# built earlier with other flags would be reused.
 LLAMA_VENV := .venv-llama
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON \
+    -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
 $(LLAMA_VENV)/.ok: bench/requirements-llama.txt
-	$(call pip_venv,$(LLAMA_VENV),$<)
+	$(call pip_venv,$(LLAMA_VENV),$<,PIP_NO_CACHE_DIR=1 CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)")
 
 bench-serve: $(LLAMA_VENV)/.ok $(SMOLLM2_GGUF)
 	$(CARGO) build --profile $(PROFILE) -p coa-serve

@@ -11,6 +11,9 @@ Each server is started, warmed up with one request, and measured three ways:
 Completion tokens are the servers' own `usage` counts. A request may stop early at EOS; the prompts
 ask for long answers and the counts are what was generated. Run it on an otherwise idle machine.
 
+coa-serve decodes with `--coa-flags` (default bf16 products and KV cache); llama.cpp computes on the
+GGUF's own quantized blocks.
+
 usage: python bench/serve_bench.py --coa-serve target/release/coa-serve --gguf MODEL.gguf \
            --threads 2 --clients 16 --tokens 128 --out bench/results/serve.md
 """
@@ -132,13 +135,15 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--coa-flags", default="--decode-weights bf16-matmul --kv-cache bf16",
+                    help="coa-serve's decoder flags (default: bf16 products and KV cache, AMX tiles where the CPU has them)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
     port = free_port()
     coa = measure("coa-serve", [args.coa_serve, "--checkpoint", args.gguf, "--port", str(port), "--batch", str(args.clients),
-                                "--threads", str(args.threads), "--context", "1024"], env, f"http://127.0.0.1:{port}", args)
+                                "--threads", str(args.threads), "--context", "1024"] + args.coa_flags.split(), env, f"http://127.0.0.1:{port}", args)
     port = free_port()
     llama = measure("llama.cpp", [args.llama_python, "-m", "llama_cpp.server", "--model", args.gguf, "--port", str(port),
                                   "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "1024"],
@@ -156,7 +161,7 @@ def main():
         "",
         f"`python bench/serve_bench.py --gguf {os.path.basename(args.gguf)} --threads {args.threads} --clients {args.clients} "
         f"--tokens {args.tokens}` (`make bench-serve`), {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, both servers limited to {args.threads} threads; llama-cpp-python {llama_version}.",
+        f"{os.cpu_count()} CPUs, both servers limited to {args.threads} threads; coa-serve `{args.coa_flags}`; llama-cpp-python {llama_version}.",
         "",
         "| measure | coa-serve | llama.cpp | coa-serve / llama.cpp |",
         "|---|---:|---:|---:|",

