@@ -110,9 +110,11 @@ def concurrent(base, model, clients, tokens):
 
 
 def measure(name, cmd, env, base, args):
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # The server's log goes to a file (a pipe nobody reads fills up and stops the server).
+    log = open(f"{args.out}.{name}.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
-        model = wait_ready(base, proc, name)
+        model = wait_ready(base, proc, f"{name} (log: {log.name})")
         post(base + "/v1/chat/completions", body(model, "Hi", 8, False)).read()  # warm-up
         ttft, decode, n1 = single_stream(base, model, args.tokens)
         tput, n, secs = concurrent(base, model, args.clients, args.tokens)
@@ -125,6 +127,8 @@ def measure(name, cmd, env, base, args):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
+        os.remove(log.name)
 
 
 def main():
@@ -145,7 +149,7 @@ def main():
     coa = measure("coa-serve", [args.coa_serve, "--checkpoint", args.gguf, "--port", str(port), "--batch", str(args.clients),
                                 "--threads", str(args.threads), "--context", "1024"] + args.coa_flags.split(), env, f"http://127.0.0.1:{port}", args)
     port = free_port()
-    llama = measure("llama.cpp", [args.llama_python, "-m", "llama_cpp.server", "--model", args.gguf, "--port", str(port),
+    llama = measure("llama.cpp", [args.llama_python, "-m", "llama_cpp.server", "--model", args.gguf, "--host", "127.0.0.1", "--port", str(port),
                                   "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "1024"],
                     env, f"http://127.0.0.1:{port}", args)
     llama_version = subprocess.run([args.llama_python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],

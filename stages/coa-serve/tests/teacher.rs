@@ -101,7 +101,9 @@ fn the_teacher_runs_against_llama_cpps_server_serving_smollm2() {
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut child = std::process::Command::new(python)
         .args(["-m", "llama_cpp.server", "--model", gguf.to_str().unwrap(), "--model_alias", "smollm2", "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--n_ctx", "2048", "--n_threads", "2"])
+        // One thread: its OpenMP workers spin-wait for each other, which on a shared 2-core machine
+        // slows two threads to a crawl.
+        .args(["--n_ctx", "2048", "--n_threads", "1", "--n_threads_batch", "1"])
         .stdout(std::process::Stdio::null())
         .stderr(log.reopen().unwrap())
         .spawn()
