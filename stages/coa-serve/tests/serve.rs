@@ -470,8 +470,9 @@ fn the_official_openai_client_and_curl_talk_to_it() {
     }
 }
 
-/// Writes `script` at its k-th forward on a slot (then repeats its last token), as a logit of 10
-/// over zeros: a policy whose tool calls are known, to run the agent loop behind the API.
+/// Writes `script` at its k-th forward on a slot (then repeats its last token), as a logit of 40
+/// over zeros (every other token then has a probability under e^-40 at temperature 1): a policy
+/// whose tool calls are known, to run the agent loop behind the API.
 struct Scripted {
     script: Vec<u32>,
     vocab: usize,
@@ -493,7 +494,7 @@ impl coa_generate::policy::Policy for Scripted {
         for (i, &(slot, _)) in items.iter().enumerate() {
             let k = self.cursor[slot].min(self.script.len() - 1);
             self.cursor[slot] += 1;
-            out[i * self.vocab + self.script[k] as usize] = 10.0;
+            out[i * self.vocab + self.script[k] as usize] = 40.0;
         }
         Ok(out)
     }

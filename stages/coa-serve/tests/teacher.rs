@@ -2,8 +2,7 @@
 //! runs) end to end against two real servers serving SmolLM2-135M-Instruct, coa-serve and
 //! llama.cpp's (llama-cpp-python[server]): the runs complete, tool agents are stopped before
 //! `<observation>`, and the endpoint's usage is recorded; against coa-serve the client's retries
-//! also carry the runs through the server's 503s (two slots and one queue place, three runs
-//! starting at once).
+//! also carry the runs through the server's 503s (it is full when they begin).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -74,11 +73,29 @@ fn the_teacher_runs_against_coa_serve_serving_smollm2() {
     ])
     .unwrap();
     let server = start(&args).unwrap();
-    // Three runs at once on two slots and one queue place: while the first prompt is prefilled
-    // the second waits in the queue and the third is refused (503), then retried until the
-    // server has room (from then on the three fit).
-    let (stats, line) = teacher_runs(&server.url(), "smollm2");
-    assert!(stats.retries > 0, "three runs at once on two slots and one queue place: the third was refused and retried ({stats:?})");
+    // Three long streamed requests fill both slots and the queue place (each answered 200 once
+    // it is queued; the first two hold the slots for 1500 tokens), so the runs' first requests are refused (503) and retried; the fillers hang
+    // up after a second and the runs go on (three fit in two slots and one queue place).
+    let http: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 1500, "stream": true}).to_string();
+    let mut fillers = Vec::new();
+    while fillers.len() < 3 {
+        // A filler sent while the one before it still waits in the queue is refused: again.
+        let r = http.post(&format!("{}/v1/chat/completions", server.url())).send(body.as_str()).unwrap();
+        match r.status().as_u16() {
+            200 => fillers.push(r),
+            503 => std::thread::sleep(Duration::from_millis(20)),
+            other => panic!("a filler request: HTTP {other}"),
+        }
+    }
+    let (stats, line) = std::thread::scope(|sc| {
+        sc.spawn(move || {
+            std::thread::sleep(Duration::from_secs(1));
+            drop(fillers);
+        });
+        teacher_runs(&server.url(), "smollm2")
+    });
+    assert!(stats.retries >= 3, "the server was full when the three runs began: their first requests were refused and retried ({stats:?})");
     eprintln!("the_teacher_runs_against_coa_serve_serving_smollm2: {line}");
 }
 
