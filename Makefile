@@ -11,13 +11,13 @@ CARGO   ?= cargo
 PROFILE ?= release
 BIN     := target/$(PROFILE)
 RUNDIR  := runs/$(RUN)
-STAGES  := coa-generate coa-extract coa-filter coa-convert coa-tokenize coa-score coa-train-step coa-show
+STAGES  := coa-generate coa-extract coa-filter coa-convert coa-tokenize coa-score coa-train-step coa-show coa-serve
 GENERATE := $(BIN)/coa-generate
 PYTHON  ?= python3
 VENV    := .venv
 TORCH_VENV := .venv-torch
 
-.PHONY: help build test pipeline config tasks distill sft rl eval bench bench-io bench-distill bench-tokenize bench-train bench-decode schemas-doc clean
+.PHONY: help build test pipeline config tasks distill sft rl eval bench bench-io bench-distill bench-tokenize bench-train bench-decode bench-serve schemas-doc clean
 
 help:
 	@echo "make pipeline   the whole offline loop into runs/$(RUN)/: tasks, distill, sft, rl, eval"
@@ -51,7 +51,7 @@ help:
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))
 
-test: cuda-deps model-optional hf-venv-optional
+test: cuda-deps model-optional hf-venv-optional openai-venv-optional
 	@command -v $(PYTHON) >/dev/null || { echo "make test: python3 is needed (the code sandbox runs it)"; exit 1; }
 	@# The stage binaries with the tests' feature set (the tests read outputs with polars' own
 	@# Parquet reader, coa-filter does not link it): one polars build, and `cargo test` reuses it.
@@ -111,7 +111,7 @@ $(VENV)/.ok: bench/requirements.txt
 	$(VENV)/bin/pip install -q -r bench/requirements.txt
 	touch $@
 
-bench: bench-io bench-distill bench-tokenize bench-train bench-decode
+bench: bench-io bench-distill bench-tokenize bench-train bench-decode bench-serve
 
 bench-io: $(VENV)/.ok
 	$(CARGO) build --profile $(PROFILE) -p coa-schemas --example io_passthrough
@@ -140,6 +140,23 @@ bench-decode: $(TORCH_VENV)/.ok $(DECODE_CKPT)/config.json
 	$(CARGO) build --profile $(PROFILE) -p coa-model --example decode_bench
 	$(TORCH_VENV)/bin/python bench/decode_bench.py --example $(BIN)/examples/decode_bench --checkpoint $(DECODE_CKPT) \
 	    --threads 2 --batches 1 16 --out bench/results/decode.md
+
+# coa-serve against llama.cpp's server on the same GGUF (SmolLM2-135M-Instruct Q4_1, the format
+# both read), 2 threads each: single-stream decode, time to first token, 16 concurrent clients.
+# llama.cpp is built for AVX-512 (VNNI, BF16) without AMX: built for the native CPU (AMX), its
+# server died with SIGILL at the first completion (`tilezero` in libggml-cpu, llama-cpp-python
+# 0.3.36, 2026-12-06: the tile state was not requested for its threads). No pip cache: a wheel
+# built earlier with other flags would be reused.
+LLAMA_VENV := .venv-llama
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON \
+    -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+$(LLAMA_VENV)/.ok: bench/requirements-llama.txt
+	$(call pip_venv,$(LLAMA_VENV),$<,PIP_NO_CACHE_DIR=1 CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)")
+
+bench-serve: $(LLAMA_VENV)/.ok $(SMOLLM2_GGUF)
+	$(CARGO) build --profile $(PROFILE) -p coa-serve
+	$(LLAMA_VENV)/bin/python bench/serve_bench.py --coa-serve $(BIN)/coa-serve --gguf $(SMOLLM2_GGUF) \
+	    --llama-python $(LLAMA_VENV)/bin/python --threads 2 --clients 16 --tokens 128 --out bench/results/serve.md
 
 bench-train: $(TORCH_VENV)/.ok build
 	$(CARGO) build --profile $(PROFILE) -p coa-model --example gemm_bench

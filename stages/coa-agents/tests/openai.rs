@@ -421,6 +421,47 @@ fn a_whole_team_run_over_a_replayed_model_then_again_from_the_cache() {
 }
 
 #[test]
+fn an_endpoint_that_ignores_stop_is_cut_at_the_observation_by_the_client() {
+    // The same team, from a server that ignores `stop`: tool agents go on to imagine the
+    // observation and a wrong answer after it. The client cuts each reply where `stop` would
+    // have, so the run is the one a server honouring `stop` gives.
+    let corpus = Corpus::new(vec![CorpusPage {
+        url: "https://wiki.local/Veltaria".into(),
+        title: "Veltaria".into(),
+        text: "Veltaria is a country. Its capital is Ardena.".into(),
+        kind: "entity".into(),
+    }])
+    .unwrap();
+    let task = Task {
+        task_id: "qa-2".into(),
+        suite: "qa".into(),
+        question: "What is the capital of Veltaria?".into(),
+        answers: vec!["Ardena".into()],
+        tools: vec!["web_search".into(), "crawl_page".into()],
+        ..Default::default()
+    };
+    let server = Server::start(|i, req| {
+        let honoured = team_model(i, req);
+        match req.get("stop") {
+            Some(_) => {
+                let body: Value = serde_json::from_str(&honoured.body).unwrap();
+                let text = body["choices"][0]["message"]["content"].as_str().unwrap();
+                ok(&format!("{text}\n<observation>Veltaria's capital is Imaginaria.</observation>\n<answer>Imaginaria</answer>"))
+            }
+            None => honoured,
+        }
+    });
+    let tool_cfg = ToolConfig::default();
+    let backend = OpenAiBackend::new(OpenAiClient::new(config(&server)).unwrap());
+    let run = coa_agents::run_task(&task, &backend, Tools { corpus: Some(&corpus), config: &tool_cfg }, &RunConfig::default()).unwrap();
+    assert_eq!(run.final_answer.as_deref(), Some("Ardena"));
+    assert!(run.success);
+    common::check_run(&run);
+    assert_eq!(common::trace(&run), ["plan", "web_search", "crawl_page", "suggested_answer", "double_check", "answer"]);
+    assert!(run.events.iter().all(|e| !e.output.contains("Imaginaria")), "no imagined observation reaches the run");
+}
+
+#[test]
 fn a_model_that_never_follows_the_format_ends_the_run_without_an_answer() {
     let server = Server::start(|_, req| {
         let system = req["messages"][0]["content"].as_str().unwrap();

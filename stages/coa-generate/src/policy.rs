@@ -65,7 +65,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use coa_agents::{Action, Tools};
 use coa_format::{build_plain_prompt, build_prompt, code_source, find_last_block, render, Step, Tag};
 use coa_kernels::decode::{check_decodable, GpuDecoder};
-use coa_kernels::{gpu_for_model, select_device, DeviceChoice, Gpu};
+use coa_kernels::{gpu_for_model, select_device, Device, DeviceChoice, Gpu};
 use coa_model::{KvCache, Model};
 use coa_rewards::RewardConfig;
 use coa_schemas::rows::{self, Rollout, Shown};
@@ -109,10 +109,8 @@ fn kv_format(s: &str) -> Result<coa_model::DecodeDtype, String> {
 #[command(after_help = "Examples:\n  coa-generate policy --checkpoint ckpt -i tasks.parquet --corpus corpus.parquet --n 8 -o rollouts.parquet\n  \
 coa-generate policy --checkpoint ckpt -i tasks.parquet --corpus corpus.parquet --n 8 --oversample --groups 32 | coa-score --tasks tasks.parquet")]
 pub struct PolicyArgs {
-    /// Checkpoint: an HF directory (config.json + model.safetensors + tokenizer.json, as
-    /// coa-train-step saves it) or a GGUF file (e.g. a pretrained model, the CoA tags then added).
-    #[arg(long, value_name = "DIR|GGUF")]
-    checkpoint: PathBuf,
+    #[command(flatten)]
+    pub model: CheckpointFlags,
     /// The offline web (written by `coa-generate tasks --corpus-out`); needed when the tasks
     /// include multihop or other web tasks.
     #[arg(long, value_name = "FILE")]
@@ -141,34 +139,8 @@ pub struct PolicyArgs {
     /// Sequences decoded together (KV-cache slots).
     #[arg(long, value_parser = positive, default_value = "16", value_name = "N")]
     batch: usize,
-    /// Prefill every prompt whole on the CPU, instead of copying the keys and values of the prefix
-    /// it shares with a recent prompt (the same bits either way; the copy saves about two thirds
-    /// of a prompt's prefill, and all but two tokens of it for a task's later samples).
-    #[arg(long)]
-    no_prefix_reuse: bool,
-    /// Where to decode: `cpu` (f32, deterministic for any --batch and thread count); `cuda` or
-    /// `cuda:N` (bf16 weights and KV cache with fp32 accumulation: an error when no GPU is
-    /// usable); `auto` (the GPU when one is usable, else the CPU with a note on stderr). Sampling
-    /// and tools run on the CPU either way. `emu`: the GPU decoder on the CPU's emulated CUDA
-    /// device (a correctness check of the GPU code, not a fast device).
-    #[arg(long, value_name = "auto|cpu|cuda[:N]|emu", default_value = "cpu")]
-    device: DeviceChoice,
-    /// The format the CPU decoder holds the weights in: `f32` (as trained; the trainer's
-    /// log-probs bit for bit), `bf16`, or `int8` (symmetric, one scale per 32 inputs of an
-    /// output). A decode step reads every weight once, so on AVX-512 CPUs bf16 and int8 read a
-    /// half and about a quarter of the bytes and decode faster (with AVX2 alone the rounded
-    /// values are kept as f32: the rounding without the speed); the logits move by the rounding
-    /// (RL then sees a non-zero sampling-vs-trainer log-prob mismatch). `bf16-matmul`: bf16
-    /// weights and each product's activations rounded to bf16 too (f32 sums; the arithmetic of
-    /// bf16 inference in llama.cpp and PyTorch), which runs on AMX tiles on CPUs that have them
-    /// (Intel Xeon since Sapphire Rapids) and makes prompts several times faster there.
-    #[arg(long, value_name = "f32|bf16|int8|bf16-matmul", default_value = "f32")]
-    decode_weights: coa_model::DecodeDtype,
-    /// The format the CPU decoder's KV cache holds keys and values in: `f32`, or `bf16` (half
-    /// the bytes each step's attention reads, which grow with the context; each key and value
-    /// rounded once when stored).
-    #[arg(long, value_name = "f32|bf16", default_value = "f32", value_parser = kv_format)]
-    kv_cache: coa_model::DecodeDtype,
+    #[command(flatten)]
+    pub decode: DecodeFlags,
     /// Keep taking tasks until --groups informative groups (rewards not all equal) exist.
     #[arg(long, requires = "groups")]
     oversample: bool,
@@ -189,16 +161,6 @@ pub struct PolicyArgs {
     /// The `model` column (default: the checkpoint directory's name).
     #[arg(long, value_name = "NAME")]
     model_name: Option<String>,
-    /// Token(s) before the prompt, as given to coa-tokenize: auto, none or a token.
-    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
-    bos: SpecialChoice,
-    /// The EOS token, as given to coa-tokenize: auto, none or a token.
-    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
-    eos: SpecialChoice,
-    /// The chat template, as given to coa-tokenize: auto (the checkpoint's: the layout it was
-    /// trained with), none or a FILE.
-    #[arg(long, value_name = "auto|none|FILE", default_value = "auto")]
-    chat_template: TemplateChoice,
     #[command(flatten)]
     tools: ToolFlags,
     /// Worker threads (default: all cores).
@@ -208,6 +170,137 @@ pub struct PolicyArgs {
     pub shard: ShardArgs,
     #[command(flatten)]
     pub io: IoArgs,
+}
+
+/// The checkpoint and how its vocabulary lays out a sequence (`coa-generate policy`, `coa-serve`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct CheckpointFlags {
+    /// Checkpoint: an HF directory (config.json + model.safetensors + tokenizer.json, as
+    /// coa-train-step saves it) or a GGUF file (e.g. a pretrained model, the CoA tags then added).
+    #[arg(long, value_name = "DIR|GGUF")]
+    pub checkpoint: PathBuf,
+    /// Token(s) before the prompt, as given to coa-tokenize: auto, none or a token.
+    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
+    pub bos: SpecialChoice,
+    /// The EOS token, as given to coa-tokenize: auto, none or a token.
+    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
+    pub eos: SpecialChoice,
+    /// The chat template, as given to coa-tokenize: auto (the checkpoint's: the layout it was
+    /// trained with), none or a FILE.
+    #[arg(long, value_name = "auto|none|FILE", default_value = "auto")]
+    pub chat_template: TemplateChoice,
+}
+
+impl CheckpointFlags {
+    /// The model's name: `given`, else the checkpoint directory's (or file's) name.
+    pub fn name(&self, given: Option<&str>) -> String {
+        match given {
+            Some(n) => n.to_string(),
+            None => std::fs::canonicalize(&self.checkpoint)
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| self.checkpoint.display().to_string()),
+        }
+    }
+
+    /// The checkpoint's model and vocabulary ([`load_checkpoint`]).
+    pub fn load(&self) -> Result<(Model, Vocab)> {
+        load_checkpoint(&self.checkpoint, &self.bos, &self.eos, &self.chat_template)
+    }
+}
+
+/// Where and how sequences are decoded (`coa-generate policy`, `coa-serve`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct DecodeFlags {
+    /// Prefill every prompt whole on the CPU, instead of copying the keys and values of the prefix
+    /// it shares with a recent prompt (the same bits either way; the copy saves about two thirds
+    /// of a prompt's prefill, and all but two tokens of it for a task's later samples).
+    #[arg(long)]
+    pub no_prefix_reuse: bool,
+    /// Where to decode: `cpu` (f32, deterministic for any --batch and thread count); `cuda` or
+    /// `cuda:N` (bf16 weights and KV cache with fp32 accumulation: an error when no GPU is
+    /// usable); `auto` (the GPU when one is usable, else the CPU with a note on stderr). Sampling
+    /// and tools run on the CPU either way. `emu`: the GPU decoder on the CPU's emulated CUDA
+    /// device (a correctness check of the GPU code, not a fast device).
+    #[arg(long, value_name = "auto|cpu|cuda[:N]|emu", default_value = "cpu")]
+    pub device: DeviceChoice,
+    /// The format the CPU decoder holds the weights in: `f32` (as trained; the trainer's
+    /// log-probs bit for bit), `bf16`, or `int8` (symmetric, one scale per 32 inputs of an
+    /// output). A decode step reads every weight once, so on AVX-512 CPUs bf16 and int8 read a
+    /// half and about a quarter of the bytes and decode faster (with AVX2 alone the rounded
+    /// values are kept as f32: the rounding without the speed); the logits move by the rounding
+    /// (RL then sees a non-zero sampling-vs-trainer log-prob mismatch). `bf16-matmul`: bf16
+    /// weights and each product's activations rounded to bf16 too (f32 sums; the arithmetic of
+    /// bf16 inference in llama.cpp and PyTorch), which runs on AMX tiles on CPUs that have them
+    /// (Intel Xeon since Sapphire Rapids) and makes prompts several times faster there.
+    #[arg(long, value_name = "f32|bf16|int8|bf16-matmul", default_value = "f32")]
+    pub decode_weights: coa_model::DecodeDtype,
+    /// The format the CPU decoder's KV cache holds keys and values in: `f32`, or `bf16` (half
+    /// the bytes each step's attention reads, which grow with the context; each key and value
+    /// rounded once when stored).
+    #[arg(long, value_name = "f32|bf16", default_value = "f32", value_parser = kv_format)]
+    pub kv_cache: coa_model::DecodeDtype,
+}
+
+/// A decoder opened by [`DecodeFlags::open`]: the model on the CPU or on a CUDA device.
+pub enum Decoder<'a> {
+    Cpu(ModelPolicy<'a>),
+    Gpu(GpuPolicy),
+}
+
+impl Decoder<'_> {
+    pub fn policy(&mut self) -> &mut dyn Policy {
+        match self {
+            Decoder::Cpu(p) => p,
+            Decoder::Gpu(p) => p,
+        }
+    }
+}
+
+impl DecodeFlags {
+    /// The device of `--device` (first, so that `--device cuda` without a GPU fails before
+    /// anything is read).
+    pub fn select(&self) -> Result<Device> {
+        select_device(self.device).map_err(|e| anyhow!("{e}"))
+    }
+
+    /// Opens `model` for decoding on `device` (from [`DecodeFlags::select`]): `slots` sequences
+    /// of up to `max_len` tokens. Returns the decoder and the device's name; `who` prefixes the
+    /// note printed when a GPU is used.
+    pub fn open<'a>(&self, device: Device, model: &'a Model, slots: usize, max_len: usize, who: &str) -> Result<(Decoder<'a>, String)> {
+        let supported = check_decodable(&model.config);
+        match gpu_for_model(device, self.device, supported, "decodes this model").map_err(|e| anyhow!("{e}"))? {
+            Some(info) => {
+                if self.decode_weights != coa_model::DecodeDtype::F32 || self.kv_cache != coa_model::DecodeDtype::F32 {
+                    bail!(
+                        "--decode-weights {} --kv-cache {}: the CPU decoder's options; the GPU decoder (--device {}) holds bf16 weights and KV cache",
+                        self.decode_weights,
+                        self.kv_cache,
+                        self.device
+                    );
+                }
+                let at = |e: coa_kernels::Error| anyhow!("--device {}: {e}", self.device);
+                let gpu = Gpu::open(&info).map_err(at)?;
+                gpu.warm_up().map_err(at)?;
+                let decoder = GpuDecoder::new(std::sync::Arc::new(gpu), &model.config, &model.params, slots, max_len, GPU_PASS_ROWS).map_err(at)?;
+                eprintln!(
+                    "{who}: decoding on {info}: {slots} sequences of up to {max_len} tokens, {:.2} GiB of weights, cache and buffers",
+                    decoder.device_bytes() as f64 / (1u64 << 30) as f64
+                );
+                Ok((Decoder::Gpu(GpuPolicy { decoder }), info.to_string()))
+            }
+            None => {
+                model.prepare_decoding_as(self.decode_weights).context("--decode-weights")?;
+                let mut cpu = ModelPolicy::with_cache(model, slots, max_len, self.kv_cache)?;
+                if self.no_prefix_reuse {
+                    cpu = cpu.without_prefix_reuse();
+                }
+                let exact = self.decode_weights == coa_model::DecodeDtype::F32 && self.kv_cache == coa_model::DecodeDtype::F32;
+                let name = if exact { "cpu".to_string() } else { format!("cpu ({} weights, {} KV cache)", self.decode_weights, self.kv_cache) };
+                Ok((Decoder::Cpu(cpu), name))
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -615,10 +708,23 @@ pub struct Sample {
     pub finish_reason: &'static str,
 }
 
+/// How a sequence's special tokens end it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The CoA loop: a tool's closing tag runs the tool and appends its observation, `</answer>`
+    /// ends the sample (`finish_reason` "answer"), EOS ends it ("eos").
+    Agent,
+    /// Plain text generation (a served completion without tools): tags are ordinary tokens and only
+    /// EOS ends the sample before its budget.
+    Text,
+}
+
 struct Active {
     key: usize,
     rng: Rng,
     s: Sample,
+    cfg: SampleConfig,
+    mode: Mode,
     /// Tokens to feed at the next forward.
     pending: Vec<u32>,
     /// Where the current turn starts in `response_ids`.
@@ -639,62 +745,79 @@ pub struct GenStats {
     pub tool_secs: f64,
 }
 
-/// Generates every job, `policy.n_slots()` at a time, calling `done(key, sample)` as each
-/// finishes; `done` returning `false` stops the run (samples in flight are dropped).
-pub fn generate(
-    policy: &mut dyn Policy,
-    env: &dyn Environment,
-    codec: &Codec,
-    cfg: &SampleConfig,
-    jobs: impl IntoIterator<Item = Job>,
-    done: &mut dyn FnMut(usize, Sample) -> Result<bool>,
-) -> Result<GenStats> {
-    let mut jobs = jobs.into_iter().peekable();
-    let mut slots: Vec<Option<Active>> = (0..policy.n_slots()).map(|_| None).collect();
-    // Every slot starts empty, whatever an earlier (stopped) run left in flight.
-    for slot in 0..slots.len() {
-        policy.reset(slot);
+/// What the caller of [`Batch::step`] sees of each sampled token: `(key, token, log-prob, the
+/// logits it was sampled from)`. Returning `Some(reason)` ends that sample now with that
+/// `finish_reason` (a stop string, a client that went away).
+pub type OnToken<'f> = dyn FnMut(usize, u32, f32, &[f32]) -> Option<&'static str> + 'f;
+
+/// The sequences in flight on a policy's slots: continuous batching. Sequences join at any step
+/// ([`Batch::admit`] on a free slot), every active one advances by one token per [`Batch::step`]
+/// (one batched forward), and a finished one leaves at once, freeing its slot for the next.
+/// [`generate`] drives it from a list of jobs; `coa-serve` from requests arriving over a channel.
+pub struct Batch {
+    slots: Vec<Option<Active>>,
+    pub stats: GenStats,
+}
+
+impl Batch {
+    /// An empty batch over every slot of `policy` (each slot emptied, whatever an earlier run left).
+    pub fn new(policy: &mut dyn Policy) -> Batch {
+        for slot in 0..policy.n_slots() {
+            policy.reset(slot);
+        }
+        Batch { slots: (0..policy.n_slots()).map(|_| None).collect(), stats: GenStats::default() }
     }
-    let mut stats = GenStats::default();
-    let mut exhausted = false;
-    loop {
-        // Fill free slots.
-        if !exhausted {
-            for (slot, a) in slots.iter_mut().enumerate() {
-                if a.is_some() {
-                    continue;
-                }
-                match jobs.peek() {
-                    Some(job) => {
-                        if job.prompt_ids.is_empty() {
-                            bail!("job {}: empty prompt", job.key);
-                        }
-                        // Jobs start in order: one that waits for a prompt being prefilled holds
-                        // back the rest until the next forward.
-                        let Some(held) = policy.start(slot, &job.prompt_ids)? else { break };
-                        let job = jobs.next().expect("peeked");
-                        stats.prompt_tokens_reused += held as u64;
-                        *a = Some(Active {
-                            key: job.key,
-                            rng: Rng::new(job.seed),
-                            pending: job.prompt_ids[held..].to_vec(),
-                            s: Sample { prompt_ids: job.prompt_ids, turns: 1, ..Sample::default() },
-                            turn_start: 0,
-                        });
-                    }
-                    None => {
-                        exhausted = true;
-                        break;
-                    }
-                }
+
+    /// The first free slot.
+    pub fn free_slot(&self) -> Option<usize> {
+        self.slots.iter().position(Option::is_none)
+    }
+
+    /// Sequences in flight.
+    pub fn active(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+
+    /// Starts `job` on free slot `slot`; `false`: the policy deferred it to after the next forward
+    /// (a prompt being prefilled now shares more with it; see [`Policy::start`]), try again then.
+    pub fn admit(&mut self, policy: &mut dyn Policy, slot: usize, job: &Job, cfg: &SampleConfig, mode: Mode) -> Result<bool> {
+        if self.slots.get(slot).is_none_or(Option::is_some) {
+            bail!("job {}: slot {slot} is not a free slot of the batch", job.key);
+        }
+        if job.prompt_ids.is_empty() {
+            bail!("job {}: empty prompt", job.key);
+        }
+        let Some(held) = policy.start(slot, &job.prompt_ids)? else { return Ok(false) };
+        self.stats.prompt_tokens_reused += held as u64;
+        self.slots[slot] = Some(Active {
+            key: job.key,
+            rng: Rng::new(job.seed),
+            pending: job.prompt_ids[held..].to_vec(),
+            s: Sample { prompt_ids: job.prompt_ids.clone(), turns: 1, ..Sample::default() },
+            cfg: cfg.clone(),
+            mode,
+            turn_start: 0,
+        });
+        Ok(true)
+    }
+
+    /// Drops every sequence in flight (after an error, so that the slots serve new ones).
+    pub fn clear(&mut self, policy: &mut dyn Policy) {
+        for (slot, a) in self.slots.iter_mut().enumerate() {
+            if a.take().is_some() {
+                policy.reset(slot);
             }
         }
+    }
+
+    /// One batched forward of every active sequence, a token sampled for each (and its tool call
+    /// run, in agent mode); returns the samples that finished, in slot order, their slots freed.
+    pub fn step(&mut self, policy: &mut dyn Policy, env: &dyn Environment, codec: &Codec, on_token: &mut OnToken) -> Result<Vec<(usize, Sample)>> {
+        let stats = &mut self.stats;
+        let slots = &mut self.slots;
         let active: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].is_some()).collect();
         if active.is_empty() {
-            if jobs.peek().is_some() {
-                bail!("the policy deferred a job while no sequence was in flight");
-            }
-            return Ok(stats);
+            return Ok(Vec::new());
         }
         // One batched forward.
         let t0 = Instant::now();
@@ -721,18 +844,18 @@ pub fn generate(
         // its own generator, so the threads change no result); then collect tool calls in order.
         let picks: Vec<Result<(u32, f32)>> = {
             use rayon::prelude::*;
-            let mut rows: Vec<(&[f32], &mut Rng)> = Vec::with_capacity(active.len());
+            let mut rows: Vec<(&[f32], &mut Rng, &SampleConfig)> = Vec::with_capacity(active.len());
             let mut it = slots.iter_mut().enumerate();
             for (row, &slot) in active.iter().enumerate() {
                 let a = it.find(|(i, _)| *i == slot).and_then(|(_, a)| a.as_mut()).expect("active");
-                rows.push((&logits[row * v..(row + 1) * v], &mut a.rng));
+                rows.push((&logits[row * v..(row + 1) * v], &mut a.rng, &a.cfg));
             }
-            rows.into_par_iter().map(|(z, rng)| sample_token(z, cfg.temperature, cfg.top_p, rng)).collect()
+            rows.into_par_iter().map(|(z, rng, cfg)| sample_token(z, cfg.temperature, cfg.top_p, rng)).collect()
         };
         // (slot, tool, input, goal)
         let mut calls: Vec<(usize, Tag, String, Goal)> = Vec::new();
         let mut finished: Vec<usize> = Vec::new();
-        for (&slot, pick) in active.iter().zip(picks) {
+        for ((row, &slot), pick) in active.iter().enumerate().zip(picks) {
             let a = slots[slot].as_mut().expect("active");
             let (tok, lp) = pick?;
             stats.tokens_sampled += 1;
@@ -741,33 +864,25 @@ pub fn generate(
             a.s.logprobs.push(lp);
             a.pending.clear();
             a.pending.push(tok);
-            let tool = codec.tools.iter().find(|t| t.1 == tok).copied();
-            if Some(tok) == codec.eos {
+            let agent = a.mode == Mode::Agent;
+            let tool = codec.tools.iter().find(|t| agent && t.1 == tok).copied();
+            if let Some(reason) = on_token(a.key, tok, lp, &logits[row * v..(row + 1) * v]) {
+                a.s.finish_reason = reason;
+            } else if Some(tok) == codec.eos {
                 a.s.finish_reason = "eos";
-            } else if Some(tok) == codec.answer_close {
+            } else if agent && Some(tok) == codec.answer_close {
                 a.s.finish_reason = "answer";
             } else if let Some((open, _, tag)) = tool {
-                if a.s.turns as usize >= cfg.max_turns {
+                if a.s.turns as usize >= a.cfg.max_turns {
                     a.s.finish_reason = "max_turns";
-                } else if a.s.response_ids.len() >= cfg.max_response_tokens {
+                } else if a.s.response_ids.len() >= a.cfg.max_response_tokens {
                     a.s.finish_reason = "budget";
                 } else {
-                    // This turn's tokens only: after the last opening tag of this tool.
-                    let turn = &a.s.response_ids[a.turn_start..a.s.response_ids.len() - 1];
-                    let from = turn.iter().rposition(|&t| t == open).map_or(0, |p| p + 1);
-                    let content = codec.decode(&turn[from..])?;
-                    let input = if tag == Tag::Code { code_source(&content).to_string() } else { content.trim().to_string() };
-                    let goal = match tag {
-                        Tag::CrawlPage => {
-                            let text = codec.decode(&a.s.response_ids)?;
-                            Goal::new(find_last_block(&text, Tag::Think), find_last_block(&text, Tag::WebSearch))
-                        }
-                        _ => Goal::default(),
-                    };
+                    let (input, goal) = tool_call(codec, &a.s.response_ids, a.turn_start, open, tag)?;
                     calls.push((slot, tag, input, goal));
                     continue;
                 }
-            } else if a.s.response_ids.len() >= cfg.max_response_tokens {
+            } else if a.s.response_ids.len() >= a.cfg.max_response_tokens {
                 a.s.finish_reason = "budget";
             } else {
                 continue;
@@ -785,8 +900,8 @@ pub fn generate(
             for ((slot, tag, _, _), out) in calls.iter().zip(outs) {
                 let obs = out.with_context(|| format!("running {}", tag.name()))?;
                 let a = slots[*slot].as_mut().expect("active");
-                let mut ids = codec.observation_ids(&obs, cfg.max_observation_tokens)?;
-                let room = cfg.max_response_tokens - a.s.response_ids.len();
+                let mut ids = codec.observation_ids(&obs, a.cfg.max_observation_tokens)?;
+                let room = a.cfg.max_response_tokens - a.s.response_ids.len();
                 let cut = ids.len() > room;
                 ids.truncate(room);
                 a.s.response_ids.extend_from_slice(&ids);
@@ -794,7 +909,7 @@ pub fn generate(
                 a.s.logprobs.resize(a.s.response_ids.len(), 0.0);
                 a.s.tool_calls += 1;
                 stats.tool_calls += 1;
-                if cut || a.s.response_ids.len() >= cfg.max_response_tokens {
+                if cut || a.s.response_ids.len() >= a.cfg.max_response_tokens {
                     a.s.finish_reason = "budget";
                     finished.push(*slot);
                 } else {
@@ -805,11 +920,64 @@ pub fn generate(
             }
         }
         finished.sort_unstable();
+        let mut out = Vec::with_capacity(finished.len());
         for slot in finished {
             let mut a = slots[slot].take().expect("active");
             a.s.response_text = codec.decode(&a.s.response_ids)?;
-            if !done(a.key, a.s)? {
-                return Ok(stats);
+            out.push((a.key, a.s));
+        }
+        Ok(out)
+    }
+}
+
+/// The input of the tool call whose closing tag ends `response` (that tool's `open` id is the
+/// opening tag): this turn's tokens only, after the last opening tag of that tool (for `<code>`,
+/// the fenced source); and, for a crawl, the goal it summarizes its pages for.
+fn tool_call(codec: &Codec, response: &[u32], turn_start: usize, open: u32, tag: Tag) -> Result<(String, Goal)> {
+    let turn = &response[turn_start..response.len() - 1];
+    let from = turn.iter().rposition(|&t| t == open).map_or(0, |p| p + 1);
+    let content = codec.decode(&turn[from..])?;
+    let input = if tag == Tag::Code { code_source(&content).to_string() } else { content.trim().to_string() };
+    let goal = match tag {
+        Tag::CrawlPage => {
+            let text = codec.decode(response)?;
+            Goal::new(find_last_block(&text, Tag::Think), find_last_block(&text, Tag::WebSearch))
+        }
+        _ => Goal::default(),
+    };
+    Ok((input, goal))
+}
+
+/// Generates every job, `policy.n_slots()` at a time, calling `done(key, sample)` as each
+/// finishes; `done` returning `false` stops the run (samples in flight are dropped).
+pub fn generate(
+    policy: &mut dyn Policy,
+    env: &dyn Environment,
+    codec: &Codec,
+    cfg: &SampleConfig,
+    jobs: impl IntoIterator<Item = Job>,
+    done: &mut dyn FnMut(usize, Sample) -> Result<bool>,
+) -> Result<GenStats> {
+    let mut jobs = jobs.into_iter().peekable();
+    let mut batch = Batch::new(policy);
+    loop {
+        // Fill free slots. Jobs start in order: one that waits for a prompt being prefilled holds
+        // back the rest until the next forward.
+        while let (Some(slot), Some(job)) = (batch.free_slot(), jobs.peek()) {
+            if !batch.admit(policy, slot, job, cfg, Mode::Agent)? {
+                break;
+            }
+            jobs.next();
+        }
+        if batch.active() == 0 {
+            if jobs.peek().is_some() {
+                bail!("the policy deferred a job while no sequence was in flight");
+            }
+            return Ok(batch.stats);
+        }
+        for (key, s) in batch.step(policy, env, codec, &mut |_, _, _, _| None)? {
+            if !done(key, s)? {
+                return Ok(batch.stats);
             }
         }
     }
@@ -841,17 +1009,17 @@ pub fn load_checkpoint(path: &Path, bos: &SpecialChoice, eos: &SpecialChoice, ch
 /// Samples the checkpoint on every task of the input and writes `rollouts`.
 pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     // The device first: `--device cuda` without a GPU fails before anything is read.
-    let device = select_device(args.device).map_err(|e| anyhow!("{e}"))?;
+    let device = args.decode.select()?;
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow!("--threads: {e}"))?;
     }
     stage.set_seed(args.seed);
-    let (model, vocab) = load_checkpoint(&args.checkpoint, &args.bos, &args.eos, &args.chat_template)?;
-    if args.checkpoint.is_file() {
-        stage.add_input_file(&args.checkpoint);
+    let (model, vocab) = args.model.load()?;
+    if args.model.checkpoint.is_file() {
+        stage.add_input_file(&args.model.checkpoint);
     }
     for f in ["config.json", "model.safetensors", "tokenizer.json", coa_tokenize::CONFIG_FILE] {
-        let p = args.checkpoint.join(f);
+        let p = args.model.checkpoint.join(f);
         if p.exists() {
             stage.add_input_file(&p);
         }
@@ -860,13 +1028,7 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     if args.plain && args.oversample {
         bail!("--plain with --oversample: the groups are judged as CoA answers; drop one of the two");
     }
-    let model_name = match &args.model_name {
-        Some(n) => n.clone(),
-        None => std::fs::canonicalize(&args.checkpoint)
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| args.checkpoint.display().to_string()),
-    };
+    let model_name = args.model.name(args.model_name.as_deref());
 
     let (source, tasks) = crate::read_tasks(stage, args.io.input.as_deref(), args.shard.shard)?;
     let mut seen = HashMap::new();
@@ -897,43 +1059,12 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
              more than the model's max_position_embeddings {positions} (--checkpoint {}); use --max-response-tokens {} or less",
             args.max_response_tokens,
             tasks[longest_at].task_id,
-            args.checkpoint.display(),
+            args.model.checkpoint.display(),
             positions.saturating_sub(longest)
         );
     }
-    let (mut cpu_policy, mut gpu_policy);
-    let supported = check_decodable(&model.config);
-    let (policy, device_name): (&mut dyn Policy, String) = match gpu_for_model(device, args.device, supported, "decodes this model").map_err(|e| anyhow!("{e}"))? {
-        Some(info) => {
-            if args.decode_weights != coa_model::DecodeDtype::F32 || args.kv_cache != coa_model::DecodeDtype::F32 {
-                bail!(
-                    "--decode-weights {} --kv-cache {}: the CPU decoder's options; the GPU decoder (--device {}) holds bf16 weights and KV cache",
-                    args.decode_weights,
-                    args.kv_cache,
-                    args.device
-                );
-            }
-            let at = |e: coa_kernels::Error| anyhow!("--device {}: {e}", args.device);
-            let gpu = Gpu::open(&info).map_err(at)?;
-            gpu.warm_up().map_err(at)?;
-            let decoder = GpuDecoder::new(std::sync::Arc::new(gpu), &model.config, &model.params, slots, max_len, GPU_PASS_ROWS).map_err(at)?;
-            eprintln!(
-                "coa-generate policy: decoding on {info}: {slots} sequences of up to {max_len} tokens, {:.2} GiB of weights, cache and buffers",
-                decoder.device_bytes() as f64 / (1u64 << 30) as f64
-            );
-            gpu_policy = GpuPolicy { decoder };
-            (&mut gpu_policy, info.to_string())
-        }
-        None => {
-            model.prepare_decoding_as(args.decode_weights).context("--decode-weights")?;
-            cpu_policy = ModelPolicy::with_cache(&model, slots, max_len, args.kv_cache)?;
-            if args.no_prefix_reuse {
-                cpu_policy = cpu_policy.without_prefix_reuse();
-            }
-            let exact = args.decode_weights == coa_model::DecodeDtype::F32 && args.kv_cache == coa_model::DecodeDtype::F32;
-            (&mut cpu_policy, if exact { "cpu".to_string() } else { format!("cpu ({} weights, {} KV cache)", args.decode_weights, args.kv_cache) })
-        }
-    };
+    let (mut decoder, device_name) = args.decode.open(device, &model, slots, max_len, "coa-generate policy")?;
+    let policy = decoder.policy();
     let cfg = SampleConfig {
         temperature: args.temperature,
         top_p: args.top_p,

@@ -3,7 +3,9 @@
 //! - **Requests**: `POST {base_url}/chat/completions` (or `base_url` itself when it already ends
 //!   in `/chat/completions`) with `{"model", "messages", "temperature"[, "max_tokens"][, "stop"]}`;
 //!   an agent asked for a tool call is sent `"stop": ["<observation>"]`, so that a model which
-//!   goes on to imagine the tool's output is cut where the real output will go. The key, if one
+//!   goes on to imagine the tool's output is cut where the real output will go; an endpoint that
+//!   ignores `stop` has its reply cut here at the first stop sequence instead (what a server that
+//!   honours it returns: the text before it), so the imagined output never reaches the run. The key, if one
 //!   was given ([`OpenAiConfig::api_key`]), as `Authorization: Bearer …`. Blocking HTTP (ureq),
 //!   no async runtime; loopback URLs bypass any proxy set in the environment.
 //! - **Concurrency**: at most [`OpenAiConfig::max_inflight`] requests at once across threads.
@@ -439,9 +441,18 @@ const OBSERVATION_STOP: [&str; 1] = ["<observation>"];
 impl Mind for OpenAiMind<'_> {
     fn reply(&mut self, turn: &Turn<'_>) -> Result<Reply> {
         let stop: &[&str] = if turn.action.is_some_and(Action::is_tool) { &OBSERVATION_STOP } else { &[] };
-        let r = self.client.chat_until(turn.messages, stop)?;
+        let mut r = self.client.chat_until(turn.messages, stop)?;
+        let keep = cut_at_stop(&r.content, stop).len();
+        r.content.truncate(keep);
         Ok(Reply { text: r.content, usage: r.usage, latency_ms: r.latency_ms })
     }
+}
+
+/// `text` before the first of the `stop` sequences in it (all of it when none is): a reply as an
+/// endpoint that honours `stop` returns it.
+pub fn cut_at_stop<'a>(text: &'a str, stop: &[&str]) -> &'a str {
+    let at = stop.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s)).min();
+    &text[..at.unwrap_or(text.len())]
 }
 
 impl Backend for OpenAiBackend {
@@ -469,6 +480,14 @@ impl Backend for OpenAiBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reply_is_cut_at_the_first_stop_sequence() {
+        let reply = "<web_search>q</web_search>\n<observation>imagined</observation><observation>";
+        assert_eq!(cut_at_stop(reply, &OBSERVATION_STOP), "<web_search>q</web_search>\n");
+        assert_eq!(cut_at_stop(reply, &[]), reply);
+        assert_eq!(cut_at_stop("a STOP b END", &["END", "STOP"]), "a ");
+    }
 
     #[test]
     fn urls_and_loopback() {
