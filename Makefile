@@ -47,6 +47,8 @@ help:
 	@echo "           per stage), RL_OVERSAMPLE=1|0 (0: every task, sharded rollouts equal unsharded), MAX_RETRIES=$(MAX_RETRIES) (reruns"
 	@echo "           of shards left without output), SLURM_PARTITION, SLURM_TIME=$(SLURM_TIME), SLURM_CPUS=$(SLURM_CPUS),"
 	@echo "           SLURM_MEM=$(SLURM_MEM), SLURM_ARRAY_LIMIT (tasks of an array at once), SLURM_FLAGS (pipelines/shard.mk)"
+	@echo "make submit GOALS=pipeline SHARDS=N ...  the same on Slurm as a chain of driver jobs; returns at once"
+	@echo "           (SLURM_DRIVER_TIME/CPUS/MEM: the drivers' resources); make status RUN=name: the driver and each sharded stage"
 
 build:
 	$(CARGO) build --profile $(PROFILE) $(addprefix -p ,$(STAGES))

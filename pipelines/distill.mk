@@ -25,7 +25,7 @@ $(DISTILL)/%/mas_runs.parquet: $(RUNDIR)/tasks.parquet $(call corpus,$(RUNDIR)) 
 	$(call sharded,$@,$(DISTILL)/$*/mas.json,$(RUNDIR)/tasks.parquet,$(call mas_cmd,$*))
 
 $(DISTILL)/%/trajectories.parquet: $(DISTILL)/%/mas_runs.parquet
-	$(call sharded,$@,$(DISTILL)/$*/extract.json,$(RUNDIR)/tasks.parquet,$(BIN)/coa-extract -i $< $$SHARD --stats $$STATS -o $$OUT)
+	$(call sharded,$@,$(DISTILL)/$*/extract.json,$(RUNDIR)/tasks.parquet,$(BIN)/coa-extract -i $$IN $$SHARD --stats $$STATS -o $$OUT,,$<)
 
 $(DISTILL)/%/kept.parquet: $(DISTILL)/%/trajectories.parquet
 	$(BIN)/coa-filter -i $< --seed $(SEED) --min-hops $(call min_hops,$*) --where "hops <= $(MAX_HOPS)" --keep-dropped $(DISTILL)/$*/dropped.parquet \

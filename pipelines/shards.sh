@@ -5,13 +5,17 @@
 #
 # usage: pipelines/shards.sh --executor local|slurm --shards N --out FILE --order TASKS
 #            [--stats FILE] [--retries K] [--bin DIR] [--inputs "FILE..."]... [--content FILE]...
-#            [--var NAME=VALUE]...
+#            [--var NAME=VALUE]... [--input-parts INPUT]
 #            [--partition P] [--time T] [--cpus C] [--mem M] [--sbatch-flags "..."] -- 'COMMAND'
 #
-# COMMAND is a bash snippet run once per shard with three variables set:
+# COMMAND is a bash snippet run once per shard with these variables set:
 #   $SHARD  the flag `--shard I/N` (0-based I), to pass to every stage of the snippet
 #   $OUT    the shard's output table, FILE.shards/part-IIIII-of-NNNNN.parquet
 #   $STATS  the shard's --stats file,  FILE.shards/part-IIIII-of-NNNNN.json
+#   $IN     with --input-parts INPUT: shard I's rows of INPUT. Where INPUT was itself merged by this
+#           script from N shards (INPUT.shards/merged.stamp names the file it wrote), that is
+#           INPUT.shards/part-IIIII-of-NNNNN.parquet, so each shard reads its own rows and not the
+#           whole table; otherwise INPUT (the stage's --shard picks the rows).
 # and each --var NAME=VALUE (e.g. the iteration and checkpoint of an RL loop), written into the job
 # script, which is therefore complete on its own (Slurm need not pass the environment on).
 # A shard whose output exists is done and never rerun, unless it is older than an --inputs file or
@@ -34,10 +38,23 @@
 # failed is read from their missing outputs). Each retry doubles the time limit (a shard killed at
 # its limit would hit it again). logs/index.tsv lists every shard: the job that ran it last, the
 # attempt, done or missing, its seconds (from its --stats) and its log.
+#
+# Preemption and time limits: Slurm sends SIGTERM to every process of the task (then SIGKILL after
+# its KillWait); the stages remove their temporary outputs on SIGTERM and die of it, so the shard
+# is missing and rerun (the task is requeued, or resubmitted here). Temporary files a SIGKILL left
+# are removed before a shard is resubmitted.
+#
+# Submitted arrays are kept in logs/jobs.tsv (chain, attempt, job id) and the array task that ran
+# each shard in logs/tasks.tsv, so that a rerun while an earlier run's arrays are still queued or
+# running attaches to them (waits for them) instead of submitting the same shards again.
+# Detached (COA_SLURM_DETACH=FILE, set by the driver job of pipelines/submit.sh): the missing
+# shards are submitted, or the arrays still queued or running are found, their job ids appended to
+# FILE, and the script exits with status 3 at once; the driver reruns make in a job that depends
+# on them. Retries are counted per chain of driver jobs (COA_SLURM_CHAIN).
 set -euo pipefail
 
 executor=local shards= out= order= stats= retries=2 bin=target/release inputs= vars= contents=
-partition= time=01:00:00 cpus=1 mem= sbatch_flags= array_limit= poll=${SHARDS_POLL_SECONDS:-5}
+partition= time=01:00:00 cpus=1 mem= sbatch_flags= array_limit= poll=${SHARDS_POLL_SECONDS:-5} input_parts=
 while [ $# -gt 0 ]; do
   case "$1" in
     --executor) executor=$2; shift 2 ;;
@@ -49,6 +66,7 @@ while [ $# -gt 0 ]; do
     --bin) bin=$2; shift 2 ;;
     --inputs) inputs="$inputs $2"; shift 2 ;;
     --content) contents="$contents $2"; shift 2 ;;
+    --input-parts) input_parts=$2; shift 2 ;;
     --var)
       [[ "$2" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || { echo "shards.sh: --var $2: expected NAME=VALUE" >&2; exit 2; }
       vars+="export ${2%%=*}=$(printf '%q' "${2#*=}")"$'\n'; shift 2 ;;
@@ -93,29 +111,65 @@ for f in $contents; do
   digests+="# made from $f with SHA-256 $(sha256sum < "$f" | cut -d' ' -f1)"$'\n'
 done
 
+# $IN of the job script: shard I's part of --input-parts INPUT when INPUT is the file this script
+# merged from them (its inode, size and modification time as merged.stamp recorded), else INPUT.
+in_lines=
+if [ -n "$input_parts" ]; then
+  in_abs=$(cd "$(dirname "$input_parts")" && pwd)/$(basename "$input_parts")
+  in_lines="in_part=\$(printf '%s/part-%05d-of-%s.parquet' $(printf '%q' "$in_abs.shards") \"\$i\" '$n5')
+if [ -e \"\$in_part\" ] && [ \"\$(stat -c '%i %s %.9Y' $(printf '%q' "$in_abs"))\" = \"\$(cat $(printf '%q' "$in_abs.shards/merged.stamp") 2>/dev/null)\" ]; then
+  export IN=\$in_part
+else
+  export IN=$(printf '%q' "$in_abs")
+fi"$'\n'
+fi
+
 # The one job script both executors run: shard I from SLURM_ARRAY_TASK_ID (Slurm) or SHARD_INDEX (local).
 job=$dir/job.sh
-cat > "$job.tmp" <<EOF
+cat > "$job.tmp" <<JOB
 #!/usr/bin/env bash
 # One shard of: $out (written by pipelines/shards.sh)
 ${digests}set -euo pipefail
 i=\${SHARD_INDEX:-\$(( \${SHARD_OFFSET:-0} + \${SLURM_ARRAY_TASK_ID:?neither SHARD_INDEX nor SLURM_ARRAY_TASK_ID is set} ))}
 p=\$(printf '%s/part-%05d-of-%s' '$dir' "\$i" '$n5')
 export SHARD="--shard \$i/$shards" OUT=\$p.parquet STATS=\$p.json
-${vars}if [ -e "\$OUT" ]; then echo "shard \$i/$shards: \$OUT exists, not rerun"; exit 0; fi
+${vars}${in_lines}if [ -e "\$OUT" ]; then echo "shard \$i/$shards: \$OUT exists, not rerun"; exit 0; fi
 cd '$(pwd)'
-echo "shard \$i/$shards on \$(hostname): \$OUT"
+echo "shard \$i/$shards on \$(hostname)\${IN:+ from \$IN}: \$OUT"
 exec bash -euo pipefail -c $(printf '%q' "$command")
-EOF
+JOB
+
+# Submissions (logs/jobs.tsv: chain, attempt, job id) and the array task that ran each shard
+# (logs/tasks.tsv: shard, job, attempt, log), kept across runs of this script.
+jobs_file=$dir/logs/jobs.tsv tasks_file=$dir/logs/tasks.tsv
+# The recorded jobs with a task still queued, running or requeued.
+live_jobs() {
+  [ "$executor" = slurm ] && [ -s "$jobs_file" ] || return 0
+  local queue; queue=$(squeue -h -u "$(id -un)" -o %F 2>/dev/null | sort -u)
+  [ -n "$queue" ] || return 0
+  cut -f3 "$jobs_file" | sort -u | grep -Fx -f <(printf '%s\n' "$queue") || true
+}
+live=$(live_jobs | paste -sd' ' -)
+
 # Parts of another job script (another command, --var value or --content) are not this run's.
 if [ -e "$job" ] && ! cmp -s "$job" "$job.tmp"; then
-  rm -f "$dir"/part-*-of-"$n5".parquet "$dir"/part-*-of-"$n5".json
+  if [ -n "$live" ]; then
+    rm -f "$job.tmp"
+    echo "shards.sh: $out: job(s) $live of an earlier command are still queued or running (logs/jobs.tsv); wait for them or scancel them, then rerun" >&2
+    exit 1
+  fi
+  rm -f "$dir"/part-*-of-"$n5".parquet "$dir"/part-*-of-"$n5".json "$jobs_file" "$tasks_file"
 fi
 mv "$job.tmp" "$job"
 chmod +x "$job"
 
 missing() {
   for i in $(seq 0 $((shards - 1))); do [ -e "$(part "$i").parquet" ] || echo "$i"; done
+}
+# Temporary outputs of the shards about to run again (a stage killed by SIGKILL leaves its own).
+clean_temps() {
+  local i
+  for i in "$@"; do rm -f "$dir/.$(basename "$(part "$i")")".*.tmp*; done
 }
 
 # Slurm time limits (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in minutes, and back as D-HH:MM:00.
@@ -136,12 +190,10 @@ if [ "$executor" = slurm ]; then
   max_array=$(scontrol show config 2>/dev/null | awk -F= '/^MaxArraySize/ {gsub(/ /, "", $2); print $2}')
   [[ "$max_array" =~ ^[1-9][0-9]*$ ]] || max_array=1001
 fi
+chain=${COA_SLURM_CHAIN:-local-$$-$(date +%s)}
 
-# Which job ran each shard last, and its log (for logs/index.tsv).
-declare -A ran_by ran_log ran_attempt
-
-# submit_arrays ATTEMPT TIME SHARD...: the shards as arrays of indices under MaxArraySize; prints
-# the job ids. Exits on a refused submission.
+# submit_arrays ATTEMPT TIME SHARD...: the shards as arrays of indices under MaxArraySize; adds
+# the job ids to jobs_submitted. Exits on a refused submission.
 submit_arrays() {
   local attempt=$1 limit=$2; shift 2
   local offset=-1 spec= prev=-2 start=-1 i
@@ -161,10 +213,10 @@ submit_arrays() {
     rm -f "$err"
     jid=${jid%%;*}
     echo "shards.sh: $out: submitted job $jid: shards $offset+($spec), time limit $limit" >&2
-    jobs_submitted+=" $jid"
+    jobs_submitted+="${jobs_submitted:+ }$jid"
+    printf '%s\t%s\t%s\n' "$chain" "$attempt" "$jid" >> "$jobs_file"
     for r in $(expand "$spec"); do
-      ran_by[$((offset + r))]="${jid}_$r"; ran_attempt[$((offset + r))]=$attempt
-      ran_log[$((offset + r))]="$dir/logs/slurm-$jid-a$attempt-o$offset-$r.log"
+      printf '%s\t%s\t%s\t%s\n' $((offset + r)) "${jid}_$r" "$attempt" "$dir/logs/slurm-$jid-a$attempt-o$offset-$r.log" >> "$tasks_file"
     done
     offset=-1 spec= prev=-2 start=-1
   }
@@ -187,19 +239,22 @@ expand() {
     if [[ "$part" == *-* ]]; then seq "${part%-*}" "${part#*-}"; else echo "$part"; fi
   done
 }
-# Waits until no task of the submitted jobs is queued, running or requeued.
+# Waits until no task of the recorded jobs is queued, running or requeued.
 wait_jobs() {
-  local ids; ids=$(echo $jobs_submitted | tr ' ' ,)
-  while [ -n "$(squeue -h -o %i -j "$ids" 2>/dev/null | head -1)" ]; do sleep "$poll"; done
+  while [ -n "$(live_jobs)" ]; do sleep "$poll"; done
 }
 
 # logs/index.tsv: shard, job (Slurm JOBID_TASK or local), attempt, done|missing, seconds, log.
 write_index() {
+  declare -A ran_by ran_attempt ran_log
+  local i p state secs job att log
+  if [ -s "$tasks_file" ]; then
+    while IFS=$'\t' read -r i job att log; do ran_by[$i]=$job ran_attempt[$i]=$att ran_log[$i]=$log; done < "$tasks_file"
+  fi
   {
     printf 'shard\tjob\tattempt\tstate\tseconds\tlog\n'
     for i in $(seq 0 $((shards - 1))); do
-      local p state=missing secs=
-      p=$(part "$i")
+      p=$(part "$i") state=missing secs=
       if [ -e "$p.parquet" ]; then
         state=done
         secs=$(grep -o '"seconds": *[0-9.]*' "$p.json" 2>/dev/null | head -1 | grep -o '[0-9.]*$' || true)
@@ -209,37 +264,70 @@ write_index() {
   } > "$dir/logs/index.tsv.tmp"
   mv "$dir/logs/index.tsv.tmp" "$dir/logs/index.tsv"
 }
+last_log() { [ -s "$tasks_file" ] || return 0; awk -F'\t' -v s="$1" '$1 == s {l = $4} END {print l}' "$tasks_file"; }
+give_up() {
+  write_index
+  echo "shards.sh: $out: shard(s) $1 still have no output after $retries retries; logs in $dir/logs/ (index.tsv)" >&2
+  local i log
+  for i in ${1//,/ }; do
+    log=$(last_log "$i")
+    [ -n "$log" ] && { echo "--- shard $i, $log:" >&2; tail -5 "$log" >&2 || true; }
+  done
+  exit 1
+}
+# run_missing ATTEMPT TODO: runs (local) or submits (Slurm) the shards of TODO (comma list).
+run_missing() {
+  local attempt=$1 todo=$2 i
+  [ "$attempt" -gt 0 ] && echo "shards.sh: $out: rerunning shard(s) $todo (retry $attempt of $retries)" >&2
+  clean_temps ${todo//,/ }
+  if [ "$executor" = local ]; then
+    for i in ${todo//,/ }; do printf '%s\t%s\t%s\t%s\n' "$i" local "$attempt" "$dir/logs/local-a$attempt-$i.log" >> "$tasks_file"; done
+    write_index
+    # As many at once as there are CPUs (a shard's own threads share them).
+    printf '%s\n' ${todo//,/ } | xargs -P "$(nproc)" -I{} \
+      bash -c 'SHARD_INDEX=$1 bash "$2" > "$3/logs/local-a$4-$1.log" 2>&1 || true' _ {} "$job" "$dir" "$attempt"
+  else
+    jobs_submitted=
+    submit_arrays "$attempt" "$(slurm_time $(( $(minutes "$time") << attempt )))" ${todo//,/ }
+    write_index
+  fi
+}
 
+todo=$(missing | paste -sd, -)
+if [ -n "${COA_SLURM_DETACH:-}" ] && [ "$executor" = slurm ] && [ -n "$todo" ]; then
+  # Detached: submit (or find) the arrays, hand their ids to the driver, and return.
+  if [ -n "$live" ]; then
+    echo "shards.sh: $out: job(s) $live still queued or running; the driver goes on when they end" >&2
+    jobs_submitted=$live
+  else
+    attempt=0
+    [ -s "$jobs_file" ] && attempt=$(awk -F'\t' -v c="$chain" '$1 == c {print $2}' "$jobs_file" | sort -u | wc -l)
+    [ "$attempt" -gt "$retries" ] && give_up "$todo"
+    run_missing "$attempt" "$todo"
+    echo "shards.sh: $out: the driver goes on when job(s) $jobs_submitted end" >&2
+  fi
+  printf '%s\n' $jobs_submitted >> "$COA_SLURM_DETACH"
+  write_index
+  exit 3
+fi
+if [ -n "$live" ]; then
+  echo "shards.sh: $out: attaching to job(s) $live of an earlier run, still queued or running" >&2
+  wait_jobs
+fi
 attempt=0
 while :; do
   todo=$(missing | paste -sd, -)
   [ -z "$todo" ] && break
-  if [ "$attempt" -gt "$retries" ]; then
-    write_index
-    echo "shards.sh: $out: shard(s) $todo still have no output after $retries retries; logs in $dir/logs/ (index.tsv)" >&2
-    for i in ${todo//,/ }; do
-      log=${ran_log[$i]:-}
-      [ -n "$log" ] && { echo "--- shard $i, $log:" >&2; tail -5 "$log" >&2 || true; }
-    done
-    exit 1
-  fi
-  [ "$attempt" -gt 0 ] && echo "shards.sh: $out: rerunning shard(s) $todo (retry $attempt of $retries)" >&2
-  write_index
-  if [ "$executor" = local ]; then
-    # As many at once as there are CPUs (a shard's own threads share them).
-    printf '%s\n' ${todo//,/ } | xargs -P "$(nproc)" -I{} \
-      bash -c 'SHARD_INDEX=$1 bash "$2" > "$3/logs/local-a$4-$1.log" 2>&1 || true' _ {} "$job" "$dir" "$attempt"
-    for i in ${todo//,/ }; do ran_by[$i]=local; ran_attempt[$i]=$attempt; ran_log[$i]="$dir/logs/local-a$attempt-$i.log"; done
-  else
-    jobs_submitted=
-    submit_arrays "$attempt" "$(slurm_time $(( $(minutes "$time") << attempt )))" ${todo//,/ }
-    wait_jobs
-  fi
+  [ "$attempt" -gt "$retries" ] && give_up "$todo"
+  run_missing "$attempt" "$todo"
+  [ "$executor" = slurm ] && wait_jobs
   attempt=$((attempt + 1))
 done
 
 write_index
 "$bin/coa-filter" --rules none -i "$dir/part-*-of-$n5.parquet" --task-order "$order" --stats "$dir/merge.json" -o "$out"
+# What the merge wrote: a later stage's --input-parts reads the parts only while this is the file.
+stat -c '%i %s %.9Y' "$out" > "$dir/merged.stamp.tmp" && mv "$dir/merged.stamp.tmp" "$dir/merged.stamp"
 if [ -n "$stats" ]; then
   python3 "$(dirname "$0")/merge_stats.py" "$dir"/part-*-of-"$n5".json > "$stats.tmp"
   mv "$stats.tmp" "$stats"

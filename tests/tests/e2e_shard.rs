@@ -434,7 +434,81 @@ fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_ta
     let refused = shards_sh(&cluster, w, &args, "true").output().unwrap();
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && stderr.contains("sbatch refused the array of shards 0+(0-1)") && !stderr.contains("rerunning"), "{stderr}");
-    eprintln!("slurm test: {:.1} s (killed array task {killed}, rerun; requeued {requeued})", started.elapsed().as_secs_f64());
+
+    // A task told to stop (SIGTERM, what Slurm sends at a preemption or a time limit) while its
+    // stage writes: the stage removes its temporary output and the shard is missing, not torn.
+    // The stage reads the head of a table stream and then waits, so it is caught mid-write.
+    let out = w.join("term/tasks.parquet").display().to_string();
+    let b = bin_dir().display().to_string();
+    let command = format!("{b}/coa-filter -i {tasks} --rules none $SHARD -o - | {{ head -c 3000; sleep 60; }} | {b}/coa-filter --rules none -o $OUT");
+    let child = shards_sh(&cluster, w, &["--shards", "1", "--retries", "0", "--cpus", "1", "--mem", "256M", "--out", &out, "--order", &tasks], &command).spawn().unwrap();
+    let shards_dir = w.join("term/tasks.parquet.shards");
+    let temps = || -> Vec<String> {
+        std::fs::read_dir(&shards_dir).map(|d| d.flatten().map(|e| e.file_name().into_string().unwrap()).filter(|n| n.starts_with(".part-")).collect()).unwrap_or_default()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while temps().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the stage never started writing its part");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let stopped = on_a_running_task(&cluster, 100, |id| cluster.command("scancel").args(["--signal=TERM", "--full", id]).status().unwrap().success());
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(!done.status.success() && stderr.contains("shard(s) 0 still have no output after 0 retries"), "{stderr}");
+    assert_eq!(temps(), Vec::<String>::new(), "task {stopped} stopped by SIGTERM left its temporary output");
+
+    // A rerun while the arrays of an earlier run are still queued or running attaches to them:
+    // a detached submission (as a driver job makes it) returns at once with status 3, the same
+    // command run again waits for those arrays and merges, submitting nothing.
+    let out = w.join("attach/tasks.parquet").display().to_string();
+    let command = format!("sleep 3; {b}/coa-filter -i {tasks} --rules none $SHARD -o $OUT");
+    let args = ["--shards", "3", "--cpus", "1", "--mem", "256M", "--out", &out, "--order", &tasks];
+    let pending = w.join("attach.pending");
+    let detached = shards_sh(&cluster, w, &args, &command).env("COA_SLURM_DETACH", &pending).env("COA_SLURM_CHAIN", "test").output().unwrap();
+    let stderr = String::from_utf8_lossy(&detached.stderr);
+    assert_eq!(detached.status.code(), Some(3), "{stderr}");
+    let job = std::fs::read_to_string(&pending).unwrap().trim().to_string();
+    assert!(stderr.contains(&format!("submitted job {job}: shards 0+(0-2)")), "{stderr}");
+    let attached = shards_sh(&cluster, w, &args, &command).output().unwrap();
+    let stderr = String::from_utf8_lossy(&attached.stderr);
+    assert!(attached.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("attaching to job(s) {job}")) && !stderr.contains("submitted job"), "{stderr}");
+    assert_eq!(data(Path::new(&out)).1.columns(), data(Path::new(&tasks)).1.columns());
+
+    // Submit and return: `make submit` queues a driver job and returns; the chain of drivers runs
+    // make, each sharded stage submits its arrays and the next driver waits for them; a second
+    // submit attaches; the tables equal the local run's, and each extraction shard read its own
+    // part of the teacher's runs.
+    let t0 = std::time::Instant::now();
+    let submit = ["submit", "GOALS=distill", "RUN=detached", "SHARDS=4", "SLURM_CPUS=1", "SLURM_MEM=512M", "SLURM_DRIVER_CPUS=1", "SLURM_DRIVER_MEM=1G"];
+    let log = make(&cluster, w, &submit);
+    assert!(log.contains("driver job") && log.contains("submitted") && t0.elapsed().as_secs() < 20, "{log}");
+    let again = make(&cluster, w, &submit);
+    assert!(again.contains("is already being run by driver job"), "{again}");
+    let status = make(&cluster, w, &["-s", "status", "RUN=detached"]);
+    assert!(status.contains("driver: job"), "{status}");
+    let result = w.join("runs/detached/slurm/result");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while !result.exists() {
+        assert!(std::time::Instant::now() < deadline, "the driver chain did not end within 300 s:\n{}", make(&cluster, w, &["-s", "status", "RUN=detached"]));
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+    let status = make(&cluster, w, &["-s", "status", "RUN=detached"]);
+    assert!(std::fs::read_to_string(&result).unwrap().starts_with("done"), "{status}");
+    assert_eq!(status.lines().filter(|l| l.ends_with("  merged")).count(), 6, "{status}");
+    let drivers = std::fs::read_to_string(w.join("runs/detached/slurm/drivers.tsv")).unwrap();
+    assert!(drivers.lines().count() >= 3 && drivers.lines().nth(1).unwrap().contains("\tafter "), "{drivers}");
+    for suite in ["multihop", "math", "code"] {
+        for table in ["mas_runs", "trajectories", "kept", "coa_text"] {
+            let (a, b) = (w.join(format!("runs/local/distill/{suite}/{table}.parquet")), w.join(format!("runs/detached/distill/{suite}/{table}.parquet")));
+            same_table(&a, &b, &format!("{suite}/{table} of the detached run against the local run"));
+        }
+        let shard_log = std::fs::read_dir(w.join(format!("runs/detached/distill/{suite}/trajectories.parquet.shards/logs"))).unwrap().flatten()
+            .find(|e| e.file_name().to_string_lossy().starts_with("slurm-")).unwrap().path();
+        let text = std::fs::read_to_string(&shard_log).unwrap();
+        assert!(text.contains("from ") && text.contains("mas_runs.parquet.shards/part-"), "{}: {text}", shard_log.display());
+    }
+    eprintln!("slurm test: {:.1} s (killed array task {killed}, rerun; requeued {requeued}; stopped {stopped}; detached chain {:.1} s)", started.elapsed().as_secs_f64(), t0.elapsed().as_secs_f64());
 }
 
 // ---------------------------------------------------------------------------------------------
