@@ -413,8 +413,7 @@ fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_ta
     assert_eq!(rows[shard.parse::<usize>().unwrap()][1], format!("{retry}_{shard}"), "{index}");
     assert_eq!(data(Path::new(&out)).1.columns(), data(Path::new(&tasks)).1.columns(), "the merged shards are the tasks table");
 
-    // More shards than MaxArraySize (8 on the test cluster): arrays of at most 8 with an offset,
-    // at most 3 tasks of an array at once; a task requeued while running (as after a preemption)
+    // At most 3 tasks of an array at once; a task requeued while running (as after a preemption)
     // is waited for and not rerun as missing.
     let out = w.join("many/tasks.parquet").display().to_string();
     let command = format!("sleep 2; {}/coa-filter -i {tasks} --rules none $SHARD -o $OUT", bin_dir().display());
@@ -424,9 +423,26 @@ fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_ta
     let done = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&done.stderr);
     assert!(done.status.success(), "shards.sh failed after requeueing {requeued}:\n{stderr}");
-    assert!(stderr.contains("shards 0+(0-7)") && stderr.contains("shards 8+(0-3)"), "two arrays under MaxArraySize 8:\n{stderr}");
+    assert!(stderr.contains("shards 0+(0-11)"), "one array:\n{stderr}");
+    let job = stderr.split("submitted job ").nth(1).unwrap().split(':').next().unwrap();
+    let spec = cluster.command("scontrol").args(["show", "job", job]).output().unwrap();
+    let spec = String::from_utf8_lossy(&spec.stdout);
+    assert!(spec.contains("ArrayTaskThrottle=3"), "{spec}");
     assert!(!stderr.contains("rerunning"), "the requeued task {requeued} ran again by Slurm, not as a retry:\n{stderr}");
     assert_eq!(data(Path::new(&out)).1.columns(), data(Path::new(&tasks)).1.columns(), "12 shards merged are the tasks table");
+
+    // 1,100 shards of a fast stage: more than the cluster's MaxArraySize (Slurm's 1001), so two
+    // arrays, the second with an offset; merged, they are the tasks table.
+    let t_many = std::time::Instant::now();
+    let out = w.join("1100/tasks.parquet").display().to_string();
+    let command = format!("{}/coa-filter -i {tasks} --rules none $SHARD -o $OUT", bin_dir().display());
+    let args = ["--shards", "1100", "--retries", "0", "--cpus", "1", "--mem", "128M", "--out", &out, "--order", &tasks];
+    let done = shards_sh(&cluster, w, &args, &command).output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "1,100 shards:\n{stderr}");
+    assert!(stderr.contains("shards 0+(0-1000)") && stderr.contains("shards 1001+(0-98)"), "two arrays under MaxArraySize 1001:\n{stderr}");
+    assert_eq!(data(Path::new(&out)).1.columns(), data(Path::new(&tasks)).1.columns(), "1,100 shards merged are the tasks table");
+    let many_secs = t_many.elapsed().as_secs_f64();
 
     // A submission sbatch refuses is an error at once, not retried.
     let refused_out = w.join("refused/t.parquet").display().to_string();
@@ -487,6 +503,21 @@ fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_ta
     assert!(again.contains("is already being run by driver job"), "{again}");
     let status = make(&cluster, w, &["-s", "status", "RUN=detached"]);
     assert!(status.contains("driver: job"), "{status}");
+    // The driver killed once it has submitted arrays and its successor (cancelled: it waits on
+    // them), and submitted again: the new driver finds those arrays and submits none twice.
+    let slurm_dir = w.join("runs/detached/slurm");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::read_to_string(slurm_dir.join("drivers.tsv")).unwrap().lines().count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the first driver never submitted a second one");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let killed_driver = std::fs::read_to_string(slurm_dir.join("driver.jobid")).unwrap().trim().to_string();
+    assert!(cluster.command("scancel").arg(&killed_driver).status().unwrap().success());
+    while !String::from_utf8_lossy(&cluster.command("squeue").args(["-h", "-j", &killed_driver, "-o", "%T"]).output().unwrap().stdout).trim().is_empty() {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let restarted = make(&cluster, w, &submit);
+    assert!(restarted.contains("submitted") && !restarted.contains("already"), "{restarted}");
     let result = w.join("runs/detached/slurm/result");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
     while !result.exists() {
@@ -499,6 +530,10 @@ fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_ta
     let drivers = std::fs::read_to_string(w.join("runs/detached/slurm/drivers.tsv")).unwrap();
     assert!(drivers.lines().count() >= 3 && drivers.lines().nth(1).unwrap().contains("\tafter "), "{drivers}");
     for suite in ["multihop", "math", "code"] {
+        for stage in ["mas_runs", "trajectories"] {
+            let jobs = std::fs::read_to_string(w.join(format!("runs/detached/distill/{suite}/{stage}.parquet.shards/logs/jobs.tsv"))).unwrap();
+            assert_eq!(jobs.lines().count(), 1, "{suite}/{stage}: one submission, after the driver {killed_driver} was killed:\n{jobs}");
+        }
         for table in ["mas_runs", "trajectories", "kept", "coa_text"] {
             let (a, b) = (w.join(format!("runs/local/distill/{suite}/{table}.parquet")), w.join(format!("runs/detached/distill/{suite}/{table}.parquet")));
             same_table(&a, &b, &format!("{suite}/{table} of the detached run against the local run"));
@@ -508,7 +543,12 @@ fn make_distill_and_eval_on_slurm_equal_the_local_unsharded_runs_and_a_killed_ta
         let text = std::fs::read_to_string(&shard_log).unwrap();
         assert!(text.contains("from ") && text.contains("mas_runs.parquet.shards/part-"), "{}: {text}", shard_log.display());
     }
-    eprintln!("slurm test: {:.1} s (killed array task {killed}, rerun; requeued {requeued}; stopped {stopped}; detached chain {:.1} s)", started.elapsed().as_secs_f64(), t0.elapsed().as_secs_f64());
+    eprintln!(
+        "slurm test: {:.1} s (killed array task {killed}, rerun; requeued {requeued}; stopped {stopped}; 1,100 shards {many_secs:.1} s; \
+         detached chain {:.1} s, driver {killed_driver} killed and resubmitted)",
+        started.elapsed().as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
