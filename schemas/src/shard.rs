@@ -350,6 +350,49 @@ mod tests {
         assert!(e.contains("part-0: row 0 has task_id \"nope\", which is not in --task-order tasks"), "{e}");
     }
 
+    /// The merge's memory bound, as a property: however long the parts, it reads a part's next
+    /// batch only once the rows of its current one are all out, so it holds at most one batch
+    /// per part plus the output batch (peak memory measured in docs/cluster.md).
+    #[test]
+    fn the_merge_reads_no_part_more_than_one_batch_ahead() {
+        use std::cell::RefCell;
+        use std::rc::Rc;
+        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("task_id", DataType::Utf8, false), Field::new("v", DataType::Int32, false)]));
+        let (n_parts, n_tasks, part_batch) = (6, 3000, 10);
+        let order: Vec<String> = (0..n_tasks).map(|k| format!("t{k:05}")).collect();
+        let mut shards: Vec<Vec<(String, i32)>> = vec![Vec::new(); n_parts];
+        for (k, id) in order.iter().enumerate() {
+            shards[ShardSpec::of(id, n_parts as u32) as usize].push((id.clone(), k as i32));
+        }
+        // Batches pulled from each part so far.
+        let pulled = Rc::new(RefCell::new(vec![0usize; n_parts]));
+        let parts: Vec<(Box<dyn Iterator<Item = Result<RecordBatch>>>, String)> = shards
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let batches: Vec<RecordBatch> = r.chunks(part_batch).map(|c| rows(&schema, &c.iter().map(|(a, b)| (a.as_str(), *b)).collect::<Vec<_>>())).collect();
+                let pulled = pulled.clone();
+                let counted = batches.into_iter().inspect(move |_| pulled.borrow_mut()[i] += 1).map(Ok);
+                (Box::new(counted) as Box<dyn Iterator<Item = Result<RecordBatch>>>, format!("part-{i}"))
+            })
+            .collect();
+        let mut emitted = vec![0usize; n_parts];
+        let mut total = 0;
+        for batch in TaskOrderMerge::new(parts, &order, "tasks", 7).unwrap() {
+            let batch = batch.unwrap();
+            let ids = batch.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+            for id in ids.iter().flatten() {
+                emitted[ShardSpec::of(id, n_parts as u32) as usize] += 1;
+            }
+            total += batch.num_rows();
+            for (part, (&out, &read)) in emitted.iter().zip(pulled.borrow().iter()).enumerate() {
+                // Rows read from this part but not yet out: less than two of its batches.
+                assert!(read * part_batch < out + 2 * part_batch, "part {part}: {read} batches read, {out} rows out");
+            }
+        }
+        assert_eq!(total, n_tasks);
+    }
+
     #[test]
     fn shard_specs_parse_zero_based_and_refuse_the_rest() {
         assert_eq!("0/4".parse::<ShardSpec>(), Ok(ShardSpec { index: 0, count: 4 }));
