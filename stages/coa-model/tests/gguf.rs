@@ -72,6 +72,86 @@ fn every_type_dequantizes_to_hand_computed_values() {
     assert_eq!(read("q4_1"), want_q41);
 }
 
+/// Q5_0, Q5_1 and the K-quants: blocks packed here from chosen quants and scales (the inverse of
+/// the layout the reader decodes), read back as `scale * q - min` of those choices. Values are
+/// exact in f32 (small integers times powers of two), so the order of operations cannot hide a
+/// misplaced bit. Bit-for-bit agreement with gguf-py is `tests/gguf_parity.rs`'s.
+#[test]
+fn five_bit_and_k_quant_blocks_decode_to_their_packed_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = GgufWriter::new();
+    // Q5_0 / Q5_1: q[j] = (7 j + 3) mod 32, its fifth bit in bit j of qh.
+    let q5: Vec<u32> = (0..32).map(|j| (7 * j + 3) % 32).collect();
+    let pack5 = |q: &[u32]| -> Vec<u8> {
+        let qh: u32 = q.iter().enumerate().map(|(j, &v)| (v >> 4) << j).sum();
+        let mut b = qh.to_le_bytes().to_vec();
+        b.extend((0..16).map(|j| (q[j] & 15 | (q[j + 16] & 15) << 4) as u8));
+        b
+    };
+    let mut q50 = f16_bits(0.5).to_vec();
+    q50.extend(pack5(&q5));
+    w.tensor("q5_0", &[32], GgmlType::Q5_0, q50);
+    let mut q51 = f16_bits(0.25).to_vec();
+    q51.extend(f16_bits(-2.0));
+    q51.extend(pack5(&q5));
+    w.tensor("q5_1", &[32], GgmlType::Q5_1, q51);
+
+    // Q4_K / Q5_K: sub-block i has scale 10 + 7 i and min 3 + 8 i (6 bits; those of sub-blocks
+    // 4-7 are >= 16, so their top bits land in bytes 0-7); quants q[e] = (5 e + 1) mod 16 or 32.
+    let sc: Vec<u8> = (0..8).map(|i| 10 + 7 * i).collect();
+    let mn: Vec<u8> = (0..8).map(|i| 3 + 8 * i).collect();
+    let mut scales = [0u8; 12];
+    for i in 0..4 {
+        scales[i] = sc[i] | (sc[i + 4] >> 4) << 6;
+        scales[i + 4] = mn[i] | (mn[i + 4] >> 4) << 6;
+        scales[i + 8] = (sc[i + 4] & 15) | (mn[i + 4] & 15) << 4;
+    }
+    let q4k: Vec<u8> = (0..256).map(|e| ((5 * e + 1) % 16) as u8).collect();
+    let q5k: Vec<u8> = (0..256).map(|e| ((5 * e + 1) % 32) as u8).collect();
+    // Sub-block i: the low (even i) or high (odd i) nibbles of bytes 32 (i / 2) .. + 32.
+    let nibbles = |q: &[u8]| -> Vec<u8> {
+        (0..128).map(|k| (q[(k / 32) * 64 + k % 32] & 15) | (q[(k / 32) * 64 + 32 + k % 32] & 15) << 4).collect()
+    };
+    let mut b4 = [f16_bits(0.5), f16_bits(0.25)].concat();
+    b4.extend(scales);
+    b4.extend(nibbles(&q4k));
+    w.tensor("q4_k", &[256], GgmlType::Q4_K, b4);
+    let mut b5 = [f16_bits(0.5), f16_bits(0.25)].concat();
+    b5.extend(scales);
+    b5.extend((0..32).map(|l| (0..8).map(|i| (q5k[32 * i + l] >> 4) << i).sum::<u8>()));
+    b5.extend(nibbles(&q5k));
+    w.tensor("q5_k", &[256], GgmlType::Q5_K, b5);
+
+    // Q6_K: q[e] = (7 e + 3) mod 64, scales -24, -21, ..., 21 (int8, negative ones too), d = 1/8.
+    let q6: Vec<u8> = (0..256).map(|e| ((7 * e + 3) % 64) as u8).collect();
+    let s6: Vec<i8> = (0..16).map(|k| (k as i8 - 8) * 3).collect();
+    let mut ql = [0u8; 128];
+    let mut qh = [0u8; 64];
+    for (e, &q) in q6.iter().enumerate() {
+        let (h, g, l) = (e / 128, e / 32 % 4, e % 32);
+        ql[64 * h + 32 * (g % 2) + l] |= (q & 15) << (4 * (g / 2));
+        qh[32 * h + l] |= (q >> 4) << (2 * g);
+    }
+    let mut b6 = [ql.as_slice(), qh.as_slice()].concat();
+    b6.extend(s6.iter().map(|&s| s as u8));
+    b6.extend(f16_bits(0.125));
+    w.tensor("q6_k", &[256], GgmlType::Q6_K, b6);
+
+    let f = GgufFile::open(&write(dir.path(), "kq.gguf", &w)).unwrap();
+    let read = |name: &str| f.tensor_f32(f.tensor(name).unwrap()).unwrap();
+    assert_eq!(read("q5_0"), q5.iter().map(|&q| 0.5 * (q as f32 - 16.0)).collect::<Vec<_>>());
+    assert_eq!(read("q5_1"), q5.iter().map(|&q| 0.25 * q as f32 - 2.0).collect::<Vec<_>>());
+    let k_want = |q: &[u8]| -> Vec<f32> {
+        q.iter().enumerate().map(|(e, &q)| 0.5 * sc[e / 32] as f32 * q as f32 - 0.25 * mn[e / 32] as f32).collect()
+    };
+    assert_eq!(read("q4_k"), k_want(&q4k));
+    assert_eq!(read("q5_k"), k_want(&q5k));
+    let want6: Vec<f32> = q6.iter().enumerate().map(|(e, &q)| 0.125 * s6[e / 16] as f32 * (q as f32 - 32.0)).collect();
+    assert_eq!(read("q6_k"), want6);
+    // The unpacking on its own: a sub-block above 3 takes its top bits from bytes 0-7.
+    assert_eq!(gguf::dequant::scale_min_k4(&scales, 6), (52, 51));
+}
+
 #[test]
 fn metadata_of_every_type_round_trips_with_alignment() {
     let dir = tempfile::tempdir().unwrap();
@@ -303,8 +383,8 @@ fn unsupported_tensor_type_names_tensor_and_type() {
     let dir = tempfile::tempdir().unwrap();
     let m = random_model("llama", true);
     let f = GgufFile::open(&write(dir.path(), "ok.gguf", &gguf_of(&m))).unwrap();
-    // The layer-0 up projection ([64, 32], rows of 32) stored as Q5_0 (32-element blocks of 22
-    // bytes), then as Q4_K, whose 256-element blocks cannot hold a row of 32.
+    // The layer-0 up projection ([64, 32], rows of 32) stored as IQ4_NL (32-element blocks of 18
+    // bytes, not read), then as Q4_K, whose 256-element blocks cannot hold a row of 32.
     let up = "blk.0.ffn_up.weight";
     let with_up_as = |ty: GgmlType, bytes: usize| {
         let mut w = GgufWriter::new();
@@ -319,9 +399,9 @@ fn unsupported_tensor_type_names_tensor_and_type() {
         }
         w
     };
-    let p = write(dir.path(), "q5.gguf", &with_up_as(GgmlType(6), 64 * 22));
-    let e = format!("{:#}", gguf::load(&p).err().expect("Q5_0 must be refused"));
-    assert!(e.contains("q5.gguf") && e.contains(up) && e.contains("Q5_0 (ggml type 6)") && e.contains("Q4_1"), "{e}");
+    let p = write(dir.path(), "iq4.gguf", &with_up_as(GgmlType(20), 64 * 18));
+    let e = format!("{:#}", gguf::load(&p).err().expect("IQ4_NL must be refused"));
+    assert!(e.contains("iq4.gguf") && e.contains(up) && e.contains("IQ4_NL (ggml type 20)") && e.contains("Q6_K"), "{e}");
     assert_eq!(e.lines().count(), 1);
     let p = write(dir.path(), "q4k.gguf", &with_up_as(GgmlType(12), 144));
     let e = open_err(&p);

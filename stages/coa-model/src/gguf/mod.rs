@@ -17,8 +17,10 @@
 //!
 //! - **The container** ([`file`]): GGUF v2 and v3 (header, every metadata type including nested
 //!   arrays, tensor infos, `general.alignment`, the data section), memory-mapped.
-//! - **Tensors** ([`dequant`]): F32, F16, BF16, Q8_0, Q4_0 and Q4_1, dequantized to f32 bit for bit
-//!   as gguf-py does (HF's loader calls it). Any other type is an error naming the tensor and type.
+//! - **Tensors** ([`dequant`]): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants
+//!   Q4_K, Q5_K, Q6_K (what Q4_K_M / Q5_K_M / Q6_K files hold), dequantized to f32 on load, bit for
+//!   bit as gguf-py does (HF's loader calls it). Any other type is an error naming the tensor and
+//!   type.
 //! - **Architectures** `llama` and `qwen2` (`general.architecture`). Tensor names map to HF's
 //!   (`token_embd` → `model.embed_tokens`, `blk.N.attn_q` → `model.layers.N.self_attn.q_proj`,
 //!   `attn_norm` → `input_layernorm`, `ffn_norm` → `post_attention_layernorm`, `output_norm` →
