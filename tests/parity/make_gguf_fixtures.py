@@ -37,9 +37,11 @@ Writes tests/parity/fixtures/gguf/:
       from, as llama.cpp computes them; `hf_gguf_rel_err` records how far transformers' own GGUF
       load is from them.
   gemma3_270m_q4_k_m.json (--gemma3 PATH, default .cache/models/gemma-3-270m-q4_k_m.gguf from
-      `make model-gemma3`)
-      SHA-256 of gguf-py's dequantization (f32, little-endian) of every tensor of the real Q4_K_M
-      file, with its type and a few sampled values.
+      `make model-gemma3`; written only when the file is found)
+      For every tensor of that real Q4_K_M file (Q4_K, Q6_K, Q5_0, Q8_0, F32): its type, dims and
+      a digest of gguf-py's dequantization, sum over i of bits_i * (2 i + 1) mod 2^64 with bits_i
+      the f32 bit pattern of value i in file order (any one value off changes it; cheap to
+      recompute in an unoptimised test build, unlike SHA-256 over 1 GB), and a few sampled values.
 
 Digests (so Rust can recompute them from its own tokenizer.json): vocab = SHA-256 of
 "<id>\\t<token>\\n" for every entry sorted by id then token; merges = SHA-256 of "<a> <b>\\n" per
@@ -507,10 +509,55 @@ def write_quant_blocks():
     print(f"quant_blocks.gguf: {len(QUANT_TYPES)} types, {os.path.getsize(path)} bytes")
 
 
+def position_digest(values):
+    """sum_i bits_i * (2 i + 1) mod 2^64 over the f32 bit patterns, in chunks (the embedding has
+    168M values)."""
+    bits = values.reshape(-1).view(np.uint32)
+    total = 0
+    chunk = 1 << 24
+    for start in range(0, bits.size, chunk):
+        b = bits[start:start + chunk].astype(np.uint64)
+        weights = np.arange(start, start + b.size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        total = (total + int(np.sum(b * weights, dtype=np.uint64))) % 2**64  # numpy's sum wraps too
+    return total
+
+
+def gemma3_digests(path):
+    import gguf
+    reader = gguf.GGUFReader(path)
+    rng = np.random.default_rng(3)
+    tensors = []
+    for t in reader.tensors:
+        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
+        assert values.size == int(np.prod(t.shape)), t.name
+        idx = sorted({0, values.size - 1, *rng.integers(0, values.size, 4).tolist()})
+        tensors.append({
+            "name": t.name, "type": t.tensor_type.name, "dims": [int(d) for d in t.shape],
+            "digest": str(position_digest(values)),
+            "samples": [[i, float(values[i])] for i in idx],
+        })
+    result = {
+        "file": os.path.basename(path),
+        "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest(),
+        "versions": versions(),
+        "tensors": tensors,
+    }
+    out = os.path.join(OUT, "gemma3_270m_q4_k_m.json")
+    with open(out, "w") as f:
+        json.dump(result, f, separators=(",", ":"))
+        f.write("\n")
+    types = sorted({t["type"] for t in tensors})
+    print(f"gemma3_270m_q4_k_m.json: {len(tensors)} tensors ({', '.join(types)}), {os.path.getsize(out)} bytes")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smollm2", default=SMOLLM2_DEFAULT, help="SmolLM2-135M-Instruct.Q4_1.gguf (make model)")
+    ap.add_argument("--gemma3", default=GEMMA3_DEFAULT, help="gemma-3-270m-q4_k_m.gguf (make model-gemma3)")
+    ap.add_argument("--only-gemma3", action="store_true", help="write gemma3_270m_q4_k_m.json alone")
     args = ap.parse_args()
+    if args.only_gemma3:
+        return gemma3_digests(args.gemma3)
     os.makedirs(OUT, exist_ok=True)
     torch.set_num_threads(2)
     write_quant_blocks()
@@ -522,6 +569,10 @@ def main():
         reference(args.smollm2, "smollm2", greedy=True)
     else:
         print(f"skipping smollm2.json: {args.smollm2} not found (make model)")
+    if os.path.exists(args.gemma3):
+        gemma3_digests(args.gemma3)
+    else:
+        print(f"skipping gemma3_270m_q4_k_m.json: {args.gemma3} not found (make model-gemma3)")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@
 //! - SmolLM2-135M-Instruct.Q4_1.gguf (98 MB, fetched by `make model` into .cache/models/, or
 //!   `COA_SMOLLM2_GGUF`): the pretrained model; its tests skip with a line naming `make model`
 //!   when the file is absent.
+//! - gemma-3-270m-q4_k_m.gguf (242 MB, `make model-gemma3`, or `COA_GEMMA3_GGUF`): a real Q4_K_M
+//!   file; every tensor's dequantization against digests of gguf-py's (an architecture we do not
+//!   run, so values only); skips with a line naming `make model-gemma3` when absent.
 //!
 //! Checked per file: the config fields HF derives; the tokenizer.json HF derives (every field;
 //! vocabulary and merges by SHA-256); the ids of tricky texts, exactly; logits of a few prompts
@@ -31,6 +34,14 @@ fn smollm2_path() -> PathBuf {
     match std::env::var_os("COA_SMOLLM2_GGUF") {
         Some(p) => PathBuf::from(p),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    }
+}
+
+/// Where `make model-gemma3` puts the Gemma 3 Q4_K_M file (or `COA_GEMMA3_GGUF`).
+fn gemma3_path() -> PathBuf {
+    match std::env::var_os("COA_GEMMA3_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/models/gemma-3-270m-q4_k_m.gguf"),
     }
 }
 
@@ -275,4 +286,63 @@ fn smollm2_matches_hf() {
     eprintln!("greedy answer: {text:?}");
     assert_eq!(gen, want_gen, "greedy continuation: ours {text:?} vs HF {:?}", greedy["text"]);
     assert!(text.contains("17 * 23"), "{text:?}");
+}
+
+/// The script's digest of a tensor: sum over i of bits_i * (2 i + 1) mod 2^64, bits_i the f32
+/// bit pattern of value i.
+fn position_digest(values: &[f32]) -> u64 {
+    values.iter().enumerate().fold(0u64, |acc, (i, x)| {
+        acc.wrapping_add(u64::from(x.to_bits()).wrapping_mul(2 * i as u64 + 1))
+    })
+}
+
+/// Gemma 3 270M in Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0 and F32 tensors, 268M values): every tensor
+/// dequantizes to gguf-py's values (digest of all of them, and sampled values bit for bit). The
+/// architecture itself is refused for inference, by name.
+#[test]
+fn gemma3_q4_k_m_dequantizes_as_gguf_py() {
+    use rayon::prelude::*;
+    let path = gemma3_path();
+    if !path.exists() {
+        eprintln!(
+            "skipped: gemma3_q4_k_m_dequantizes_as_gguf_py: {} not found; run `make model-gemma3` to fetch it",
+            path.display()
+        );
+        return;
+    }
+    let want = reference("gemma3_270m_q4_k_m");
+    let f = gguf::GgufFile::open(&path).unwrap_or_else(|e| panic!("{e:#}"));
+    let tensors = want["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), f.tensors.len(), "tensor count");
+    let t0 = std::time::Instant::now();
+    let checked: Vec<&str> = tensors
+        .par_iter()
+        .map(|w| {
+            let name = w["name"].as_str().unwrap();
+            let t = f.tensor(name).unwrap_or_else(|| panic!("no tensor {name}"));
+            let ty = t.ggml_type.name().unwrap();
+            assert_eq!(ty, w["type"].as_str().unwrap(), "{name}: type");
+            let dims: Vec<u64> = w["dims"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+            assert_eq!(t.dims, dims, "{name}: dims");
+            let values = f.tensor_f32(t).unwrap_or_else(|e| panic!("{e:#}"));
+            for s in w["samples"].as_array().unwrap() {
+                let (i, v) = (s[0].as_u64().unwrap() as usize, s[1].as_f64().unwrap() as f32);
+                assert_eq!(values[i].to_bits(), v.to_bits(), "{name} ({ty}) value {i}: ours {}, gguf-py {v}", values[i]);
+            }
+            let digest: u64 = w["digest"].as_str().unwrap().parse().unwrap();
+            assert_eq!(position_digest(&values), digest, "{name} ({ty}): digest of its {} values", values.len());
+            ty
+        })
+        .collect();
+    let mut count = std::collections::BTreeMap::new();
+    checked.iter().for_each(|ty| *count.entry(*ty).or_insert(0) += 1);
+    eprintln!(
+        "{}: {} tensors dequantized as gguf-py does ({count:?}) in {:.1} s",
+        path.display(),
+        checked.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(count.contains_key("Q4_K") && count.contains_key("Q6_K"), "{count:?}");
+    let e = format!("{:#}", gguf::load_model(&f).err().expect("gemma3 is not an architecture we run"));
+    assert!(e.contains("\"gemma3\"") && e.contains("general.architecture"), "{e}");
 }
