@@ -478,13 +478,43 @@ fn shape_mismatch_missing_and_unexpected_tensors_are_named() {
     });
     let e = load_err(&p);
     assert!(e.contains("extra.gguf") && e.contains("unexpected tensor `blk.0.attn_rot_embd`"), "{e}");
+    // rope_freqs.weight: one positive factor per frequency (head_dim 8: 4).
     let p =
-        edited(dir.path(), "rope.gguf", |_, tensors| tensors.push(("rope_freqs.weight".into(), vec![4], vec![1.0; 4])));
+        edited(dir.path(), "rope.gguf", |_, tensors| tensors.push(("rope_freqs.weight".into(), vec![3], vec![1.0; 3])));
     let e = load_err(&p);
-    assert!(e.contains("rope.gguf") && e.contains("rope_freqs.weight") && e.contains("not supported"), "{e}");
+    assert!(e.contains("rope.gguf") && e.contains("rope_freqs.weight") && e.contains("expected [4]"), "{e}");
+    let p = edited(dir.path(), "rope0.gguf", |_, tensors| {
+        tensors.push(("rope_freqs.weight".into(), vec![4], vec![1.0, 2.0, 0.0, 8.0]))
+    });
+    let e = load_err(&p);
+    assert!(e.contains("rope0.gguf") && e.contains("rope_freqs.weight") && e.contains("must be positive"), "{e}");
     let p = edited(dir.path(), "nan.gguf", |_, tensors| tensors[3].2[5] = f32::NAN);
     let e = load_err(&p);
     assert!(e.contains("nan.gguf") && e.contains("non-finite"), "{e}");
+}
+
+/// `rope_freqs.weight` divides the rope frequencies (llama.cpp): all ones change nothing, other
+/// factors change the logits, and a checkpoint saved from the file keeps them.
+#[test]
+fn rope_freqs_divide_the_frequencies_and_survive_a_save() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = |name: &str, factors: Vec<f32>| {
+        gguf::load(&edited(dir.path(), name, |_, tensors| tensors.push(("rope_freqs.weight".into(), vec![4], factors.clone()))))
+            .unwrap()
+            .model
+    };
+    let plain = gguf::load(&write(dir.path(), "plain.gguf", &gguf_of(&random_model("llama", true)))).unwrap().model;
+    let ones = with("ones.gguf", vec![1.0; 4]);
+    let scaled = with("scaled.gguf", vec![1.0, 1.5, 8.0, 8.0]);
+    assert!(ones.config.rope_freq_factors().unwrap().is_none());
+    assert_eq!(scaled.config.rope_freq_factors().unwrap(), Some(vec![1.0, 1.5, 8.0, 8.0]));
+    let ids: Vec<u32> = (0..24).map(|i| (i * 7 % 64) as u32).collect();
+    let logits = |m: &Model| m.logits(&Seq::new(&ids)).unwrap();
+    assert_eq!(logits(&ones), logits(&plain));
+    assert_ne!(logits(&scaled), logits(&plain));
+    let saved = dir.path().join("saved");
+    scaled.save(&saved, coa_model::SaveDtype::F32).unwrap();
+    assert_eq!(logits(&Model::load(&saved).unwrap()), logits(&scaled));
 }
 
 #[test]

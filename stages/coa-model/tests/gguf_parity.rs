@@ -193,6 +193,32 @@ fn tiny_llama_kq_matches_hf() {
     check_tiny("tiny_llama_kq");
 }
 
+/// A Llama 3.1-style file: `rope_freqs.weight` applied as llama.cpp does, against the HF model
+/// with `rope_parameters` llama3 it was converted from (transformers' GGUF loader drops the
+/// tensor: `hf_gguf_rel_err` records how far that plain-RoPE model is). The config gets the
+/// factors and the llama3 parameters fitted to them (the fixture's own), and a checkpoint saved
+/// from it computes the same logits.
+#[test]
+fn tiny_llama31_rope_freqs_match_hf() {
+    check_tiny("tiny_llama31");
+    let want = reference("tiny_llama31");
+    let plain_err = want["hf_gguf_rel_err"].as_f64().unwrap();
+    assert!(plain_err > 1e-2, "the factors should matter: plain RoPE is only {plain_err:e} away");
+    let ckpt = gguf::load(&fixtures().join("tiny_llama31.gguf")).unwrap();
+    let c = &ckpt.model.config;
+    assert_eq!(c.rope_freq_factors().unwrap().map(|f| f.len()), Some(4));
+    let fitted = c.rope_scaling().unwrap().expect("llama3 parameters fitted to the factors");
+    assert_eq!(
+        (fitted.factor, fitted.low_freq_factor, fitted.high_freq_factor, fitted.original_max_position_embeddings),
+        (8.0, 1.0, 4.0, 64.0)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    ckpt.model.save(dir.path(), coa_model::SaveDtype::F32).unwrap();
+    let ids: Vec<u32> = want["prompts"][1]["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let reloaded = coa_model::Model::load(dir.path()).unwrap();
+    assert_eq!(reloaded.logits(&Seq::new(&ids)).unwrap(), ckpt.model.logits(&Seq::new(&ids)).unwrap());
+}
+
 /// Random blocks of every quantized type (all bits of every field in play) dequantize to
 /// exactly the f32 values gguf-py's `dequantize` gave (`<TYPE>.want`).
 #[test]

@@ -32,7 +32,11 @@
 //!   metadata: block_count, embedding_length, feed_forward_length, attention.head_count(_kv),
 //!   rope.freq_base, attention.layer_norm_rms_epsilon, context_length, rope.dimension_count
 //!   (llama's head_dim), vocab_size (else the token count), and the tokenizer's BOS/EOS/PAD/UNK
-//!   ids. Rope scaling (`<arch>.rope.scaling.*`, `rope_freqs.weight`) is refused: plain RoPE only.
+//!   ids. Llama 3.x's `rope_freqs.weight` (per-frequency divisors of the RoPE frequencies, as
+//!   llama.cpp applies them) becomes the config's `rope_freq_factors`, plus the `rope_parameters`
+//!   (`rope_type: llama3`) that reproduce them where some do, for the HF checkpoints saved from
+//!   it (transformers' own GGUF loader drops the tensor: plain RoPE). Other rope scaling
+//!   (`<arch>.rope.scaling.type` other than none) is refused.
 //! - **Tokenizer** ([`tokenizer`]): byte-level BPE from `tokenizer.ggml.*`, encoding exactly as
 //!   the `tokenizer.json` transformers derives, with the special tokens and
 //!   `tokenizer.chat_template`.
@@ -176,10 +180,58 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig> {
             c.insert(hf.into(), json!(v));
         }
     }
-    let config = ModelConfig::from_json(&Json::Object(c))
+    let mut config = ModelConfig::from_json(&Json::Object(c))
         .with_context(|| format!("{path}: the model config from its metadata"))?;
+    if let Some(t) = file.tensor(ROPE_FREQS) {
+        set_rope_freq_factors(file, t, &mut config)?;
+    }
     config.validate().with_context(|| format!("{path}: the model config from its metadata"))?;
     Ok(config)
+}
+
+/// `x` as a JSON integer when it is one (HF writes context lengths so).
+fn whole(x: f32) -> Json {
+    if x.fract() == 0.0 && x.abs() < 1e15 { json!(x as i64) } else { json!(x) }
+}
+
+/// The tensor of Llama 3.x rope divisors llama.cpp's converter writes.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// `rope_freqs.weight` into `config`: its divisors as `rope_freq_factors` (none when all are 1),
+/// and the Llama 3 `rope_parameters` that give them, when some do.
+fn set_rope_freq_factors(file: &GgufFile, t: &TensorInfo, config: &mut ModelConfig) -> Result<()> {
+    let path = file.path().display();
+    let half = config.head_dim() / 2;
+    if t.dims != [half as u64] {
+        bail!(
+            "{path}: tensor `{ROPE_FREQS}` has dims {:?}, expected [{half}] (one factor per rope frequency of head dimension {})",
+            t.dims,
+            config.head_dim()
+        );
+    }
+    let factors = file.tensor_f32(t)?;
+    if let Some(i) = factors.iter().position(|f| !(f.is_finite() && *f > 0.0)) {
+        bail!("{path}: tensor `{ROPE_FREQS}` holds {} at index {i}; rope factors must be positive", factors[i]);
+    }
+    if factors.iter().all(|&f| f == 1.0) {
+        return Ok(());
+    }
+    let inv_freq = crate::ops::rope_inv_freq(config.head_dim(), config.rope_theta);
+    if let Some(r) = crate::config::Llama3Rope::fit(&inv_freq, &factors) {
+        config.extra.insert(
+            "rope_parameters".into(),
+            json!({
+                "rope_type": "llama3",
+                "rope_theta": config.rope_theta,
+                "factor": r.factor,
+                "low_freq_factor": r.low_freq_factor,
+                "high_freq_factor": r.high_freq_factor,
+                "original_max_position_embeddings": whole(r.original_max_position_embeddings),
+            }),
+        );
+    }
+    config.extra.insert(crate::config::ROPE_FREQ_FACTORS.into(), json!(factors));
+    Ok(())
 }
 
 /// GGUF tensor names outside the layers, with their HF names.
@@ -276,13 +328,13 @@ pub fn load_model(file: &GgufFile) -> Result<Model> {
             config.num_hidden_layers, config.tie_word_embeddings, config.model_type
         )
     };
-    if file.tensor("rope_freqs.weight").is_some() {
-        bail!("{path}: tensor `rope_freqs.weight` holds Llama 3 rope scaling factors, which are not supported (plain RoPE only)");
-    }
     let specs = param_specs(&config);
     let index: HashMap<&str, usize> = specs.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
     let mut jobs: Vec<(usize, &TensorInfo)> = Vec::with_capacity(specs.len());
     for t in &file.tensors {
+        if t.name == ROPE_FREQS {
+            continue; // read into the config
+        }
         let Some(&i) = hf_name(&t.name).as_deref().and_then(|hf| index.get(hf)) else {
             bail!("{path}: unexpected tensor `{}`: the model ({}) has no such parameter", t.name, describe());
         };
