@@ -256,19 +256,7 @@ fn random_model(model_type: &str, tie: bool) -> Model {
 /// `model` as llama.cpp's converter would write it (F32 tensors, llama q/k permuted), with a
 /// byte-level vocabulary of the 256 byte characters, "he" and two control tokens.
 fn gguf_of(model: &Model) -> GgufWriter {
-    let c = &model.config;
-    let arch = c.model_type.as_str();
-    let mut w = GgufWriter::new();
-    let k = |s: &str| format!("{arch}.{s}");
-    w.kv("general.architecture", Value::String(arch.into()));
-    w.kv(&k("block_count"), Value::U32(c.num_hidden_layers as u32));
-    w.kv(&k("context_length"), Value::U32(c.max_position_embeddings as u32));
-    w.kv(&k("embedding_length"), Value::U32(c.hidden_size as u32));
-    w.kv(&k("feed_forward_length"), Value::U32(c.intermediate_size as u32));
-    w.kv(&k("attention.head_count"), Value::U32(c.num_attention_heads as u32));
-    w.kv(&k("attention.head_count_kv"), Value::U32(c.num_key_value_heads as u32));
-    w.kv(&k("rope.freq_base"), Value::F32(c.rope_theta as f32));
-    w.kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps as f32));
+    let mut w = gguf::writer_of(model).unwrap();
     let mut tokens: Vec<char> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet().into_iter().collect();
     tokens.sort();
     let mut tokens: Vec<Value> = tokens.into_iter().map(|ch| Value::String(ch.to_string())).collect();
@@ -282,16 +270,6 @@ fn gguf_of(model: &Model) -> GgufWriter {
     w.kv("tokenizer.ggml.merges", Value::Array(vec![]));
     w.kv("tokenizer.ggml.bos_token_id", Value::U32(256));
     w.kv("tokenizer.ggml.eos_token_id", Value::U32(257));
-    for t in model.params.iter() {
-        let name = gguf::gguf_name(&t.name).unwrap();
-        let data = if arch == "llama" && (name.contains(".attn_q.") || name.contains(".attn_k.")) {
-            let heads = if name.contains(".attn_q.") { c.num_attention_heads } else { c.num_key_value_heads };
-            gguf::permute_qk_rows(&t.data, heads, if t.shape.len() == 2 { t.shape[1] } else { 1 }).unwrap()
-        } else {
-            t.data.clone()
-        };
-        w.tensor_f32(&name, &t.shape, &data);
-    }
     w
 }
 

@@ -318,6 +318,50 @@ fn reorder_qk_rows(data: &[f32], n_head: usize, cols: usize, to_hf: bool) -> Res
     Ok(out)
 }
 
+/// `model` as llama.cpp's converter writes it, tokenizer aside: the `<arch>.*` metadata
+/// [`model_config`] reads back, `rope_freqs.weight` when the config has `rope_freq_factors`,
+/// and every parameter in F32 under its GGUF name (llama q/k rows permuted). For tests and tools
+/// that need a GGUF of a model; they add the `tokenizer.ggml.*` keys.
+pub fn writer_of(model: &Model) -> Result<GgufWriter> {
+    let c = &model.config;
+    let arch = c.model_type.as_str();
+    let mut w = GgufWriter::new();
+    let k = |s: &str| format!("{arch}.{s}");
+    let u32_of = |x: usize| Value::U32(x as u32);
+    w.kv("general.architecture", Value::String(arch.into()));
+    for (key, v) in [
+        ("block_count", c.num_hidden_layers),
+        ("context_length", c.max_position_embeddings),
+        ("embedding_length", c.hidden_size),
+        ("feed_forward_length", c.intermediate_size),
+        ("attention.head_count", c.num_attention_heads),
+        ("attention.head_count_kv", c.num_key_value_heads),
+        ("vocab_size", c.vocab_size),
+    ] {
+        w.kv(&k(key), u32_of(v));
+    }
+    if arch == "llama" {
+        w.kv(&k("rope.dimension_count"), u32_of(c.head_dim()));
+    }
+    w.kv(&k("rope.freq_base"), Value::F32(c.rope_theta as f32));
+    w.kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps as f32));
+    if let Some(factors) = c.rope_freq_factors()? {
+        w.tensor_f32(ROPE_FREQS, &[factors.len()], &factors);
+    }
+    for t in model.params.iter() {
+        let Some(name) = gguf_name(&t.name) else { bail!("parameter {} has no GGUF name", t.name) };
+        let data = match (arch, name.contains(".attn_q."), name.contains(".attn_k.")) {
+            ("llama", true, _) | ("llama", _, true) => {
+                let heads = if name.contains(".attn_q.") { c.num_attention_heads } else { c.num_key_value_heads };
+                permute_qk_rows(&t.data, heads, if t.shape.len() == 2 { t.shape[1] } else { 1 })?
+            }
+            _ => t.data.clone(),
+        };
+        w.tensor_f32(&name, &t.shape, &data);
+    }
+    Ok(w)
+}
+
 /// The model of a GGUF file, its parameters dequantized to f32 in HF order and layout.
 pub fn load_model(file: &GgufFile) -> Result<Model> {
     let path = file.path().display();
