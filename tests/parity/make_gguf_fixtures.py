@@ -17,6 +17,9 @@ Writes tests/parity/fixtures/gguf/:
       A tiny llama with 256-wide rows so that K-quants fit: its weights in Q4_K, Q5_K, Q6_K
       (encoded by quantize_k below: gguf-py 0.19 decodes K-quants but has no encoder), Q5_0 and
       Q5_1 (gguf-py's quantize), tied Q6_K embeddings.
+  tiny_llama_spm.gguf
+      A tiny llama with a SentencePiece vocabulary (tokenizer.ggml.model "llama", scores and no
+      merges, byte-fallback tokens, control and user-defined tokens), as Llama 2 / Mistral files.
   tiny_llama31.gguf
       A tiny Llama 3.1-style model: rope_parameters llama3 in HF, converted as llama.cpp does, i.e.
       plain llama metadata plus the per-frequency factors in `rope_freqs.weight`; all tensors F32.
@@ -32,7 +35,7 @@ Writes tests/parity/fixtures/gguf/:
       the greedy continuation of the chat prompt. smollm2.json is written only when the file is
       found (--smollm2, default .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf).
       tiny_llama_kq.json and tiny_llama31.json are compact (no tokenizer part: the vocabulary is
-      tiny_llama's; 64 columns). transformers' GGUF loader ignores `rope_freqs.weight` (plain RoPE
+      tiny_llama's; 64 columns); tiny_llama_spm.json keeps 64 columns. transformers' GGUF loader ignores `rope_freqs.weight` (plain RoPE
       for llama), so tiny_llama31.json's logits are those of the HF model the file was converted
       from, as llama.cpp computes them; `hf_gguf_rel_err` records how far transformers' own GGUF
       load is from them.
@@ -41,7 +44,9 @@ Writes tests/parity/fixtures/gguf/:
       For every tensor of that real Q4_K_M file (Q4_K, Q6_K, Q5_0, Q8_0, F32): its type, dims and
       a digest of gguf-py's dequantization, sum over i of bits_i * (2 i + 1) mod 2^64 with bits_i
       the f32 bit pattern of value i in file order (any one value off changes it; cheap to
-      recompute in an unoptimised test build, unlike SHA-256 over 1 GB), and a few sampled values.
+      recompute in an unoptimised test build, unlike SHA-256 over 1 GB), and a few sampled values;
+      also the tokenizer transformers derives from it (Gemma's SentencePiece, as for the tiny
+      files) and the ids of TEXTS.
 
 Digests (so Rust can recompute them from its own tokenizer.json): vocab = SHA-256 of
 "<id>\\t<token>\\n" for every entry sorted by id then token; merges = SHA-256 of "<a> <b>\\n" per
@@ -106,9 +111,15 @@ def sha256_lines(lines):
     return h.hexdigest()
 
 
-def tokenizer_summary(tok):
-    """The derived tokenizer.json with vocab and merges as digests."""
+def tokenizer_summary(tok, digest_added=False):
+    """The derived tokenizer.json with vocab and merges as digests (and with `digest_added`, the
+    added tokens: SHA-256 of "<id>\\t<content>\\t<special>\\t<normalized>\\t<lstrip>\\t<rstrip>\\t
+    <single_word>\\n" per entry in order, booleans as 0/1; Gemma's file has 6k of them)."""
     j = json.loads(tok.backend_tokenizer.to_str())
+    if digest_added:
+        keys = ("special", "normalized", "lstrip", "rstrip", "single_word")
+        lines = ["\t".join([str(a["id"]), a["content"], *(str(int(a[k])) for k in keys)]) for a in j["added_tokens"]]
+        j["added_tokens"] = {"entries": len(lines), "sha256": sha256_lines(lines)}
     model = j["model"]
     vocab = sorted(model["vocab"].items(), key=lambda kv: (kv[1], kv[0]))
     merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
@@ -142,16 +153,17 @@ def logits_rows(model, ids, columns, positions):
     }
 
 
-def reference(path, name, greedy, compact=False, hf_model=None):
+def reference(path, name, greedy, compact=False, hf_model=None, n_columns=N_COLUMNS):
     """HF's view of the GGUF file `path`; `hf_model` replaces the model transformers loads from it
-    (for logits the GGUF loader cannot give), `compact` leaves out the tokenizer part."""
+    (for logits the GGUF loader cannot give), `compact` leaves out the tokenizer part and keeps
+    64 logit columns, `n_columns` sets how many otherwise."""
     config, tok, model = load_hf(path)
     gguf_model = None
     if hf_model is not None:
         gguf_model, model = model, hf_model
     V = config.vocab_size
     rng = np.random.default_rng(0)
-    n_columns = 64 if compact else N_COLUMNS
+    n_columns = 64 if compact else n_columns
     columns = sorted(rng.choice(V, n_columns, replace=False).tolist()) if V > n_columns else list(range(V))
     prompts = dict(PROMPTS)
     if tok.chat_template:
@@ -236,6 +248,13 @@ TINY = {
         chat_template=None, embd_type="Q6_K",
         types=["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_K", "Q6_K", "Q5_1"],
     ),
+    # A SentencePiece vocabulary (tokenizer.ggml.model "llama", as Llama 2 and Mistral files):
+    # no add_bos_token key (llama.cpp and transformers then add BOS), no merges.
+    "tiny_llama_spm": dict(
+        arch="llama", hidden=32, inter=64, layers=1, heads=4, kv_heads=2, tie=True,
+        rope_theta=10000.0, eps=1e-5, seed=15, pre="default", add_bos=None, spm=True,
+        specials=[], bos="<s>", eos="</s>", unk="<unk>", pad=None, chat_template=None, columns=64,
+    ),
     # Llama 3.1-style RoPE scaling, as in make_fixtures.py's llama3_rope: head_dim 8 and
     # original_max_position_embeddings 64 put the four frequencies in all three bands.
     "tiny_llama31": dict(
@@ -285,6 +304,32 @@ def tiny_vocab(spec):
     return tokens, types, merges
 
 
+def tiny_spm_vocab(spec):
+    """A SentencePiece-style vocabulary as Llama 2 / Mistral GGUFs carry it: (tokens, types,
+    scores). <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF> (byte fallback), the pieces of
+    a BPE trained here with ▁ for spaces (merged pieces in merge order, score -rank; single
+    characters last with lower scores, as in Llama 2's file), then a CONTROL and two
+    USER_DEFINED tokens. No merges: transformers rebuilds them from the scores."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=300, show_progress=False)
+    tk.train_from_iterator(TRAIN_TEXT * 20, trainer)
+    j = json.loads(tk.to_str())
+    merged = ["".join(m) if isinstance(m, list) else m.replace(" ", "") for m in j["model"]["merges"]]
+    chars = [t for t, _ in sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1]) if len(t) == 1]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    for rank, t in enumerate(dict.fromkeys(merged)):
+        tokens.append(t), types.append(1), scores.append(-float(rank))
+    for k, t in enumerate(chars):
+        tokens.append(t), types.append(1), scores.append(-1000.0 - k)
+    for t, ty in (("<ctl>", 3), ("<think>", 4), ("</think>", 4)):
+        tokens.append(t), types.append(ty), scores.append(0.0)
+    return tokens, types, scores
+
+
 def permute_qk(w, n_head):
     """llama.cpp's converter: within each head, rows (half, half) -> interleaved pairs."""
     rows = w.shape[0]
@@ -297,7 +342,8 @@ def write_tiny(name, spec):
     from gguf import GGMLQuantizationType as Q
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    tokens, types, merges = tiny_vocab(spec)
+    spm = spec.get("spm", False)
+    tokens, types, merges = tiny_spm_vocab(spec) if spm else tiny_vocab(spec)
     V = len(tokens)
     arch = spec["arch"]
     cfg_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
@@ -330,16 +376,20 @@ def write_tiny(name, spec):
     if arch == "llama":
         w.add_rope_dimension_count(head_dim)
         w.add_vocab_size(V)  # qwen2 leaves it out: the size comes from the token list
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model("llama" if spm else "gpt2")
     if spec["pre"]:
         w.add_tokenizer_pre(spec["pre"])
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges(merges)
-    for key, tok in (("bos", spec["bos"]), ("eos", spec["eos"]), ("pad", spec["pad"])):
+    if spm:
+        w.add_token_scores(merges)  # the scores: SentencePiece files carry no merges
+    else:
+        w.add_token_merges(merges)
+    for key, tok in (("bos", spec["bos"]), ("eos", spec["eos"]), ("pad", spec["pad"]), ("unk", spec.get("unk"))):
         if tok is not None:
             getattr(w, f"add_{key}_token_id")(tokens.index(tok))
-    w.add_add_bos_token(spec["add_bos"])
+    if spec["add_bos"] is not None:
+        w.add_add_bos_token(spec["add_bos"])
     if spec["chat_template"]:
         w.add_chat_template(spec["chat_template"])
 
@@ -536,11 +586,16 @@ def gemma3_digests(path):
             "digest": str(position_digest(values)),
             "samples": [[i, float(values[i])] for i in idx],
         })
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
     result = {
         "file": os.path.basename(path),
         "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest(),
         "versions": versions(),
         "tensors": tensors,
+        # Gemma's SentencePiece vocabulary, as transformers builds it from the file.
+        "tokenizer": tokenizer_summary(tok, digest_added=True),
+        "texts": [{"text": t, "ids": tok(t)["input_ids"]} for t in TEXTS],
     }
     out = os.path.join(OUT, "gemma3_270m_q4_k_m.json")
     with open(out, "w") as f:
@@ -563,8 +618,9 @@ def main():
     write_quant_blocks()
     for name, spec in TINY.items():
         path, model = write_tiny(name, spec)
-        compact = name not in ("tiny_llama", "tiny_qwen2")
-        reference(path, name, greedy=False, compact=compact, hf_model=model if "rope_scaling" in spec else None)
+        compact = name not in ("tiny_llama", "tiny_qwen2", "tiny_llama_spm")
+        reference(path, name, greedy=False, compact=compact, hf_model=model if "rope_scaling" in spec else None,
+                  n_columns=spec.get("columns", N_COLUMNS))
     if os.path.exists(args.smollm2):
         reference(args.smollm2, "smollm2", greedy=True)
     else:

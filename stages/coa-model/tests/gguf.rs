@@ -495,17 +495,69 @@ fn rope_freqs_divide_the_frequencies_and_survive_a_save() {
     assert_eq!(logits(&Model::load(&saved).unwrap()), logits(&scaled));
 }
 
+/// A toy SentencePiece vocabulary read as each tokenizer class transformers picks by
+/// architecture. The expected values are transformers 5.23's (`convert_gguf_tokenizer(arch,
+/// {"tokenizer_type": "llama", "tokens": ..., "scores": ..., "token_type": ...})`): the merges
+/// rebuilt from the scores, the class's default special tokens with the next free ids (Gemma's
+/// two runs of spaces both become "▁▁", leaving a hole at 6 that its `<bos>` fills at 7 as
+/// tokenizers does), and ids.
+#[test]
+fn sentencepiece_vocabularies_build_as_transformers_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = ["<x>", "a", "b", "ab", "\u{2581}a", "\u{2581}", "  ", " \n"];
+    let build = |arch: &str| {
+        let mut w = GgufWriter::new();
+        w.kv("general.architecture", Value::String(arch.into()));
+        w.kv("tokenizer.ggml.model", Value::String("llama".into()));
+        w.kv("tokenizer.ggml.tokens", Value::Array(tokens.iter().map(|t| Value::String(t.to_string())).collect()));
+        w.kv("tokenizer.ggml.scores", Value::Array([0.0f32, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0].map(Value::F32).to_vec()));
+        w.kv("tokenizer.ggml.token_type", Value::Array([3, 1, 1, 1, 1, 1, 1, 1].map(Value::I32).to_vec()));
+        gguf::load_tokenizer(&write(dir.path(), &format!("{arch}.gguf"), &w)).unwrap().tokenizer
+    };
+    let merges = |t: &tokenizers::Tokenizer| -> Vec<String> {
+        let j: serde_json::Value = serde_json::from_str(&t.to_string(false).unwrap()).unwrap();
+        j["model"]["merges"].as_array().unwrap().iter().map(|m| format!("{} {}", m[0].as_str().unwrap(), m[1].as_str().unwrap())).collect()
+    };
+    let added = |t: &tokenizers::Tokenizer| -> Vec<(u32, String)> {
+        let mut a: Vec<(u32, String)> = t.get_added_tokens_decoder().into_iter().map(|(i, t)| (i, t.content)).collect();
+        a.sort();
+        a
+    };
+    let ids = |t: &tokenizers::Tokenizer, text: &str| t.encode(text, true).unwrap().get_ids().to_vec();
+    let s = |v: &[(u32, &str)]| v.iter().map(|(i, t)| (*i, t.to_string())).collect::<Vec<_>>();
+    for arch in ["llama", "phi3"] {
+        let t = build(arch);
+        assert_eq!(merges(&t), ["a b", "\u{2581} a"], "{arch}");
+        assert_eq!(added(&t), s(&[(0, "<x>"), (8, "<s>"), (9, "</s>"), (10, "<unk>")]), "{arch}");
+        assert_eq!(ids(&t, "ab a  b<x>"), [5, 3, 4, 5, 5, 2, 0], "{arch}");
+    }
+    assert_eq!(ids(&build("llama"), " ba"), [5, 2, 1]);
+    assert_eq!(ids(&build("phi3"), " ba"), [5, 5, 2, 1], "Phi-3 prepends ▁ to a leading space too");
+    let g = build("gemma3");
+    assert_eq!(merges(&g), ["a b", "\u{2581} a", "\u{2581} \u{2581}"]);
+    assert_eq!(added(&g), s(&[(0, "<x>"), (7, "<bos>"), (8, "<eos>"), (9, "<unk>"), (10, "<pad>"), (11, "<mask>")]));
+    assert_eq!(ids(&g, "ab a  b<x>"), [3, 4, 7, 2, 0]);
+    assert_eq!(ids(&g, " ba"), [5, 2, 1]);
+}
+
 #[test]
 fn metadata_errors_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let p = edited(dir.path(), "nolayers.gguf", |meta, _| meta.retain(|(k, _)| k != "llama.block_count"));
     let e = load_err(&p);
     assert!(e.contains("nolayers.gguf") && e.contains("`llama.block_count` is missing"), "{e}");
-    let p = edited(dir.path(), "spm.gguf", |meta, _| {
-        meta.iter_mut().find(|(k, _)| k == "tokenizer.ggml.model").unwrap().1 = Value::String("llama".into());
+    let p = edited(dir.path(), "t5.gguf", |meta, _| {
+        meta.iter_mut().find(|(k, _)| k == "tokenizer.ggml.model").unwrap().1 = Value::String("t5".into());
     });
     let e = load_err(&p);
-    assert!(e.contains("spm.gguf") && e.contains("SentencePiece") && e.contains("\"gpt2\""), "{e}");
+    assert!(e.contains("t5.gguf") && e.contains("\"t5\"") && e.contains("\"gpt2\"") && e.contains("SentencePiece"), "{e}");
+    // A SentencePiece vocabulary without merges needs the scores to rebuild them from.
+    let p = edited(dir.path(), "spm.gguf", |meta, _| {
+        meta.iter_mut().find(|(k, _)| k == "tokenizer.ggml.model").unwrap().1 = Value::String("llama".into());
+        meta.retain(|(k, _)| k != "tokenizer.ggml.merges");
+    });
+    let e = load_err(&p);
+    assert!(e.contains("spm.gguf") && e.contains("tokenizer.ggml.scores") && e.contains("missing"), "{e}");
     let p = edited(dir.path(), "badbos.gguf", |meta, _| {
         meta.iter_mut().find(|(k, _)| k == "tokenizer.ggml.bos_token_id").unwrap().1 = Value::U32(5000);
     });

@@ -20,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use coa_model::gguf::{self, GgufCheckpoint};
+use coa_model::gguf::{self, GgufCheckpoint, GgufTokenizer};
 use coa_model::{KvCache, Seq};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -59,9 +59,24 @@ fn sha256_lines(lines: impl Iterator<Item = String>) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Our tokenizer.json with model.vocab / model.merges replaced by digests, as the script does.
-fn tokenizer_summary(ckpt: &GgufCheckpoint) -> Value {
-    let mut j: Value = serde_json::from_str(&ckpt.tokenizer.tokenizer.to_string(false).unwrap()).unwrap();
+/// Our tokenizer.json with model.vocab / model.merges replaced by digests, as the script does
+/// (and the added tokens too, when the reference has them so).
+fn tokenizer_summary(tok: &GgufTokenizer, want: &Value) -> Value {
+    let mut j: Value = serde_json::from_str(&tok.tokenizer.to_string(false).unwrap()).unwrap();
+    if want["json"]["added_tokens"].is_object() {
+        let flag = |a: &Value, k: &str| if a[k].as_bool().unwrap() { "1" } else { "0" };
+        let lines: Vec<String> = j["added_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                let mut fields = vec![a["id"].to_string(), a["content"].as_str().unwrap().to_string()];
+                fields.extend(["special", "normalized", "lstrip", "rstrip", "single_word"].map(|k| flag(a, k).to_string()));
+                fields.join("\t")
+            })
+            .collect();
+        j["added_tokens"] = serde_json::json!({"entries": lines.len(), "sha256": sha256_lines(lines.into_iter())});
+    }
     let model = j["model"].as_object_mut().unwrap();
     let mut vocab: Vec<(u64, String)> =
         model["vocab"].as_object().unwrap().iter().map(|(t, i)| (i.as_u64().unwrap(), t.clone())).collect();
@@ -97,21 +112,21 @@ fn check_config(ckpt: &GgufCheckpoint, want: &Value) {
     }
 }
 
-fn check_tokenizer(ckpt: &GgufCheckpoint, want: &Value) {
+fn check_tokenizer(ours: &GgufTokenizer, want: &Value) {
     let tok = &want["tokenizer"];
-    let ours = tokenizer_summary(ckpt);
+    let summary = tokenizer_summary(ours, tok);
     for (k, v) in tok["json"].as_object().unwrap() {
-        assert_eq!(&ours[k], v, "tokenizer.json field {k}");
+        assert_eq!(&summary[k], v, "tokenizer.json field {k}");
     }
-    assert_eq!(ckpt.tokenizer.chat_template.as_deref(), tok["chat_template"].as_str(), "chat template");
-    let specials = &ckpt.tokenizer.specials;
+    assert_eq!(ours.chat_template.as_deref(), tok["chat_template"].as_str(), "chat template");
+    let specials = &ours.specials;
     for (name, s) in [("bos_token", &specials.bos), ("eos_token", &specials.eos), ("pad_token", &specials.pad)] {
         assert_eq!(s.as_ref().map(|s| s.content.as_str()), tok["special_tokens"][name].as_str(), "{name}");
     }
     let mut n = 0;
     for t in want["texts"].as_array().unwrap() {
         let text = t["text"].as_str().unwrap();
-        let enc = ckpt.tokenizer.tokenizer.encode(text, true).unwrap();
+        let enc = ours.tokenizer.encode(text, true).unwrap();
         let want_ids: Vec<u32> = t["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         assert_eq!(enc.get_ids(), &want_ids[..], "ids of {text:?}");
         n += 1;
@@ -167,7 +182,7 @@ fn check_tiny(name: &str) {
     check_config(&ckpt, &want["config"]);
     // The compact references (same vocabulary as tiny_llama) carry no tokenizer part.
     if want.get("tokenizer").is_some() {
-        check_tokenizer(&ckpt, &want);
+        check_tokenizer(&ckpt.tokenizer, &want);
     }
     // Both sides dequantize to the same f32 values: only the f32 forward differs.
     check_logits(&ckpt, &want, 1e-5);
@@ -181,6 +196,14 @@ fn tiny_llama_matches_hf() {
 #[test]
 fn tiny_qwen2_matches_hf() {
     check_tiny("tiny_qwen2");
+}
+
+/// A SentencePiece vocabulary (`tokenizer.ggml.model` "llama", as Llama 2 and Mistral files): the
+/// tokenizer.json transformers derives (merges rebuilt from the scores, byte fallback, Metaspace,
+/// BOS added by default, control and user-defined tokens), token ids of the tricky texts, logits.
+#[test]
+fn tiny_llama_spm_matches_hf() {
+    check_tiny("tiny_llama_spm");
 }
 
 /// Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 weights (every type feeds the logits), tied Q6_K embeddings.
@@ -289,7 +312,7 @@ fn smollm2_matches_hf() {
     let template = ckpt.tokenizer.chat_template.as_deref().unwrap();
     assert!(template.contains("<|im_start|>") && template.contains("<|im_end|>"), "not a ChatML template: {template}");
     check_config(&ckpt, &want["config"]);
-    check_tokenizer(&ckpt, &want);
+    check_tokenizer(&ckpt.tokenizer, &want);
     check_logits(&ckpt, &want, 1e-4);
 
     // Greedy decoding of the chat prompt, as HF generate(do_sample=False) did.
@@ -371,4 +394,10 @@ fn gemma3_q4_k_m_dequantizes_as_gguf_py() {
     assert!(count.contains_key("Q4_K") && count.contains_key("Q6_K"), "{count:?}");
     let e = format!("{:#}", gguf::load_model(&f).err().expect("gemma3 is not an architecture we run"));
     assert!(e.contains("\"gemma3\"") && e.contains("general.architecture"), "{e}");
+    // Its SentencePiece vocabulary (262144 tokens, merges rebuilt from the token order, runs of
+    // spaces respelled, 6k added tokens), as transformers builds it.
+    let t0 = std::time::Instant::now();
+    let tok = gguf::load_tokenizer(&path).unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("Gemma 3 tokenizer built in {:.1} s", t0.elapsed().as_secs_f64());
+    check_tokenizer(&tok, &want);
 }

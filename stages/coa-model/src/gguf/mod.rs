@@ -37,9 +37,9 @@
 //!   (`rope_type: llama3`) that reproduce them where some do, for the HF checkpoints saved from
 //!   it (transformers' own GGUF loader drops the tensor: plain RoPE). Other rope scaling
 //!   (`<arch>.rope.scaling.type` other than none) is refused.
-//! - **Tokenizer** ([`tokenizer`]): byte-level BPE from `tokenizer.ggml.*`, encoding exactly as
-//!   the `tokenizer.json` transformers derives, with the special tokens and
-//!   `tokenizer.chat_template`.
+//! - **Tokenizer** ([`tokenizer`]): byte-level BPE ("gpt2") or SentencePiece BPE ("llama": Llama
+//!   2, Mistral, Gemma, Phi-3) from `tokenizer.ggml.*`, encoding exactly as the `tokenizer.json`
+//!   transformers derives, with the special tokens and `tokenizer.chat_template`.
 //!
 //! Why a parser of our own: the crates on crates.io did not fit. `gguf-rs` turns metadata into
 //! `serde_json` values (losing the distinction between GGUF's integer and float widths and
