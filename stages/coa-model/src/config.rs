@@ -69,6 +69,80 @@ impl Llama3Rope {
         Ok(r)
     }
 
+    /// llama.cpp's per-frequency divisors for this scaling (what its converter writes into
+    /// `rope_freqs.weight`, in f64 there too): 1 for short wavelengths, `factor` for long ones,
+    /// the inverse of the smoothed weight between.
+    pub fn factors(&self, inv_freq: &[f32]) -> Vec<f32> {
+        let (orig, low, high) = (
+            f64::from(self.original_max_position_embeddings),
+            f64::from(self.low_freq_factor),
+            f64::from(self.high_freq_factor),
+        );
+        let factor = f64::from(self.factor);
+        inv_freq
+            .iter()
+            .map(|&f| {
+                let wavelen = 2.0 * std::f64::consts::PI / f64::from(f);
+                if wavelen < orig / high {
+                    1.0
+                } else if wavelen > orig / low {
+                    self.factor
+                } else {
+                    let smooth = (orig / wavelen - low) / (high - low);
+                    (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+                }
+            })
+            .collect()
+    }
+
+    /// The Llama 3 scaling whose [`factors`](Self::factors) are `factors` (each within 1e-4
+    /// relative), if there is one: how a GGUF's `rope_freqs.weight` becomes the `rope_parameters`
+    /// transformers reads. `factor` is the largest divisor; with `low_freq_factor` 1 (all Llama
+    /// 3.x), each smoothed divisor gives `original / wavelen - 1 = s (high - 1)`, so two of them
+    /// fix `original` and `high_freq_factor`; with one, `high_freq_factor` is taken as 4, and
+    /// with none Llama 3's 8192 / 4 are tried.
+    pub fn fit(inv_freq: &[f32], factors: &[f32]) -> Option<Llama3Rope> {
+        let factor = factors.iter().copied().fold(0f32, f32::max);
+        if inv_freq.len() != factors.len() || factor <= 1.0 {
+            return None;
+        }
+        let big = f64::from(factor);
+        // (wavelength, smoothing weight s) of each divisor strictly between 1 and `factor`.
+        let smoothed: Vec<(f64, f64)> = inv_freq
+            .iter()
+            .zip(factors)
+            .filter(|(_, &d)| d > 1.0 + 1e-6 && d < factor * (1.0 - 1e-6))
+            .map(|(&f, &d)| (2.0 * std::f64::consts::PI / f64::from(f), (1.0 / f64::from(d) - 1.0 / big) / (1.0 - 1.0 / big)))
+            .collect();
+        let mut candidates = vec![(8192.0, 4.0)];
+        match smoothed[..] {
+            [] => {}
+            [(w, s)] => candidates.insert(0, (w * (1.0 + 3.0 * s), 4.0)),
+            [(w1, s1), .., (w2, s2)] => {
+                let orig = (s2 - s1) / (s2 / w1 - s1 / w2);
+                candidates.insert(0, (orig, 1.0 + (orig / w1 - 1.0) / s1));
+            }
+        }
+        candidates.into_iter().find_map(|(orig, high): (f64, f64)| {
+            if !(orig.is_finite() && orig > 0.0 && high.is_finite() && high > 1.0) {
+                return None;
+            }
+            // A context length is a whole number, a band edge a short decimal: drop the fit's
+            // rounding noise.
+            let orig = if (orig - orig.round()).abs() < 1e-3 * orig { orig.round() } else { orig };
+            let snapped = (high * 1000.0).round() / 1000.0;
+            let high = if (high - snapped).abs() < 1e-4 * high { snapped } else { high };
+            let r = Llama3Rope {
+                factor,
+                low_freq_factor: 1.0,
+                high_freq_factor: high as f32,
+                original_max_position_embeddings: orig as f32,
+            };
+            let close = r.factors(inv_freq).iter().zip(factors).all(|(a, b)| (a - b).abs() <= 1e-4 * b);
+            close.then_some(r)
+        })
+    }
+
     /// The scaled inverse frequencies.
     pub fn apply(&self, inv_freq: &[f32]) -> Vec<f32> {
         let low_wavelen = self.original_max_position_embeddings / self.low_freq_factor;
@@ -122,6 +196,9 @@ pub struct ModelConfig {
     /// Every other field of config.json, preserved in order on save.
     pub extra: Map<String, Value>,
 }
+
+/// The config field of [`ModelConfig::rope_freq_factors`].
+pub const ROPE_FREQ_FACTORS: &str = "rope_freq_factors";
 
 const KNOWN: &[&str] = &[
     "architectures",
@@ -450,12 +527,41 @@ impl ModelConfig {
         Ok(found)
     }
 
-    /// RoPE inverse frequencies `[head_dim/2]`, with this config's scaling applied.
+    /// Per-frequency RoPE divisors (config field `rope_freq_factors`, `[head_dim/2]` positive
+    /// numbers): llama.cpp's `rope_freqs.weight` of a Llama 3.x GGUF, kept in the config so that a
+    /// checkpoint saved from such a file reloads with the same RoPE. Our key, not HF's:
+    /// transformers ignores it, and reads the `rope_parameters` the GGUF import fits to the
+    /// factors where they follow Llama 3's formula.
+    pub fn rope_freq_factors(&self) -> Result<Option<Vec<f32>>> {
+        let Some(v) = self.extra.get(ROPE_FREQ_FACTORS).filter(|v| !v.is_null()) else { return Ok(None) };
+        let bad = || format!("config field `{ROPE_FREQ_FACTORS}` must be a list of positive numbers, got {v}");
+        let items = v.as_array().with_context(bad)?;
+        let factors = items
+            .iter()
+            .map(|x| x.as_f64().filter(|f| f.is_finite() && *f > 0.0).map(|f| f as f32).with_context(bad))
+            .collect::<Result<Vec<f32>>>()?;
+        if factors.len() != self.head_dim() / 2 {
+            bail!(
+                "config field `{ROPE_FREQ_FACTORS}` has {} factors; the head dimension {} has {} frequencies",
+                factors.len(),
+                self.head_dim(),
+                self.head_dim() / 2
+            );
+        }
+        Ok(Some(factors))
+    }
+
+    /// RoPE inverse frequencies `[head_dim/2]`, with this config's scaling applied: divided by
+    /// the `rope_freq_factors` when there are some (as llama.cpp does; they then stand for the
+    /// scaling), else scaled by `rope_scaling` / `rope_parameters`.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
         let inv = crate::ops::rope_inv_freq(self.head_dim(), self.rope_theta);
+        // validate() refuses bad factors or a bad scaling before any model is built
+        if let Ok(Some(factors)) = self.rope_freq_factors() {
+            return inv.iter().zip(&factors).map(|(f, d)| f / d).collect();
+        }
         match self.rope_scaling() {
             Ok(Some(s)) => s.apply(&inv),
-            // validate() refuses a bad scaling before any model is built
             _ => inv,
         }
     }
@@ -538,6 +644,7 @@ impl ModelConfig {
             bail!("config field `hidden_act` = {:?} is not supported (only \"silu\")", self.hidden_act);
         }
         self.rope_scaling()?;
+        self.rope_freq_factors()?;
         if self.model_type == "qwen2" {
             if let Some(Value::Bool(true)) = self.extra.get("use_sliding_window") {
                 bail!("config field `use_sliding_window` = true is not supported");

@@ -72,6 +72,86 @@ fn every_type_dequantizes_to_hand_computed_values() {
     assert_eq!(read("q4_1"), want_q41);
 }
 
+/// Q5_0, Q5_1 and the K-quants: blocks packed here from chosen quants and scales (the inverse of
+/// the layout the reader decodes), read back as `scale * q - min` of those choices. Values are
+/// exact in f32 (small integers times powers of two), so the order of operations cannot hide a
+/// misplaced bit. Bit-for-bit agreement with gguf-py is `tests/gguf_parity.rs`'s.
+#[test]
+fn five_bit_and_k_quant_blocks_decode_to_their_packed_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = GgufWriter::new();
+    // Q5_0 / Q5_1: q[j] = (7 j + 3) mod 32, its fifth bit in bit j of qh.
+    let q5: Vec<u32> = (0..32).map(|j| (7 * j + 3) % 32).collect();
+    let pack5 = |q: &[u32]| -> Vec<u8> {
+        let qh: u32 = q.iter().enumerate().map(|(j, &v)| (v >> 4) << j).sum();
+        let mut b = qh.to_le_bytes().to_vec();
+        b.extend((0..16).map(|j| (q[j] & 15 | (q[j + 16] & 15) << 4) as u8));
+        b
+    };
+    let mut q50 = f16_bits(0.5).to_vec();
+    q50.extend(pack5(&q5));
+    w.tensor("q5_0", &[32], GgmlType::Q5_0, q50);
+    let mut q51 = f16_bits(0.25).to_vec();
+    q51.extend(f16_bits(-2.0));
+    q51.extend(pack5(&q5));
+    w.tensor("q5_1", &[32], GgmlType::Q5_1, q51);
+
+    // Q4_K / Q5_K: sub-block i has scale 10 + 7 i and min 3 + 8 i (6 bits; those of sub-blocks
+    // 4-7 are >= 16, so their top bits land in bytes 0-7); quants q[e] = (5 e + 1) mod 16 or 32.
+    let sc: Vec<u8> = (0..8).map(|i| 10 + 7 * i).collect();
+    let mn: Vec<u8> = (0..8).map(|i| 3 + 8 * i).collect();
+    let mut scales = [0u8; 12];
+    for i in 0..4 {
+        scales[i] = sc[i] | (sc[i + 4] >> 4) << 6;
+        scales[i + 4] = mn[i] | (mn[i + 4] >> 4) << 6;
+        scales[i + 8] = (sc[i + 4] & 15) | (mn[i + 4] & 15) << 4;
+    }
+    let q4k: Vec<u8> = (0..256).map(|e| ((5 * e + 1) % 16) as u8).collect();
+    let q5k: Vec<u8> = (0..256).map(|e| ((5 * e + 1) % 32) as u8).collect();
+    // Sub-block i: the low (even i) or high (odd i) nibbles of bytes 32 (i / 2) .. + 32.
+    let nibbles = |q: &[u8]| -> Vec<u8> {
+        (0..128).map(|k| (q[(k / 32) * 64 + k % 32] & 15) | (q[(k / 32) * 64 + 32 + k % 32] & 15) << 4).collect()
+    };
+    let mut b4 = [f16_bits(0.5), f16_bits(0.25)].concat();
+    b4.extend(scales);
+    b4.extend(nibbles(&q4k));
+    w.tensor("q4_k", &[256], GgmlType::Q4_K, b4);
+    let mut b5 = [f16_bits(0.5), f16_bits(0.25)].concat();
+    b5.extend(scales);
+    b5.extend((0..32).map(|l| (0..8).map(|i| (q5k[32 * i + l] >> 4) << i).sum::<u8>()));
+    b5.extend(nibbles(&q5k));
+    w.tensor("q5_k", &[256], GgmlType::Q5_K, b5);
+
+    // Q6_K: q[e] = (7 e + 3) mod 64, scales -24, -21, ..., 21 (int8, negative ones too), d = 1/8.
+    let q6: Vec<u8> = (0..256).map(|e| ((7 * e + 3) % 64) as u8).collect();
+    let s6: Vec<i8> = (0..16).map(|k| (k as i8 - 8) * 3).collect();
+    let mut ql = [0u8; 128];
+    let mut qh = [0u8; 64];
+    for (e, &q) in q6.iter().enumerate() {
+        let (h, g, l) = (e / 128, e / 32 % 4, e % 32);
+        ql[64 * h + 32 * (g % 2) + l] |= (q & 15) << (4 * (g / 2));
+        qh[32 * h + l] |= (q >> 4) << (2 * g);
+    }
+    let mut b6 = [ql.as_slice(), qh.as_slice()].concat();
+    b6.extend(s6.iter().map(|&s| s as u8));
+    b6.extend(f16_bits(0.125));
+    w.tensor("q6_k", &[256], GgmlType::Q6_K, b6);
+
+    let f = GgufFile::open(&write(dir.path(), "kq.gguf", &w)).unwrap();
+    let read = |name: &str| f.tensor_f32(f.tensor(name).unwrap()).unwrap();
+    assert_eq!(read("q5_0"), q5.iter().map(|&q| 0.5 * (q as f32 - 16.0)).collect::<Vec<_>>());
+    assert_eq!(read("q5_1"), q5.iter().map(|&q| 0.25 * q as f32 - 2.0).collect::<Vec<_>>());
+    let k_want = |q: &[u8]| -> Vec<f32> {
+        q.iter().enumerate().map(|(e, &q)| 0.5 * sc[e / 32] as f32 * q as f32 - 0.25 * mn[e / 32] as f32).collect()
+    };
+    assert_eq!(read("q4_k"), k_want(&q4k));
+    assert_eq!(read("q5_k"), k_want(&q5k));
+    let want6: Vec<f32> = q6.iter().enumerate().map(|(e, &q)| 0.125 * s6[e / 16] as f32 * (q as f32 - 32.0)).collect();
+    assert_eq!(read("q6_k"), want6);
+    // The unpacking on its own: a sub-block above 3 takes its top bits from bytes 0-7.
+    assert_eq!(gguf::dequant::scale_min_k4(&scales, 6), (52, 51));
+}
+
 #[test]
 fn metadata_of_every_type_round_trips_with_alignment() {
     let dir = tempfile::tempdir().unwrap();
@@ -176,19 +256,7 @@ fn random_model(model_type: &str, tie: bool) -> Model {
 /// `model` as llama.cpp's converter would write it (F32 tensors, llama q/k permuted), with a
 /// byte-level vocabulary of the 256 byte characters, "he" and two control tokens.
 fn gguf_of(model: &Model) -> GgufWriter {
-    let c = &model.config;
-    let arch = c.model_type.as_str();
-    let mut w = GgufWriter::new();
-    let k = |s: &str| format!("{arch}.{s}");
-    w.kv("general.architecture", Value::String(arch.into()));
-    w.kv(&k("block_count"), Value::U32(c.num_hidden_layers as u32));
-    w.kv(&k("context_length"), Value::U32(c.max_position_embeddings as u32));
-    w.kv(&k("embedding_length"), Value::U32(c.hidden_size as u32));
-    w.kv(&k("feed_forward_length"), Value::U32(c.intermediate_size as u32));
-    w.kv(&k("attention.head_count"), Value::U32(c.num_attention_heads as u32));
-    w.kv(&k("attention.head_count_kv"), Value::U32(c.num_key_value_heads as u32));
-    w.kv(&k("rope.freq_base"), Value::F32(c.rope_theta as f32));
-    w.kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps as f32));
+    let mut w = gguf::writer_of(model).unwrap();
     let mut tokens: Vec<char> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet().into_iter().collect();
     tokens.sort();
     let mut tokens: Vec<Value> = tokens.into_iter().map(|ch| Value::String(ch.to_string())).collect();
@@ -202,16 +270,6 @@ fn gguf_of(model: &Model) -> GgufWriter {
     w.kv("tokenizer.ggml.merges", Value::Array(vec![]));
     w.kv("tokenizer.ggml.bos_token_id", Value::U32(256));
     w.kv("tokenizer.ggml.eos_token_id", Value::U32(257));
-    for t in model.params.iter() {
-        let name = gguf::gguf_name(&t.name).unwrap();
-        let data = if arch == "llama" && (name.contains(".attn_q.") || name.contains(".attn_k.")) {
-            let heads = if name.contains(".attn_q.") { c.num_attention_heads } else { c.num_key_value_heads };
-            gguf::permute_qk_rows(&t.data, heads, if t.shape.len() == 2 { t.shape[1] } else { 1 }).unwrap()
-        } else {
-            t.data.clone()
-        };
-        w.tensor_f32(&name, &t.shape, &data);
-    }
     w
 }
 
@@ -303,8 +361,8 @@ fn unsupported_tensor_type_names_tensor_and_type() {
     let dir = tempfile::tempdir().unwrap();
     let m = random_model("llama", true);
     let f = GgufFile::open(&write(dir.path(), "ok.gguf", &gguf_of(&m))).unwrap();
-    // The layer-0 up projection ([64, 32], rows of 32) stored as Q5_0 (32-element blocks of 22
-    // bytes), then as Q4_K, whose 256-element blocks cannot hold a row of 32.
+    // The layer-0 up projection ([64, 32], rows of 32) stored as IQ4_NL (32-element blocks of 18
+    // bytes, not read), then as Q4_K, whose 256-element blocks cannot hold a row of 32.
     let up = "blk.0.ffn_up.weight";
     let with_up_as = |ty: GgmlType, bytes: usize| {
         let mut w = GgufWriter::new();
@@ -319,9 +377,9 @@ fn unsupported_tensor_type_names_tensor_and_type() {
         }
         w
     };
-    let p = write(dir.path(), "q5.gguf", &with_up_as(GgmlType(6), 64 * 22));
-    let e = format!("{:#}", gguf::load(&p).err().expect("Q5_0 must be refused"));
-    assert!(e.contains("q5.gguf") && e.contains(up) && e.contains("Q5_0 (ggml type 6)") && e.contains("Q4_1"), "{e}");
+    let p = write(dir.path(), "iq4.gguf", &with_up_as(GgmlType(20), 64 * 18));
+    let e = format!("{:#}", gguf::load(&p).err().expect("IQ4_NL must be refused"));
+    assert!(e.contains("iq4.gguf") && e.contains(up) && e.contains("IQ4_NL (ggml type 20)") && e.contains("Q6_K"), "{e}");
     assert_eq!(e.lines().count(), 1);
     let p = write(dir.path(), "q4k.gguf", &with_up_as(GgmlType(12), 144));
     let e = open_err(&p);
@@ -398,13 +456,88 @@ fn shape_mismatch_missing_and_unexpected_tensors_are_named() {
     });
     let e = load_err(&p);
     assert!(e.contains("extra.gguf") && e.contains("unexpected tensor `blk.0.attn_rot_embd`"), "{e}");
+    // rope_freqs.weight: one positive factor per frequency (head_dim 8: 4).
     let p =
-        edited(dir.path(), "rope.gguf", |_, tensors| tensors.push(("rope_freqs.weight".into(), vec![4], vec![1.0; 4])));
+        edited(dir.path(), "rope.gguf", |_, tensors| tensors.push(("rope_freqs.weight".into(), vec![3], vec![1.0; 3])));
     let e = load_err(&p);
-    assert!(e.contains("rope.gguf") && e.contains("rope_freqs.weight") && e.contains("not supported"), "{e}");
+    assert!(e.contains("rope.gguf") && e.contains("rope_freqs.weight") && e.contains("expected [4]"), "{e}");
+    let p = edited(dir.path(), "rope0.gguf", |_, tensors| {
+        tensors.push(("rope_freqs.weight".into(), vec![4], vec![1.0, 2.0, 0.0, 8.0]))
+    });
+    let e = load_err(&p);
+    assert!(e.contains("rope0.gguf") && e.contains("rope_freqs.weight") && e.contains("must be positive"), "{e}");
     let p = edited(dir.path(), "nan.gguf", |_, tensors| tensors[3].2[5] = f32::NAN);
     let e = load_err(&p);
     assert!(e.contains("nan.gguf") && e.contains("non-finite"), "{e}");
+}
+
+/// `rope_freqs.weight` divides the rope frequencies (llama.cpp): all ones change nothing, other
+/// factors change the logits, and a checkpoint saved from the file keeps them.
+#[test]
+fn rope_freqs_divide_the_frequencies_and_survive_a_save() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = |name: &str, factors: Vec<f32>| {
+        gguf::load(&edited(dir.path(), name, |_, tensors| tensors.push(("rope_freqs.weight".into(), vec![4], factors.clone()))))
+            .unwrap()
+            .model
+    };
+    let plain = gguf::load(&write(dir.path(), "plain.gguf", &gguf_of(&random_model("llama", true)))).unwrap().model;
+    let ones = with("ones.gguf", vec![1.0; 4]);
+    let scaled = with("scaled.gguf", vec![1.0, 1.5, 8.0, 8.0]);
+    assert!(ones.config.rope_freq_factors().unwrap().is_none());
+    assert_eq!(scaled.config.rope_freq_factors().unwrap(), Some(vec![1.0, 1.5, 8.0, 8.0]));
+    let ids: Vec<u32> = (0..24).map(|i| (i * 7 % 64) as u32).collect();
+    let logits = |m: &Model| m.logits(&Seq::new(&ids)).unwrap();
+    assert_eq!(logits(&ones), logits(&plain));
+    assert_ne!(logits(&scaled), logits(&plain));
+    let saved = dir.path().join("saved");
+    scaled.save(&saved, coa_model::SaveDtype::F32).unwrap();
+    assert_eq!(logits(&Model::load(&saved).unwrap()), logits(&scaled));
+}
+
+/// A toy SentencePiece vocabulary read as each tokenizer class transformers picks by
+/// architecture. The expected values are transformers 5.23's (`convert_gguf_tokenizer(arch,
+/// {"tokenizer_type": "llama", "tokens": ..., "scores": ..., "token_type": ...})`): the merges
+/// rebuilt from the scores, the class's default special tokens with the next free ids (Gemma's
+/// two runs of spaces both become "▁▁", leaving a hole at 6 that its `<bos>` fills at 7 as
+/// tokenizers does), and ids.
+#[test]
+fn sentencepiece_vocabularies_build_as_transformers_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = ["<x>", "a", "b", "ab", "\u{2581}a", "\u{2581}", "  ", " \n"];
+    let build = |arch: &str| {
+        let mut w = GgufWriter::new();
+        w.kv("general.architecture", Value::String(arch.into()));
+        w.kv("tokenizer.ggml.model", Value::String("llama".into()));
+        w.kv("tokenizer.ggml.tokens", Value::Array(tokens.iter().map(|t| Value::String(t.to_string())).collect()));
+        w.kv("tokenizer.ggml.scores", Value::Array([0.0f32, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0].map(Value::F32).to_vec()));
+        w.kv("tokenizer.ggml.token_type", Value::Array([3, 1, 1, 1, 1, 1, 1, 1].map(Value::I32).to_vec()));
+        gguf::load_tokenizer(&write(dir.path(), &format!("{arch}.gguf"), &w)).unwrap().tokenizer
+    };
+    let merges = |t: &tokenizers::Tokenizer| -> Vec<String> {
+        let j: serde_json::Value = serde_json::from_str(&t.to_string(false).unwrap()).unwrap();
+        j["model"]["merges"].as_array().unwrap().iter().map(|m| format!("{} {}", m[0].as_str().unwrap(), m[1].as_str().unwrap())).collect()
+    };
+    let added = |t: &tokenizers::Tokenizer| -> Vec<(u32, String)> {
+        let mut a: Vec<(u32, String)> = t.get_added_tokens_decoder().into_iter().map(|(i, t)| (i, t.content)).collect();
+        a.sort();
+        a
+    };
+    let ids = |t: &tokenizers::Tokenizer, text: &str| t.encode(text, true).unwrap().get_ids().to_vec();
+    let s = |v: &[(u32, &str)]| v.iter().map(|(i, t)| (*i, t.to_string())).collect::<Vec<_>>();
+    for arch in ["llama", "phi3"] {
+        let t = build(arch);
+        assert_eq!(merges(&t), ["a b", "\u{2581} a"], "{arch}");
+        assert_eq!(added(&t), s(&[(0, "<x>"), (8, "<s>"), (9, "</s>"), (10, "<unk>")]), "{arch}");
+        assert_eq!(ids(&t, "ab a  b<x>"), [5, 3, 4, 5, 5, 2, 0], "{arch}");
+    }
+    assert_eq!(ids(&build("llama"), " ba"), [5, 2, 1]);
+    assert_eq!(ids(&build("phi3"), " ba"), [5, 5, 2, 1], "Phi-3 prepends ▁ to a leading space too");
+    let g = build("gemma3");
+    assert_eq!(merges(&g), ["a b", "\u{2581} a", "\u{2581} \u{2581}"]);
+    assert_eq!(added(&g), s(&[(0, "<x>"), (7, "<bos>"), (8, "<eos>"), (9, "<unk>"), (10, "<pad>"), (11, "<mask>")]));
+    assert_eq!(ids(&g, "ab a  b<x>"), [3, 4, 7, 2, 0]);
+    assert_eq!(ids(&g, " ba"), [5, 2, 1]);
 }
 
 #[test]
@@ -413,11 +546,18 @@ fn metadata_errors_are_named() {
     let p = edited(dir.path(), "nolayers.gguf", |meta, _| meta.retain(|(k, _)| k != "llama.block_count"));
     let e = load_err(&p);
     assert!(e.contains("nolayers.gguf") && e.contains("`llama.block_count` is missing"), "{e}");
-    let p = edited(dir.path(), "spm.gguf", |meta, _| {
-        meta.iter_mut().find(|(k, _)| k == "tokenizer.ggml.model").unwrap().1 = Value::String("llama".into());
+    let p = edited(dir.path(), "t5.gguf", |meta, _| {
+        meta.iter_mut().find(|(k, _)| k == "tokenizer.ggml.model").unwrap().1 = Value::String("t5".into());
     });
     let e = load_err(&p);
-    assert!(e.contains("spm.gguf") && e.contains("SentencePiece") && e.contains("\"gpt2\""), "{e}");
+    assert!(e.contains("t5.gguf") && e.contains("\"t5\"") && e.contains("\"gpt2\"") && e.contains("SentencePiece"), "{e}");
+    // A SentencePiece vocabulary without merges needs the scores to rebuild them from.
+    let p = edited(dir.path(), "spm.gguf", |meta, _| {
+        meta.iter_mut().find(|(k, _)| k == "tokenizer.ggml.model").unwrap().1 = Value::String("llama".into());
+        meta.retain(|(k, _)| k != "tokenizer.ggml.merges");
+    });
+    let e = load_err(&p);
+    assert!(e.contains("spm.gguf") && e.contains("tokenizer.ggml.scores") && e.contains("missing"), "{e}");
     let p = edited(dir.path(), "badbos.gguf", |meta, _| {
         meta.iter_mut().find(|(k, _)| k == "tokenizer.ggml.bos_token_id").unwrap().1 = Value::U32(5000);
     });

@@ -1,11 +1,17 @@
 //! The GGUF import against HF transformers loading the same file, on the references that
 //! tests/parity/make_gguf_fixtures.py wrote into tests/parity/fixtures/gguf/:
 //!
-//! - `tiny_llama.gguf`, `tiny_qwen2.gguf` (committed): tiny random models with tensors in every
-//!   supported type, llama q/k rows permuted as llama.cpp does, small byte-level vocabularies.
+//! - `tiny_llama.gguf`, `tiny_qwen2.gguf` (committed): tiny random models with tensors in F32,
+//!   F16, BF16, Q8_0, Q4_0 and Q4_1, llama q/k rows permuted as llama.cpp does, small byte-level
+//!   vocabularies; `tiny_llama_kq.gguf`: rows of 256 in Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1.
+//! - `quant_blocks.gguf` (committed): random blocks of every quantized type with gguf-py's
+//!   dequantization of each, compared bit for bit.
 //! - SmolLM2-135M-Instruct.Q4_1.gguf (98 MB, fetched by `make model` into .cache/models/, or
 //!   `COA_SMOLLM2_GGUF`): the pretrained model; its tests skip with a line naming `make model`
 //!   when the file is absent.
+//! - gemma-3-270m-q4_k_m.gguf (242 MB, `make model-gemma3`, or `COA_GEMMA3_GGUF`): a real Q4_K_M
+//!   file; every tensor's dequantization against digests of gguf-py's (an architecture we do not
+//!   run, so values only); skips with a line naming `make model-gemma3` when absent.
 //!
 //! Checked per file: the config fields HF derives; the tokenizer.json HF derives (every field;
 //! vocabulary and merges by SHA-256); the ids of tricky texts, exactly; logits of a few prompts
@@ -14,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use coa_model::gguf::{self, GgufCheckpoint};
+use coa_model::gguf::{self, GgufCheckpoint, GgufTokenizer};
 use coa_model::{KvCache, Seq};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -28,6 +34,14 @@ fn smollm2_path() -> PathBuf {
     match std::env::var_os("COA_SMOLLM2_GGUF") {
         Some(p) => PathBuf::from(p),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    }
+}
+
+/// Where `make model-gemma3` puts the Gemma 3 Q4_K_M file (or `COA_GEMMA3_GGUF`).
+fn gemma3_path() -> PathBuf {
+    match std::env::var_os("COA_GEMMA3_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/models/gemma-3-270m-q4_k_m.gguf"),
     }
 }
 
@@ -45,9 +59,24 @@ fn sha256_lines(lines: impl Iterator<Item = String>) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Our tokenizer.json with model.vocab / model.merges replaced by digests, as the script does.
-fn tokenizer_summary(ckpt: &GgufCheckpoint) -> Value {
-    let mut j: Value = serde_json::from_str(&ckpt.tokenizer.tokenizer.to_string(false).unwrap()).unwrap();
+/// Our tokenizer.json with model.vocab / model.merges replaced by digests, as the script does
+/// (and the added tokens too, when the reference has them so).
+fn tokenizer_summary(tok: &GgufTokenizer, want: &Value) -> Value {
+    let mut j: Value = serde_json::from_str(&tok.tokenizer.to_string(false).unwrap()).unwrap();
+    if want["json"]["added_tokens"].is_object() {
+        let flag = |a: &Value, k: &str| if a[k].as_bool().unwrap() { "1" } else { "0" };
+        let lines: Vec<String> = j["added_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                let mut fields = vec![a["id"].to_string(), a["content"].as_str().unwrap().to_string()];
+                fields.extend(["special", "normalized", "lstrip", "rstrip", "single_word"].map(|k| flag(a, k).to_string()));
+                fields.join("\t")
+            })
+            .collect();
+        j["added_tokens"] = serde_json::json!({"entries": lines.len(), "sha256": sha256_lines(lines.into_iter())});
+    }
     let model = j["model"].as_object_mut().unwrap();
     let mut vocab: Vec<(u64, String)> =
         model["vocab"].as_object().unwrap().iter().map(|(t, i)| (i.as_u64().unwrap(), t.clone())).collect();
@@ -83,21 +112,21 @@ fn check_config(ckpt: &GgufCheckpoint, want: &Value) {
     }
 }
 
-fn check_tokenizer(ckpt: &GgufCheckpoint, want: &Value) {
+fn check_tokenizer(ours: &GgufTokenizer, want: &Value) {
     let tok = &want["tokenizer"];
-    let ours = tokenizer_summary(ckpt);
+    let summary = tokenizer_summary(ours, tok);
     for (k, v) in tok["json"].as_object().unwrap() {
-        assert_eq!(&ours[k], v, "tokenizer.json field {k}");
+        assert_eq!(&summary[k], v, "tokenizer.json field {k}");
     }
-    assert_eq!(ckpt.tokenizer.chat_template.as_deref(), tok["chat_template"].as_str(), "chat template");
-    let specials = &ckpt.tokenizer.specials;
+    assert_eq!(ours.chat_template.as_deref(), tok["chat_template"].as_str(), "chat template");
+    let specials = &ours.specials;
     for (name, s) in [("bos_token", &specials.bos), ("eos_token", &specials.eos), ("pad_token", &specials.pad)] {
         assert_eq!(s.as_ref().map(|s| s.content.as_str()), tok["special_tokens"][name].as_str(), "{name}");
     }
     let mut n = 0;
     for t in want["texts"].as_array().unwrap() {
         let text = t["text"].as_str().unwrap();
-        let enc = ckpt.tokenizer.tokenizer.encode(text, true).unwrap();
+        let enc = ours.tokenizer.encode(text, true).unwrap();
         let want_ids: Vec<u32> = t["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         assert_eq!(enc.get_ids(), &want_ids[..], "ids of {text:?}");
         n += 1;
@@ -151,7 +180,10 @@ fn check_tiny(name: &str) {
     let want = reference(name);
     let ckpt = gguf::load(&fixtures().join(format!("{name}.gguf"))).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     check_config(&ckpt, &want["config"]);
-    check_tokenizer(&ckpt, &want);
+    // The compact references (same vocabulary as tiny_llama) carry no tokenizer part.
+    if want.get("tokenizer").is_some() {
+        check_tokenizer(&ckpt.tokenizer, &want);
+    }
     // Both sides dequantize to the same f32 values: only the f32 forward differs.
     check_logits(&ckpt, &want, 1e-5);
 }
@@ -164,6 +196,70 @@ fn tiny_llama_matches_hf() {
 #[test]
 fn tiny_qwen2_matches_hf() {
     check_tiny("tiny_qwen2");
+}
+
+/// A SentencePiece vocabulary (`tokenizer.ggml.model` "llama", as Llama 2 and Mistral files): the
+/// tokenizer.json transformers derives (merges rebuilt from the scores, byte fallback, Metaspace,
+/// BOS added by default, control and user-defined tokens), token ids of the tricky texts, logits.
+#[test]
+fn tiny_llama_spm_matches_hf() {
+    check_tiny("tiny_llama_spm");
+}
+
+/// Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 weights (every type feeds the logits), tied Q6_K embeddings.
+#[test]
+fn tiny_llama_kq_matches_hf() {
+    let f = gguf::GgufFile::open(&fixtures().join("tiny_llama_kq.gguf")).unwrap();
+    for ty in ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"] {
+        assert!(f.tensors.iter().any(|t| t.ggml_type.name() == Some(ty)), "no {ty} tensor in the fixture");
+    }
+    check_tiny("tiny_llama_kq");
+}
+
+/// A Llama 3.1-style file: `rope_freqs.weight` applied as llama.cpp does, against the HF model
+/// with `rope_parameters` llama3 it was converted from (transformers' GGUF loader drops the
+/// tensor: `hf_gguf_rel_err` records how far that plain-RoPE model is). The config gets the
+/// factors and the llama3 parameters fitted to them (the fixture's own), and a checkpoint saved
+/// from it computes the same logits.
+#[test]
+fn tiny_llama31_rope_freqs_match_hf() {
+    check_tiny("tiny_llama31");
+    let want = reference("tiny_llama31");
+    let plain_err = want["hf_gguf_rel_err"].as_f64().unwrap();
+    assert!(plain_err > 1e-2, "the factors should matter: plain RoPE is only {plain_err:e} away");
+    let ckpt = gguf::load(&fixtures().join("tiny_llama31.gguf")).unwrap();
+    let c = &ckpt.model.config;
+    assert_eq!(c.rope_freq_factors().unwrap().map(|f| f.len()), Some(4));
+    let fitted = c.rope_scaling().unwrap().expect("llama3 parameters fitted to the factors");
+    assert_eq!(
+        (fitted.factor, fitted.low_freq_factor, fitted.high_freq_factor, fitted.original_max_position_embeddings),
+        (8.0, 1.0, 4.0, 64.0)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    ckpt.model.save(dir.path(), coa_model::SaveDtype::F32).unwrap();
+    let ids: Vec<u32> = want["prompts"][1]["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let reloaded = coa_model::Model::load(dir.path()).unwrap();
+    assert_eq!(reloaded.logits(&Seq::new(&ids)).unwrap(), ckpt.model.logits(&Seq::new(&ids)).unwrap());
+}
+
+/// Random blocks of every quantized type (all bits of every field in play) dequantize to
+/// exactly the f32 values gguf-py's `dequantize` gave (`<TYPE>.want`).
+#[test]
+fn quant_blocks_match_gguf_py_bit_for_bit() {
+    let f = gguf::GgufFile::open(&fixtures().join("quant_blocks.gguf")).unwrap();
+    let mut types = Vec::new();
+    for t in f.tensors.iter().filter(|t| !t.name.ends_with(".want")) {
+        let want_info = f.tensor(&format!("{}.want", t.name)).unwrap_or_else(|| panic!("no {}.want", t.name));
+        let ours = f.tensor_f32(t).unwrap();
+        let want = f.tensor_f32(want_info).unwrap();
+        assert_eq!(ours.len(), want.len(), "{}", t.name);
+        for (i, (a, b)) in ours.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{} value {i}: ours {a:e}, gguf-py {b:e}", t.name);
+        }
+        types.push(t.ggml_type.name().unwrap());
+        eprintln!("{}: {} values identical to gguf-py's", t.name, ours.len());
+    }
+    assert_eq!(types, ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]);
 }
 
 /// The tiny llama vocabulary has no `<|endoftext|>`: HF still adds it (GPT2Tokenizer's default
@@ -216,7 +312,7 @@ fn smollm2_matches_hf() {
     let template = ckpt.tokenizer.chat_template.as_deref().unwrap();
     assert!(template.contains("<|im_start|>") && template.contains("<|im_end|>"), "not a ChatML template: {template}");
     check_config(&ckpt, &want["config"]);
-    check_tokenizer(&ckpt, &want);
+    check_tokenizer(&ckpt.tokenizer, &want);
     check_logits(&ckpt, &want, 1e-4);
 
     // Greedy decoding of the chat prompt, as HF generate(do_sample=False) did.
@@ -239,4 +335,69 @@ fn smollm2_matches_hf() {
     eprintln!("greedy answer: {text:?}");
     assert_eq!(gen, want_gen, "greedy continuation: ours {text:?} vs HF {:?}", greedy["text"]);
     assert!(text.contains("17 * 23"), "{text:?}");
+}
+
+/// The script's digest of a tensor: sum over i of bits_i * (2 i + 1) mod 2^64, bits_i the f32
+/// bit pattern of value i.
+fn position_digest(values: &[f32]) -> u64 {
+    values.iter().enumerate().fold(0u64, |acc, (i, x)| {
+        acc.wrapping_add(u64::from(x.to_bits()).wrapping_mul(2 * i as u64 + 1))
+    })
+}
+
+/// Gemma 3 270M in Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0 and F32 tensors, 268M values): every tensor
+/// dequantizes to gguf-py's values (digest of all of them, and sampled values bit for bit). The
+/// architecture itself is refused for inference, by name.
+#[test]
+fn gemma3_q4_k_m_dequantizes_as_gguf_py() {
+    use rayon::prelude::*;
+    let path = gemma3_path();
+    if !path.exists() {
+        eprintln!(
+            "skipped: gemma3_q4_k_m_dequantizes_as_gguf_py: {} not found; run `make model-gemma3` to fetch it",
+            path.display()
+        );
+        return;
+    }
+    let want = reference("gemma3_270m_q4_k_m");
+    let f = gguf::GgufFile::open(&path).unwrap_or_else(|e| panic!("{e:#}"));
+    let tensors = want["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), f.tensors.len(), "tensor count");
+    let t0 = std::time::Instant::now();
+    let checked: Vec<&str> = tensors
+        .par_iter()
+        .map(|w| {
+            let name = w["name"].as_str().unwrap();
+            let t = f.tensor(name).unwrap_or_else(|| panic!("no tensor {name}"));
+            let ty = t.ggml_type.name().unwrap();
+            assert_eq!(ty, w["type"].as_str().unwrap(), "{name}: type");
+            let dims: Vec<u64> = w["dims"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+            assert_eq!(t.dims, dims, "{name}: dims");
+            let values = f.tensor_f32(t).unwrap_or_else(|e| panic!("{e:#}"));
+            for s in w["samples"].as_array().unwrap() {
+                let (i, v) = (s[0].as_u64().unwrap() as usize, s[1].as_f64().unwrap() as f32);
+                assert_eq!(values[i].to_bits(), v.to_bits(), "{name} ({ty}) value {i}: ours {}, gguf-py {v}", values[i]);
+            }
+            let digest: u64 = w["digest"].as_str().unwrap().parse().unwrap();
+            assert_eq!(position_digest(&values), digest, "{name} ({ty}): digest of its {} values", values.len());
+            ty
+        })
+        .collect();
+    let mut count = std::collections::BTreeMap::new();
+    checked.iter().for_each(|ty| *count.entry(*ty).or_insert(0) += 1);
+    eprintln!(
+        "{}: {} tensors dequantized as gguf-py does ({count:?}) in {:.1} s",
+        path.display(),
+        checked.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(count.contains_key("Q4_K") && count.contains_key("Q6_K"), "{count:?}");
+    let e = format!("{:#}", gguf::load_model(&f).err().expect("gemma3 is not an architecture we run"));
+    assert!(e.contains("\"gemma3\"") && e.contains("general.architecture"), "{e}");
+    // Its SentencePiece vocabulary (262144 tokens, merges rebuilt from the token order, runs of
+    // spaces respelled, 6k added tokens), as transformers builds it.
+    let t0 = std::time::Instant::now();
+    let tok = gguf::load_tokenizer(&path).unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("Gemma 3 tokenizer built in {:.1} s", t0.elapsed().as_secs_f64());
+    check_tokenizer(&tok, &want);
 }

@@ -566,6 +566,52 @@ fn llama3_rope_scaling_is_parsed_from_either_layout_and_refuses_others() {
     assert!(format!("{:#}", c.validate().unwrap_err()).contains("low_freq_factor"));
 }
 
+/// llama.cpp's per-frequency divisors (`rope_freqs.weight`): the inverse frequencies divided by
+/// them; Llama 3's divisors fitted back to the scaling that makes them (Llama 3.1 and 3.2 sizes,
+/// and the hd-8 fixture's, whose one smoothed frequency leaves high_freq_factor to convention);
+/// divisors outside that formula fit nothing; bad lists are refused by name.
+#[test]
+fn rope_freq_factors_divide_and_llama3_ones_are_fitted_back() {
+    let llama3 = |factor, orig| coa_model::Llama3Rope {
+        factor,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: orig,
+    };
+    for (hd, theta, r) in [(128, 5e5, llama3(8.0, 8192.0)), (64, 5e5, llama3(32.0, 8192.0)), (8, 1e4, llama3(8.0, 64.0))] {
+        let inv = coa_model::ops::rope_inv_freq(hd, theta);
+        let factors = r.factors(&inv);
+        assert!(factors.iter().any(|&f| f > 1.0 && f < r.factor), "hd {hd}: no smoothed frequency");
+        assert_eq!(coa_model::Llama3Rope::fit(&inv, &factors), Some(r), "hd {hd}");
+        // Dividing by the factors is HF's scaling up to f32 rounding.
+        for (a, b) in inv.iter().zip(&factors).map(|(f, d)| f / d).zip(r.apply(&inv)) {
+            assert!((a - b).abs() <= 2e-7 * b, "hd {hd}: {a} vs {b}");
+        }
+    }
+    let inv = coa_model::ops::rope_inv_freq(8, 1e4);
+    assert_eq!(coa_model::Llama3Rope::fit(&inv, &[1.0, 3.0, 2.0, 8.0]), None, "not monotone: no llama3 scaling");
+    assert_eq!(coa_model::Llama3Rope::fit(&inv, &[1.0; 4]), None);
+
+    let base = r#""architectures":["LlamaForCausalLM"],"model_type":"llama","vocab_size":50,"hidden_size":32,
+        "intermediate_size":40,"num_hidden_layers":1,"num_attention_heads":4"#;
+    let with = |factors: &str| -> ModelConfig {
+        serde_json::from_str(&format!(r#"{{{base},"rope_theta":10000.0,"rope_freq_factors":{factors}}}"#)).unwrap()
+    };
+    let c = with("[1.0, 2.0, 4.0, 0.5]");
+    c.validate().unwrap();
+    let want: Vec<f32> = inv.iter().zip([1.0f32, 2.0, 4.0, 0.5]).map(|(f, d)| f / d).collect();
+    assert_eq!(c.rope_inv_freq(), want);
+    // The factors stand for the scaling: a rope_parameters beside them does not apply twice.
+    let mut both = c.clone();
+    both.extra.insert("rope_parameters".into(), serde_json::json!({"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}));
+    assert_eq!(both.rope_inv_freq(), want);
+    assert_eq!(serde_json::to_value(&c).unwrap()["rope_freq_factors"][1], 2.0, "written back");
+    for (bad, says) in [("[1.0, 2.0, 4.0]", "has 3 factors"), ("[1.0, 2.0, 0.0, 1.0]", "positive numbers"), ("\"x\"", "positive numbers")] {
+        let e = format!("{:#}", with(bad).validate().unwrap_err());
+        assert!(e.contains("rope_freq_factors") && e.contains(says), "{bad}: {e}");
+    }
+}
+
 /// Rows that share a prompt, packed as `prefix | tail 1 | tail 2 | …` with `shared_prefix`,
 /// compute what each `prefix | tail k` computes alone: the token statistics of every tail, and
 /// the sum of the rows' gradients. Sizes cross the 64-row attention blocks: a block holds the end

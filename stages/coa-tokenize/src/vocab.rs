@@ -222,7 +222,10 @@ impl Vocab {
         // text the same way; the fast path reproduces that.
         let plain_specials = added.values().all(|t| (t.special || !t.normalized) && !t.lstrip && !t.rstrip && !t.single_word);
         let bpe = matches!(tokenizer.get_model(), ModelWrapper::BPE(m) if m.dropout.is_none());
-        let fast = plain_specials && bpe && tokenizer.get_normalizer().is_none() && !tokenizer.get_encode_special_tokens();
+        // Metaspace (SentencePiece vocabularies) prepends ▁ to the text's first piece only, so it
+        // cannot run piece by piece between added tokens.
+        let piecewise = !tokenizer.get_pre_tokenizer().is_some_and(has_metaspace);
+        let fast = plain_specials && bpe && piecewise && tokenizer.get_normalizer().is_none() && !tokenizer.get_encode_special_tokens();
         let mut by_length: Vec<(String, u32)> = added.iter().map(|(id, t)| (t.content.clone(), *id)).collect();
         by_length.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
         let mut first_bytes = [false; 256];
@@ -480,6 +483,15 @@ fn post_processor_prefix(tokenizer: &Tokenizer) -> Result<Vec<u32>> {
     match (0..=with.len().saturating_sub(plain.len())).find(|&i| with[i..].starts_with(plain)) {
         Some(i) => Ok(with[..i].to_vec()),
         None => bail!("its post-processor changes the tokens of a sequence (not only adds special tokens around it): pass --bos explicitly"),
+    }
+}
+
+/// Whether a Metaspace pre-tokenizer is part of `p`.
+fn has_metaspace(p: &PreTokenizerWrapper) -> bool {
+    match p {
+        PreTokenizerWrapper::Metaspace(_) => true,
+        PreTokenizerWrapper::Sequence(s) => s.as_ref().iter().any(has_metaspace),
+        _ => false,
     }
 }
 

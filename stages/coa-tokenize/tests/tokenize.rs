@@ -788,3 +788,18 @@ fn an_untrained_span_overlapping_an_observation_is_an_error() {
     let err = coa_tokenize::encode_row_untrained(&v, "Q", text, &[obs as i32], &[text.len() as i32], &[coa_format::Span { start: 0, end: obs + 3 }]).unwrap_err();
     assert!(err.contains("overlaps") && err.contains("observation span"), "{err}");
 }
+
+/// A SentencePiece GGUF vocabulary (Metaspace pre-tokenizer: ▁ before the text's first piece
+/// only) encodes as the tokenizer itself does around added tokens: the cached per-piece path
+/// would put ▁ after every one of them.
+#[test]
+fn sentencepiece_gguf_encodes_as_its_tokenizer_around_added_tokens() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/fixtures/gguf/tiny_llama_spm.gguf");
+    let auto = coa_tokenize::SpecialChoice::Auto;
+    let v = Vocab::load(&path, &auto, &auto, &coa_tokenize::TemplateChoice::Auto).unwrap();
+    for text in ["<think>reasoning here</think> the answer", "a<think>b", "Hello world", "<code>x = 1</code>\n"] {
+        let mut ids = Vec::new();
+        v.encode_into(text, &mut ids).unwrap();
+        assert_eq!(ids, v.tokenizer.encode_fast(text, false).unwrap().get_ids(), "{text:?}");
+    }
+}

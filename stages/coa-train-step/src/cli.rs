@@ -60,12 +60,21 @@ pub struct TrainArgs {
     pub vocab_size: Option<usize>,
     /// The tokenizer the tokens were made with (a tokenizer.json as `coa-tokenize
     /// --save-tokenizer` writes it, with its tokenizer_config.json beside it, or a directory or
-    /// GGUF file holding one; default: the one in --init / --resume). Saved into every
-    /// checkpoint. When it has more tokens than the --init model (e.g. the CoA tags added to a
-    /// pretrained tokenizer), the embedding and an untied head grow to its size, each new row
-    /// the mean of the rows of the token's text as the base tokenizer splits it.
+    /// GGUF file holding one). Saved into every checkpoint. When it has more tokens than the
+    /// --init model (e.g. the CoA tags added to a pretrained tokenizer), the embedding and an
+    /// untied head grow to its size, each new row the mean of the rows of the token's text as the
+    /// base tokenizer splits it. Default: the one of --resume, or --init's own (an HF
+    /// directory's tokenizer.json or the GGUF's) when the model has a row for each of its ids
+    /// with the tags loading adds (a checkpoint this stage saved); a pretrained model's own
+    /// tokenizer lacks the tags, so without --tokenizer its vocabulary is left as it is (a
+    /// directory and a GGUF alike: the loss of plain text is transformers').
     #[arg(long, value_name = "FILE|DIR|GGUF")]
     pub tokenizer: Option<PathBuf>,
+    /// The tokenizer's EOS token, as given to coa-tokenize: `auto` (tokenizer_config.json's
+    /// eos_token beside it, a GGUF's EOS, else <|endoftext|>, <|end_of_text|> or </s>), `none`,
+    /// or a token. A saved checkpoint's config.json and generation_config.json carry it.
+    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
+    pub eos: SpecialChoice,
     /// Learning-rate factor of the embedding rows (and untied head rows) that --init grows for
     /// the tokenizer's new tokens (the CoA tags). Each starts at the mean of its base pieces, next
     /// to a common word's row (`<code>` beside `code`); a larger step on these rows alone tells
@@ -191,21 +200,44 @@ fn pick<T: PartialEq + std::fmt::Debug + Copy>(flag: &str, given: Option<T>, sav
 }
 
 /// Loads the tokenizer a checkpoint carries, as the stages that made its tokens resolved it.
-fn load_vocab(path: &Path) -> Result<Vocab> {
-    Vocab::load(path, &SpecialChoice::Auto, &SpecialChoice::Auto, &TemplateChoice::Auto).with_context(|| format!("tokenizer {}", path.display()))
+fn load_vocab(path: &Path, eos: &SpecialChoice) -> Result<Vocab> {
+    Vocab::load(path, &SpecialChoice::Auto, eos, &TemplateChoice::Auto).with_context(|| format!("tokenizer {}", path.display()))
 }
 
-/// The tokenizer of a run: --tokenizer, else the one inside the checkpoint it starts from.
+/// The tokenizer of a run: --tokenizer, else the one inside --resume, else --init's own when it
+/// fits the model unchanged (see `--tokenizer`). Without --tokenizer nothing grows: the 22 tags
+/// loading adds have no rows in a pretrained model, and rows for them would change its loss on
+/// plain text (the new rows take part in every softmax).
 fn run_vocab(args: &TrainArgs) -> Result<Option<Vocab>> {
     if let Some(t) = &args.tokenizer {
-        return load_vocab(t).map(Some);
+        return load_vocab(t, &args.eos).map(Some);
     }
-    for dir in [&args.resume, &args.init].into_iter().flatten() {
-        if dir.join(checkpoint::TOKENIZER_FILE).is_file() {
-            return load_vocab(dir).map(Some);
-        }
+    if let Some(dir) = &args.resume {
+        return match dir.join(checkpoint::TOKENIZER_FILE).is_file() {
+            true => load_vocab(dir, &args.eos).map(Some),
+            false => Ok(None),
+        };
     }
-    Ok(None)
+    let Some(init) = &args.init else { return Ok(None) };
+    let gguf = coa_model::gguf::is_gguf(init);
+    if !gguf && !init.join(checkpoint::TOKENIZER_FILE).is_file() {
+        return Ok(None);
+    }
+    let vocab = load_vocab(init, &args.eos)?;
+    let rows = if gguf {
+        coa_model::gguf::model_config(&coa_model::gguf::GgufFile::open(init)?)?.vocab_size
+    } else {
+        ModelConfig::from_file(&init.join("config.json")).with_context(|| format!("--init {}", init.display()))?.vocab_size
+    };
+    if vocab.rows_needed() > rows {
+        eprintln!(
+            "coa-train-step: --init {}'s own tokenizer has {} ids with the CoA tags, the model {rows} rows: its vocabulary is left as it is and no tokenizer is saved (pass --tokenizer, e.g. the one coa-tokenize --save-tokenizer wrote, to grow rows for the tags)",
+            init.display(),
+            vocab.rows_needed()
+        );
+        return Ok(None);
+    }
+    Ok(Some(vocab))
 }
 
 /// Builds the model of a fresh run from --init or --init-config.
@@ -446,7 +478,13 @@ fn prepare_trainer(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, d
         fit_model(&mut trainer.model, v, false)?;
     }
     trainer.share_prompts = !args.no_share_prompts;
-    data.check_model_fit(trainer.model.config.vocab_size, trainer.model.config.max_position_embeddings)?;
+    let fit = data.check_model_fit(trainer.model.config.vocab_size, trainer.model.config.max_position_embeddings);
+    match (fit, vocab, &args.init) {
+        (Err(e), None, Some(init)) => {
+            return Err(e.context(format!("no --tokenizer: the model of --init {} is not grown for tokens past its rows (give --tokenizer, the tokenizer the tokens were made with)", init.display())))
+        }
+        (fit, ..) => fit?,
+    }
     let supported = coa_kernels::model::check_supported(&trainer.model.config);
     let device = match gpu_for_model(device, args.device, supported, "trains this model").map_err(|e| anyhow!("{e}"))? {
         Some(info) => {

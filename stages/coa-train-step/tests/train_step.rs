@@ -334,6 +334,81 @@ fn checkpoint_holds_hf_files_tokenizer_and_state() {
     assert!(err.contains("--vocab-size"), "{err}");
 }
 
+/// A pretrained-like model of the test config: an HF directory (with a tokenizer.json of `ids`
+/// ids, no tags, no tokenizer_config.json; `eos` names id 0 `<|endoftext|>`, a known EOS) and
+/// the same model as a GGUF with that vocabulary.
+fn pretrained(e: &Env, name: &str, ids: usize, eos: bool) -> (PathBuf, PathBuf) {
+    let model = Model::init(ModelConfig::from_file(&e.config).unwrap(), 5).unwrap();
+    let dir = e.p(name);
+    model.save(&dir, coa_model::SaveDtype::F32).unwrap();
+    let token = |i: usize| if i == 0 && eos { "<|endoftext|>".to_string() } else { format!("t{i}") };
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..ids).map(|i| (token(i), serde_json::Value::from(i))).collect();
+    std::fs::write(dir.join("tokenizer.json"), serde_json::json!({"model": {"type": "BPE", "vocab": vocab, "merges": []}, "added_tokens": []}).to_string()).unwrap();
+    let mut w = coa_model::gguf::writer_of(&model).unwrap();
+    use coa_model::gguf::Value;
+    w.kv("tokenizer.ggml.model", Value::String("gpt2".into()));
+    w.kv("tokenizer.ggml.tokens", Value::Array((0..ids).map(|i| Value::String(token(i))).collect()));
+    w.kv("tokenizer.ggml.token_type", Value::Array((0..ids).map(|i| Value::I32(if i == 0 && eos { 3 } else { 1 })).collect()));
+    w.kv("tokenizer.ggml.merges", Value::Array(vec![]));
+    let gguf = e.p(&format!("{name}.gguf"));
+    w.write(&gguf).unwrap();
+    (dir, gguf)
+}
+
+/// Issue 47: `--init` of a pretrained model without `--tokenizer` leaves its vocabulary as it is,
+/// from an HF directory (which used to grow by the 22 tags its tokenizer gets on loading) and
+/// from a GGUF alike, so the first step's loss on plain text is the unchanged model's (what
+/// transformers computes: tests/parity).
+#[test]
+fn init_without_tokenizer_leaves_a_pretrained_vocabulary_unchanged() {
+    let e = env(5);
+    let rows = dataset(5, 7);
+    let (dir, gguf) = pretrained(&e, "pre", VOCAB, true);
+    let (ref_loss, _) = reference_step(&e.config, &rows, 5);
+    let first_loss = |init: &Path, extra: &[&str], name: &str| -> (f64, usize, String) {
+        let (m, ck) = (e.p(&format!("{name}.parquet")), e.p(name));
+        let mut a = vec!["-i", s(&e.tokens), "--init", s(init), "--steps", "1", "--batch-tokens", "1000", "--threads", "2", "--save", s(&ck), "-o", s(&m)];
+        a.extend_from_slice(extra);
+        let out = ok(&a);
+        let rows = ModelConfig::from_file(&ck.join("config.json")).unwrap().vocab_size;
+        (read_metrics(&m)[0].1 as f64, rows, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (from_dir, dir_rows, note) = first_loss(&dir, &[], "ck_dir");
+    let (from_gguf, gguf_rows, _) = first_loss(&gguf, &[], "ck_gguf");
+    assert_eq!((dir_rows, gguf_rows), (VOCAB, VOCAB), "no rows added");
+    assert!(note.contains("left as it is") && note.contains("--tokenizer"), "{note}");
+    assert_eq!(from_dir, from_gguf, "the same model from a directory and from a GGUF");
+    assert!((from_dir - ref_loss).abs() < 1e-5 * ref_loss, "loss {from_dir} vs the unchanged model's {ref_loss}");
+    // Growing for an explicit --tokenizer needs one that splits the tags into base pieces:
+    // tests/tests/hf_checkpoint.rs runs it on SmolLM2.
+}
+
+/// Issue 47: a tokenizer with no tokenizer_config.json and no usual EOS name asks for `--eos`,
+/// a flag this stage has (it used to suggest one only coa-tokenize had); `--eos none` and
+/// `--eos TOKEN` are taken, and the token goes into the saved config.
+#[test]
+fn a_tokenizer_without_an_eos_asks_for_the_eos_flag_it_has() {
+    let e = env(3);
+    let tags = coa_tokenize::tag_strings().len();
+    // 42 ids + the 22 tags fill the 64 rows: the tokenizer fits the model and is kept.
+    let (dir, _) = pretrained(&e, "noeos", VOCAB - tags, false);
+    let run_with = |extra: &[&str], name: &str| {
+        let out = e.p(name);
+        let mut a = vec!["-i", s(&e.tokens), "--init", s(&dir), "--steps", "1", "--threads", "2", "-o", s(&out)];
+        a.extend_from_slice(extra);
+        a.iter().map(|x| x.to_string()).collect::<Vec<_>>()
+    };
+    let err = fails(&args(&run_with(&[], "m0.parquet")));
+    assert!(err.contains("cannot tell the EOS token") && err.contains("--eos none"), "{err}");
+    ok(&args(&run_with(&["--eos", "none"], "m1.parquet")));
+    let ck = e.p("ck");
+    ok(&args(&run_with(&["--eos", "t7", "--save", s(&ck)], "m2.parquet")));
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(ck.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["eos_token_id"], 7, "{config}");
+    let err = fails(&args(&run_with(&["--eos", "nosuch"], "m3.parquet")));
+    assert!(err.contains("nosuch") && err.contains("--eos"), "{err}");
+}
+
 /// The arguments recorded in the provenance of a metrics table.
 fn recorded_args(path: &Path) -> Vec<String> {
     io::open(Some(path), &METRICS).unwrap().provenance().expect("provenance").args

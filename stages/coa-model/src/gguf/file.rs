@@ -183,7 +183,12 @@ impl GgmlType {
     pub const F16: GgmlType = GgmlType(1);
     pub const Q4_0: GgmlType = GgmlType(2);
     pub const Q4_1: GgmlType = GgmlType(3);
+    pub const Q5_0: GgmlType = GgmlType(6);
+    pub const Q5_1: GgmlType = GgmlType(7);
     pub const Q8_0: GgmlType = GgmlType(8);
+    pub const Q4_K: GgmlType = GgmlType(12);
+    pub const Q5_K: GgmlType = GgmlType(13);
+    pub const Q6_K: GgmlType = GgmlType(14);
     pub const BF16: GgmlType = GgmlType(30);
 
     fn entry(self) -> Option<&'static (u32, &'static str, u64, u64)> {
@@ -559,8 +564,8 @@ impl GgufFile {
         Ok(&self.bytes[start..start + n as usize])
     }
 
-    /// A tensor's values as f32, in file order (row-major over the HF shape). F32, F16, BF16,
-    /// Q8_0, Q4_0 and Q4_1 are dequantized exactly as gguf-py does; any other type is an error
+    /// A tensor's values as f32, in file order (row-major over the HF shape). The types of
+    /// [`dequant::SUPPORTED`] are dequantized exactly as gguf-py does; any other type is an error
     /// naming the file, the tensor and its type.
     pub fn tensor_f32(&self, t: &TensorInfo) -> Result<Vec<f32>> {
         if !t.ggml_type.is_supported() {

@@ -17,8 +17,10 @@
 //!
 //! - **The container** ([`file`]): GGUF v2 and v3 (header, every metadata type including nested
 //!   arrays, tensor infos, `general.alignment`, the data section), memory-mapped.
-//! - **Tensors** ([`dequant`]): F32, F16, BF16, Q8_0, Q4_0 and Q4_1, dequantized to f32 bit for bit
-//!   as gguf-py does (HF's loader calls it). Any other type is an error naming the tensor and type.
+//! - **Tensors** ([`dequant`]): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants
+//!   Q4_K, Q5_K, Q6_K (what Q4_K_M / Q5_K_M / Q6_K files hold), dequantized to f32 on load, bit for
+//!   bit as gguf-py does (HF's loader calls it). Any other type is an error naming the tensor and
+//!   type.
 //! - **Architectures** `llama` and `qwen2` (`general.architecture`). Tensor names map to HF's
 //!   (`token_embd` → `model.embed_tokens`, `blk.N.attn_q` → `model.layers.N.self_attn.q_proj`,
 //!   `attn_norm` → `input_layernorm`, `ffn_norm` → `post_attention_layernorm`, `output_norm` →
@@ -30,10 +32,14 @@
 //!   metadata: block_count, embedding_length, feed_forward_length, attention.head_count(_kv),
 //!   rope.freq_base, attention.layer_norm_rms_epsilon, context_length, rope.dimension_count
 //!   (llama's head_dim), vocab_size (else the token count), and the tokenizer's BOS/EOS/PAD/UNK
-//!   ids. Rope scaling (`<arch>.rope.scaling.*`, `rope_freqs.weight`) is refused: plain RoPE only.
-//! - **Tokenizer** ([`tokenizer`]): byte-level BPE from `tokenizer.ggml.*`, encoding exactly as
-//!   the `tokenizer.json` transformers derives, with the special tokens and
-//!   `tokenizer.chat_template`.
+//!   ids. Llama 3.x's `rope_freqs.weight` (per-frequency divisors of the RoPE frequencies, as
+//!   llama.cpp applies them) becomes the config's `rope_freq_factors`, plus the `rope_parameters`
+//!   (`rope_type: llama3`) that reproduce them where some do, for the HF checkpoints saved from
+//!   it (transformers' own GGUF loader drops the tensor: plain RoPE). Other rope scaling
+//!   (`<arch>.rope.scaling.type` other than none) is refused.
+//! - **Tokenizer** ([`tokenizer`]): byte-level BPE ("gpt2") or SentencePiece BPE ("llama": Llama
+//!   2, Mistral, Gemma, Phi-3) from `tokenizer.ggml.*`, encoding exactly as the `tokenizer.json`
+//!   transformers derives, with the special tokens and `tokenizer.chat_template`.
 //!
 //! Why a parser of our own: the crates on crates.io did not fit. `gguf-rs` turns metadata into
 //! `serde_json` values (losing the distinction between GGUF's integer and float widths and
@@ -174,10 +180,58 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig> {
             c.insert(hf.into(), json!(v));
         }
     }
-    let config = ModelConfig::from_json(&Json::Object(c))
+    let mut config = ModelConfig::from_json(&Json::Object(c))
         .with_context(|| format!("{path}: the model config from its metadata"))?;
+    if let Some(t) = file.tensor(ROPE_FREQS) {
+        set_rope_freq_factors(file, t, &mut config)?;
+    }
     config.validate().with_context(|| format!("{path}: the model config from its metadata"))?;
     Ok(config)
+}
+
+/// `x` as a JSON integer when it is one (HF writes context lengths so).
+fn whole(x: f32) -> Json {
+    if x.fract() == 0.0 && x.abs() < 1e15 { json!(x as i64) } else { json!(x) }
+}
+
+/// The tensor of Llama 3.x rope divisors llama.cpp's converter writes.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// `rope_freqs.weight` into `config`: its divisors as `rope_freq_factors` (none when all are 1),
+/// and the Llama 3 `rope_parameters` that give them, when some do.
+fn set_rope_freq_factors(file: &GgufFile, t: &TensorInfo, config: &mut ModelConfig) -> Result<()> {
+    let path = file.path().display();
+    let half = config.head_dim() / 2;
+    if t.dims != [half as u64] {
+        bail!(
+            "{path}: tensor `{ROPE_FREQS}` has dims {:?}, expected [{half}] (one factor per rope frequency of head dimension {})",
+            t.dims,
+            config.head_dim()
+        );
+    }
+    let factors = file.tensor_f32(t)?;
+    if let Some(i) = factors.iter().position(|f| !(f.is_finite() && *f > 0.0)) {
+        bail!("{path}: tensor `{ROPE_FREQS}` holds {} at index {i}; rope factors must be positive", factors[i]);
+    }
+    if factors.iter().all(|&f| f == 1.0) {
+        return Ok(());
+    }
+    let inv_freq = crate::ops::rope_inv_freq(config.head_dim(), config.rope_theta);
+    if let Some(r) = crate::config::Llama3Rope::fit(&inv_freq, &factors) {
+        config.extra.insert(
+            "rope_parameters".into(),
+            json!({
+                "rope_type": "llama3",
+                "rope_theta": config.rope_theta,
+                "factor": r.factor,
+                "low_freq_factor": r.low_freq_factor,
+                "high_freq_factor": r.high_freq_factor,
+                "original_max_position_embeddings": whole(r.original_max_position_embeddings),
+            }),
+        );
+    }
+    config.extra.insert(crate::config::ROPE_FREQ_FACTORS.into(), json!(factors));
+    Ok(())
 }
 
 /// GGUF tensor names outside the layers, with their HF names.
@@ -264,6 +318,50 @@ fn reorder_qk_rows(data: &[f32], n_head: usize, cols: usize, to_hf: bool) -> Res
     Ok(out)
 }
 
+/// `model` as llama.cpp's converter writes it, tokenizer aside: the `<arch>.*` metadata
+/// [`model_config`] reads back, `rope_freqs.weight` when the config has `rope_freq_factors`,
+/// and every parameter in F32 under its GGUF name (llama q/k rows permuted). For tests and tools
+/// that need a GGUF of a model; they add the `tokenizer.ggml.*` keys.
+pub fn writer_of(model: &Model) -> Result<GgufWriter> {
+    let c = &model.config;
+    let arch = c.model_type.as_str();
+    let mut w = GgufWriter::new();
+    let k = |s: &str| format!("{arch}.{s}");
+    let u32_of = |x: usize| Value::U32(x as u32);
+    w.kv("general.architecture", Value::String(arch.into()));
+    for (key, v) in [
+        ("block_count", c.num_hidden_layers),
+        ("context_length", c.max_position_embeddings),
+        ("embedding_length", c.hidden_size),
+        ("feed_forward_length", c.intermediate_size),
+        ("attention.head_count", c.num_attention_heads),
+        ("attention.head_count_kv", c.num_key_value_heads),
+        ("vocab_size", c.vocab_size),
+    ] {
+        w.kv(&k(key), u32_of(v));
+    }
+    if arch == "llama" {
+        w.kv(&k("rope.dimension_count"), u32_of(c.head_dim()));
+    }
+    w.kv(&k("rope.freq_base"), Value::F32(c.rope_theta as f32));
+    w.kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps as f32));
+    if let Some(factors) = c.rope_freq_factors()? {
+        w.tensor_f32(ROPE_FREQS, &[factors.len()], &factors);
+    }
+    for t in model.params.iter() {
+        let Some(name) = gguf_name(&t.name) else { bail!("parameter {} has no GGUF name", t.name) };
+        let data = match (arch, name.contains(".attn_q."), name.contains(".attn_k.")) {
+            ("llama", true, _) | ("llama", _, true) => {
+                let heads = if name.contains(".attn_q.") { c.num_attention_heads } else { c.num_key_value_heads };
+                permute_qk_rows(&t.data, heads, if t.shape.len() == 2 { t.shape[1] } else { 1 })?
+            }
+            _ => t.data.clone(),
+        };
+        w.tensor_f32(&name, &t.shape, &data);
+    }
+    Ok(w)
+}
+
 /// The model of a GGUF file, its parameters dequantized to f32 in HF order and layout.
 pub fn load_model(file: &GgufFile) -> Result<Model> {
     let path = file.path().display();
@@ -274,13 +372,13 @@ pub fn load_model(file: &GgufFile) -> Result<Model> {
             config.num_hidden_layers, config.tie_word_embeddings, config.model_type
         )
     };
-    if file.tensor("rope_freqs.weight").is_some() {
-        bail!("{path}: tensor `rope_freqs.weight` holds Llama 3 rope scaling factors, which are not supported (plain RoPE only)");
-    }
     let specs = param_specs(&config);
     let index: HashMap<&str, usize> = specs.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
     let mut jobs: Vec<(usize, &TensorInfo)> = Vec::with_capacity(specs.len());
     for t in &file.tensors {
+        if t.name == ROPE_FREQS {
+            continue; // read into the config
+        }
         let Some(&i) = hf_name(&t.name).as_deref().and_then(|hf| index.get(hf)) else {
             bail!("{path}: unexpected tensor `{}`: the model ({}) has no such parameter", t.name, describe());
         };
