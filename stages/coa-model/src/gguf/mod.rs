@@ -41,6 +41,9 @@
 //!   2, Mistral, Gemma, Phi-3) from `tokenizer.ggml.*`, encoding exactly as the `tokenizer.json`
 //!   transformers derives, with the special tokens and `tokenizer.chat_template`.
 //!
+//! Out ([`export`]): [`save`] writes a model and its byte-level BPE tokenizer as the GGUF file
+//! llama.cpp's converter would (F32, F16, BF16 or Q8_0), which this module reads back.
+//!
 //! Why a parser of our own: the crates on crates.io did not fit. `gguf-rs` turns metadata into
 //! `serde_json` values (losing the distinction between GGUF's integer and float widths and
 //! cutting arrays longer than a set maximum, e.g. a 49k-token vocabulary), does not expose where
@@ -51,7 +54,8 @@
 //! Tested by `tests/gguf.rs` (synthetic files written with [`GgufWriter`]: every dtype against
 //! hand-computed values, the q/k un-permutation, bad files) and `tests/gguf_parity.rs` (logits and
 //! token ids against HF transformers on committed fixtures; the real SmolLM2 file when `make
-//! model` has fetched it).
+//! model` has fetched it); the export by `tests/gguf_export.rs` (round trip in every dtype,
+//! gguf-py's reader and quantizer).
 
 pub mod dequant;
 pub mod export;
