@@ -51,6 +51,30 @@ fn byte_level(token: &Value) -> Value {
     Value::String(pieces.into_iter().map(|(s, _, _)| s).collect())
 }
 
+/// Where `make model` puts SmolLM2 (or `COA_SMOLLM2_GGUF`).
+fn smollm2_path() -> PathBuf {
+    match std::env::var_os("COA_SMOLLM2_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    }
+}
+
+/// The last row of logits after `ids`, and the `n` tokens greedy decoding appends.
+fn greedy(m: &Model, ids: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
+    let mut seq = ids.to_vec();
+    let mut first = Vec::new();
+    for _ in 0..n {
+        let v = m.config.vocab_size;
+        let logits = m.logits(&Seq::new(&seq)).unwrap();
+        let last = &logits[logits.len() - v..];
+        if first.is_empty() {
+            first = last.to_vec();
+        }
+        seq.push(last.iter().enumerate().fold((0, f32::MIN), |a, (i, &x)| if x > a.1 { (i, x) } else { a }).0 as u32);
+    }
+    (first, seq[ids.len()..].to_vec())
+}
+
 fn tokenizer_json(c: &GgufCheckpoint) -> String {
     c.tokenizer.tokenizer.to_string(false).unwrap()
 }
@@ -294,10 +318,7 @@ fn llama3_rope_parameters_become_rope_freqs() {
 /// the source's, and (F16) the same greedy tokens. Skips with a line when the file is absent.
 #[test]
 fn smollm2_exports_and_reads_back() {
-    let path = match std::env::var_os("COA_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
+    let path = smollm2_path();
     if !path.exists() {
         eprintln!("skipped: smollm2_exports_and_reads_back: {} not found; run `make model` to fetch it", path.display());
         return;
@@ -305,20 +326,7 @@ fn smollm2_exports_and_reads_back() {
     let src = load(&path);
     let prompt = "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n";
     let ids = src.tokenizer.tokenizer.encode(prompt, false).unwrap().get_ids().to_vec();
-    let greedy = |m: &Model| -> (Vec<f32>, Vec<u32>) {
-        let mut seq = ids.clone();
-        let mut first = Vec::new();
-        for _ in 0..6 {
-            let v = m.config.vocab_size;
-            let logits = m.logits(&Seq::new(&seq)).unwrap();
-            let last = &logits[logits.len() - v..];
-            if first.is_empty() {
-                first = last.to_vec();
-            }
-            seq.push(last.iter().enumerate().fold((0, f32::MIN), |a, (i, &x)| if x > a.1 { (i, x) } else { a }).0 as u32);
-        }
-        (first, seq[ids.len()..].to_vec())
-    };
+    let greedy = |m: &Model| greedy(m, &ids, 6);
     let (want_logits, want_tokens) = greedy(&src.model);
     let dir = tempfile::tempdir().unwrap();
     for (dtype, tol) in [(GgufDtype::F16, 1e-2), (GgufDtype::Q8_0, 5e-2)] {
@@ -341,4 +349,62 @@ fn smollm2_exports_and_reads_back() {
             assert_eq!(tokens, want_tokens, "{dtype}: greedy tokens");
         }
     }
+}
+
+/// A Python with llama-cpp-python: `COA_LLAMA_PYTHON`, else `.venv-llama` (`make
+/// .venv-llama/.ok` builds it from the pinned source package).
+fn llama_python() -> Option<PathBuf> {
+    let p = std::env::var_os("COA_LLAMA_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv-llama/bin/python"));
+    let ok = Command::new(&p).args(["-c", "import llama_cpp, numpy"]).output().is_ok_and(|o| o.status.success());
+    ok.then_some(p)
+}
+
+/// llama.cpp loads the exported files: on the tiny fixtures (F16) it tokenizes a text as we do;
+/// on SmolLM2 exported in F16 it decodes the chat prompt greedily to the same tokens as our
+/// model read from that file. Skips with a line without llama-cpp-python (or, for SmolLM2, the
+/// file).
+#[test]
+fn llama_cpp_loads_the_export_and_decodes_as_we_do() {
+    let Some(python) = llama_python() else {
+        eprintln!("skipped: llama_cpp_loads_the_export_and_decodes_as_we_do: no llama-cpp-python in .venv-llama (`make .venv-llama/.ok`, or COA_LLAMA_PYTHON)");
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/llama_cpp_greedy.py");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |file: &Path, ids: &[u32], n: usize, text: &str| -> serde_json::Value {
+        let ids = serde_json::to_string(ids).unwrap();
+        let out = Command::new(&python).arg(&script).arg(file).args([ids.as_str(), &n.to_string(), text]).output().unwrap();
+        assert!(out.status.success(), "{}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let ids_of = |v: &serde_json::Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
+    let text = "The quick brown fox jumps over the lazy dog 123";
+    for name in ["tiny_llama", "tiny_qwen2"] {
+        let src = load(&fixture(&format!("{name}.gguf")));
+        let out = dir.path().join(format!("{name}.F16.gguf"));
+        gguf::save(&src.model, &src.tokenizer, &out, GgufDtype::F16).unwrap();
+        let r = run(&out, &IDS, 1, text);
+        let ours = src.tokenizer.tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(ids_of(&r["tokenize"]), ours, "{name}: llama.cpp's tokens of {text:?}");
+        assert_eq!(r["n_vocab"].as_u64(), Some(src.model.config.vocab_size as u64), "{name}");
+        eprintln!("{name} F16: llama.cpp loads it and tokenizes as we do");
+    }
+    let smollm2 = smollm2_path();
+    if !smollm2.exists() {
+        eprintln!("skipped: the SmolLM2 part of llama_cpp_loads_the_export_and_decodes_as_we_do: run `make model`");
+        return;
+    }
+    let src = load(&smollm2);
+    let out = dir.path().join("smollm2.F16.gguf");
+    gguf::save(&src.model, &src.tokenizer, &out, GgufDtype::F16).unwrap();
+    let ours = load(&out);
+    let prompt = "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n";
+    let ids = ours.tokenizer.tokenizer.encode(prompt, false).unwrap().get_ids().to_vec();
+    let (_, tokens) = greedy(&ours.model, &ids, 8);
+    let r = run(&out, &ids, 8, prompt);
+    assert_eq!(ids_of(&r["tokenize"]), ids, "llama.cpp's tokens of the chat prompt");
+    assert_eq!(ids_of(&r["greedy"]), tokens, "greedy tokens: llama.cpp vs ours on the F16 file");
+    eprintln!("SmolLM2 F16: llama.cpp decodes {:?} as we do", ours.tokenizer.tokenizer.decode(&tokens, false).unwrap());
 }
