@@ -156,7 +156,11 @@ fn pre_name(pre: &Json) -> Result<&'static str> {
 
 fn short_json(v: &Json) -> String {
     let s = v.to_string();
-    if s.chars().count() > 200 { format!("{}…", s.chars().take(200).collect::<String>()) } else { s }
+    if s.chars().count() > 200 {
+        format!("{}…", s.chars().take(200).collect::<String>())
+    } else {
+        s
+    }
 }
 
 /// llama.cpp's token types.
@@ -172,10 +176,12 @@ pub fn tokenizer_metadata(tok: &GgufTokenizer, vocab_size: usize) -> Result<Vec<
     let model = &json["model"];
     let byte_level = json["decoder"]["type"] == "ByteLevel";
     if model["type"] != "BPE" || !byte_level {
+        let sentencepiece = model["byte_fallback"] == true;
         bail!(
-            "only byte-level BPE tokenizers can be written to GGUF; this one has model {} and decoder {}",
+            "only byte-level BPE tokenizers (model BPE, decoder ByteLevel: Llama 3, Qwen2, SmolLM) can be written to GGUF; this one has model {} and decoder {}{}",
             model["type"],
-            json["decoder"]["type"]
+            json["decoder"]["type"],
+            if sentencepiece { " (a SentencePiece vocabulary with byte fallback, as Llama 2, Mistral and Gemma have)" } else { "" }
         );
     }
     let pre = pre_name(&json["pre_tokenizer"])?;
@@ -221,10 +227,16 @@ pub fn tokenizer_metadata(tok: &GgufTokenizer, vocab_size: usize) -> Result<Vec<
         ("tokenizer.ggml.merges".to_string(), Value::Array(merges)),
     ];
     let s = &tok.specials;
-    for (key, t) in [("bos_token_id", &s.bos), ("eos_token_id", &s.eos), ("padding_token_id", &s.pad), ("unknown_token_id", &s.unk)] {
+    for (key, t) in
+        [("bos_token_id", &s.bos), ("eos_token_id", &s.eos), ("padding_token_id", &s.pad), ("unknown_token_id", &s.unk)]
+    {
         let Some(t) = t else { continue };
         if t.id as usize >= vocab_size {
-            bail!("the tokenizer's {key} {} ({:?}) is outside the model's {vocab_size} embedding rows", t.id, t.content);
+            bail!(
+                "the tokenizer's {key} {} ({:?}) is outside the model's {vocab_size} embedding rows",
+                t.id,
+                t.content
+            );
         }
         kv.push((format!("tokenizer.ggml.{key}"), Value::U32(t.id)));
     }
@@ -241,8 +253,8 @@ pub fn tokenizer_metadata(tok: &GgufTokenizer, vocab_size: usize) -> Result<Vec<
 /// it adds BOS / EOS is read from what its post-processor does.
 pub fn hf_tokenizer(dir: &Path) -> Result<GgufTokenizer> {
     let file = dir.join("tokenizer.json");
-    let tokenizer = Tokenizer::from_file(&file)
-        .map_err(|e| anyhow::anyhow!("{}: not a tokenizer.json ({e})", file.display()))?;
+    let tokenizer =
+        Tokenizer::from_file(&file).map_err(|e| anyhow::anyhow!("{}: not a tokenizer.json ({e})", file.display()))?;
     let config_path = dir.join("tokenizer_config.json");
     let config: Json = match std::fs::read_to_string(&config_path) {
         Ok(text) => serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config_path.display()))?,
@@ -259,7 +271,9 @@ pub fn hf_tokenizer(dir: &Path) -> Result<GgufTokenizer> {
     let (bos, eos) = (special("bos_token")?, special("eos_token")?);
     let ids = |with: bool| tokenizer.encode("a", with).map(|e| e.get_ids().to_vec()).map_err(anyhow::Error::msg);
     let (plain, with) = (ids(false)?, ids(true)?);
-    let added = |t: &Option<SpecialToken>, at: Option<&u32>| with.len() > plain.len() && t.as_ref().map(|t| t.id) == at.copied();
+    let added = |t: &Option<SpecialToken>, at: Option<&u32>| {
+        with.len() > plain.len() && t.as_ref().map(|t| t.id) == at.copied()
+    };
     let specials = SpecialTokens {
         add_bos: added(&bos, with.first()),
         add_eos: added(&eos, with.last()),
