@@ -116,8 +116,9 @@ openai-venv-optional:
 # A checkpoint out as GGUF for llama.cpp / Ollama / LM Studio (coa_model::gguf::save, through
 # examples/hf_to_gguf): the model, its tokenizer and chat template.
 #   make gguf CKPT=runs/<run>/rl/checkpoint [GGUF=out.gguf] [GGUF_DTYPE=F16|BF16|Q8_0|F32]
+# (default GGUF: model.<dtype>.gguf in the checkpoint directory, or <name>.<dtype>.gguf beside a .gguf)
 GGUF_DTYPE ?= F16
-GGUF        = $(CKPT)/model.$(GGUF_DTYPE).gguf
+GGUF        = $(if $(filter %.gguf,$(CKPT)),$(CKPT:.gguf=).$(GGUF_DTYPE).gguf,$(CKPT)/model.$(GGUF_DTYPE).gguf)
 .PHONY: gguf
 gguf:
 	@test -n "$(CKPT)" || { echo "make gguf: set CKPT=<checkpoint directory or .gguf>"; exit 1; }
