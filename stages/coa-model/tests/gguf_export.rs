@@ -106,6 +106,9 @@ fn export_round_trips_through_our_reader_in_every_dtype() {
                 assert_eq!(f.get(key), src_file.get(key), "{name} {dtype}: {key}");
             }
             assert_eq!(f.get_u64("general.file_type").unwrap(), Some(dtype.file_type() as u64));
+            // The name llama.cpp knows for each split (tiny_llama: GPT-2's; tiny_qwen2: qwen2's).
+            let pre = if name == "tiny_llama" { "gpt-2" } else { "qwen2" };
+            assert_eq!(f.get_str("tokenizer.ggml.pre").unwrap(), Some(pre), "{name}");
             // Every parameter is the dequantization of exactly what encode() made of it (for
             // llama after the q/k permutation and back), and matrices got the dtype.
             for (a, b) in back.model.params.iter().zip(src.model.params.iter()) {

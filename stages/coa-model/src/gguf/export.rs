@@ -131,12 +131,13 @@ pub fn save(model: &Model, tokenizer: &GgufTokenizer, path: &Path, dtype: GgufDt
 const PRE_NAMES: [&str; 5] = ["llama3", "tekken", "qwen2", "qwen35", "gpt-4o"];
 
 /// `tokenizer.ggml.pre` for the tokenizer's pre-tokenizer (as serialised in tokenizer.json):
-/// "gpt2" for plain byte-level with GPT-2's regex, else the name of its split regex. Any other
+/// "gpt-2" (llama.cpp's spelling; "gpt2" is unknown to it) for plain byte-level with GPT-2's
+/// regex, else the name of its split regex. Any other
 /// pre-tokenizer has no llama.cpp equivalent: an error saying what it is.
 fn pre_name(pre: &Json) -> Result<&'static str> {
     let ty = |v: &Json| v["type"].as_str().unwrap_or("").to_string();
     if ty(pre) == "ByteLevel" && pre["use_regex"].as_bool() == Some(true) {
-        return Ok("gpt2");
+        return Ok("gpt-2");
     }
     if let Some([split, bl]) = pre["pretokenizers"].as_array().map(Vec::as_slice) {
         if ty(split) == "Split" && ty(bl) == "ByteLevel" && bl["use_regex"].as_bool() == Some(false) {
