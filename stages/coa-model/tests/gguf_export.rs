@@ -280,6 +280,7 @@ fn bad_inputs_are_refused_with_the_file_and_what_was_expected() {
     let out = dir.path().join("spm.gguf");
     let e = format!("{:#}", gguf::save(&spm.model, &spm.tokenizer, &out, GgufDtype::F16).unwrap_err());
     assert!(e.contains("byte-level BPE") && e.contains("\"BPE\"") && e.contains("SentencePiece"), "{e}");
+    assert!(e.contains("spm.gguf: the tokenizer cannot be written"), "{e}");
     assert!(!out.exists(), "nothing written on error");
     // A pre-tokenizer llama.cpp has no name for.
     let mut src = load(&fixture("tiny_llama.gguf"));
@@ -291,6 +292,7 @@ fn bad_inputs_are_refused_with_the_file_and_what_was_expected() {
     .unwrap();
     src.tokenizer.tokenizer.with_pre_tokenizer(Some(split));
     let e = format!("{:#}", gguf::save(&src.model, &src.tokenizer, &out, GgufDtype::F16).unwrap_err());
+    assert!(e.contains("spm.gguf: the tokenizer cannot be written"), "{e}");
     assert!(e.contains("pre-tokenizer") && e.contains("llama.cpp") && e.contains("\\\\d"), "{e}");
     // A directory without tokenizer.json; a tokenizer_config.json naming a token the vocabulary lacks.
     let e = format!("{:#}", gguf::hf_tokenizer(dir.path()).unwrap_err());

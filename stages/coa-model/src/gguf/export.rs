@@ -120,7 +120,9 @@ pub fn quantize_q8_0(data: &[f32]) -> Vec<u8> {
 pub fn save(model: &Model, tokenizer: &GgufTokenizer, path: &Path, dtype: GgufDtype) -> Result<()> {
     model.check_layout()?;
     let mut w = super::writer_as(model, dtype)?;
-    for (k, v) in tokenizer_metadata(tokenizer, model.config.vocab_size)? {
+    let kv = tokenizer_metadata(tokenizer, model.config.vocab_size)
+        .with_context(|| format!("{}: the tokenizer cannot be written", path.display()))?;
+    for (k, v) in kv {
         w.kv(&k, v);
     }
     w.write(path).with_context(|| format!("writing GGUF file {}", path.display()))
@@ -132,15 +134,19 @@ const PRE_NAMES: [&str; 5] = ["llama3", "tekken", "qwen2", "qwen35", "gpt-4o"];
 
 /// `tokenizer.ggml.pre` for the tokenizer's pre-tokenizer (as serialised in tokenizer.json):
 /// "gpt-2" (llama.cpp's spelling; "gpt2" is unknown to it) for plain byte-level with GPT-2's
-/// regex, else the name of its split regex. Any other
-/// pre-tokenizer has no llama.cpp equivalent: an error saying what it is.
+/// regex, else the name of its split regex (isolating the matches, as llama.cpp splits). Any
+/// other pre-tokenizer (or one adding a prefix space) has no llama.cpp equivalent: an error
+/// saying what it is.
 fn pre_name(pre: &Json) -> Result<&'static str> {
     let ty = |v: &Json| v["type"].as_str().unwrap_or("").to_string();
-    if ty(pre) == "ByteLevel" && pre["use_regex"].as_bool() == Some(true) {
+    let byte_level =
+        |v: &Json, regex: bool| ty(v) == "ByteLevel" && v["use_regex"] == regex && v["add_prefix_space"] != true;
+    if byte_level(pre, true) {
         return Ok("gpt-2");
     }
     if let Some([split, bl]) = pre["pretokenizers"].as_array().map(Vec::as_slice) {
-        if ty(split) == "Split" && ty(bl) == "ByteLevel" && bl["use_regex"].as_bool() == Some(false) {
+        let isolated = ty(split) == "Split" && split["behavior"] == "Isolated" && split["invert"] != true;
+        if isolated && byte_level(bl, false) {
             if let Some(regex) = split["pattern"]["Regex"].as_str() {
                 if let Some(name) = PRE_NAMES.into_iter().find(|n| super::tokenizer::split_regex(n) == Some(regex)) {
                     return Ok(name);
