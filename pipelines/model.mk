@@ -112,3 +112,14 @@ $(OPENAI_VENV)/.ok: tests/openai/requirements.txt
 openai-venv-optional:
 	@$(MAKE) --no-print-directory openai-venv \
 		|| { rm -rf $(OPENAI_VENV); echo "make test: WARNING: no $(OPENAI_VENV) (pip could not install openai); the openai client part of coa-serve's test will skip"; }
+
+# A checkpoint out as GGUF for llama.cpp / Ollama / LM Studio (coa_model::gguf::save, through
+# examples/hf_to_gguf): the model, its tokenizer and chat template.
+#   make gguf CKPT=runs/<run>/rl/checkpoint [GGUF=out.gguf] [GGUF_DTYPE=F16|BF16|Q8_0|F32]
+# (default GGUF: model.<dtype>.gguf in the checkpoint directory, or <name>.<dtype>.gguf beside a .gguf)
+GGUF_DTYPE ?= F16
+GGUF        = $(if $(filter %.gguf,$(CKPT)),$(CKPT:.gguf=).$(GGUF_DTYPE).gguf,$(CKPT)/model.$(GGUF_DTYPE).gguf)
+.PHONY: gguf
+gguf:
+	@test -n "$(CKPT)" || { echo "make gguf: set CKPT=<checkpoint directory or .gguf>"; exit 1; }
+	$(CARGO) run --quiet --profile $(PROFILE) -p coa-model --example hf_to_gguf -- $(CKPT) $(GGUF) --dtype $(GGUF_DTYPE)

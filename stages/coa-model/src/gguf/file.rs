@@ -593,7 +593,7 @@ fn short(v: &Value) -> String {
 }
 
 /// Builds a GGUF v3 file: metadata and tensors with their raw data. For tests and tools (a tiny
-/// model for a stage's test); the loaders never write GGUF (a saved checkpoint is HF layout).
+/// model for a stage's test) and for the export ([`super::export::save`]).
 #[derive(Default)]
 pub struct GgufWriter {
     metadata: Vec<(String, Value)>,

@@ -41,6 +41,9 @@
 //!   2, Mistral, Gemma, Phi-3) from `tokenizer.ggml.*`, encoding exactly as the `tokenizer.json`
 //!   transformers derives, with the special tokens and `tokenizer.chat_template`.
 //!
+//! Out ([`export`]): [`save`] writes a model and its byte-level BPE tokenizer as the GGUF file
+//! llama.cpp's converter would (F32, F16, BF16 or Q8_0), which this module reads back.
+//!
 //! Why a parser of our own: the crates on crates.io did not fit. `gguf-rs` turns metadata into
 //! `serde_json` values (losing the distinction between GGUF's integer and float widths and
 //! cutting arrays longer than a set maximum, e.g. a 49k-token vocabulary), does not expose where
@@ -51,9 +54,11 @@
 //! Tested by `tests/gguf.rs` (synthetic files written with [`GgufWriter`]: every dtype against
 //! hand-computed values, the q/k un-permutation, bad files) and `tests/gguf_parity.rs` (logits and
 //! token ids against HF transformers on committed fixtures; the real SmolLM2 file when `make
-//! model` has fetched it).
+//! model` has fetched it); the export by `tests/gguf_export.rs` (round trip in every dtype,
+//! gguf-py's reader and quantizer).
 
 pub mod dequant;
+pub mod export;
 pub mod file;
 pub mod tokenizer;
 
@@ -65,6 +70,7 @@ use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use serde_json::{json, Map, Value as Json};
 
+pub use export::{hf_tokenizer, save, GgufDtype};
 pub use file::{GgmlType, GgufFile, GgufWriter, TensorInfo, Value};
 pub use tokenizer::{GgufTokenizer, SpecialToken, SpecialTokens};
 
@@ -144,7 +150,12 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig> {
         // transformers reads head_dim from rope.dimension_count for llama only.
         optional.push(("head_dim", "rope.dimension_count"));
     }
+    // What our export writes when head_dim is not hidden / heads (llama.cpp's n_embd_head_k).
+    optional.push(("head_dim", "attention.key_length"));
     for (hf, gguf) in optional {
+        if c.contains_key(hf) {
+            continue;
+        }
         if let Some(v) = file.get_u64(&key(gguf))? {
             c.insert(hf.into(), json!(v));
         }
@@ -318,17 +329,30 @@ fn reorder_qk_rows(data: &[f32], n_head: usize, cols: usize, to_hf: bool) -> Res
     Ok(out)
 }
 
-/// `model` as llama.cpp's converter writes it, tokenizer aside: the `<arch>.*` metadata
-/// [`model_config`] reads back, `rope_freqs.weight` when the config has `rope_freq_factors`,
-/// and every parameter in F32 under its GGUF name (llama q/k rows permuted). For tests and tools
-/// that need a GGUF of a model; they add the `tokenizer.ggml.*` keys.
+/// `model` as llama.cpp's converter writes it, tokenizer aside, every parameter in F32 (see
+/// [`writer_as`]). For tests and tools that need a GGUF of a model; they add the
+/// `tokenizer.ggml.*` keys.
 pub fn writer_of(model: &Model) -> Result<GgufWriter> {
+    writer_as(model, GgufDtype::F32)
+}
+
+/// `model` as llama.cpp's converter writes it, tokenizer aside: the `<arch>.*` metadata
+/// [`model_config`] reads back (and llama.cpp needs), `general.file_type`,
+/// `rope_freqs.weight` when the config has `rope_freq_factors` or a Llama 3 rope scaling, and
+/// every parameter under its GGUF name (llama q/k rows permuted), matrices encoded as `dtype`
+/// ([`export::encode`]).
+pub fn writer_as(model: &Model, dtype: GgufDtype) -> Result<GgufWriter> {
     let c = &model.config;
     let arch = c.model_type.as_str();
+    if !ARCHITECTURES.iter().any(|(a, _)| *a == arch) {
+        bail!("model_type {arch:?} cannot be written to GGUF (only \"llama\" and \"qwen2\")");
+    }
     let mut w = GgufWriter::new();
     let k = |s: &str| format!("{arch}.{s}");
     let u32_of = |x: usize| Value::U32(x as u32);
     w.kv("general.architecture", Value::String(arch.into()));
+    w.kv("general.file_type", Value::U32(dtype.file_type()));
+    w.kv("general.quantization_version", Value::U32(2));
     for (key, v) in [
         ("block_count", c.num_hidden_layers),
         ("context_length", c.max_position_embeddings),
@@ -343,9 +367,14 @@ pub fn writer_of(model: &Model) -> Result<GgufWriter> {
     if arch == "llama" {
         w.kv(&k("rope.dimension_count"), u32_of(c.head_dim()));
     }
+    if c.num_attention_heads > 0 && c.head_dim() * c.num_attention_heads != c.hidden_size {
+        // llama.cpp takes hidden / heads unless told.
+        w.kv(&k("attention.key_length"), u32_of(c.head_dim()));
+        w.kv(&k("attention.value_length"), u32_of(c.head_dim()));
+    }
     w.kv(&k("rope.freq_base"), Value::F32(c.rope_theta as f32));
     w.kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(c.rms_norm_eps as f32));
-    if let Some(factors) = c.rope_freq_factors()? {
+    if let Some(factors) = rope_divisors(c)? {
         w.tensor_f32(ROPE_FREQS, &[factors.len()], &factors);
     }
     for t in model.params.iter() {
@@ -357,9 +386,25 @@ pub fn writer_of(model: &Model) -> Result<GgufWriter> {
             }
             _ => t.data.clone(),
         };
-        w.tensor_f32(&name, &t.shape, &data);
+        let (ty, bytes) = export::encode(&data, &t.shape, dtype);
+        let dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
+        w.tensor(&name, &dims, ty, bytes);
     }
     Ok(w)
+}
+
+/// The per-frequency divisors llama.cpp applies for this config's rope: its `rope_freq_factors`
+/// as they are, else those of a Llama 3 scaling (plain frequency / scaled one); None for plain
+/// RoPE.
+fn rope_divisors(c: &ModelConfig) -> Result<Option<Vec<f32>>> {
+    if let Some(f) = c.rope_freq_factors()? {
+        return Ok(Some(f));
+    }
+    if c.rope_scaling()?.is_none() {
+        return Ok(None);
+    }
+    let plain = crate::ops::rope_inv_freq(c.head_dim(), c.rope_theta);
+    Ok(Some(plain.iter().zip(c.rope_inv_freq()).map(|(p, s)| p / s).collect()))
 }
 
 /// The model of a GGUF file, its parameters dequantized to f32 in HF order and layout.

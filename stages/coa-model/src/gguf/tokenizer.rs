@@ -96,7 +96,7 @@ pub struct GgufTokenizer {
 
 /// The pre-tokenizer split regex of each `tokenizer.ggml.pre` that transformers
 /// (`GGUF_PRE_TOKENIZER_SPLITS`) gives one; any other name keeps GPT-2's byte-level regex.
-fn split_regex(pre: &str) -> Option<&'static str> {
+pub(crate) fn split_regex(pre: &str) -> Option<&'static str> {
     const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const QWEN35: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
