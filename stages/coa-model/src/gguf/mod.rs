@@ -107,6 +107,18 @@ pub fn load_tokenizer(path: &Path) -> Result<GgufTokenizer> {
 /// The architectures read, with their HF class.
 const ARCHITECTURES: [(&str, &str); 2] = [("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM")];
 
+/// The whole-number hyper-parameters: HF config field, GGUF key (under `<arch>.`), read from and
+/// written to a config; the first four must be in a file, the others may be absent.
+const SHAPE_KEYS: [(&str, &str, fn(&ModelConfig) -> usize); 6] = [
+    ("hidden_size", "embedding_length", |c| c.hidden_size),
+    ("intermediate_size", "feed_forward_length", |c| c.intermediate_size),
+    ("num_hidden_layers", "block_count", |c| c.num_hidden_layers),
+    ("num_attention_heads", "attention.head_count", |c| c.num_attention_heads),
+    ("num_key_value_heads", "attention.head_count_kv", |c| c.num_key_value_heads),
+    ("max_position_embeddings", "context_length", |c| c.max_position_embeddings),
+];
+const REQUIRED_SHAPE_KEYS: usize = 4;
+
 /// `general.architecture`, checked against the ones we read.
 pub fn architecture(file: &GgufFile) -> Result<&str> {
     let path = file.path().display();
@@ -136,16 +148,10 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig> {
     let class = ARCHITECTURES.iter().find(|(a, _)| *a == arch).expect("checked").1;
     c.insert("architectures".into(), json!([class]));
     c.insert("model_type".into(), json!(arch));
-    for (hf, gguf) in [
-        ("hidden_size", "embedding_length"),
-        ("intermediate_size", "feed_forward_length"),
-        ("num_hidden_layers", "block_count"),
-        ("num_attention_heads", "attention.head_count"),
-    ] {
-        c.insert(hf.into(), json!(file.req_u64(&key(gguf))?));
+    for (hf, gguf, _) in &SHAPE_KEYS[..REQUIRED_SHAPE_KEYS] {
+        c.insert(hf.to_string(), json!(file.req_u64(&key(gguf))?));
     }
-    let mut optional =
-        vec![("num_key_value_heads", "attention.head_count_kv"), ("max_position_embeddings", "context_length")];
+    let mut optional: Vec<(&str, &str)> = SHAPE_KEYS[REQUIRED_SHAPE_KEYS..].iter().map(|(hf, gguf, _)| (*hf, *gguf)).collect();
     if arch == "llama" {
         // transformers reads head_dim from rope.dimension_count for llama only.
         optional.push(("head_dim", "rope.dimension_count"));
@@ -353,17 +359,10 @@ pub fn writer_as(model: &Model, dtype: GgufDtype) -> Result<GgufWriter> {
     w.kv("general.architecture", Value::String(arch.into()));
     w.kv("general.file_type", Value::U32(dtype.file_type()));
     w.kv("general.quantization_version", Value::U32(2));
-    for (key, v) in [
-        ("block_count", c.num_hidden_layers),
-        ("context_length", c.max_position_embeddings),
-        ("embedding_length", c.hidden_size),
-        ("feed_forward_length", c.intermediate_size),
-        ("attention.head_count", c.num_attention_heads),
-        ("attention.head_count_kv", c.num_key_value_heads),
-        ("vocab_size", c.vocab_size),
-    ] {
-        w.kv(&k(key), u32_of(v));
+    for (_, key, field) in SHAPE_KEYS {
+        w.kv(&k(key), u32_of(field(c)));
     }
+    w.kv(&k("vocab_size"), u32_of(c.vocab_size));
     if arch == "llama" {
         w.kv(&k("rope.dimension_count"), u32_of(c.head_dim()));
     }
