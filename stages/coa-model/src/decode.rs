@@ -351,6 +351,9 @@ impl Model {
     }
 
     fn extend_impl(&self, cache: &mut KvCache, items: &[(usize, &[u32])], all: bool) -> Result<Vec<f32>> {
+        if self.lora.is_some() {
+            anyhow::bail!("decoding reads the linear weights without the LoRA adapter: merge it first (Model::merge_lora; Model::load merges)");
+        }
         // A call runs one parallel loop per layer and op (~240 for a decode step of a 30-layer
         // model). From a thread outside rayon's pool each would be a job injected into the pool
         // and a wake-up of the blocked caller; run the whole call on a worker instead, whose

@@ -38,7 +38,7 @@ fn ignorable(name: &str) -> bool {
 }
 
 /// Decode one safetensors tensor to f32; errors name the tensor and file.
-fn to_f32(name: &str, file: &Path, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
+pub(crate) fn to_f32(name: &str, file: &Path, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(match dtype {
         Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
         Dtype::BF16 => bytes
@@ -97,7 +97,31 @@ impl Model {
     /// weights in f32, bf16 or f16). Missing, misshaped or unexpected tensors are errors naming
     /// the tensor and the expected shape. A tied model may or may not contain lm_head.weight.
     /// A GGUF file (see [`crate::gguf`]) loads too: the same model HF transformers derives from it.
+    ///
+    /// A directory with a PEFT LoRA adapter (`adapter_config.json`, see [`crate::lora`]) loads
+    /// as its base with the adapter merged in: the model it describes, ready to decode.
     pub fn load(dir: &Path) -> Result<Model> {
+        let mut m = Model::load_with_adapter(dir)?;
+        if let Some(lora) = m.lora.take() {
+            lora.merge_into(&m.config, &mut m.params).with_context(|| format!("merging the adapter of {}", dir.display()))?;
+        }
+        Ok(m)
+    }
+
+    /// [`Model::load`], but an adapter directory's adapter is kept apart ([`Model::lora`]),
+    /// to train it further.
+    pub fn load_with_adapter(dir: &Path) -> Result<Model> {
+        if crate::lora::Lora::is_adapter_dir(dir) {
+            let base = crate::lora::Lora::base_dir(dir)?;
+            let mut m = Model::load_base(&base).with_context(|| format!("the base model of adapter {}", dir.display()))?;
+            m.lora = Some(crate::lora::Lora::load(dir, &m.config)?);
+            return Ok(m);
+        }
+        Model::load_base(dir)
+    }
+
+    /// The model of `dir`'s config.json and weights, ignoring any adapter beside them.
+    pub fn load_base(dir: &Path) -> Result<Model> {
         if crate::gguf::is_gguf(dir) {
             return crate::gguf::load_model(&crate::gguf::GgufFile::open(dir)?);
         }

@@ -6,6 +6,7 @@
 //!   `forward_backward` with a caller-supplied d loss / d logp (SFT and RL share it).
 //! - [`gguf`]: a llama.cpp GGUF file (llama / qwen2; F32, F16, BF16, Q8_0, Q4_0, Q4_1) read as
 //!   the same model, tokenizer and chat template HF transformers derives from it.
+//! - [`lora`]: LoRA adapters (PEFT's config and file layout): forward, backward, merge.
 //! - [`decode`]: [`KvCache`] and batched incremental decoding (`prefill`, `decode_step`, `extend`).
 //! - [`quant`]: [`DecodeDtype`], the formats decoding can hold its weights in (f32, bf16, int8,
 //!   and bf16 with bf16 activations, which runs on AMX tiles or AVX-512 BF16 dot products where
@@ -23,6 +24,7 @@ pub mod config;
 pub mod decode;
 pub mod gguf;
 pub mod io;
+pub mod lora;
 pub mod model;
 pub mod ops;
 pub mod params;
@@ -34,6 +36,7 @@ pub(crate) mod simd;
 pub use config::{Llama3Rope, ModelConfig, TokenIds};
 pub use decode::KvCache;
 pub use io::SaveDtype;
+pub use lora::{Lora, LoraConfig};
 pub use model::{Model, Seq, TokenStats, Workspace};
 pub use quant::{DecodeDtype, MatmulDtype};
 pub use params::{layout, param_specs, LayerIdx, Layout, ParamSpec, Params, Tensor};

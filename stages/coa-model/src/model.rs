@@ -4,6 +4,7 @@
 use anyhow::{bail, Context, Result};
 
 use crate::config::ModelConfig;
+use crate::lora::{LoraActs, Target};
 use crate::ops;
 use crate::params::{layout, param_specs, LayerIdx, Layout, Params, Tensor};
 use crate::rng::{fnv1a, SplitMix64};
@@ -26,11 +27,15 @@ pub struct Model {
     /// The linear weights packed for decoding, from `params` as they are at the first decode
     /// call (decoding serves frozen weights: training never decodes; a clone starts without).
     decode_weights: std::sync::OnceLock<Option<crate::decode::DecodeWeights>>,
+    /// A LoRA adapter on the linear layers (see [`crate::lora`]), kept apart from `params`: the
+    /// forward adds its term, and with one `forward_backward` trains it alone (the base gets no
+    /// gradient). Decoding needs it merged ([`Model::merge_lora`]; [`Model::load`] merges).
+    pub lora: Option<crate::lora::Lora>,
 }
 
 impl Clone for Model {
     fn clone(&self) -> Model {
-        Model { config: self.config.clone(), params: self.params.clone(), frozen_layers: self.frozen_layers, matmul: self.matmul, decode_weights: Default::default() }
+        Model { config: self.config.clone(), params: self.params.clone(), frozen_layers: self.frozen_layers, matmul: self.matmul, decode_weights: Default::default(), lora: self.lora.clone() }
     }
 }
 
@@ -95,6 +100,7 @@ struct LayerActs {
     g: Vec<f32>,     // [T,I] gate_proj output
     u: Vec<f32>,     // [T,I] up_proj output
     a: Vec<f32>,     // [T,I] silu(g)*u
+    lora: [LoraActs; 7], // per LoRA target (Target as usize)
 }
 
 impl LayerActs {
@@ -216,7 +222,7 @@ impl Model {
                 t
             })
             .collect();
-        Ok(Model { config, params: Params { tensors }, frozen_layers: 0, matmul: Default::default(), decode_weights: Default::default() })
+        Ok(Model { config, params: Params { tensors }, frozen_layers: 0, matmul: Default::default(), decode_weights: Default::default(), lora: None })
     }
 
     /// The weights packed for decoding, packed on the first call in f32 unless
@@ -270,7 +276,7 @@ impl Model {
     /// Wrap existing parameters; errors unless they match the config's canonical layout.
     pub fn new(config: ModelConfig, params: Params) -> Result<Model> {
         config.validate()?;
-        let m = Model { config, params, frozen_layers: 0, matmul: Default::default(), decode_weights: Default::default() };
+        let m = Model { config, params, frozen_layers: 0, matmul: Default::default(), decode_weights: Default::default(), lora: None };
         m.check_layout()?;
         Ok(m)
     }
@@ -341,7 +347,10 @@ impl Model {
 
     /// Forward of one layer: `a.x` `[T, D]` holds the layer input on entry; the activations
     /// are written into `a` and the output residual into `y` `[T, D]`.
-    fn layer_forward(&self, li: &LayerIdx, a: &mut LayerActs, y: &mut [f32], cx: &SeqCtx) {
+    /// `l` is the layer's number; `train`: a training forward (LoRA dropout on, its activations
+    /// kept).
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward(&self, l: usize, li: &LayerIdx, a: &mut LayerActs, y: &mut [f32], cx: &SeqCtx, train: bool) {
         let c = &self.config;
         let (t, d, hd, nh, nkv, inter) =
             (cx.t, c.hidden_size, c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
@@ -351,16 +360,32 @@ impl Model {
         ops::linear_forward_as(self.matmul, &mut a.q, &a.h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
         ops::linear_forward_as(self.matmul, &mut a.k, &a.h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
         ops::linear_forward_as(self.matmul, &mut a.v, &a.h1, self.p(li.wv), self.pb(li.bv), t, d, kvd);
+        if let Some(lo) = &self.lora {
+            for (tg, out) in [(Target::Q, &mut a.q), (Target::K, &mut a.k), (Target::V, &mut a.v)] {
+                lo.forward(self.matmul, l, tg, &a.h1, out, t, train, Some(&mut a.lora[tg as usize]));
+            }
+        }
         ops::rope_forward(&mut a.q, &cx.cos, &cx.sin, nh, hd);
         ops::rope_forward(&mut a.k, &cx.cos, &cx.sin, nkv, hd);
         ops::attention_forward_prefix(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &cx.seg_start, cx.prefix, nh, nkv, hd, self.matmul);
         ops::linear_forward_as(self.matmul, &mut a.x2, &a.att, self.p(li.wo), self.pb(li.bo), t, qd, d);
+        if let Some(lo) = &self.lora {
+            lo.forward(self.matmul, l, Target::O, &a.att, &mut a.x2, t, train, Some(&mut a.lora[Target::O as usize]));
+        }
         a.x2.iter_mut().zip(&a.x).for_each(|(s, b)| *s += b);
         ops::rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x2, self.p(li.ln2), eps, d);
         ops::linear_forward_as(self.matmul, &mut a.g, &a.h2, self.p(li.wg), self.pb(li.bg), t, d, inter);
         ops::linear_forward_as(self.matmul, &mut a.u, &a.h2, self.p(li.wu), self.pb(li.bu), t, d, inter);
+        if let Some(lo) = &self.lora {
+            for (tg, out) in [(Target::Gate, &mut a.g), (Target::Up, &mut a.u)] {
+                lo.forward(self.matmul, l, tg, &a.h2, out, t, train, Some(&mut a.lora[tg as usize]));
+            }
+        }
         ops::swiglu_forward(&mut a.a, &a.g, &a.u);
         ops::linear_forward_as(self.matmul, y, &a.a, self.p(li.wd), self.pb(li.bd), t, inter, d);
+        if let Some(lo) = &self.lora {
+            lo.forward(self.matmul, l, Target::Down, &a.a, y, t, train, Some(&mut a.lora[Target::Down as usize]));
+        }
         y.iter_mut().zip(&a.x2).for_each(|(s, b)| *s += b);
     }
 
@@ -380,7 +405,7 @@ impl Model {
             };
             a.fit(&self.config, cx.t);
             a.x.copy_from_slice(&ws.x);
-            self.layer_forward(li, a, &mut ws.x, cx);
+            self.layer_forward(l, li, a, &mut ws.x, cx, keep_from.is_some());
         }
     }
 
@@ -477,9 +502,24 @@ impl Model {
         dloss_dlogp: &mut dyn FnMut(&TokenStats) -> Vec<f32>,
     ) -> Result<TokenStats> {
         self.check_layout()?;
-        grads
-            .check_same_layout(&self.params, "gradient buffer vs model parameters")
-            .context("forward_backward: grads must be Params::zeros_like(&model.params) (or an accumulation of it)")?;
+        // With an adapter only it trains: `grads` is laid out as its tensors, the base gets none.
+        let (mut base, mut lg) = match &self.lora {
+            Some(lora) => {
+                grads
+                    .check_same_layout(&lora.params, "gradient buffer vs LoRA adapter")
+                    .context("forward_backward with a LoRA adapter: grads must be Params::zeros_like(&lora.params)")?;
+                if self.frozen_layers > 0 {
+                    bail!("frozen layers and a LoRA adapter do not combine (the adapter trains every layer it targets)");
+                }
+                (None, Some(grads))
+            }
+            None => {
+                grads
+                    .check_same_layout(&self.params, "gradient buffer vs model parameters")
+                    .context("forward_backward: grads must be Params::zeros_like(&model.params) (or an accumulation of it)")?;
+                (Some(grads), None)
+            }
+        };
         let cx = self.check_seq(seq)?;
         let c = &self.config;
         let lay = layout(c);
@@ -545,12 +585,11 @@ impl Model {
         // ---- backward: head
         zeroed(&mut ws.dhs, n * d);
         {
-            let gw = &mut grads.tensors[wh].data;
             if cache {
                 // overwrite the probabilities with dlogits
                 let dl = &mut ws.head;
                 ops::logsoftmax_backward_from_probs(dl, &head.targets, &dlogp_row, v);
-                ops::linear_backward_as(self.matmul, Some((&mut ws.dhs, 1.0)), gw, None, dl, &ws.hs, self.p(wh), n, d, v);
+                self.lin_back(&mut base, wh, None, (&mut ws.dhs, 1.0), dl, &ws.hs, n, d, v);
             } else {
                 fit(&mut ws.head2, chunk * v);
                 for r0 in (0..n).step_by(chunk) {
@@ -559,74 +598,60 @@ impl Model {
                     let (zc, dzc) = (&mut ws.head[..m * v], &mut ws.head2[..m * v]);
                     ops::linear_forward_as(self.matmul, zc, &ws.hs[r0 * d..r1 * d], self.p(wh), None, m, d, v);
                     ops::logsoftmax_backward(dzc, zc, &row_lse[r0..r1], &head.targets[r0..r1], &dlogp_row[r0..r1], v);
-                    ops::linear_backward_as(
-                        self.matmul,
-                        Some((&mut ws.dhs[r0 * d..r1 * d], 1.0)),
-                        gw,
-                        None,
-                        dzc,
-                        &ws.hs[r0 * d..r1 * d],
-                        self.p(wh),
-                        m,
-                        d,
-                        v,
-                    );
+                    self.lin_back(&mut base, wh, None, (&mut ws.dhs[r0 * d..r1 * d], 1.0), dzc, &ws.hs[r0 * d..r1 * d], m, d, v);
                 }
             }
         }
         head.scatter(&mut ws.dhf, &ws.dhs, t, d);
         zeroed(&mut ws.dx, t * d);
-        ops::rmsnorm_backward(&mut ws.dx, &mut grads.tensors[lay.norm].data, &ws.dhf, &ws.x, self.p(lay.norm), &ws.rstd_f, d);
+        ws.back.fit(c, t);
+        let dnorm = norm_grad(&mut base, &mut ws.back.dnorm, lay.norm, d);
+        ops::rmsnorm_backward(&mut ws.dx, dnorm, &ws.dhf, &ws.x, self.p(lay.norm), &ws.rstd_f, d);
 
         // ---- backward: layers
-        ws.back.fit(c, t);
-        for (li, a) in lay.layers[frozen..].iter().zip(&ws.layers).rev() {
-            self.layer_backward(li, a, &cx, &mut ws.dx, grads, &mut ws.back);
+        for ((l, li), a) in lay.layers.iter().enumerate().skip(frozen).zip(&ws.layers).rev() {
+            self.layer_backward(l, li, a, &cx, &mut ws.dx, &mut base, &mut lg, &mut ws.back);
         }
-        if frozen == 0 {
-            ops::embedding_backward(&mut grads.tensors[lay.embed].data, &ws.dx, ids, d);
+        if let (0, Some(g)) = (frozen, base) {
+            ops::embedding_backward(&mut g.tensors[lay.embed].data, &ws.dx, ids, d);
         }
         Ok(stats)
     }
 
-    /// Backward of one layer: `dx[T,D]` holds d loss / d (layer output) on entry and
-    /// d loss / d (layer input) on exit.
+    /// Backward of one layer (number `l`): `dx[T,D]` holds d loss / d (layer output) on entry
+    /// and d loss / d (layer input) on exit. The base's gradients go into `base` (`None`: a
+    /// frozen base under LoRA), the adapter's into `lg`.
+    #[allow(clippy::too_many_arguments)]
     fn layer_backward(
         &self,
+        l: usize,
         li: &LayerIdx,
         a: &LayerActs,
         cx: &SeqCtx,
         dx: &mut [f32],
-        grads: &mut Params,
+        base: &mut Option<&mut Params>,
+        lg: &mut Option<&mut Params>,
         b: &mut BackBufs,
     ) {
         let c = &self.config;
         let (t, d, hd, nh, nkv, inter) =
             (cx.t, c.hidden_size, c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
         let (qd, kvd) = (nh * hd, nkv * hd);
-        let g = &mut grads.tensors;
         // MLP: x3 = x2 + down(silu(gate(h2)) * up(h2)), h2 = rmsnorm(x2)
-        {
-            let (dw, db) = grad_pair(g, li.wd, li.bd);
-            ops::linear_backward_as(self.matmul, Some((&mut b.da, 0.0)), dw, db, dx, &a.a, self.p(li.wd), t, inter, d);
-        }
+        self.lin_back(base, li.wd, li.bd, (&mut b.da, 0.0), dx, &a.a, t, inter, d);
+        self.lora_back(lg, l, Target::Down, &a.a, a, dx, &mut b.da, t);
         b.dg.iter_mut().for_each(|x| *x = 0.0);
         b.du.iter_mut().for_each(|x| *x = 0.0);
         ops::swiglu_backward(&mut b.dg, &mut b.du, &b.da, &a.g, &a.u);
-        {
-            let (dw, db) = grad_pair(g, li.wg, li.bg);
-            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 0.0)), dw, db, &b.dg, &a.h2, self.p(li.wg), t, d, inter);
-        }
-        {
-            let (dw, db) = grad_pair(g, li.wu, li.bu);
-            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 1.0)), dw, db, &b.du, &a.h2, self.p(li.wu), t, d, inter);
-        }
-        ops::rmsnorm_backward(dx, &mut g[li.ln2].data, &b.dh, &a.x2, self.p(li.ln2), &a.rstd2, d);
+        self.lin_back(base, li.wg, li.bg, (&mut b.dh, 0.0), &b.dg, &a.h2, t, d, inter);
+        self.lora_back(lg, l, Target::Gate, &a.h2, a, &b.dg, &mut b.dh, t);
+        self.lin_back(base, li.wu, li.bu, (&mut b.dh, 1.0), &b.du, &a.h2, t, d, inter);
+        self.lora_back(lg, l, Target::Up, &a.h2, a, &b.du, &mut b.dh, t);
+        let dn = norm_grad(base, &mut b.dnorm, li.ln2, d);
+        ops::rmsnorm_backward(dx, dn, &b.dh, &a.x2, self.p(li.ln2), &a.rstd2, d);
         // Attention: x2 = x + o_proj(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = rmsnorm(x)
-        {
-            let (dw, db) = grad_pair(g, li.wo, li.bo);
-            ops::linear_backward_as(self.matmul, Some((&mut b.datt, 0.0)), dw, db, dx, &a.att, self.p(li.wo), t, qd, d);
-        }
+        self.lin_back(base, li.wo, li.bo, (&mut b.datt, 0.0), dx, &a.att, t, qd, d);
+        self.lora_back(lg, l, Target::O, &a.att, a, dx, &mut b.datt, t);
         b.dq.iter_mut().for_each(|x| *x = 0.0);
         b.dk.iter_mut().for_each(|x| *x = 0.0);
         b.dv.iter_mut().for_each(|x| *x = 0.0);
@@ -649,19 +674,59 @@ impl Model {
         );
         ops::rope_backward(&mut b.dq, &cx.cos, &cx.sin, nh, hd);
         ops::rope_backward(&mut b.dk, &cx.cos, &cx.sin, nkv, hd);
-        {
-            let (dw, db) = grad_pair(g, li.wq, li.bq);
-            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 0.0)), dw, db, &b.dq, &a.h1, self.p(li.wq), t, d, qd);
+        self.lin_back(base, li.wq, li.bq, (&mut b.dh, 0.0), &b.dq, &a.h1, t, d, qd);
+        self.lora_back(lg, l, Target::Q, &a.h1, a, &b.dq, &mut b.dh, t);
+        self.lin_back(base, li.wk, li.bk, (&mut b.dh, 1.0), &b.dk, &a.h1, t, d, kvd);
+        self.lora_back(lg, l, Target::K, &a.h1, a, &b.dk, &mut b.dh, t);
+        self.lin_back(base, li.wv, li.bv, (&mut b.dh, 1.0), &b.dv, &a.h1, t, d, kvd);
+        self.lora_back(lg, l, Target::V, &a.h1, a, &b.dv, &mut b.dh, t);
+        let dn = norm_grad(base, &mut b.dnorm, li.ln1, d);
+        ops::rmsnorm_backward(dx, dn, &b.dh, &a.x, self.p(li.ln1), &a.rstd1, d);
+    }
+
+    /// A linear layer's backward (weight `w`, bias `bias`, `out[T,O] = x[T,I] wᵀ`): `dx` written
+    /// (beta 0) or added to (beta 1); the weight and bias gradients into `base`, none when it is
+    /// `None` (a frozen base: that product is skipped).
+    #[allow(clippy::too_many_arguments)]
+    fn lin_back(&self, base: &mut Option<&mut Params>, w: usize, bias: Option<usize>, dx: (&mut [f32], f32), dout: &[f32], x: &[f32], t: usize, i: usize, o: usize) {
+        match base {
+            Some(g) => {
+                let (dw, db) = grad_pair(&mut g.tensors, w, bias);
+                ops::linear_backward_as(self.matmul, Some(dx), dw, db, dout, x, self.p(w), t, i, o)
+            }
+            None => ops::linear_backward_input_as(self.matmul, dx.0, dx.1, dout, self.p(w), t, i, o),
         }
-        {
-            let (dw, db) = grad_pair(g, li.wk, li.bk);
-            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 1.0)), dw, db, &b.dk, &a.h1, self.p(li.wk), t, d, kvd);
+    }
+
+    /// The adapter's backward on layer `l`'s target `tg` (input `x`, d output `dy`), adding into
+    /// `dx` and the adapter gradients `lg`; nothing without an adapter there.
+    #[allow(clippy::too_many_arguments)]
+    fn lora_back(&self, lg: &mut Option<&mut Params>, l: usize, tg: Target, x: &[f32], a: &LayerActs, dy: &[f32], dx: &mut [f32], t: usize) {
+        if let (Some(lora), Some(g)) = (&self.lora, lg.as_deref_mut()) {
+            lora.backward(self.matmul, l, tg, x, &a.lora[tg as usize], dy, dx, g, t, true);
         }
-        {
-            let (dw, db) = grad_pair(g, li.wv, li.bv);
-            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 1.0)), dw, db, &b.dv, &a.h1, self.p(li.wv), t, d, kvd);
+    }
+
+    /// Merges the adapter into the base weights (`W += s · B A`, PEFT's `merge_and_unload`) and
+    /// drops it: the model then decodes, and saves as a plain checkpoint.
+    pub fn merge_lora(&mut self) -> Result<()> {
+        if let Some(lora) = self.lora.take() {
+            lora.merge_into(&self.config, &mut self.params)?;
+            self.decode_weights = Default::default();
         }
-        ops::rmsnorm_backward(dx, &mut g[li.ln1].data, &b.dh, &a.x, self.p(li.ln1), &a.rstd1, d);
+        Ok(())
+    }
+}
+
+/// The gradient buffer of a norm weight: `base`'s, or a scratch `[D]` whose result is dropped
+/// (a frozen base: the norm backward still yields d input).
+fn norm_grad<'a>(base: &'a mut Option<&mut Params>, scratch: &'a mut Vec<f32>, w: usize, d: usize) -> &'a mut [f32] {
+    match base {
+        Some(g) => &mut g.tensors[w].data,
+        None => {
+            fit(scratch, d);
+            scratch
+        }
     }
 }
 
@@ -676,6 +741,7 @@ struct BackBufs {
     da: Vec<f32>,   // [T,I]
     dg: Vec<f32>,   // [T,I]
     du: Vec<f32>,   // [T,I]
+    dnorm: Vec<f32>, // [D] a frozen norm's discarded weight gradient
 }
 
 impl BackBufs {

@@ -169,13 +169,20 @@ pub fn linear_backward_as(
     o: usize,
 ) {
     if let Some((dx, beta)) = dx {
-        gemm_as(dtype, t, i, o, dout, false, w, false, dx, beta);
+        linear_backward_input_as(dtype, dx, beta, dout, w, t, i, o);
     }
     gemm_as(dtype, o, i, t, dout, true, x, false, dw, 1.0);
     if let Some(db) = db {
         let partial = column_sums(dout, t, o);
         db.iter_mut().zip(&partial).for_each(|(a, b)| *a += b);
     }
+}
+
+/// The input half of [`linear_backward_as`]: `dx[T,I] = dout[T,O] @ w[O,I] + beta · dx` (a
+/// frozen weight needs no gradient of its own).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward_input_as(dtype: MatmulDtype, dx: &mut [f32], beta: f32, dout: &[f32], w: &[f32], t: usize, i: usize, o: usize) {
+    gemm_as(dtype, t, i, o, dout, false, w, false, dx, beta);
 }
 
 /// Σ over rows of `x[T,C]` → `[C]`, with fixed chunking (deterministic).
