@@ -24,6 +24,14 @@ pub enum SaveDtype {
 
 impl SaveDtype {
     /// The `torch_dtype` string of config.json.
+    /// Whether every value of `x` is stored exactly (bf16: weights that came from a bf16 file).
+    pub fn holds_exactly(self, x: &[f32]) -> bool {
+        match self {
+            SaveDtype::F32 => true,
+            SaveDtype::Bf16 => x.iter().all(|&v| half::bf16::from_f32(v).to_f32().to_bits() == v.to_bits()),
+        }
+    }
+
     pub fn torch_name(self) -> &'static str {
         match self {
             SaveDtype::F32 => "float32",

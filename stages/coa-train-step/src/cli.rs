@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{Array, ArrayRef, Float32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
 use coa_kernels::{gpu_for_model, select_device, Device, DeviceChoice, Gpu};
+use coa_model::lora::{Lora, LoraConfig, Target};
 use coa_model::{Model, ModelConfig, SaveDtype};
 use coa_tokenize::{fit_model, SpecialChoice, TemplateChoice, Vocab};
 use coa_schemas::stage::{IoArgs, Stage};
@@ -95,6 +96,25 @@ pub struct TrainArgs {
     /// and the loss stay f32.
     #[arg(long, value_name = "f32|bf16")]
     pub matmul: Option<coa_model::MatmulDtype>,
+    /// LoRA: train rank-R adapters (PEFT's `r`) on the --lora-targets linear layers instead of
+    /// the weights, which stay frozen (no gradient, no optimizer state). A fresh run's choice,
+    /// kept on resume; checkpoints hold the base and the adapter in PEFT's layout
+    /// (adapter_config.json, adapter_model.safetensors). --init of such a directory with
+    /// --lora-rank trains its adapter further (its settings are the defaults); without, the
+    /// merged model is fine-tuned. CPU only.
+    #[arg(long, value_name = "R", value_parser = coa_schemas::flags::positive::<usize>)]
+    pub lora_rank: Option<usize>,
+    /// LoRA's `lora_alpha`: the adapter's output is scaled by alpha / r. Default 8 (PEFT's).
+    #[arg(long, value_name = "A", value_parser = coa_schemas::flags::positive::<f64>)]
+    pub lora_alpha: Option<f64>,
+    /// LoRA's `lora_dropout`: dropout on the adapter's input, in training only (seeded by
+    /// --seed, the step and the row). Default 0.
+    #[arg(long, value_name = "P")]
+    pub lora_dropout: Option<f64>,
+    /// LoRA's `target_modules`: a comma-separated list of q_proj, k_proj, v_proj, o_proj,
+    /// gate_proj, up_proj, down_proj, or `all-linear`. Default q_proj,v_proj (PEFT's for Llama).
+    #[arg(long, value_name = "LIST")]
+    pub lora_targets: Option<String>,
     /// Continue the run saved in this checkpoint directory exactly.
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
@@ -243,7 +263,9 @@ fn run_vocab(args: &TrainArgs) -> Result<Option<Vocab>> {
 /// Builds the model of a fresh run from --init or --init-config.
 fn fresh_model(args: &TrainArgs, vocab: Option<&Vocab>, seed: u64) -> Result<(Model, String)> {
     if let Some(dir) = &args.init {
-        let model = Model::load(dir).with_context(|| format!("--init {}", dir.display()))?;
+        // An adapter directory keeps its adapter apart: trained further with --lora-rank, merged
+        // by Trainer::new otherwise.
+        let model = Model::load_with_adapter(dir).with_context(|| format!("--init {}", dir.display()))?;
         if let Some(v) = args.vocab_size {
             if v != model.config.vocab_size {
                 bail!("--vocab-size {v} differs from --init {}'s vocab_size {}", dir.display(), model.config.vocab_size);
@@ -318,12 +340,40 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let (mut trainer, origin) = build_trainer(args, objective, settings, saved.as_ref(), &data, vocab.as_ref())?;
     prepare_trainer(stage, args, &mut trainer, &mut data, device, vocab.as_ref())?;
     let data = data;
-    let save_dtype = match args.save_dtype {
-        SaveDtypeArg::F32 => SaveDtype::F32,
-        SaveDtypeArg::Bf16 => SaveDtype::Bf16,
-    };
+    let save_dtype = args.save_dtype.into();
     let run = train_loop(stage, args, &mut trainer, &data, vocab.as_ref(), save_dtype, &origin)?;
     write_outputs(stage, args, &mut trainer, &data, vocab.as_ref(), save_dtype, run)
+}
+
+impl From<SaveDtypeArg> for SaveDtype {
+    fn from(a: SaveDtypeArg) -> SaveDtype {
+        match a {
+            SaveDtypeArg::F32 => SaveDtype::F32,
+            SaveDtypeArg::Bf16 => SaveDtype::Bf16,
+        }
+    }
+}
+
+/// `coa-train-step merge-lora`: the adapter of `input` merged into its base, saved to `output`
+/// as a plain checkpoint with the tokenizer files found beside the adapter.
+pub fn run_merge(input: &Path, output: &Path, dtype: SaveDtype) -> Result<()> {
+    if !Lora::is_adapter_dir(input) {
+        bail!("-i {}: no {} there (not a LoRA adapter directory)", input.display(), coa_model::lora::ADAPTER_CONFIG);
+    }
+    checkpoint::check_save_dir(output)?;
+    let model = Model::load(input).with_context(|| format!("-i {}", input.display()))?;
+    let base = Lora::base_dir(input)?;
+    checkpoint::write_dir_atomically(output, |tmp| {
+        model.save(tmp, dtype)?;
+        for name in [checkpoint::TOKENIZER_FILE, "tokenizer_config.json"] {
+            if let Some(src) = [input, base.as_path()].iter().map(|d| d.join(name)).find(|p| p.is_file()) {
+                std::fs::copy(&src, tmp.join(name)).with_context(|| format!("copying {}", src.display()))?;
+            }
+        }
+        Ok(())
+    })?;
+    eprintln!("coa-train-step merge-lora: {} merged into {}", input.display(), output.display());
+    Ok(())
 }
 
 /// Checks the output paths and the flags that need no data, and sets up the thread pool.
@@ -437,7 +487,42 @@ fn resolve_settings(stage: &mut Stage, args: &TrainArgs, saved: Option<&TrainerS
     let schedule = Schedule::new(lr, min_lr, warmup, total_steps)?;
     let frozen_layers = pick("--freeze-layers", args.freeze_layers, s.map(|s| s.frozen_layers), 0, &args.resume)?;
     let matmul = pick("--matmul", args.matmul, s.map(|s| s.matmul), coa_model::MatmulDtype::F32, &args.resume)?;
-    Ok(Settings { seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens, new_rows: None, frozen_layers, matmul })
+    let lora = lora_settings(args, s.and_then(|s| s.lora.as_ref()))?;
+    Ok(Settings { seed, schedule, adamw, grad_clip, batch_tokens, micro_batch_tokens, new_rows: None, frozen_layers, matmul, lora })
+}
+
+/// The LoRA settings: the flags, else the checkpoint's (resume), else the --init adapter's, else
+/// PEFT's defaults; `None` without --lora-rank (nor a LoRA run to resume).
+fn lora_settings(args: &TrainArgs, saved: Option<&LoraConfig>) -> Result<Option<LoraConfig>> {
+    let targets = args.lora_targets.as_deref().map(Target::parse_list).transpose().context("--lora-targets")?;
+    if args.resume.is_some() && saved.is_none() && args.lora_rank.is_some() {
+        bail!("--lora-rank: the run of --resume fine-tunes every weight (no adapter); a resume continues the same run (start a new one with --init to train an adapter)");
+    }
+    let rank = args.lora_rank.or(saved.map(|l| l.rank));
+    let Some(rank) = rank else {
+        if args.lora_alpha.is_some() || args.lora_dropout.is_some() || targets.is_some() {
+            bail!("--lora-alpha, --lora-dropout and --lora-targets need --lora-rank R");
+        }
+        return Ok(None);
+    };
+    let from_init = match (&args.init, saved) {
+        (Some(dir), None) if Lora::is_adapter_dir(dir) => Some(Lora::read_config(dir).with_context(|| format!("--init {}", dir.display()))?.0),
+        _ => None,
+    };
+    let dflt = from_init.as_ref().or(saved);
+    let pr = &args.resume;
+    let config = LoraConfig {
+        rank: pick("--lora-rank", Some(rank), saved.map(|l| l.rank), rank, pr)?,
+        alpha: pick("--lora-alpha", args.lora_alpha, saved.map(|l| l.alpha), dflt.map_or(8.0, |l| l.alpha), pr)?,
+        dropout: pick("--lora-dropout", args.lora_dropout, saved.map(|l| l.dropout), dflt.map_or(0.0, |l| l.dropout), pr)?,
+        targets: match (targets, saved) {
+            (Some(t), Some(s)) if t != s.targets => bail!("--lora-targets {:?} differs from the checkpoint's {:?}; a resume continues the same run", args.lora_targets.as_deref().unwrap_or_default(), s.targets),
+            (Some(t), _) => t,
+            (None, _) => dflt.map_or_else(Target::peft_default, |l| l.targets.clone()),
+        },
+    };
+    config.validate().context("--lora-rank / --lora-alpha / --lora-dropout")?;
+    Ok(Some(config))
 }
 
 /// The trainer and a note of where it starts: the checkpoint of --resume, or a fresh model
@@ -485,7 +570,10 @@ fn prepare_trainer(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, d
         }
         (fit, ..) => fit?,
     }
-    let supported = coa_kernels::model::check_supported(&trainer.model.config);
+    let supported = match trainer.model.lora {
+        Some(_) => Err(coa_kernels::Error("LoRA (--lora-rank) has no GPU path yet".into())),
+        None => coa_kernels::model::check_supported(&trainer.model.config),
+    };
     let device = match gpu_for_model(device, args.device, supported, "trains this model").map_err(|e| anyhow!("{e}"))? {
         Some(info) => {
             let gpu = Gpu::open(&info).map_err(|e| anyhow!("--device {}: {e}", args.device))?;

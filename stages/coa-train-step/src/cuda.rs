@@ -37,6 +37,9 @@ impl Trainer {
     /// Moves training to the GPU: uploads the f32 masters and the AdamW moments, and allocates
     /// the buffers for passes of `max(--micro-batch-tokens, longest row)` tokens.
     pub fn to_cuda(&mut self, gpu: Arc<Gpu>, data: &Dataset) -> Result<()> {
+        if self.model.lora.is_some() {
+            bail!("--lora-rank with --device cuda: the GPU path has no LoRA yet; train the adapter with --device cpu");
+        }
         if self.state.settings.frozen_layers > 0 {
             bail!("--freeze-layers: the GPU path trains every layer (frozen layers are a CPU saving); drop the flag with --device cuda");
         }

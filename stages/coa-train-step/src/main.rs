@@ -48,6 +48,23 @@ struct Cli {
 enum Command {
     /// Draw a curve of a `metrics` table (loss by default) as a PNG, or bar panels from JSON.
     Plot(PlotArgs),
+    /// Merge a LoRA checkpoint's adapter into its base (W + alpha/r · B A) and write a plain HF
+    /// checkpoint (config, weights, tokenizer) that transformers loads without peft.
+    MergeLora(MergeArgs),
+}
+
+#[derive(Args)]
+struct MergeArgs {
+    /// The adapter directory (a --lora-rank checkpoint, or a PEFT adapter whose
+    /// base_model_name_or_path is a local model).
+    #[arg(short = 'i', long, value_name = "DIR")]
+    input: PathBuf,
+    /// The merged checkpoint directory to write.
+    #[arg(short = 'o', long, value_name = "DIR")]
+    output: PathBuf,
+    /// Storage dtype of the merged weights.
+    #[arg(long, value_enum, default_value = "f32")]
+    save_dtype: coa_train_step::cli::SaveDtypeArg,
 }
 
 #[derive(Args)]
@@ -92,6 +109,9 @@ fn main() -> ExitCode {
                     (None, None) => plot(s, p.input.as_deref(), &p.output, p.title.as_deref(), &p.column),
                 }
             })
+        }
+        Some(Command::MergeLora(m)) => {
+            stage::main("coa-train-step merge-lora", env!("CARGO_PKG_VERSION"), None, |_| coa_train_step::cli::run_merge(&m.input, &m.output, m.save_dtype.into()))
         }
         None => {
             stage::main("coa-train-step", env!("CARGO_PKG_VERSION"), cli.train.io.stats.clone(), |s| run_train(s, &cli.train))

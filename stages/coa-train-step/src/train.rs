@@ -56,6 +56,9 @@ pub struct Settings {
     /// absent from the file: f32).
     #[serde(default, skip_serializing_if = "is_f32")]
     pub matmul: coa_model::MatmulDtype,
+    /// LoRA: the adapter that trains instead of the weights (absent: full fine-tuning).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<coa_model::LoraConfig>,
 }
 
 fn is_f32(m: &coa_model::MatmulDtype) -> bool {
@@ -137,7 +140,16 @@ impl Trainer {
         let mut model = model;
         model.frozen_layers = settings.frozen_layers;
         model.matmul = settings.matmul;
-        let moments = model.params.tensors.iter().map(|t| Moments::zeros(t.data.len())).collect();
+        match (&settings.lora, &model.lora) {
+            (Some(_), _) if settings.frozen_layers > 0 => bail!("--freeze-layers and --lora-rank do not combine: the adapter trains every layer it targets"),
+            (Some(want), Some(have)) if *want != have.config => {
+                bail!("--lora-* settings {want:?} differ from the --init adapter's {:?}: give the adapter's (or drop --lora-rank to fine-tune the merged model)", have.config)
+            }
+            (Some(want), None) => model.lora = Some(coa_model::Lora::init(&model.config, want.clone(), settings.seed)?),
+            (None, Some(_)) => model.merge_lora()?,
+            _ => {}
+        }
+        let moments = trained(&model).tensors.iter().map(|t| Moments::zeros(t.data.len())).collect();
         let state = TrainerState {
             format: checkpoint::FORMAT.to_string(),
             objective: objective.name().to_string(),
@@ -156,13 +168,16 @@ impl Trainer {
     pub fn load(dir: &Path, data: &Dataset) -> Result<Trainer> {
         let state = TrainerState::read(dir)?;
         let objective = Objective::parse(&state.objective).with_context(|| format!("{}/{}", dir.display(), checkpoint::STATE_FILE))?;
-        let mut model = Model::load(dir).with_context(|| format!("--resume {}", dir.display()))?;
+        let mut model = Model::load_with_adapter(dir).with_context(|| format!("--resume {}", dir.display()))?;
         model.frozen_layers = state.settings.frozen_layers;
         model.matmul = state.settings.matmul;
-        let specs: Vec<(String, Vec<usize>)> = model.params.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+        if model.lora.as_ref().map(|l| &l.config) != state.settings.lora.as_ref() {
+            bail!("--resume {}: the adapter beside the model ({:?}) is not the LoRA of trainer_state.json ({:?})", dir.display(), model.lora.as_ref().map(|l| &l.config), state.settings.lora);
+        }
+        let specs: Vec<(String, Vec<usize>)> = trained(&model).tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
         let opt = checkpoint::read_optimizer(dir, &specs)?;
         if let Some(master) = opt.master {
-            for (t, m) in model.params.tensors.iter_mut().zip(master) {
+            for (t, m) in trained_mut(&mut model).tensors.iter_mut().zip(master) {
                 t.data = m;
             }
         }
@@ -202,12 +217,25 @@ impl Trainer {
             }
             None => None,
         };
-        let with_master = !matches!(dtype, SaveDtype::F32);
-        let params: Vec<(String, Vec<usize>, &[f32])> = self.model.params.tensors.iter().map(|t| (t.name.clone(), t.shape.clone(), t.data.as_slice())).collect();
+        // With LoRA the frozen base is saved beside the adapter (f32 unless `dtype` holds it
+        // exactly, e.g. a bf16 base: resuming needs it as it was) and the adapter in f32.
+        let lora = self.model.lora.as_ref();
+        let base_dtype = match lora {
+            Some(_) if !self.model.params.iter().all(|t| dtype.holds_exactly(&t.data)) => SaveDtype::F32,
+            _ => dtype,
+        };
+        let with_master = lora.is_none() && !matches!(dtype, SaveDtype::F32);
+        let params: Vec<(String, Vec<usize>, &[f32])> = trained(&self.model).tensors.iter().map(|t| (t.name.clone(), t.shape.clone(), t.data.as_slice())).collect();
         let opt = checkpoint::optimizer_bytes(&params, &self.moments, self.state.step, with_master)?;
         let state = serde_json::to_string_pretty(&self.state)?;
+        // PEFT's base_model_name_or_path: this directory, whose config.json and weights are the
+        // base (transformers with peft installed then loads the adapted model from it).
+        let abs = std::path::absolute(dir).with_context(|| format!("--save {}", dir.display()))?;
         checkpoint::write_dir_atomically(dir, |tmp| {
-            self.model.save(tmp, dtype)?;
+            self.model.save(tmp, base_dtype)?;
+            if let Some(l) = lora {
+                l.save(tmp, &abs.to_string_lossy())?;
+            }
             for (name, text) in tokenizer_files.iter().flatten() {
                 std::fs::write(tmp.join(name), text).with_context(|| format!("writing {name}"))?;
             }
@@ -251,14 +279,15 @@ impl Trainer {
         let n_tokens: usize = rows.iter().map(|&r| data.examples[r].input_ids.len()).sum();
         let step = self.state.step + 1;
         // Last step's gradient buffer, zeroed (a first step, or a model of another layout: a
-        // fresh one).
+        // fresh one). With LoRA: the adapter's tensors only.
         let mut grads = match self.cpu.grads.take() {
-            Some(mut g) if g.check_same_layout(&self.model.params, "").is_ok() => {
+            Some(mut g) if g.check_same_layout(trained(&self.model), "").is_ok() => {
                 g.tensors.iter_mut().for_each(|t| t.data.par_chunks_mut(1 << 14).for_each(|c| c.fill(0.0)));
                 g
             }
-            _ => self.model.params.zeros_like(),
+            _ => trained(&self.model).zeros_like(),
         };
+        let seed = self.state.settings.seed;
         let mut loss = 0.0f64;
         let mut sums = RlSums::default();
         let objective = self.objective;
@@ -276,6 +305,10 @@ impl Trainer {
                 let mut failed: Option<anyhow::Error> = None;
                 let (mut seq_loss, mut seq_sums) = (0.0f64, RlSums::default());
                 let seq = Seq { input_ids: &ids, segment_ids: seg.as_deref(), shared_prefix: pack.prefix };
+                if let Some(l) = &model.lora {
+                    // A mask per step and sequence (named by its first row): a resume draws the same.
+                    l.set_dropout_seed(coa_schemas::rng::fmix64(seed ^ (step << 32) ^ pack.rows[0] as u64));
+                }
                 // Each row's loss and d loss / d logp from its own statistics, placed back
                 // into the pack (the shared prefix has no target).
                 let mut dloss = |stats: &coa_model::TokenStats| {
@@ -312,7 +345,7 @@ impl Trainer {
         let lr = self.state.settings.schedule.lr_at(step);
         let adamw = self.state.settings.adamw;
         let trainable = self.trainable();
-        for ((p, g), m) in self.model.params.tensors.iter_mut().zip(grads.tensors.iter_mut()).zip(self.moments.iter_mut()) {
+        for ((p, g), m) in trained_mut(&mut self.model).tensors.iter_mut().zip(grads.tensors.iter_mut()).zip(self.moments.iter_mut()) {
             if clip < 1.0 {
                 g.data.par_iter_mut().for_each(|x| *x *= clip);
             }
@@ -355,6 +388,18 @@ impl Trainer {
             }
         };
         StepReport { step, loss, lr, grad_norm, targets: n_targets, tokens: n_tokens, rows: rows.len(), seconds: started.elapsed().as_secs_f64(), rl }
+    }
+}
+
+/// The tensors a run trains: the adapter's with LoRA, else the model's.
+pub fn trained(m: &Model) -> &Params {
+    m.lora.as_ref().map_or(&m.params, |l| &l.params)
+}
+
+pub fn trained_mut(m: &mut Model) -> &mut Params {
+    match m.lora.as_mut() {
+        Some(l) => &mut l.params,
+        None => &mut m.params,
     }
 }
 

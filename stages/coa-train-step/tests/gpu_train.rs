@@ -148,6 +148,7 @@ fn settings(steps: u64, lr: f64) -> Settings {
         new_rows: None,
         frozen_layers: 0,
         matmul: Default::default(),
+        lora: None,
     }
 }
 

@@ -855,3 +855,116 @@ fn progress_bar_only_on_a_terminal() {
     assert!(tty.contains("coa-train-step training") && tty.contains("eta"), "no progress bar on a terminal:\n{tty:?}");
     assert!(tty.contains("grad_norm"), "the log table is still printed:\n{tty:?}");
 }
+
+/// The adapter's tensors of a LoRA checkpoint.
+fn adapter(dir: &Path) -> Params {
+    Model::load_with_adapter(dir).unwrap().lora.unwrap().params
+}
+
+#[test]
+fn lora_trains_only_the_adapter_and_resumes_bit_identically() {
+    let e = env(14);
+    let lora = ["--lora-rank", "4", "--lora-alpha", "16", "--lora-dropout", "0.1", "--lora-targets", "all-linear"];
+    let full = e.p("full");
+    let mut a = base(&e, &["--steps", "8", "--save", s(&full), "-o", s(&e.p("full.parquet"))]);
+    a.extend(lora.iter().map(|x| x.to_string()));
+    ok(&args(&a));
+    // PEFT's layout, and the base as it started (the fresh model of --init-config, seed 5)
+    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(full.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!((cfg["peft_type"].as_str(), cfg["r"].as_u64(), cfg["lora_alpha"].as_f64(), cfg["lora_dropout"].as_f64()), (Some("LORA"), Some(4), Some(16.0), Some(0.1)));
+    assert_eq!(cfg["target_modules"].as_array().unwrap().len(), 7);
+    assert_eq!(cfg["base_model_name_or_path"].as_str().unwrap(), std::path::absolute(&full).unwrap().to_str().unwrap());
+    let fresh = Model::init(ModelConfig::from_file(&e.config).unwrap(), 5).unwrap();
+    assert_eq!(Model::load_base(&full).unwrap().params, fresh.params, "the base does not train");
+    let ad = adapter(&full);
+    assert!(ad.tensors.iter().filter(|t| t.name.contains("lora_B")).all(|t| t.data.iter().any(|&x| x != 0.0)), "every B trained");
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(full.join("trainer_state.json")).unwrap()).unwrap();
+    assert_eq!(state["lora"]["rank"], 4);
+    // the optimizer holds the adapter's moments only
+    let opt = std::fs::read(full.join("optimizer.safetensors")).unwrap();
+    assert!(opt.len() < 3 * 4 * ad.n_elements() + 64 * 1024, "optimizer state of {} bytes for {} adapter values", opt.len(), ad.n_elements());
+
+    // interrupted at step 4 (saved in bf16: the f32 base is kept in f32), resumed
+    let part = e.p("part");
+    let mut b = base(&e, &["--steps", "8", "--stop-at-step", "4", "--save", s(&part), "--save-dtype", "bf16", "-o", s(&e.p("a.parquet"))]);
+    b.extend(lora.iter().map(|x| x.to_string()));
+    ok(&args(&b));
+    ok(&["-i", s(&e.tokens), "--resume", s(&part), "--save", s(&part), "--threads", "1", "-o", s(&e.p("b.parquet"))]);
+    assert_eq!(adapter(&part), ad, "adapter differs after resume");
+    assert_eq!(Model::load_base(&part).unwrap().params, fresh.params);
+    assert!(std::fs::read(full.join("optimizer.safetensors")).unwrap() == std::fs::read(part.join("optimizer.safetensors")).unwrap(), "optimizer state differs");
+    let mut m_split = read_metrics(&e.p("a.parquet"));
+    m_split.extend(read_metrics(&e.p("b.parquet")));
+    let strip = |m: &[(i64, f32, f32, f32, i64)]| m.iter().map(|r| (r.0, r.1.to_bits(), r.2.to_bits(), r.3.to_bits(), r.4)).collect::<Vec<_>>();
+    assert_eq!(strip(&read_metrics(&e.p("full.parquet"))), strip(&m_split));
+    let err = fails(&["-i", s(&e.tokens), "--resume", s(&part), "--lora-rank", "8", "-o", s(&e.p("c.parquet"))]);
+    assert!(err.contains("--lora-rank 8") && err.contains("differs"), "{err}");
+
+    // Model::load merges; merge-lora writes the same weights as a plain checkpoint
+    let merged = e.p("merged");
+    ok(&["merge-lora", "-i", s(&full), "-o", s(&merged)]);
+    assert!(!merged.join("adapter_config.json").exists());
+    let mut want = Model::load_with_adapter(&full).unwrap();
+    want.merge_lora().unwrap();
+    assert_eq!(Model::load(&merged).unwrap().params, want.params);
+    assert_eq!(Model::load(&full).unwrap().params, want.params);
+    let err = fails(&["merge-lora", "-i", s(&merged), "-o", s(&e.p("m2"))]);
+    assert!(err.contains("adapter_config.json"), "{err}");
+
+    // --init of the adapter: with --lora-rank its adapter trains on (its settings the default),
+    // without it the merged model is fine-tuned
+    let more = e.p("more");
+    ok(&["-i", s(&e.tokens), "--init", s(&full), "--lora-rank", "4", "--steps", "1", "--save", s(&more), "-o", s(&e.p("d.parquet"))]);
+    assert_ne!(adapter(&more), ad);
+    let err = fails(&["-i", s(&e.tokens), "--init", s(&full), "--lora-rank", "8", "--steps", "1", "-o", s(&e.p("d.parquet"))]);
+    assert!(err.contains("--init adapter"), "{err}");
+    let plain = e.p("plain");
+    ok(&["-i", s(&e.tokens), "--init", s(&full), "--steps", "1", "--save", s(&plain), "-o", s(&e.p("d.parquet"))]);
+    assert!(!plain.join("adapter_config.json").exists());
+}
+
+#[test]
+fn lora_flags_are_checked() {
+    let e = env(4);
+    let o = e.p("m.parquet");
+    for (extra, want) in [
+        (vec!["--lora-alpha", "16"], "need --lora-rank"),
+        (vec!["--lora-rank", "4", "--lora-targets", "q_proj,qkv"], "qkv"),
+        (vec!["--lora-rank", "4", "--lora-dropout", "1.5"], "lora_dropout"),
+        (vec!["--lora-rank", "0"], "--lora-rank"),
+        (vec!["--lora-rank", "4", "--freeze-layers", "1"], "--freeze-layers"),
+        (vec!["--lora-rank", "4", "--device", "emu"], "LoRA"),
+    ] {
+        let mut a = base(&e, &["--steps", "1", "-o", s(&o)]);
+        a.extend(extra.iter().map(|x| x.to_string()));
+        let err = fails(&args(&a));
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    // a full fine-tune resumed with --lora-rank
+    let ck = e.p("ck");
+    ok(&args(&base(&e, &["--steps", "2", "--stop-at-step", "1", "--save", s(&ck), "-o", s(&o)])));
+    let err = fails(&["-i", s(&e.tokens), "--resume", s(&ck), "--lora-rank", "4", "-o", s(&o)]);
+    assert!(err.contains("--lora-rank") && err.contains("no adapter"), "{err}");
+}
+
+#[test]
+fn dapo_trains_a_lora_adapter() {
+    let dir = tempfile::tempdir().unwrap();
+    let scores = dir.path().join("scores.parquet");
+    write_scores(&scores, 3, None);
+    let config = write_config(dir.path());
+    let init = dir.path().join("init");
+    let tokens = dir.path().join("tokens.parquet");
+    write_tokens(&tokens, &dataset(4, 1));
+    ok(&["-i", s(&tokens), "--init-config", s(&config), "--steps", "1", "--lr", "1e-30", "--save", s(&init), "-o", s(&dir.path().join("m0.parquet"))]);
+    let out_dir = dir.path().join("rl");
+    let m = dir.path().join("rl.parquet");
+    ok(&["-i", s(&scores), "--objective", "dapo", "--init", s(&init), "--lora-rank", "4", "--lr", "1e-2", "--batch-tokens", "60", "--save", s(&out_dir), "-o", s(&m)]);
+    assert_eq!(Model::load_base(&out_dir).unwrap().params, Model::load(&init).unwrap().params, "the base does not train");
+    let ad = adapter(&out_dir);
+    assert!(ad.tensors.iter().any(|t| t.name.contains("v_proj.lora_B") && t.data.iter().any(|&x| x != 0.0)));
+    // the policy the next rollouts sample from is the adapted one
+    let (a, b) = (Model::load(&init).unwrap(), Model::load(&out_dir).unwrap());
+    let ids: Vec<u32> = (0..12).collect();
+    assert_ne!(a.logits(&Seq::new(&ids)).unwrap(), b.logits(&Seq::new(&ids)).unwrap());
+}
