@@ -394,7 +394,10 @@ impl Lora {
         let dropout = field("lora_dropout").map_or(Some(0.0), Value::as_f64).ok_or_else(|| bad("lora_dropout", "is not a number"))?;
         let targets = match field("target_modules") {
             Some(Value::String(s)) => Target::parse_list(s),
-            Some(Value::Array(a)) => a.iter().map(|x| x.as_str().map_or_else(|| Err(anyhow::anyhow!("not a string: {x}")), Target::parse)).collect::<Result<Vec<_>>>().map(|mut v| {
+            // PEFT matches an entry against a module path's tail, and writes `all-linear` out as
+            // full paths (model.layers.0.self_attn.q_proj, ...): the last part names the target
+            // (a layer it leaves out is then a missing tensor, named by `Lora::load`).
+            Some(Value::Array(a)) => a.iter().map(|x| x.as_str().map_or_else(|| Err(anyhow::anyhow!("not a string: {x}")), |s| Target::parse(s.rsplit('.').next().unwrap_or(s)))).collect::<Result<Vec<_>>>().map(|mut v| {
                 v.sort();
                 v.dedup();
                 v
@@ -409,6 +412,11 @@ impl Lora {
             ("fan_in_fan_out", field("fan_in_fan_out").is_none_or(|b| b == false)),
             ("modules_to_save", field("modules_to_save").is_none_or(|m| m.as_array().is_some_and(|a| a.is_empty()))),
             ("layers_to_transform", field("layers_to_transform").is_none()),
+            ("lora_bias", field("lora_bias").is_none_or(|b| b == false)),
+            ("exclude_modules", field("exclude_modules").is_none()),
+            ("trainable_token_indices", field("trainable_token_indices").is_none()),
+            ("layer_replication", field("layer_replication").is_none()),
+            ("target_parameters", field("target_parameters").is_none()),
             ("rank_pattern", field("rank_pattern").is_none_or(|m| m.as_object().is_some_and(|o| o.is_empty()))),
             ("alpha_pattern", field("alpha_pattern").is_none_or(|m| m.as_object().is_some_and(|o| o.is_empty()))),
         ] {

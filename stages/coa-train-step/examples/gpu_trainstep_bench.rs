@@ -82,6 +82,7 @@ fn main() -> Result<()> {
         new_rows: None,
         frozen_layers: 0,
         matmul: Default::default(),
+        lora: None,
     };
     let mut trainer = Trainer::new(model, Objective::Sft, &settings, &data)?;
     trainer.to_cuda(Arc::new(gpu), &data)?;
