@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""LoRA parity fixtures (stages/coa-model/tests/lora_parity.rs), made with HF transformers + PEFT
+"""LoRA parity fixtures (stages/coa-model/tests/parity.rs), made with HF transformers + PEFT
 on PyTorch CPU; and a check that PEFT loads an adapter coa-train-step saved.
 
 Runs on demand, not in CI; its outputs under tests/parity/fixtures/<case>/ are committed.

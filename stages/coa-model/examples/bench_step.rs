@@ -4,7 +4,8 @@
 //!
 //! Prints tokens/s of one SFT-style forward_backward (masked mean CE over every token). With a
 //! config.json the vocabulary is the file's (the vocab argument is ignored); `layers` overrides
-//! the number of decoder layers (a quick profile of a deep model).
+//! the number of decoder layers (a quick profile of a deep model). `COA_BENCH_LORA=R` trains a
+//! rank-R LoRA adapter on every linear layer instead of the weights.
 
 use std::time::Instant;
 
@@ -22,9 +23,13 @@ fn main() -> Result<()> {
         config.num_hidden_layers = l.parse()?;
     }
     let vocab = config.vocab_size;
-    let m = Model::init(config, 0)?;
+    let mut m = Model::init(config, 0)?;
+    if let Some(r) = std::env::var("COA_BENCH_LORA").ok().map(|r| r.parse::<usize>()).transpose()? {
+        let lc = coa_model::LoraConfig { rank: r, alpha: 2.0 * r as f64, dropout: 0.0, targets: coa_model::lora::Target::ALL.to_vec() };
+        m.lora = Some(coa_model::Lora::init(&m.config, lc, 0)?);
+    }
     let ids: Vec<u32> = (0..t as u32).map(|i| (i * 7919 + 13) % vocab as u32).collect();
-    let mut g = m.params.zeros_like();
+    let mut g = m.lora.as_ref().map_or(&m.params, |l| &l.params).zeros_like();
     let n = (t - 1) as f32;
     let mut ws = coa_model::Workspace::default();
     let mut step = |g: &mut coa_model::Params| {

@@ -1,12 +1,15 @@
 //! Parity with HF transformers (PyTorch CPU, f32) on the committed fixtures of
-//! tests/parity/fixtures/<case>/ (made by tests/parity/make_fixtures.py).
+//! tests/parity/fixtures/<case>/ (made by tests/parity/make_fixtures.py), and LoRA adapters
+//! with PEFT (fixtures lora_*/, made by tests/parity/make_lora_fixtures.py).
 //!
 //! Relative error of a tensor a against the reference b: max_i |a_i − b_i| / max_i |b_i|.
 //! Asserted: logits rel err < 1e-5; loss |a − b| < 1e-6; every parameter gradient rel err < 1e-4.
 
 use std::path::{Path, PathBuf};
 
-use coa_model::{Model, Params, Seq};
+use coa_model::lora::{Lora, LoraConfig, Target};
+use coa_model::rng::random_ids;
+use coa_model::{Model, ModelConfig, Params, SaveDtype, Seq, TokenIds};
 use safetensors::SafeTensors;
 use serde_json::Value;
 
@@ -170,4 +173,109 @@ fn packed_equals_separate_sequences() {
         let e = rel_err(&a.data, &b.data);
         assert!(e < 1e-5, "{}: packed vs separate rel err {e:.3e}", a.name);
     }
+}
+
+// ---- LoRA: adapters made by PEFT (tests/parity/make_lora_fixtures.py, fixtures lora_*/)
+//
+// The base and PEFT's adapter load through our loader and give PEFT's logits, loss and A / B
+// gradients (the tolerances above), and the merged model PEFT's merge_and_unload() logits. And
+// the other way: PEFT loads an adapter we save (where .venv-torch has peft; skipped with a line
+// saying so otherwise).
+
+fn check_lora_case(case: &str) {
+    let dir = fixtures().join(case);
+    let model = Model::load_with_adapter(&dir.join("adapter")).unwrap_or_else(|e| panic!("{case}: {e:#}"));
+    let lora = model.lora.as_ref().expect("the adapter is kept apart");
+    let info: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("inputs.json")).unwrap()).unwrap();
+    let ids: Vec<u32> = info["input_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let mask: Vec<f64> = info["loss_mask"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let bytes = std::fs::read(dir.join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let get = |name: &str| -> Vec<f32> {
+        let v = st.tensor(name).unwrap_or_else(|_| panic!("{case}: no {name} in expected.safetensors"));
+        v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    };
+    let seq = Seq::new(&ids);
+    let logits_err = rel_err(&model.logits(&seq).unwrap(), &get("logits"));
+    assert!(logits_err < 1e-5, "{case}: logits rel err {logits_err:.3e}");
+
+    let n: f64 = mask[1..].iter().sum();
+    let mut grads = lora.params.zeros_like();
+    let stats = model
+        .forward_backward(&seq, &mut grads, &mut |_| {
+            let mut d: Vec<f32> = mask.iter().map(|&x| (-x / n) as f32).collect();
+            d[0] = 0.0;
+            d
+        })
+        .unwrap();
+    let loss = -stats.logp[1..].iter().zip(&mask[1..]).map(|(&l, &w)| l as f64 * w).sum::<f64>() / n;
+    let le = (loss - info["loss"].as_f64().unwrap()).abs();
+    assert!(le < 1e-6, "{case}: loss {loss} vs PEFT's (abs err {le:.3e})");
+    let n_expected = st.names().iter().filter(|n| n.starts_with("grad.")).count();
+    assert_eq!(n_expected, grads.len(), "{case}: PEFT trains exactly the adapter's tensors");
+    let mut max_grad_err = 0f64;
+    for g in grads.iter() {
+        let e = rel_err(&g.data, &get(&format!("grad.{}", g.name)));
+        assert!(e < 1e-4, "{case}: gradient of {} rel err {e:.3e}", g.name);
+        max_grad_err = max_grad_err.max(e);
+    }
+
+    let merged = Model::load(&dir.join("adapter")).unwrap();
+    assert!(merged.lora.is_none());
+    let merged_err = rel_err(&merged.logits(&seq).unwrap(), &get("merged_logits"));
+    assert!(merged_err < 1e-5, "{case}: merged logits rel err {merged_err:.3e}");
+    eprintln!("{case}: logits rel err {logits_err:.2e}, loss abs err {le:.2e}, max A/B grad rel err {max_grad_err:.2e}, merged logits rel err {merged_err:.2e}");
+}
+
+#[test]
+fn parity_lora_llama_all_linear() {
+    check_lora_case("lora_llama_all_linear");
+}
+
+#[test]
+fn parity_lora_qwen2_default_targets() {
+    check_lora_case("lora_qwen2_default");
+}
+
+/// A Python with torch, transformers and peft: COA_TORCH_PYTHON, else .venv-torch.
+fn torch_python() -> Option<PathBuf> {
+    let p = std::env::var_os("COA_TORCH_PYTHON").map(PathBuf::from).unwrap_or_else(|| fixtures().join("../../../.venv-torch/bin/python"));
+    let ok = p.is_file() && std::process::Command::new(&p).args(["-c", "import peft, transformers, torch"]).output().is_ok_and(|o| o.status.success());
+    ok.then_some(p)
+}
+
+#[test]
+fn peft_loads_our_adapter() {
+    let Some(py) = torch_python() else {
+        eprintln!("skipped: peft_loads_our_adapter: no Python with torch, transformers and peft (`make .venv-torch/.ok`, or COA_TORCH_PYTHON)");
+        return;
+    };
+    let mut c = ModelConfig::preset("tiny", 71).unwrap();
+    (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) = (32, 48, 2, 4, 2);
+    c.tie_word_embeddings = false;
+    c.bos_token_id = Some(1);
+    c.eos_token_id = Some(TokenIds::One(2));
+    let mut m = Model::init(c, 4).unwrap();
+    let mut lora = Lora::init(&m.config, LoraConfig { rank: 4, alpha: 12.0, dropout: 0.05, targets: vec![Target::Q, Target::O, Target::Up, Target::Down] }, 9).unwrap();
+    for t in lora.params.iter_mut() {
+        t.data.iter_mut().enumerate().for_each(|(i, x)| *x += 0.05 * ((i % 13) as f32 - 6.0) / 6.0);
+    }
+    m.lora = Some(lora);
+    let dir = tempfile::tempdir().unwrap();
+    m.save(dir.path(), SaveDtype::F32).unwrap();
+    m.lora.as_ref().unwrap().save(dir.path(), &dir.path().to_string_lossy()).unwrap();
+    let ids = random_ids(15, 71, 8);
+    let logits = m.logits(&Seq::new(&ids)).unwrap();
+    let ids_f: Vec<f32> = ids.iter().map(|&x| x as f32).collect();
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (bi, bl) = (bytes(&ids_f), bytes(&logits));
+    let views = [
+        ("input_ids", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![ids.len()], &bi).unwrap()),
+        ("logits", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![ids.len(), 71], &bl).unwrap()),
+    ];
+    std::fs::write(dir.path().join("parity_logits.safetensors"), safetensors::tensor::serialize(views, None).unwrap()).unwrap();
+    let out = std::process::Command::new(&py).arg(fixtures().join("../make_lora_fixtures.py")).arg("--check-adapter").arg(dir.path()).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("OK"), "PEFT check failed:\n{text}");
+    eprintln!("{}", text.trim());
 }

@@ -636,6 +636,11 @@ fn train_loop(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: 
         total_steps,
         start_step + 1,
     );
+    if let Some(l) = &trainer.model.lora {
+        let c = &l.config;
+        let targets: Vec<&str> = c.targets.iter().map(|t| t.name()).collect();
+        eprintln!("coa-train-step: LoRA r {} alpha {} dropout {} on {}: {} trained params, the base frozen", c.rank, c.alpha, c.dropout, targets.join(","), l.params.n_elements());
+    }
     let threads = rayon::current_num_threads();
     let started = Instant::now();
     let mut reports: Vec<StepReport> = Vec::new();
