@@ -656,18 +656,23 @@ fn coa_rewards_like_advantages(r: &[f32]) -> Vec<f32> {
     r.iter().map(|x| (x - mean) / (std + 1e-6)).collect()
 }
 
+/// Scored rollouts (3 groups of 4) and a starting checkpoint for DAPO in `dir`: (scores, init).
+fn dapo_start(dir: &Path) -> (PathBuf, PathBuf) {
+    let scores = dir.join("scores.parquet");
+    write_scores(&scores, 3, None);
+    let config = write_config(dir);
+    let init = dir.join("init");
+    // A starting checkpoint (one SFT-free step is enough to have the HF files).
+    let tokens = dir.join("tokens.parquet");
+    write_tokens(&tokens, &dataset(4, 1));
+    ok(&["-i", s(&tokens), "--init-config", s(&config), "--steps", "1", "--lr", "1e-30", "--save", s(&init), "-o", s(&dir.join("m0.parquet"))]);
+    (scores, init)
+}
+
 #[test]
 fn dapo_trains_on_scored_rollouts_and_reports_rl_metrics() {
     let dir = tempfile::tempdir().unwrap();
-    let scores = dir.path().join("scores.parquet");
-    write_scores(&scores, 3, None);
-    let config = write_config(dir.path());
-    let init = dir.path().join("init");
-    let metrics = dir.path().join("m0.parquet");
-    // A starting checkpoint (one SFT-free step is enough to have the HF files).
-    let tokens = dir.path().join("tokens.parquet");
-    write_tokens(&tokens, &dataset(4, 1));
-    ok(&["-i", s(&tokens), "--init-config", s(&config), "--steps", "1", "--lr", "1e-30", "--save", s(&init), "-o", s(&metrics)]);
+    let (scores, init) = dapo_start(dir.path());
 
     let out_dir = dir.path().join("rl");
     let m = dir.path().join("rl.parquet");
@@ -950,13 +955,7 @@ fn lora_flags_are_checked() {
 #[test]
 fn dapo_trains_a_lora_adapter() {
     let dir = tempfile::tempdir().unwrap();
-    let scores = dir.path().join("scores.parquet");
-    write_scores(&scores, 3, None);
-    let config = write_config(dir.path());
-    let init = dir.path().join("init");
-    let tokens = dir.path().join("tokens.parquet");
-    write_tokens(&tokens, &dataset(4, 1));
-    ok(&["-i", s(&tokens), "--init-config", s(&config), "--steps", "1", "--lr", "1e-30", "--save", s(&init), "-o", s(&dir.path().join("m0.parquet"))]);
+    let (scores, init) = dapo_start(dir.path());
     let out_dir = dir.path().join("rl");
     let m = dir.path().join("rl.parquet");
     ok(&["-i", s(&scores), "--objective", "dapo", "--init", s(&init), "--lora-rank", "4", "--lr", "1e-2", "--batch-tokens", "60", "--save", s(&out_dir), "-o", s(&m)]);
