@@ -33,7 +33,7 @@ pub(crate) mod simd;
 
 pub use config::{Llama3Rope, ModelConfig, TokenIds};
 pub use decode::KvCache;
-pub use io::SaveDtype;
+pub use io::{parse_size, SaveDtype, SaveFormat, DEFAULT_MAX_SHARD_BYTES};
 pub use model::{Model, Seq, TokenStats, Workspace};
 pub use quant::{DecodeDtype, MatmulDtype};
 pub use params::{layout, param_specs, LayerIdx, Layout, ParamSpec, Params, Tensor};

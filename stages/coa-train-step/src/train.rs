@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use coa_kernels::GpuModel;
-use coa_model::{Model, Params, SaveDtype, Seq, Workspace};
+use coa_model::{Model, Params, SaveDtype, SaveFormat, Seq, Workspace};
 use coa_tokenize::Vocab;
 use coa_schemas::rows::Shown;
 use rayon::prelude::*;
@@ -192,7 +192,8 @@ impl Trainer {
     /// With a tokenizer, its HF files (`tokenizer.json`, `tokenizer_config.json`) are written too
     /// and its BOS/EOS/pad ids go into `config.json` and `generation_config.json`, so HF
     /// `generate`, vLLM and verl use the checkpoint unchanged.
-    pub fn save(&mut self, dir: &Path, tokenizer: Option<&Vocab>, dtype: SaveDtype) -> Result<()> {
+    pub fn save(&mut self, dir: &Path, tokenizer: Option<&Vocab>, format: impl Into<SaveFormat>) -> Result<()> {
+        let format = format.into();
         self.sync_from_cuda()?;
         let tokenizer_files = match tokenizer {
             Some(v) => {
@@ -202,12 +203,12 @@ impl Trainer {
             }
             None => None,
         };
-        let with_master = !matches!(dtype, SaveDtype::F32);
+        let with_master = !matches!(format.dtype, SaveDtype::F32);
         let params: Vec<(String, Vec<usize>, &[f32])> = self.model.params.tensors.iter().map(|t| (t.name.clone(), t.shape.clone(), t.data.as_slice())).collect();
         let opt = checkpoint::optimizer_bytes(&params, &self.moments, self.state.step, with_master)?;
         let state = serde_json::to_string_pretty(&self.state)?;
         checkpoint::write_dir_atomically(dir, |tmp| {
-            self.model.save(tmp, dtype)?;
+            self.model.save(tmp, format)?;
             for (name, text) in tokenizer_files.iter().flatten() {
                 std::fs::write(tmp.join(name), text).with_context(|| format!("writing {name}"))?;
             }

@@ -70,7 +70,7 @@ use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use serde_json::{json, Map, Value as Json};
 
-pub use export::{hf_tokenizer, save, GgufDtype};
+pub use export::{check_exportable, hf_tokenizer, hf_tokenizer_from, save, GgufDtype};
 pub use file::{GgmlType, GgufFile, GgufWriter, TensorInfo, Value};
 pub use tokenizer::{GgufTokenizer, SpecialToken, SpecialTokens};
 
@@ -347,12 +347,18 @@ pub fn writer_of(model: &Model) -> Result<GgufWriter> {
 /// `rope_freqs.weight` when the config has `rope_freq_factors` or a Llama 3 rope scaling, and
 /// every parameter under its GGUF name (llama q/k rows permuted), matrices encoded as `dtype`
 /// ([`export::encode`]).
-pub fn writer_as(model: &Model, dtype: GgufDtype) -> Result<GgufWriter> {
-    let c = &model.config;
+/// The GGUF architecture a model of `c` is written as; an error for one GGUF cannot hold.
+pub(crate) fn gguf_architecture(c: &ModelConfig) -> Result<&str> {
     let arch = c.model_type.as_str();
     if !ARCHITECTURES.iter().any(|(a, _)| *a == arch) {
         bail!("model_type {arch:?} cannot be written to GGUF (only \"llama\" and \"qwen2\")");
     }
+    Ok(arch)
+}
+
+pub fn writer_as(model: &Model, dtype: GgufDtype) -> Result<GgufWriter> {
+    let c = &model.config;
+    let arch = gguf_architecture(c)?;
     let mut w = GgufWriter::new();
     let k = |s: &str| format!("{arch}.{s}");
     let u32_of = |x: usize| Value::U32(x as u32);
