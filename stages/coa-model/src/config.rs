@@ -468,7 +468,8 @@ impl ModelConfig {
         if let Some(d) = &self.torch_dtype {
             o.insert("torch_dtype".into(), Value::from(d.clone()));
         }
-        if let Some(h) = self.head_dim {
+        // Qwen3 reads an absent head_dim as 128, not hidden_size / heads: always write it there.
+        if let Some(h) = self.head_dim.or((self.model_type == "qwen3").then(|| self.head_dim())) {
             o.insert("head_dim".into(), Value::from(h));
         }
         for (k, v) in &self.extra {

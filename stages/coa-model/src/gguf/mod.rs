@@ -353,6 +353,10 @@ pub fn writer_as(model: &Model, dtype: GgufDtype) -> Result<GgufWriter> {
     if !ARCHITECTURES.iter().any(|(a, _)| *a == arch) {
         bail!("model_type {arch:?} cannot be written to GGUF (only \"llama\" and \"qwen2\")");
     }
+    // llama.cpp's llama / qwen2 graphs attend to every earlier token: a window would be lost.
+    if c.layer_windows()?.iter().any(|&w| w > 0) {
+        bail!("a model with a sliding window (config field `sliding_window`) cannot be written to GGUF: llama.cpp's {arch} has none");
+    }
     let mut w = GgufWriter::new();
     let k = |s: &str| format!("{arch}.{s}");
     let u32_of = |x: usize| Value::U32(x as u32);
