@@ -16,7 +16,8 @@ fn main() -> Result<()> {
     let out = PathBuf::from(std::env::args().nth(1).context("usage: hf_check_export OUT_DIR")?);
     // (name, model_type, tied, attention_bias, dtype, sliding window: on layers 2.. for the Qwens,
     // every layer for Mistral; 40 input ids, so the windows cut)
-    let cases: Vec<(&str, &str, bool, bool, SaveDtype, Option<usize>)> = vec![
+    type Case = (&'static str, &'static str, bool, bool, SaveDtype, Option<usize>);
+    let cases: Vec<Case> = vec![
         ("llama_tied_f32", "llama", true, false, SaveDtype::F32, None),
         ("llama_tied_bf16", "llama", true, false, SaveDtype::Bf16, None),
         ("llama_untied_bias_f32", "llama", false, true, SaveDtype::F32, None),
