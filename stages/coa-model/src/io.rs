@@ -229,10 +229,7 @@ impl Model {
         let mut config = self.config.clone();
         config.torch_dtype = Some(dtype.torch_name().to_string());
         if config.architectures.is_empty() {
-            config.architectures = vec![match config.model_type.as_str() {
-                "qwen2" => "Qwen2ForCausalLM".to_string(),
-                _ => "LlamaForCausalLM".to_string(),
-            }];
+            config.architectures = vec![crate::config::hf_architecture(&config.model_type).to_string()];
         }
         let cfg_text = serde_json::to_string_pretty(&config.to_json())? + "\n";
         write_atomically_now(&dir.join("config.json"), cfg_text.as_bytes())?;

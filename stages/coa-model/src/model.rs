@@ -8,7 +8,7 @@ use crate::ops;
 use crate::params::{layout, param_specs, LayerIdx, Layout, Params, Tensor};
 use crate::rng::{fnv1a, SplitMix64};
 
-/// A Llama / Qwen2 decoder with f32 parameters.
+/// A Llama / Qwen2 / Qwen3 / Mistral decoder with f32 parameters.
 #[derive(Debug)]
 pub struct Model {
     pub config: ModelConfig,
@@ -95,6 +95,11 @@ struct LayerActs {
     g: Vec<f32>,     // [T,I] gate_proj output
     u: Vec<f32>,     // [T,I] up_proj output
     a: Vec<f32>,     // [T,I] silu(g)*u
+    // Qwen3's q/k norm only (else empty): q, k before the norm, and the norm's rstd.
+    qr: Vec<f32>,    // [T,Hq*hd]
+    kr: Vec<f32>,    // [T,Hk*hd]
+    rstdq: Vec<f32>, // [T,Hq]
+    rstdk: Vec<f32>, // [T,Hk]
 }
 
 impl LayerActs {
@@ -116,6 +121,15 @@ impl LayerActs {
             (&mut self.g, t * i),
             (&mut self.u, t * i),
             (&mut self.a, t * i),
+        ] {
+            fit(v, n);
+        }
+        let qk = if c.qk_norm() { t } else { 0 };
+        for (v, n) in [
+            (&mut self.qr, qk * qd),
+            (&mut self.kr, qk * kvd),
+            (&mut self.rstdq, qk * c.num_attention_heads),
+            (&mut self.rstdk, qk * c.num_key_value_heads),
         ] {
             fit(v, n);
         }
@@ -181,6 +195,8 @@ struct SeqCtx {
     prefix: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// Each layer's sliding window (0: none), [`ModelConfig::layer_windows`].
+    windows: Vec<usize>,
 }
 
 impl Model {
@@ -194,7 +210,7 @@ impl Model {
             .into_iter()
             .map(|s| {
                 let mut t = Tensor::zeros(s.name.clone(), s.shape.clone());
-                if s.name.ends_with("layernorm.weight") || s.name == "model.norm.weight" {
+                if s.name.ends_with("norm.weight") {
                     t.data.iter_mut().for_each(|x| *x = 1.0);
                 } else if s.name.ends_with(".weight") {
                     let mut rng = SplitMix64::new(seed ^ fnv1a(&s.name).rotate_left(17));
@@ -328,7 +344,8 @@ impl Model {
         }
         let (pos, seg_start) = ops::segment_layout_prefix(t, seq.segment_ids, seq.shared_prefix)?;
         let (cos, sin) = self.config.rope_tables(&pos);
-        Ok(SeqCtx { t, seg_start, prefix: seq.shared_prefix, cos, sin })
+        let windows = self.config.layer_windows()?;
+        Ok(SeqCtx { t, seg_start, prefix: seq.shared_prefix, cos, sin, windows })
     }
 
     fn p(&self, i: usize) -> &[f32] {
@@ -341,19 +358,25 @@ impl Model {
 
     /// Forward of one layer: `a.x` `[T, D]` holds the layer input on entry; the activations
     /// are written into `a` and the output residual into `y` `[T, D]`.
-    fn layer_forward(&self, li: &LayerIdx, a: &mut LayerActs, y: &mut [f32], cx: &SeqCtx) {
+    fn layer_forward(&self, li: &LayerIdx, window: usize, a: &mut LayerActs, y: &mut [f32], cx: &SeqCtx) {
         let c = &self.config;
         let (t, d, hd, nh, nkv, inter) =
             (cx.t, c.hidden_size, c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
         let (qd, kvd) = (nh * hd, nkv * hd);
         let eps = c.rms_norm_eps as f32;
         ops::rmsnorm_forward(&mut a.h1, &mut a.rstd1, &a.x, self.p(li.ln1), eps, d);
-        ops::linear_forward_as(self.matmul, &mut a.q, &a.h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
-        ops::linear_forward_as(self.matmul, &mut a.k, &a.h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
+        // With Qwen3's q/k norm the projections land in qr / kr and the norm writes q / k.
+        let (qdst, kdst) = if li.qn.is_some() { (&mut a.qr, &mut a.kr) } else { (&mut a.q, &mut a.k) };
+        ops::linear_forward_as(self.matmul, qdst, &a.h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
+        ops::linear_forward_as(self.matmul, kdst, &a.h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
         ops::linear_forward_as(self.matmul, &mut a.v, &a.h1, self.p(li.wv), self.pb(li.bv), t, d, kvd);
+        if let (Some(qn), Some(kn)) = (li.qn, li.kn) {
+            ops::rmsnorm_forward(&mut a.q, &mut a.rstdq, &a.qr, self.p(qn), eps, hd);
+            ops::rmsnorm_forward(&mut a.k, &mut a.rstdk, &a.kr, self.p(kn), eps, hd);
+        }
         ops::rope_forward(&mut a.q, &cx.cos, &cx.sin, nh, hd);
         ops::rope_forward(&mut a.k, &cx.cos, &cx.sin, nkv, hd);
-        ops::attention_forward_prefix(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &cx.seg_start, cx.prefix, nh, nkv, hd, self.matmul);
+        ops::attention_forward_prefix(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &cx.seg_start, cx.prefix, window, nh, nkv, hd, self.matmul);
         ops::linear_forward_as(self.matmul, &mut a.x2, &a.att, self.p(li.wo), self.pb(li.bo), t, qd, d);
         a.x2.iter_mut().zip(&a.x).for_each(|(s, b)| *s += b);
         ops::rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x2, self.p(li.ln2), eps, d);
@@ -380,7 +403,7 @@ impl Model {
             };
             a.fit(&self.config, cx.t);
             a.x.copy_from_slice(&ws.x);
-            self.layer_forward(li, a, &mut ws.x, cx);
+            self.layer_forward(li, cx.windows[l], a, &mut ws.x, cx);
         }
     }
 
@@ -580,8 +603,8 @@ impl Model {
 
         // ---- backward: layers
         ws.back.fit(c, t);
-        for (li, a) in lay.layers[frozen..].iter().zip(&ws.layers).rev() {
-            self.layer_backward(li, a, &cx, &mut ws.dx, grads, &mut ws.back);
+        for ((li, a), &window) in lay.layers[frozen..].iter().zip(&ws.layers).zip(&cx.windows[frozen..]).rev() {
+            self.layer_backward(li, window, a, &cx, &mut ws.dx, grads, &mut ws.back);
         }
         if frozen == 0 {
             ops::embedding_backward(&mut grads.tensors[lay.embed].data, &ws.dx, ids, d);
@@ -591,9 +614,11 @@ impl Model {
 
     /// Backward of one layer: `dx[T,D]` holds d loss / d (layer output) on entry and
     /// d loss / d (layer input) on exit.
+    #[allow(clippy::too_many_arguments)]
     fn layer_backward(
         &self,
         li: &LayerIdx,
+        window: usize,
         a: &LayerActs,
         cx: &SeqCtx,
         dx: &mut [f32],
@@ -642,6 +667,7 @@ impl Model {
             &a.lse,
             &cx.seg_start,
             cx.prefix,
+            window,
             nh,
             nkv,
             hd,
@@ -649,13 +675,23 @@ impl Model {
         );
         ops::rope_backward(&mut b.dq, &cx.cos, &cx.sin, nh, hd);
         ops::rope_backward(&mut b.dk, &cx.cos, &cx.sin, nkv, hd);
+        // Through Qwen3's q/k norm: d loss / d (q, k before it) into dqr / dkr.
+        let (dqp, dkp) = if let (Some(qn), Some(kn)) = (li.qn, li.kn) {
+            zeroed(&mut b.dqr, t * qd);
+            zeroed(&mut b.dkr, t * kvd);
+            ops::rmsnorm_backward(&mut b.dqr, &mut g[qn].data, &b.dq, &a.qr, self.p(qn), &a.rstdq, hd);
+            ops::rmsnorm_backward(&mut b.dkr, &mut g[kn].data, &b.dk, &a.kr, self.p(kn), &a.rstdk, hd);
+            (&b.dqr, &b.dkr)
+        } else {
+            (&b.dq, &b.dk)
+        };
         {
             let (dw, db) = grad_pair(g, li.wq, li.bq);
-            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 0.0)), dw, db, &b.dq, &a.h1, self.p(li.wq), t, d, qd);
+            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 0.0)), dw, db, dqp, &a.h1, self.p(li.wq), t, d, qd);
         }
         {
             let (dw, db) = grad_pair(g, li.wk, li.bk);
-            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 1.0)), dw, db, &b.dk, &a.h1, self.p(li.wk), t, d, kvd);
+            ops::linear_backward_as(self.matmul, Some((&mut b.dh, 1.0)), dw, db, dkp, &a.h1, self.p(li.wk), t, d, kvd);
         }
         {
             let (dw, db) = grad_pair(g, li.wv, li.bv);
@@ -676,6 +712,8 @@ struct BackBufs {
     da: Vec<f32>,   // [T,I]
     dg: Vec<f32>,   // [T,I]
     du: Vec<f32>,   // [T,I]
+    dqr: Vec<f32>,  // [T,Hq*hd] before Qwen3's q norm
+    dkr: Vec<f32>,  // [T,Hk*hd] before its k norm
 }
 
 impl BackBufs {

@@ -865,3 +865,73 @@ fn a_chunked_head_equals_the_kept_head() {
         }
     }
 }
+
+/// Which layers slide, as transformers 5 reads the config; bad window fields are errors naming
+/// the field; Qwen3 and Mistral save under their own architecture and reload.
+#[test]
+fn sliding_window_rules_and_new_architectures() {
+    let with = |mt: &str, fields: Value| {
+        let mut c = small_config(mt, true);
+        c.num_hidden_layers = 4;
+        for (k, v) in fields.as_object().unwrap() {
+            c.extra.insert(k.clone(), v.clone());
+        }
+        c
+    };
+    let w = |mt: &str, fields: Value| with(mt, fields).layer_windows().unwrap();
+    // qwen2 / qwen3: only with use_sliding_window, on layers max_window_layers and up
+    for mt in ["qwen2", "qwen3"] {
+        assert_eq!(w(mt, serde_json::json!({"sliding_window": 8, "max_window_layers": 2})), vec![0; 4]);
+        assert_eq!(w(mt, serde_json::json!({"use_sliding_window": true, "sliding_window": 8, "max_window_layers": 2})), vec![0, 0, 8, 8]);
+        assert_eq!(w(mt, serde_json::json!({"use_sliding_window": true, "max_window_layers": 3})), vec![0, 0, 0, 4096]);
+        assert_eq!(w(mt, serde_json::json!({"use_sliding_window": true, "sliding_window": 8})), vec![0; 4], "max_window_layers defaults to 28");
+        let lt = serde_json::json!(["sliding_attention", "full_attention", "sliding_attention", "full_attention"]);
+        assert_eq!(w(mt, serde_json::json!({"use_sliding_window": true, "sliding_window": 8, "max_window_layers": 0, "layer_types": lt})), vec![8, 0, 8, 0]);
+    }
+    // mistral: every layer; absent = 4096, null = none; llama: never
+    assert_eq!(w("mistral", serde_json::json!({"sliding_window": 6})), vec![6; 4]);
+    assert_eq!(w("mistral", serde_json::json!({})), vec![4096; 4]);
+    assert_eq!(w("mistral", serde_json::json!({"sliding_window": null})), vec![0; 4]);
+    assert_eq!(w("llama", serde_json::json!({"sliding_window": 6, "use_sliding_window": true})), vec![0; 4]);
+    for (mt, fields, field) in [
+        ("mistral", serde_json::json!({"sliding_window": 0}), "sliding_window"),
+        ("qwen2", serde_json::json!({"use_sliding_window": "yes"}), "use_sliding_window"),
+        ("qwen3", serde_json::json!({"use_sliding_window": true, "layer_types": ["full_attention"]}), "layer_types"),
+        ("qwen3", serde_json::json!({"use_sliding_window": true, "layer_types": ["full_attention", "x", "full_attention", "full_attention"]}), "layer_types"),
+        ("qwen2", serde_json::json!({"layer_types": ["sliding_attention", "full_attention", "full_attention", "full_attention"]}), "use_sliding_window"),
+    ] {
+        let e = err_of(with(mt, fields.clone()).validate());
+        assert!(e.contains(field), "{mt} {fields}: expected an error naming {field}: {e}");
+    }
+    let e = err_of(small_config("llama", true).validate().and_then(|_| {
+        let mut c = small_config("llama", true);
+        c.model_type = "gemma".into();
+        c.validate()
+    }));
+    assert!(e.contains("qwen3") && e.contains("mistral"), "the refusal lists what is read: {e}");
+
+    // Qwen3: head_dim defaults to 128 (transformers' default), q/k norms per layer
+    let c = ModelConfig::from_json(&serde_json::json!({"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8,
+        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1})).unwrap();
+    assert_eq!(c.head_dim(), 128);
+    let c = ModelConfig::from_json(&serde_json::json!({"architectures": ["MistralForCausalLM"], "vocab_size": 10, "hidden_size": 32,
+        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 8})).unwrap();
+    assert_eq!((c.model_type.as_str(), c.num_key_value_heads), ("mistral", 8));
+    for (mt, arch) in [("qwen3", "Qwen3ForCausalLM"), ("mistral", "MistralForCausalLM")] {
+        let mut c = with(mt, serde_json::json!({"sliding_window": 5, "use_sliding_window": true, "max_window_layers": 1}));
+        c.attention_bias = true;
+        let m = Model::init(c, 4).unwrap();
+        let names: Vec<&str> = m.params.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names.contains(&"model.layers.0.self_attn.q_norm.weight"), mt == "qwen3");
+        assert_eq!(names.contains(&"model.layers.3.self_attn.o_proj.bias"), mt == "qwen3", "qwen3 attention_bias covers o_proj; mistral has none");
+        assert!(m.params.get("model.layers.0.self_attn.q_norm.weight").is_none_or(|t| t.data.iter().all(|&x| x == 1.0)));
+        let dir = tempfile::tempdir().unwrap();
+        m.save(dir.path(), SaveDtype::F32).unwrap();
+        let cfg: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
+        assert_eq!((cfg["architectures"][0].as_str(), cfg["model_type"].as_str()), (Some(arch), Some(mt)));
+        assert_eq!(cfg["sliding_window"], 5);
+        let back = Model::load(dir.path()).unwrap();
+        assert_eq!(back.params, m.params);
+        assert_eq!(back.config.layer_windows().unwrap(), m.config.layer_windows().unwrap());
+    }
+}
