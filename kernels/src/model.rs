@@ -1,4 +1,5 @@
-//! [`GpuModel`]: the Llama / Qwen2 decoder of `coa_model`, trained on the GPU, llm.c style.
+//! [`GpuModel`]: the Llama / Qwen2 / Qwen3 / Mistral decoder of `coa_model`, trained on the GPU,
+//! llm.c style.
 //!
 //! Everything lives on the device and is allocated once, for at most `capacity` tokens per pass:
 //!
@@ -11,6 +12,7 @@
 //! per layer, kept for the backward (T = capacity, W = (Hq + 2 Hkv) hd, I = intermediate):
 //!   resid[l] [T, D] layer input (resid[L] = the last layer's output)   rstd1, rstd2 f32 [T]
 //!   h1, h2   [T, D] the two RMSNorm outputs        qkv [T, W] q | k | v, q and k rotated
+//!   Qwen3 only: qk_raw [T (Hq + Hkv), hd] q and k before their norms, qk_rstd f32 [T (Hq + Hkv)]
 //!   att      [T, Hq hd] attention output          lse f32 [T, Hq]
 //!   x2       [T, D] residual after attention      gu [T, 2I] gate | up    a [T, I] silu(gate) up
 //! head: rstdf [T], hf [T, D], logits [T, V] (overwritten in place by d loss / d logits)
@@ -43,6 +45,7 @@ use cudarc::driver::CudaSlice;
 
 use crate::gpu::Alloc;
 use crate::layout::{check_common, Dims, FlatLayout, Slot};
+use crate::ops::attention::AttnShape;
 use crate::ops::adamw::AdamWArgs;
 use crate::ops::embedding::EmbeddingGradPlan;
 use crate::ops::gemm::{linear_bwd, linear_fwd};
@@ -74,6 +77,9 @@ struct LayerActs {
     h2: CudaSlice<bf16>,   // [T, D] post_attention_layernorm(x2)
     gu: CudaSlice<bf16>,   // [T, 2I] gate | up
     a: CudaSlice<bf16>,    // [T, I] silu(gate) * up
+    /// Qwen3's q/k norm: q then k heads before the norm `[T Hq + T Hkv, hd]`, and the norm's
+    /// rstd `[T Hq + T Hkv]` (q rows first).
+    qk: Option<(CudaSlice<bf16>, CudaSlice<f32>)>,
 }
 
 struct Acts {
@@ -140,6 +146,8 @@ pub struct GpuModel {
     pub gpu: Arc<Gpu>,
     pub config: ModelConfig,
     dims: Dims,
+    /// Each layer's sliding window (0: none).
+    windows: Vec<usize>,
     capacity: usize,
     device_bytes: usize,
     flat: FlatLayout,
@@ -187,6 +195,7 @@ impl GpuModel {
                 h2: al.bf16(t * c.d)?,
                 gu: al.bf16(t * 2 * c.inter)?,
                 a: al.bf16(t * c.inter)?,
+                qk: if config.qk_norm() { Some((al.bf16(t * (c.hq + c.hkv) * c.hd)?, al.f32(t * (c.hq + c.hkv))?)) } else { None },
             });
         }
         let acts = Acts {
@@ -224,7 +233,8 @@ impl GpuModel {
         gpu.stream.memcpy_htod(&cos, &mut io.cos)?;
         gpu.stream.memcpy_htod(&sin, &mut io.sin)?;
         let device_bytes = al.bytes;
-        let mut model = GpuModel { gpu, config: config.clone(), dims: c, capacity, device_bytes, flat, master, w, grad, m, v, acts, back, io };
+        let windows = config.layer_windows().map_err(|e| Error(format!("{e:#}")))?;
+        let mut model = GpuModel { gpu, config: config.clone(), dims: c, windows, capacity, device_bytes, flat, master, w, grad, m, v, acts, back, io };
         let host = model.flat.flatten(|i| &params.tensors[i].data);
         model.gpu.stream.memcpy_htod(&host, &mut model.master)?;
         model.restore_working_weights()?;
@@ -399,7 +409,7 @@ impl GpuModel {
 
     /// Embedding, every layer, final norm and the head's logits for the `n` packed tokens.
     fn forward(&mut self, n: usize) -> Result<()> {
-        let GpuModel { gpu, dims: c, flat, w, acts, io, .. } = self;
+        let GpuModel { gpu, dims: c, windows, flat, w, acts, io, .. } = self;
         let (d, eps) = (c.d, c.eps);
         gpu.embedding_fwd(&io.tokens, &w.slice(flat.embed..flat.embed + c.vocab * d), &mut acts.resid[0], n, d, c.vocab)?;
         let (s, l) = c.attention(n);
@@ -409,8 +419,17 @@ impl GpuModel {
             // attention block: x2 = x + o_proj(attn(rope(qkv(rmsnorm(x)))))
             gpu.rmsnorm_fwd(x, &w.slice(lw.ln1..lw.ln1 + d), &mut a.h1, &mut a.rstd1, n, d, eps)?;
             linear_fwd(gpu, &a.h1, w, lw.qkv, lw.qkv_bias, &mut a.qkv, &io.ones, (n, d, c.wqkv), false)?;
+            if let (Some((raw, rstd)), Some(qn), Some(kn)) = (&mut a.qk, lw.q_norm, lw.k_norm) {
+                // Qwen3: q and k heads normalised in place before RoPE, their inputs kept
+                let nq = n * c.hq;
+                let (mut rq, mut rk) = raw.split_at_mut(nq * c.hd);
+                let (mut rsq, mut rsk) = rstd.split_at_mut(nq);
+                gpu.head_rmsnorm_fwd(&mut a.qkv, &w.slice(qn..qn + c.hd), &mut rsq, Some(&mut rq), n, c.hq, c.hd, c.wqkv, eps)?;
+                gpu.head_rmsnorm_fwd(&mut a.qkv.slice_mut(c.qd..), &w.slice(kn..kn + c.hd), &mut rsk, Some(&mut rk), n, c.hkv, c.hd, c.wqkv, eps)?;
+            }
             gpu.rope(&mut a.qkv, Some(&io.pos), &io.cos, &io.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, false)?;
             let (q, k, v) = (a.qkv.slice(..), a.qkv.slice(c.qd..), a.qkv.slice(c.qd + c.kvd..));
+            let s = AttnShape { window: windows[li], ..s };
             gpu.attention_fwd(&s, &l, &q, &k, &v, Some(&io.seg), &mut a.att, &mut a.lse)?;
             gpu.stream.memcpy_dtod(&x.slice(..n * d), &mut a.x2.slice_mut(..n * d))?;
             linear_fwd(gpu, &a.att, w, lw.o, lw.o_bias, &mut a.x2, &io.ones, (n, c.qd, d), true)?;
@@ -429,7 +448,7 @@ impl GpuModel {
 
     /// Backward from d loss / d logits (in `acts.logits`), accumulating every parameter gradient.
     fn backward(&mut self, n: usize, plan: &EmbeddingGradPlan) -> Result<()> {
-        let GpuModel { gpu, dims: c, flat, w, grad, acts, back: b, io, .. } = self;
+        let GpuModel { gpu, dims: c, windows, flat, w, grad, acts, back: b, io, .. } = self;
         let d = c.d;
         linear_bwd(gpu, &acts.logits, &acts.hf, w, flat.head, None, &mut b.dh, grad, &io.ones, (n, d, c.vocab))?;
         let xl = &acts.resid[c.layers];
@@ -445,8 +464,18 @@ impl GpuModel {
             let r2 = lw.ln2..lw.ln2 + d;
             gpu.rmsnorm_bwd(&b.dh, &a.x2, &w.slice(r2.clone()), &a.rstd2, &mut b.dres, &mut grad.slice_mut(r2), n, d, true)?;
             linear_bwd(gpu, &b.dres, &a.att, w, lw.o, lw.o_bias, &mut b.datt, grad, &io.ones, (n, c.qd, d))?;
+            let s = AttnShape { window: windows[li], ..s };
             gpu.attention_bwd_qkv(&s, &l, &a.qkv, &a.att, &a.lse, Some(&io.seg), &b.datt, &mut b.dqkv)?;
             gpu.rope(&mut b.dqkv, Some(&io.pos), &io.cos, &io.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, true)?;
+            if let (Some((raw, rstd)), Some(qn), Some(kn)) = (&a.qk, lw.q_norm, lw.k_norm) {
+                // through Qwen3's q/k norms, in place on dq | dk
+                let (nq, nk) = (n * c.hq, n * c.hkv);
+                let (rq, rk) = (raw.slice(..nq * c.hd), raw.slice(nq * c.hd..(nq + nk) * c.hd));
+                let (sq, sk) = (rstd.slice(..nq), rstd.slice(nq..nq + nk));
+                let (gq, gk) = (qn..qn + c.hd, kn..kn + c.hd);
+                gpu.head_rmsnorm_bwd(&mut b.dqkv, &rq, &w.slice(gq.clone()), &sq, &mut grad.slice_mut(gq), n, c.hq, c.hd, c.wqkv)?;
+                gpu.head_rmsnorm_bwd(&mut b.dqkv.slice_mut(c.qd..), &rk, &w.slice(gk.clone()), &sk, &mut grad.slice_mut(gk), n, c.hkv, c.hd, c.wqkv)?;
+            }
             linear_bwd(gpu, &b.dqkv, &a.h1, w, lw.qkv, lw.qkv_bias, &mut b.dh, grad, &io.ones, (n, d, c.wqkv))?;
             let r1 = lw.ln1..lw.ln1 + d;
             gpu.rmsnorm_bwd(&b.dh, &acts.resid[li], &w.slice(r1.clone()), &a.rstd1, &mut b.dres, &mut grad.slice_mut(r1), n, d, true)?;

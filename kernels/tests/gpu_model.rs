@@ -44,7 +44,8 @@ fn schedule_config(gpu: &Gpu, i: usize) -> Option<Order> {
 }
 
 /// (label, config): GQA + tied head + Llama 3 RoPE scaling (llama); q/k/v biases + untied head + head_dim 128 (qwen2);
-/// o and MLP biases (llama attention_bias / mlp_bias).
+/// o and MLP biases (llama attention_bias / mlp_bias); Qwen3's q/k norms with a sliding window
+/// of 23 on its second layer (shorter than every sequence and than the packed row's segments).
 fn configs() -> Vec<(&'static str, ModelConfig)> {
     let base = |vocab: usize, hidden: usize, heads: usize, kv: usize, inter: usize| {
         let mut c = ModelConfig::preset("tiny", vocab).unwrap();
@@ -71,7 +72,19 @@ fn configs() -> Vec<(&'static str, ModelConfig)> {
     let mut biased = base(96, 128, 2, 2, 256);
     biased.attention_bias = true;
     biased.mlp_bias = true;
-    vec![("llama GQA tied llama3-rope", llama), ("qwen2 qkv-bias untied hd128", qwen), ("llama o/mlp bias", biased)]
+    let mut qwen3 = base(120, 128, 2, 1, 256);
+    qwen3.model_type = "qwen3".into();
+    qwen3.architectures = vec!["Qwen3ForCausalLM".into()];
+    qwen3.head_dim = Some(64);
+    for (k, v) in [("use_sliding_window", serde_json::json!(true)), ("sliding_window", serde_json::json!(23)), ("max_window_layers", serde_json::json!(1))] {
+        qwen3.extra.insert(k.into(), v);
+    }
+    vec![
+        ("llama GQA tied llama3-rope", llama),
+        ("qwen2 qkv-bias untied hd128", qwen),
+        ("llama o/mlp bias", biased),
+        ("qwen3 q/k-norm window 23 on layer 1", qwen3),
+    ]
 }
 
 /// A random model whose weights are exactly representable in bf16 (norm weights and biases
