@@ -698,3 +698,22 @@ fn device_auto_falls_back_to_the_cpu_with_the_cpu_results() {
     assert_eq!(losses(&a), losses(&c), "auto on the CPU must give the CPU's results exactly");
     assert_eq!(losses(&a).len(), 3);
 }
+
+/// The command line: `--lora-rank` on the emulated device (what `--device cuda` runs, on the CPU)
+/// trains and saves a PEFT adapter beside its base.
+#[test]
+fn device_emu_trains_a_lora_adapter() {
+    let e = env();
+    let cfg = e.config(true);
+    let (out, save) = (e.p("m.parquet"), e.p("ck"));
+    let mut a = e.args(&cfg, &out, "emu");
+    a.extend(["--lora-rank", "4", "--lora-dropout", "0.1", "--lora-targets", "q_proj,v_proj,down_proj", "--save", save.to_str().unwrap()]);
+    let o = exec(&a);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("training on") && err.contains("LoRA r 4"), "{err}");
+    assert_eq!(losses(&out).len(), 3);
+    let m = Model::load_with_adapter(&save).unwrap();
+    let l = m.lora.as_ref().expect("an adapter beside the base");
+    assert!(l.params.tensors.iter().filter(|t| t.name.contains("lora_B")).all(|t| t.data.iter().any(|&x| x != 0.0)), "every B trained");
+}
