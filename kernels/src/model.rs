@@ -299,8 +299,9 @@ impl GpuModel {
         self.lora.is_some()
     }
 
-    /// The LoRA dropout mask seeds of the next [`GpuModel::forward_backward`], one per sequence
-    /// (the seed `coa_model::Lora::set_dropout_seed` gives the CPU model for that sequence).
+    /// The LoRA dropout mask seeds of the [`GpuModel::forward_backward`] passes from now on, one
+    /// per sequence of a pass (the seed `coa_model::Lora::set_dropout_seed` gives the CPU model for
+    /// that sequence); a pass with dropout and another number of sequences is an error.
     pub fn set_dropout_seeds(&mut self, seeds: Vec<u64>) {
         self.dropout_seeds = seeds;
     }
