@@ -163,6 +163,32 @@ fn check_stats(label: &str, b: &[(Vec<u32>, Option<Vec<i32>>)], gpu: &[TokenStat
     }
 }
 
+/// SFT's targets over a batch: a random 70% of the positions, each weighing −1/N in d loss / d
+/// logp. Returns (masks, N, d loss / d logp).
+fn sft_targets(rng: &mut Rng, b: &[(Vec<u32>, Option<Vec<i32>>)]) -> (Vec<Vec<f32>>, f32, Vec<Vec<f32>>) {
+    let masks: Vec<Vec<f32>> = b.iter().map(|(ids, _)| ids.iter().map(|_| if rng.uniform() < 0.7 { 1.0 } else { 0.0 }).collect()).collect();
+    let n: f32 = masks.iter().flatten().sum();
+    let dlogp = masks.iter().map(|m| m.iter().map(|&x| -x / n).collect()).collect();
+    (masks, n, dlogp)
+}
+
+/// The SFT loss over the targets that count (a segment start is never a target), GPU against CPU
+/// within 2%.
+#[track_caller]
+fn check_sft_loss(label: &str, b: &[(Vec<u32>, Option<Vec<i32>>)], masks: &[Vec<f32>], n: f32, gpu: &[TokenStats], cpu: &[TokenStats]) {
+    let loss = |st: &[TokenStats]| -> f64 {
+        let mut l = 0.0;
+        for ((seq, m), x) in b.iter().zip(masks).zip(st) {
+            let (pos, _) = coa_model::ops::segment_layout(seq.0.len(), seq.1.as_deref());
+            l -= (0..seq.0.len()).filter(|&t| pos[t] != 0).map(|t| (m[t] * x.logp[t]) as f64).sum::<f64>();
+        }
+        l / n as f64
+    };
+    let (lg, lc) = (loss(gpu), loss(cpu));
+    eprintln!("{label}: SFT loss gpu {lg:.5} cpu {lc:.5}");
+    assert!((lg - lc).abs() <= 2e-2 * lc.abs(), "{label}: loss {lg} vs cpu {lc}");
+}
+
 #[test]
 fn gpu_model_matches_cpu_on_one_batch() {
     let test = "gpu_model_matches_cpu_on_one_batch";
@@ -177,27 +203,14 @@ fn gpu_model_matches_cpu_on_one_batch() {
         let mut gm = GpuModel::new(gpu.clone(), &c, &cpu.params, 512).unwrap();
 
         // SFT: fixed d loss / d logp = -mask / N (one fused pass).
-        let masks: Vec<Vec<f32>> = b.iter().map(|(ids, _)| ids.iter().map(|_| if rng.uniform() < 0.7 { 1.0 } else { 0.0 }).collect()).collect();
-        let n: f32 = masks.iter().flatten().sum();
-        let dlogp: Vec<Vec<f32>> = masks.iter().map(|m| m.iter().map(|&x| -x / n).collect()).collect();
+        let (masks, n, dlogp) = sft_targets(&mut rng, &b);
         let mut g_cpu = cpu.params.zeros_like();
         let st_cpu: Vec<TokenStats> = s.iter().zip(&dlogp).map(|(q, d)| cpu.forward_backward(q, &mut g_cpu, &mut |_| d.clone()).unwrap()).collect();
         gm.zero_grads().unwrap();
         let st_gpu = gm.forward_backward(&s, DLogp::Fixed(&dlogp)).unwrap();
         let mut g_gpu = cpu.params.zeros_like();
         gm.download_grads(&mut g_gpu).unwrap();
-        // Loss over the targets that count (a segment start is never a target).
-        let loss = |st: &[TokenStats]| -> f64 {
-            let mut l = 0.0;
-            for ((seq, m), x) in b.iter().zip(&masks).zip(st) {
-                let (pos, _) = coa_model::ops::segment_layout(seq.0.len(), seq.1.as_deref());
-                l -= (0..seq.0.len()).filter(|&t| pos[t] != 0).map(|t| (m[t] * x.logp[t]) as f64).sum::<f64>();
-            }
-            l / n as f64
-        };
-        let (lg, lc) = (loss(&st_gpu), loss(&st_cpu));
-        eprintln!("{label}: SFT loss gpu {lg:.5} cpu {lc:.5}");
-        assert!((lg - lc).abs() <= 2e-2 * lc.abs(), "{label}: loss {lg} vs cpu {lc}");
+        check_sft_loss(label, &b, &masks, n, &st_gpu, &st_cpu);
         check_grads(&format!("{label} SFT"), &g_gpu, &g_cpu, 5e-2);
 
         // RL form: d loss / d logp from the statistics (two passes over the logits, entropies):
@@ -258,9 +271,7 @@ fn gpu_lora_matches_cpu_on_one_batch() {
         let seeds: Vec<u64> = s.iter().map(|_| rng.next_u64()).collect();
 
         // SFT form, dropout masks by sequence seed on both sides.
-        let masks: Vec<Vec<f32>> = b.iter().map(|(ids, _)| ids.iter().map(|_| if rng.uniform() < 0.7 { 1.0 } else { 0.0 }).collect()).collect();
-        let n: f32 = masks.iter().flatten().sum();
-        let dlogp: Vec<Vec<f32>> = masks.iter().map(|m| m.iter().map(|&x| -x / n).collect()).collect();
+        let (masks, n, dlogp) = sft_targets(&mut rng, &b);
         let mut g_cpu = lo().params.zeros_like();
         let mut st_cpu = Vec::new();
         for ((q, d), &seed) in s.iter().zip(&dlogp).zip(&seeds) {
@@ -272,17 +283,7 @@ fn gpu_lora_matches_cpu_on_one_batch() {
         let st_gpu = gm.forward_backward(&s, DLogp::Fixed(&dlogp)).unwrap();
         let mut g_gpu = lo().params.zeros_like();
         gm.download_grads(&mut g_gpu).unwrap();
-        let loss = |st: &[TokenStats]| -> f64 {
-            let mut l = 0.0;
-            for ((seq, m), x) in b.iter().zip(&masks).zip(st) {
-                let (pos, _) = coa_model::ops::segment_layout(seq.0.len(), seq.1.as_deref());
-                l -= (0..seq.0.len()).filter(|&t| pos[t] != 0).map(|t| (m[t] * x.logp[t]) as f64).sum::<f64>();
-            }
-            l / n as f64
-        };
-        let (lg, lc) = (loss(&st_gpu), loss(&st_cpu));
-        eprintln!("{label}: SFT loss gpu {lg:.5} cpu {lc:.5}");
-        assert!((lg - lc).abs() <= 2e-2 * lc.abs(), "{label}: loss {lg} vs cpu {lc}");
+        check_sft_loss(&label, &b, &masks, n, &st_gpu, &st_cpu);
         check_grads(&format!("{label} SFT"), &g_gpu, &g_cpu, 5e-2);
         let norm = g_cpu.tensors.iter().flat_map(|t| &t.data).map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
         let gn = gm.grad_norm().unwrap();
