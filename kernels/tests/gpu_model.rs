@@ -242,8 +242,9 @@ fn gpu_model_matches_cpu_on_one_batch() {
 /// products of the same bf16 activations and gradients), with dropout on (the masks must be the
 /// CPU's: a different mask gives O(1) gradient errors) across all seven targets, and PEFT's
 /// default q/v targets without dropout on the qwen2 config (head_dim 128, q/k/v biases). B is
-/// random (a fresh adapter's B = 0 would leave dA zero and untested). An AdamW step moves A and B
-/// and leaves the base masters bit for bit as they were; the adapter's moments round-trip exactly.
+/// random (a fresh adapter's B = 0 would leave dA zero and untested). Reference weights swapped in
+/// run without the adapter until restored. An AdamW step moves A and B and leaves the base
+/// masters bit for bit as they were; the adapter's moments round-trip exactly.
 #[test]
 fn gpu_lora_matches_cpu_on_one_batch() {
     use coa_kernels::gpu::AdamWArgs;
@@ -261,7 +262,7 @@ fn gpu_lora_matches_cpu_on_one_batch() {
         let mut lora = Lora::init(&c, lc, rng.next_u64()).unwrap();
         for t in &mut lora.params.tensors {
             let b = t.name.contains("lora_B");
-            t.data.iter_mut().for_each(|x| *x = bf16::from_f32(if b { 0.05 * rng.normal() } else { *x }).to_f32());
+            t.data.iter_mut().for_each(|x| *x = bf16::from_f32(if b { 0.1 * rng.normal() } else { *x }).to_f32());
         }
         let mut gm = GpuModel::with_lora(gpu.clone(), &c, &cpu.params, Some(&lora), 512).unwrap();
         cpu.lora = Some(lora);
@@ -307,6 +308,20 @@ fn gpu_lora_matches_cpu_on_one_batch() {
         let st_gpu = gm.token_stats(&s).unwrap();
         let st_cpu: Vec<TokenStats> = s.iter().map(|q| cpu.token_stats(q).unwrap()).collect();
         check_stats(&format!("{label} token_stats"), &b, &st_gpu, &st_cpu, true);
+        // Other working weights (an RL reference model: a whole model) run without the adapter
+        // until restored.
+        let mut plain = cpu.clone();
+        plain.lora = None;
+        gm.set_working_weights(&plain.params).unwrap();
+        let st_ref = gm.token_stats(&s).unwrap();
+        let st_plain: Vec<TokenStats> = s.iter().map(|q| plain.token_stats(q).unwrap()).collect();
+        check_stats(&format!("{label} reference weights, adapter off"), &b, &st_ref, &st_plain, true);
+        let flat = |st: &[TokenStats]| st.iter().flat_map(|x| x.logp.clone()).collect::<Vec<f32>>();
+        let (apart, _) = rel_l2(&flat(&st_plain), &flat(&st_cpu));
+        eprintln!("{label}: adapter on vs off: logp rel L2 {apart:.3e}");
+        assert!(apart > 4e-2, "{label}: the adapter must change the log-probs by twice check_stats' tolerance (rel L2 {apart})");
+        gm.restore_working_weights().unwrap();
+        check_stats(&format!("{label} restored"), &b, &gm.token_stats(&s).unwrap(), &st_cpu, true);
 
         // A step moves the adapter only.
         let m: Vec<Vec<f32>> = lo().params.tensors.iter().map(|t| rng.normals(t.data.len(), 1e-3)).collect();
