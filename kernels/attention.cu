@@ -7,12 +7,15 @@
 //   query head h reads kv head h / (Hq / Hkv);
 //   seg_start [B, T] int32 or NULL: the first token of token i's packed segment
 //   (coa_model::ops::segment_layout; seg_start[i] <= i and non-decreasing in i; NULL = all 0);
-//   z[i, j] = scale * q_i . k_j, allowed iff seg_start[b, i] <= j <= i;
+//   window W >= 0 (0: none): a sliding window, key j allowed only while i - j < W
+//   (coa_model::ops attention's `window`; within a segment i - j is the position difference);
+//   z[i, j] = scale * q_i . k_j, allowed iff seg_start[b, i] <= j <= i (and i - j < W);
 //   p = softmax_j(z) over allowed j; o_i = sum_j p[i, j] v_j;
 //   lse[b, i, h] = ln sum_{allowed j} exp(z[i, j])  (f32, natural log, [B, T, Hq] like the CPU
 //   reference's [T, Hq]), saved for backward.
 // Every row has at least one allowed key (j = i), so lse is finite. Key blocks entirely before a
-// query block's first segment start are skipped (packed sequences cost what their segments cost).
+// query block's first segment start, or before its window, are skipped (packed sequences cost what
+// their segments cost).
 // Gradients are WRITTEN (the CPU reference accumulates into zeroed buffers: same values).
 //
 // Backward: delta_i = dO_i . O_i (flash_attn_bwd_pre), then one block per (key block, kv head,
@@ -42,7 +45,7 @@ struct AttnParams {
     i64 o_sb, o_st, o_sh;
     int B, T, Hq, Hkv;
     float scale;
-    int pad_;
+    int window;       // sliding window (0: none)
 };
 
 #define ATT_PAD 8  // bf16 elements of padding per shared-memory row: ldmatrix without bank conflicts
@@ -99,7 +102,8 @@ __device__ __forceinline__ void attn_fwd_impl(const AttnParams& p) {
     if (threadIdx.x < BM && q0 + (int)threadIdx.x < T)
         atomicMin(&first_key, segb ? segb[q0 + threadIdx.x] : 0);
     __syncthreads();
-    const int n_begin = first_key / BN;
+    // With a window, keys before q0 - W + 1 are out of every row's reach.
+    const int n_begin = max(first_key, p.window > 0 ? q0 - p.window + 1 : 0) / BN;
     const int n_end = min((T + BN - 1) / BN, (q0 + BM - 1) / BN + 1);
     load_tile<BN, D, NT>(Ks + (n_begin & 1) * BN * LD, kg, p.k_st, n_begin * BN, T);
     load_tile<BN, D, NT>(Vs + (n_begin & 1) * BN * LD, vg, p.v_st, n_begin * BN, T);
@@ -153,7 +157,7 @@ __device__ __forceinline__ void attn_fwd_impl(const AttnParams& p) {
         }
 
         // Scale to log2 units, mask, online softmax.
-        const bool need_mask = segb != nullptr || (nb + 1) * BN > q0;
+        const bool need_mask = segb != nullptr || (nb + 1) * BN > q0 || p.window > 0;
         float mnew[2] = {mrow[0], mrow[1]};
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) {
@@ -163,7 +167,8 @@ __device__ __forceinline__ void attn_fwd_impl(const AttnParams& p) {
                 if (need_mask) {
                     const int j = nb * BN + nt * 8 + 2 * t + (e & 1);
                     const int i = row_a + (e >> 1) * 8;
-                    if (j > i || j < ((e >> 1) ? ss1 : ss0)) x = -INFINITY;
+                    if (j > i || j < ((e >> 1) ? ss1 : ss0) || (p.window > 0 && i - j >= p.window))
+                        x = -INFINITY;
                 }
                 s[nt][e] = x;
                 mnew[e >> 1] = fmaxf(mnew[e >> 1], x);
@@ -323,10 +328,11 @@ __device__ __forceinline__ void attn_bwd_impl(const AttnParams& p) {
     cp_async_commit();
 
     // Query blocks that can see this key block: from the diagonal down to the first block whose
-    // rows all start their segment after the block's last key (seg_start is non-decreasing).
+    // rows all start their segment after the block's last key (seg_start is non-decreasing), and,
+    // with a window, no further than the block's last key plus W - 1.
     const int m_start = k0 / BM;
     const int m_blocks = (T + BM - 1) / BM;
-    if (threadIdx.x == 0) m_stop = m_blocks;
+    if (threadIdx.x == 0) m_stop = p.window > 0 ? min(m_blocks, (k0 + BN - 1 + p.window - 1) / BM + 1) : m_blocks;
     __syncthreads();
     if (segb) {
         const int k_last = k0 + BN - 1;
@@ -414,7 +420,7 @@ __device__ __forceinline__ void attn_bwd_impl(const AttnParams& p) {
                 const int kr = warp * 16 + g + (e >> 1) * 8;  // key row in block
                 const int qc = nt * 8 + 2 * t + (e & 1);      // query col in block
                 const int j = k0 + kr, i = q0 + qc;
-                const bool ok = j <= i && i < T && j >= sq[qc];
+                const bool ok = j <= i && i < T && j >= sq[qc] && (p.window == 0 || i - j < p.window);
                 const float pv = ok ? exp2f(st[nt][e] * sl2 - lb[qc]) : 0.f;
                 st[nt][e] = pv;
                 dpt[nt][e] = pv * (dpt[nt][e] - db[qc]);

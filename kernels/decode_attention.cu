@@ -2,8 +2,9 @@
 //
 // A batch of R new rows (a decode step is one row per sequence; a prompt or an observation is
 // several rows of one sequence). Row r belongs to cache slot slot[r] and sits at absolute position
-// pos[r]; it attends causally to positions 0..=pos[r] of its slot, which must already hold the
-// keys and values of every position up to and including pos[r] (kv_append first).
+// pos[r]; it attends causally to positions 0..=pos[r] of its slot (with a sliding window W > 0,
+// only to positions > pos[r] - W: the cache keeps every key), which must already hold the keys
+// and values of every position up to and including pos[r] (kv_append first).
 //
 // Shapes (bf16 storage, fp32 arithmetic, as the CPU reference `coa_model::Model::extend`):
 //   q        [R, Hq, D]      rows after RoPE, row stride q_st elements (head stride D)
@@ -41,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS)
     attn_extend(const bf16* __restrict__ q, i64 q_st, const bf16* __restrict__ k_cache,
                 const bf16* __restrict__ v_cache, const int* __restrict__ slot,
                 const int* __restrict__ pos, bf16* __restrict__ o, int R, int Hq, int Hkv, int D,
-                int L, float scale) {
+                int L, float scale, int window) {
     __shared__ float qs[DEC_WARPS][DEC_MAX_D];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i64 task = (i64)blockIdx.x * DEC_WARPS + warp;
@@ -62,7 +63,8 @@ extern "C" __global__ void __launch_bounds__(32 * DEC_WARPS)
 #pragma unroll
     for (int i = 0; i < DEC_MAX_D / 32; ++i) acc[i] = 0.f;
     float m = -INFINITY, l = 0.f;
-    for (int j0 = 0; j0 < n_keys; j0 += 32) {
+    const int j_first = window > 0 ? max(0, n_keys - window) : 0;
+    for (int j0 = j_first; j0 < n_keys; j0 += 32) {
         const int j = j0 + lane;
         float s = -INFINITY;
         if (j < n_keys) {

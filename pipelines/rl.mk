@@ -71,7 +71,7 @@ rl_rollouts = $(rl_tasks) | $(rl_policy) --stats $$d/policy.json |
 rl_score_input =
 else
 rl_rollouts = $(call sharded,$$d/rollouts.parquet,$$d/policy.json,$(RUNDIR)/tasks.parquet,\
-	  $(rl_tasks) | $(rl_policy) $$SHARD --stats $$STATS -o $$OUT,--var k=$$k --var prev=$$prev --content $$prev/model.safetensors);
+	  $(rl_tasks) | $(rl_policy) $$SHARD --stats $$STATS -o $$OUT,--var k=$$k --var prev=$$prev --content "$$(echo $$prev/model*.safetensors)");
 rl_score_input = -i $$d/rollouts.parquet
 endif
 

@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for &t in seqs {
             let h = width / hd;
             let b = tokens / t;
-            let s = AttnShape { batch: b, seq: t, q_heads: h, kv_heads: h, head_dim: hd };
+            let s = AttnShape { batch: b, seq: t, q_heads: h, kv_heads: h, head_dim: hd, window: 0 };
             let l = AttnLayout::contiguous(&s);
             let n = b * t * h * hd;
             let q = gpu.upload_bf16(&rng.normals(n, 1.0))?;

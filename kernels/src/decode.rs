@@ -33,7 +33,7 @@ pub fn check_decodable(c: &ModelConfig) -> Result<()> {
 /// w        bf16 [total]            the weights, in the training model's fused flat layout
 /// k, v     bf16 [layers][S, L, Hkv, hd]
 /// x        bf16 [R, D]             the residual stream, updated in place layer by layer
-/// h        bf16 [R, D]  rstd f32 [R]   RMSNorm output
+/// h        bf16 [R, D]  rstd f32 [R]   RMSNorm output (qk_rstd f32 [R, Hq]: Qwen3's q/k norm)
 /// qkv      bf16 [R, W]             q | k | v, q and k rotated
 /// att      bf16 [R, Hq hd]   gu bf16 [R, 2I]   a bf16 [R, I]
 /// last     bf16 [S, D]             the residual of each item's last new row (when not all rows are)
@@ -59,6 +59,10 @@ pub struct GpuDecoder {
     x: CudaSlice<bf16>,
     h: CudaSlice<bf16>,
     rstd: CudaSlice<f32>,
+    /// Qwen3's q/k norm rstd [R, Hq] (unused after: decoding keeps no activations).
+    qk_rstd: CudaSlice<f32>,
+    /// Each layer's sliding window (0: none).
+    windows: Vec<usize>,
     qkv: CudaSlice<bf16>,
     att: CudaSlice<bf16>,
     gu: CudaSlice<bf16>,
@@ -102,6 +106,8 @@ impl GpuDecoder {
             x: al.bf16(r * c.d)?,
             h: al.bf16(r * c.d)?,
             rstd: al.f32(r)?,
+            qk_rstd: al.f32(r * c.hq)?,
+            windows: config.layer_windows().map_err(|e| Error(format!("{e:#}")))?,
             qkv: al.bf16(r * c.wqkv)?,
             att: al.bf16(r * c.qd)?,
             gu: al.bf16(r * 2 * c.inter)?,
@@ -232,7 +238,7 @@ impl GpuDecoder {
         }
         let n = tokens.len();
         let (cos, sin) = self.config.rope_tables(&positions);
-        let GpuDecoder { gpu, flat, w, k, v, x, h, rstd, qkv, att, gu, a, last, logits, ones, .. } = self;
+        let GpuDecoder { gpu, flat, w, k, v, x, h, rstd, qk_rstd, qkv, att, gu, a, last, logits, ones, windows, .. } = self;
         let st = &gpu.stream;
         st.memcpy_htod(&tokens, &mut self.tokens.slice_mut(..n))?;
         st.memcpy_htod(&slot_of, &mut self.slot_of.slice_mut(..n))?;
@@ -246,9 +252,14 @@ impl GpuDecoder {
             // x += o_proj(attn(rope(qkv(rmsnorm(x)))))
             gpu.rmsnorm_fwd(x, &w.slice(lw.ln1..lw.ln1 + d), h, rstd, n, d, eps)?;
             linear_fwd(gpu, h, w, lw.qkv, lw.qkv_bias, qkv, ones, (n, d, c.wqkv), false)?;
+            if let (Some(qn), Some(kn)) = (lw.q_norm, lw.k_norm) {
+                // Qwen3: q and k heads normalised in place before RoPE
+                gpu.head_rmsnorm_fwd(qkv, &w.slice(qn..qn + c.hd), qk_rstd, None::<&mut CudaSlice<bf16>>, n, c.hq, c.hd, c.wqkv, eps)?;
+                gpu.head_rmsnorm_fwd(&mut qkv.slice_mut(c.qd..), &w.slice(kn..kn + c.hd), qk_rstd, None::<&mut CudaSlice<bf16>>, n, c.hkv, c.hd, c.wqkv, eps)?;
+            }
             gpu.rope(qkv, None, &self.cos, &self.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, false)?;
             gpu.kv_append(&shape, &qkv.slice(c.qd..), &qkv.slice(c.qd + c.kvd..), c.wqkv, &mut k[li], &mut v[li], &self.slot_of, &self.pos_of)?;
-            gpu.attn_extend(&shape, qkv, c.wqkv, &k[li], &v[li], &self.slot_of, &self.pos_of, att)?;
+            gpu.attn_extend(&shape, qkv, c.wqkv, &k[li], &v[li], &self.slot_of, &self.pos_of, att, windows[li])?;
             linear_fwd(gpu, att, w, lw.o, lw.o_bias, x, ones, (n, c.qd, d), true)?;
             // x += down(silu(gate(h)) * up(h)), h = rmsnorm(x)
             gpu.rmsnorm_fwd(x, &w.slice(lw.ln2..lw.ln2 + d), h, rstd, n, d, eps)?;

@@ -63,9 +63,10 @@ impl Dims {
         }
     }
 
-    /// One packed sequence of `n` tokens: q, k, v read from the fused qkv rows, o contiguous.
+    /// One packed sequence of `n` tokens: q, k, v read from the fused qkv rows, o contiguous;
+    /// no sliding window (a layer with one sets its own, `AttnShape::window`).
     pub(crate) fn attention(&self, n: usize) -> (AttnShape, AttnLayout) {
-        let s = AttnShape { batch: 1, seq: n, q_heads: self.hq, kv_heads: self.hkv, head_dim: self.hd };
+        let s = AttnShape { batch: 1, seq: n, q_heads: self.hq, kv_heads: self.hkv, head_dim: self.hd, window: 0 };
         let qkv = Strides { b: (n * self.wqkv) as i64, t: self.wqkv as i64, h: self.hd as i64 };
         (s, AttnLayout { q: qkv, k: qkv, v: qkv, o: Strides::contiguous(n, self.hq, self.hd) })
     }
@@ -93,6 +94,9 @@ pub(crate) struct LayerW {
     pub(crate) down_bias: Option<usize>, // [D]
     pub(crate) ln1: usize,              // [D]
     pub(crate) ln2: usize,              // [D]
+    /// Qwen3's q and k norms (`[hd]` each).
+    pub(crate) q_norm: Option<usize>,
+    pub(crate) k_norm: Option<usize>,
 }
 
 /// The flat layout: groups of canonical tensors placed contiguously (fused matmul operands), each
@@ -151,7 +155,8 @@ impl FlatLayout {
             let gu_bias = p.group(&[li.bg, li.bu]);
             let down_bias = p.group(&[li.bd]);
             let (ln1, ln2) = (p.one(li.ln1), p.one(li.ln2));
-            layers.push(LayerW { qkv, qkv_bias, o, o_bias, gu, gu_bias, down, down_bias, ln1, ln2 });
+            let (q_norm, k_norm) = (p.group(&[li.qn]), p.group(&[li.kn]));
+            layers.push(LayerW { qkv, qkv_bias, o, o_bias, gu, gu_bias, down, down_bias, ln1, ln2, q_norm, k_norm });
         }
         let norm = p.one(lay.norm);
         let head = p.group(&[lay.lm_head]).unwrap_or(embed);
@@ -214,7 +219,9 @@ mod tests {
         biased.attention_bias = true;
         biased.mlp_bias = true;
         biased.intermediate_size = 1001; // odd sizes: groups still start aligned
-        vec![llama, qwen, biased]
+        let mut qwen3 = llama.clone();
+        qwen3.model_type = "qwen3".into();
+        vec![llama, qwen, biased, qwen3]
     }
 
     /// Every tensor has its own range, fused groups are contiguous in the order the fused matmuls
@@ -258,6 +265,10 @@ mod tests {
                 assert_eq!(lw.down, at(&p("mlp.down_proj.weight")).offset);
                 assert_eq!(lw.ln1, at(&p("input_layernorm.weight")).offset);
                 assert_eq!(lw.ln2, at(&p("post_attention_layernorm.weight")).offset);
+                assert_eq!(lw.q_norm.is_some() && lw.k_norm.is_some(), c.qk_norm());
+                if let (Some(qn), Some(kn)) = (lw.q_norm, lw.k_norm) {
+                    assert_eq!((qn, kn), (at(&p("self_attn.q_norm.weight")).offset, at(&p("self_attn.k_norm.weight")).offset));
+                }
                 for off in [lw.qkv, lw.o, lw.gu, lw.down, lw.ln1, lw.ln2].into_iter().chain(lw.qkv_bias).chain(lw.o_bias).chain(lw.gu_bias).chain(lw.down_bias) {
                     assert_eq!(off % ALIGN, 0);
                 }

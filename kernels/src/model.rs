@@ -1,4 +1,5 @@
-//! [`GpuModel`]: the Llama / Qwen2 decoder of `coa_model`, trained on the GPU, llm.c style.
+//! [`GpuModel`]: the Llama / Qwen2 / Qwen3 / Mistral decoder of `coa_model`, trained on the GPU,
+//! llm.c style.
 //!
 //! Everything lives on the device and is allocated once, for at most `capacity` tokens per pass:
 //!
@@ -11,6 +12,7 @@
 //! per layer, kept for the backward (T = capacity, W = (Hq + 2 Hkv) hd, I = intermediate):
 //!   resid[l] [T, D] layer input (resid[L] = the last layer's output)   rstd1, rstd2 f32 [T]
 //!   h1, h2   [T, D] the two RMSNorm outputs        qkv [T, W] q | k | v, q and k rotated
+//!   Qwen3 only: qk_raw [T (Hq + Hkv), hd] q and k before their norms, qk_rstd f32 [T (Hq + Hkv)]
 //!   att      [T, Hq hd] attention output          lse f32 [T, Hq]
 //!   x2       [T, D] residual after attention      gu [T, 2I] gate | up    a [T, I] silu(gate) up
 //! head: rstdf [T], hf [T, D], logits [T, V] (overwritten in place by d loss / d logits)
@@ -45,6 +47,7 @@ use cudarc::driver::CudaSlice;
 use crate::gpu::Alloc;
 use crate::layout::{check_common, Dims, FlatLayout, Slot};
 use crate::lora::GpuLora;
+use crate::ops::attention::AttnShape;
 use crate::ops::adamw::AdamWArgs;
 use crate::ops::embedding::EmbeddingGradPlan;
 use crate::ops::gemm::{linear_bwd, linear_fwd};
@@ -76,6 +79,9 @@ struct LayerActs {
     h2: CudaSlice<bf16>,   // [T, D] post_attention_layernorm(x2)
     gu: CudaSlice<bf16>,   // [T, 2I] gate | up
     a: CudaSlice<bf16>,    // [T, I] silu(gate) * up
+    /// Qwen3's q/k norm: q then k heads before the norm `[T Hq + T Hkv, hd]`, and the norm's
+    /// rstd `[T Hq + T Hkv]` (q rows first).
+    qk: Option<(CudaSlice<bf16>, CudaSlice<f32>)>,
 }
 
 struct Acts {
@@ -97,7 +103,8 @@ struct BackBufs {
     dqkv: CudaSlice<bf16>, // [T, W] dq | dk | dv
     dgu: CudaSlice<bf16>,  // [T, 2I] dgate | dup
     da: CudaSlice<bf16>,   // [T, I]
-    /// [D] RMSNorm weight gradients nobody reads (LoRA: the base has no gradient buffer).
+    /// [max(D, hd)] RMSNorm (and Qwen3 q/k norm) weight gradients nobody reads (LoRA: the base
+    /// has no gradient buffer).
     dw_sink: CudaSlice<f32>,
 }
 
@@ -144,6 +151,8 @@ pub struct GpuModel {
     pub gpu: Arc<Gpu>,
     pub config: ModelConfig,
     dims: Dims,
+    /// Each layer's sliding window (0: none).
+    windows: Vec<usize>,
     capacity: usize,
     device_bytes: usize,
     flat: FlatLayout,
@@ -212,6 +221,7 @@ impl GpuModel {
                 h2: al.bf16(t * c.d)?,
                 gu: al.bf16(t * 2 * c.inter)?,
                 a: al.bf16(t * c.inter)?,
+                qk: if config.qk_norm() { Some((al.bf16(t * (c.hq + c.hkv) * c.hd)?, al.f32(t * (c.hq + c.hkv))?)) } else { None },
             });
         }
         let acts = Acts {
@@ -231,7 +241,7 @@ impl GpuModel {
             dqkv: al.bf16(t * c.wqkv)?,
             dgu: al.bf16(t * 2 * c.inter)?,
             da: al.bf16(t * c.inter)?,
-            dw_sink: al.f32(if lora.is_some() { c.d } else { 0 })?,
+            dw_sink: al.f32(if lora.is_some() { c.d.max(c.hd) } else { 0 })?,
         };
         let mut io = Inputs {
             tokens: al.i32(t)?,
@@ -251,7 +261,8 @@ impl GpuModel {
         gpu.stream.memcpy_htod(&sin, &mut io.sin)?;
         let lora = lora.map(|l| GpuLora::new(&mut al, &gpu, config, l, capacity)).transpose()?;
         let device_bytes = al.bytes;
-        let mut model = GpuModel { gpu, config: config.clone(), dims: c, capacity, device_bytes, flat, master, w, grad, m, v, acts, back, io, lora, dropout_seeds: Vec::new() };
+        let windows = config.layer_windows().map_err(|e| Error(format!("{e:#}")))?;
+        let mut model = GpuModel { gpu, config: config.clone(), dims: c, windows, capacity, device_bytes, flat, master, w, grad, m, v, acts, back, io, lora, dropout_seeds: Vec::new() };
         let host = model.flat.flatten(|i| &params.tensors[i].data);
         model.gpu.stream.memcpy_htod(&host, &mut model.master)?;
         model.restore_working_weights()?;
@@ -485,7 +496,7 @@ impl GpuModel {
     /// Embedding, every layer, final norm and the head's logits for the `n` packed tokens.
     /// `train`: a training pass (LoRA dropout on).
     fn forward(&mut self, n: usize, train: bool) -> Result<()> {
-        let GpuModel { gpu, dims: c, flat, w, acts, io, lora, .. } = self;
+        let GpuModel { gpu, dims: c, windows, flat, w, acts, io, lora, .. } = self;
         let (d, eps) = (c.d, c.eps);
         gpu.embedding_fwd(&io.tokens, &w.slice(flat.embed..flat.embed + c.vocab * d), &mut acts.resid[0], n, d, c.vocab)?;
         let (s, l) = c.attention(n);
@@ -500,8 +511,17 @@ impl GpuModel {
                     lo.forward(gpu, li, tg, &a.h1, &mut a.qkv, col, c.wqkv, n, train)?;
                 }
             }
+            if let (Some((raw, rstd)), Some(qn), Some(kn)) = (&mut a.qk, lw.q_norm, lw.k_norm) {
+                // Qwen3: q and k heads normalised in place before RoPE, their inputs kept
+                let nq = n * c.hq;
+                let (mut rq, mut rk) = raw.split_at_mut(nq * c.hd);
+                let (mut rsq, mut rsk) = rstd.split_at_mut(nq);
+                gpu.head_rmsnorm_fwd(&mut a.qkv, &w.slice(qn..qn + c.hd), &mut rsq, Some(&mut rq), n, c.hq, c.hd, c.wqkv, eps)?;
+                gpu.head_rmsnorm_fwd(&mut a.qkv.slice_mut(c.qd..), &w.slice(kn..kn + c.hd), &mut rsk, Some(&mut rk), n, c.hkv, c.hd, c.wqkv, eps)?;
+            }
             gpu.rope(&mut a.qkv, Some(&io.pos), &io.cos, &io.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, false)?;
             let (q, k, v) = (a.qkv.slice(..), a.qkv.slice(c.qd..), a.qkv.slice(c.qd + c.kvd..));
+            let s = AttnShape { window: windows[li], ..s };
             gpu.attention_fwd(&s, &l, &q, &k, &v, Some(&io.seg), &mut a.att, &mut a.lse)?;
             gpu.stream.memcpy_dtod(&x.slice(..n * d), &mut a.x2.slice_mut(..n * d))?;
             linear_fwd(gpu, &a.att, w, lw.o, lw.o_bias, &mut a.x2, &io.ones, (n, c.qd, d), true)?;
@@ -532,13 +552,13 @@ impl GpuModel {
     /// Backward from d loss / d logits (in `acts.logits`), accumulating every trained gradient:
     /// the weights' (`plan`: the embedding's), or under LoRA the adapter's alone.
     fn backward(&mut self, n: usize, plan: Option<&EmbeddingGradPlan>) -> Result<()> {
-        let GpuModel { gpu, dims: c, flat, w, grad, acts, back: b, io, lora, .. } = self;
+        let GpuModel { gpu, dims: c, windows, flat, w, grad, acts, back: b, io, lora, .. } = self;
         let d = c.d;
         // Under LoRA the base weights get no gradient: no dW products, RMSNorm's dw into a sink.
         let base = lora.is_none();
         macro_rules! dw {
             ($r:expr) => {
-                if base { grad.slice_mut($r) } else { b.dw_sink.slice_mut(..d) }
+                if base { grad.slice_mut($r) } else { b.dw_sink.slice_mut(..) }
             };
         }
         linear_bwd(gpu, &acts.logits, &acts.hf, w, flat.head, None, &mut b.dh, base.then_some(&mut *grad), &io.ones, (n, d, c.vocab))?;
@@ -566,8 +586,18 @@ impl GpuModel {
             if let Some(lo) = lora.as_mut() {
                 lo.backward(gpu, li, Target::O, &a.att, &b.dres, 0, d, &mut b.datt, n)?;
             }
+            let s = AttnShape { window: windows[li], ..s };
             gpu.attention_bwd_qkv(&s, &l, &a.qkv, &a.att, &a.lse, Some(&io.seg), &b.datt, &mut b.dqkv)?;
             gpu.rope(&mut b.dqkv, Some(&io.pos), &io.cos, &io.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, true)?;
+            if let (Some((raw, rstd)), Some(qn), Some(kn)) = (&a.qk, lw.q_norm, lw.k_norm) {
+                // through Qwen3's q/k norms, in place on dq | dk (under LoRA their weights frozen)
+                let (nq, nk) = (n * c.hq, n * c.hkv);
+                let (rq, rk) = (raw.slice(..nq * c.hd), raw.slice(nq * c.hd..(nq + nk) * c.hd));
+                let (sq, sk) = (rstd.slice(..nq), rstd.slice(nq..nq + nk));
+                let (gq, gk) = (qn..qn + c.hd, kn..kn + c.hd);
+                gpu.head_rmsnorm_bwd(&mut b.dqkv, &rq, &w.slice(gq.clone()), &sq, &mut dw!(gq), n, c.hq, c.hd, c.wqkv)?;
+                gpu.head_rmsnorm_bwd(&mut b.dqkv.slice_mut(c.qd..), &rk, &w.slice(gk.clone()), &sk, &mut dw!(gk), n, c.hkv, c.hd, c.wqkv)?;
+            }
             linear_bwd(gpu, &b.dqkv, &a.h1, w, lw.qkv, lw.qkv_bias, &mut b.dh, base.then_some(&mut *grad), &io.ones, (n, d, c.wqkv))?;
             if let Some(lo) = lora.as_mut() {
                 for (tg, col) in [(Target::Q, 0), (Target::K, c.qd), (Target::V, c.qd + c.kvd)] {

@@ -46,7 +46,8 @@ fn schedule_config(gpu: &Gpu, i: usize) -> Option<Order> {
 }
 
 /// (label, config): GQA + tied head + Llama 3 RoPE scaling (llama); q/k/v biases + untied head + head_dim 128 (qwen2);
-/// o and MLP biases (llama attention_bias / mlp_bias).
+/// o and MLP biases (llama attention_bias / mlp_bias); Qwen3's q/k norms with a sliding window
+/// of 23 on its second layer (shorter than every sequence and than the packed row's segments).
 fn configs() -> Vec<(&'static str, ModelConfig)> {
     let base = |vocab: usize, hidden: usize, heads: usize, kv: usize, inter: usize| {
         let mut c = ModelConfig::preset("tiny", vocab).unwrap();
@@ -73,7 +74,19 @@ fn configs() -> Vec<(&'static str, ModelConfig)> {
     let mut biased = base(96, 128, 2, 2, 256);
     biased.attention_bias = true;
     biased.mlp_bias = true;
-    vec![("llama GQA tied llama3-rope", llama), ("qwen2 qkv-bias untied hd128", qwen), ("llama o/mlp bias", biased)]
+    let mut qwen3 = base(120, 128, 2, 1, 256);
+    qwen3.model_type = "qwen3".into();
+    qwen3.architectures = vec!["Qwen3ForCausalLM".into()];
+    qwen3.head_dim = Some(64);
+    for (k, v) in [("use_sliding_window", serde_json::json!(true)), ("sliding_window", serde_json::json!(23)), ("max_window_layers", serde_json::json!(1))] {
+        qwen3.extra.insert(k.into(), v);
+    }
+    vec![
+        ("llama GQA tied llama3-rope", llama),
+        ("qwen2 qkv-bias untied hd128", qwen),
+        ("llama o/mlp bias", biased),
+        ("qwen3 q/k-norm window 23 on layer 1", qwen3),
+    ]
 }
 
 /// A random model whose weights are exactly representable in bf16 (norm weights and biases
@@ -240,8 +253,9 @@ fn gpu_model_matches_cpu_on_one_batch() {
 /// LoRA (`coa_model::lora`) on the GPU against the CPU model with the same adapter: log-probs, loss
 /// and the A / B gradients (the same tolerances as the full model's: the adapter's gradients are
 /// products of the same bf16 activations and gradients), with dropout on (the masks must be the
-/// CPU's: a different mask gives O(1) gradient errors) across all seven targets, and PEFT's
-/// default q/v targets without dropout on the qwen2 config (head_dim 128, q/k/v biases). B is
+/// CPU's: a different mask gives O(1) gradient errors) across all seven targets, PEFT's default
+/// q/v targets without dropout on the qwen2 config (head_dim 128, q/k/v biases), and q, k, o, down
+/// on the qwen3 config (the q/k adapters' output passes through the q/k norms; a sliding window). B is
 /// random (a fresh adapter's B = 0 would leave dA zero and untested). Reference weights swapped in
 /// run without the adapter until restored. An AdamW step moves A and B and leaves the base
 /// masters bit for bit as they were; the adapter's moments round-trip exactly.
@@ -252,7 +266,9 @@ fn gpu_lora_matches_cpu_on_one_batch() {
     let test = "gpu_lora_matches_cpu_on_one_batch";
     let gpu = test_gpu(test);
     let mut rng = seeded(test);
-    let setups = [(0usize, LoraConfig { rank: 8, alpha: 16.0, dropout: 0.1, targets: Target::ALL.to_vec() }), (1, LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets: Target::peft_default() })];
+    let setups = [(0usize, LoraConfig { rank: 8, alpha: 16.0, dropout: 0.1, targets: Target::ALL.to_vec() }), (1, LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets: Target::peft_default() }),
+        (3, LoraConfig { rank: 4, alpha: 8.0, dropout: 0.05, targets: vec![Target::Q, Target::K, Target::O, Target::Down] }),
+    ];
     for (i, lc) in setups {
         let (label, c) = configs().remove(i);
         let order = schedule_config(&gpu, i + 1);

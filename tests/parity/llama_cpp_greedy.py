@@ -17,7 +17,9 @@ from llama_cpp import Llama
 
 def main(path, ids_json, n, text):
     # One thread: OpenMP workers spin-wait for each other on a shared 2-core machine.
-    llm = Llama(model_path=path, n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False)
+    # logits_all: without it llama-cpp-python 0.3 leaves `scores` unfilled (sampling is done
+    # inside its sampler), and every argmax would read zeros.
+    llm = Llama(model_path=path, n_ctx=512, n_threads=1, n_threads_batch=1, logits_all=True, verbose=False)
     ids = json.loads(ids_json)
     llm.eval(ids)
     greedy = []

@@ -14,6 +14,8 @@ Each fixture directory <case>/ holds:
 
 The loss is HF's causal-LM loss: labels = input_ids with -100 where loss_mask is 0 (HF shifts
 them: token t is predicted from position t-1), mean over the unmasked targets.
+Sliding-window cases (qwen3_sliding, mistral_window, qwen2_sliding) use windows shorter than
+the sequence, so HF's own sliding-window mask decides which keys each query sees.
 A packed case ("llama_packed") expresses packing in HF with a 4D block-diagonal causal mask and
 position ids that restart at each segment; the first token of each segment gets label -100.
 
@@ -72,6 +74,35 @@ CASES = {
         tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-5, T=22, seed=5,
         segments=[7, 9, 6],
     ),
+    # qwen3: per-head q/k RMSNorm, GQA 4 -> 2, head_dim 12 != 32/4, untied, attention_bias (q/k/v/o)
+    "qwen3_qknorm": dict(
+        model_type="qwen3", vocab_size=59, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+        attention_bias=True, tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        T=21, seed=7,
+    ),
+    # qwen3 with a sliding window of 5 < T on the layers from max_window_layers = 1 (layers 1, 2)
+    "qwen3_sliding": dict(
+        model_type="qwen3", vocab_size=47, hidden_size=32, intermediate_size=40,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        use_sliding_window=True, sliding_window=5, max_window_layers=1,
+        tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-5, T=20, seed=8,
+    ),
+    # mistral: a sliding window of 6 < T on every layer, GQA, untied
+    "mistral_window": dict(
+        model_type="mistral", vocab_size=57, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        sliding_window=6, tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-5,
+        T=19, seed=9,
+    ),
+    # qwen2 with use_sliding_window, a window of 4 < T on the layers layer_types marks
+    "qwen2_sliding": dict(
+        model_type="qwen2", vocab_size=52, hidden_size=32, intermediate_size=40,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
+        use_sliding_window=True, sliding_window=4, max_window_layers=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6, T=17, seed=10,
+    ),
 }
 
 
@@ -99,7 +130,7 @@ def randomize_parameters(model):
 
 
 def build(case):
-    from transformers import LlamaConfig, Qwen2Config, LlamaForCausalLM, Qwen2ForCausalLM
+    import transformers as tf
     c = dict(case)
     T = c.pop("T")
     seed = c.pop("seed")
@@ -107,12 +138,9 @@ def build(case):
     mt = c.pop("model_type")
     common = dict(max_position_embeddings=128, initializer_range=0.02, bos_token_id=1, eos_token_id=2,
                   attn_implementation="eager")
-    if mt == "llama":
-        cfg = LlamaConfig(**c, **common)
-        cls = LlamaForCausalLM
-    else:
-        cfg = Qwen2Config(**c, **common)
-        cls = Qwen2ForCausalLM
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}[mt]
+    cfg = getattr(tf, prefix + "Config")(**c, **common)
+    cls = getattr(tf, prefix + "ForCausalLM")
     torch.manual_seed(seed)
     model = cls(cfg).float().eval()
     randomize_parameters(model)

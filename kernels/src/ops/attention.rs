@@ -24,6 +24,8 @@ pub struct AttnShape {
     pub q_heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Sliding window (0: none): query i sees key j only while i − j < window.
+    pub window: usize,
 }
 
 /// Element strides of one [B, T, H, hd] tensor (hd contiguous).
@@ -101,7 +103,7 @@ struct AttnParams {
     Hq: i32,
     Hkv: i32,
     scale: f32,
-    pad_: i32,
+    window: i32,
 }
 // SAFETY: plain-old-data, #[repr(C)], mirrored field for field by the CUDA struct.
 unsafe impl DeviceRepr for AttnParams {}
@@ -150,6 +152,7 @@ impl Gpu {
             Hq: i32_of("q_heads", s.q_heads)?,
             Hkv: i32_of("kv_heads", s.kv_heads)?,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
+            window: i32_of("window", s.window)?,
             ..Default::default()
         })
     }
@@ -380,7 +383,7 @@ mod tests {
     #[test]
     fn attn_params_matches_the_kernels_struct() {
         let rust = layout!(AttnParams; q, k, v, o, lse, seg, dout, dq_acc, dq, dk, dv, delta,
-            q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, o_sb, o_st, o_sh, B, T, Hq, Hkv, scale, pad_);
+            q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, o_sb, o_st, o_sh, B, T, Hq, Hkv, scale, window);
         let cuda = crate::emu::struct_layout("AttnParams").expect("the emulated device");
         assert_eq!(cuda.fields, rust, "AttnParams: the kernels' struct (attention.cu, left) and its Rust mirror (right) differ");
         assert_eq!(cuda.size, std::mem::size_of::<AttnParams>(), "AttnParams: size");

@@ -99,7 +99,8 @@ impl Gpu {
     }
 
     /// `o [R, Hq, D]` = causal attention of `q [R, Hq, D]` (row stride `q_stride`) over positions
-    /// `0..=pos[r]` of slot `slot[r]`, softmax scale `1/sqrt(D)`.
+    /// `0..=pos[r]` of slot `slot[r]` (with a sliding `window` > 0, only the last `window` of
+    /// them: `pos[r] − window < j`), softmax scale `1/sqrt(D)`.
     #[allow(clippy::too_many_arguments)]
     pub fn attn_extend(
         &self,
@@ -111,6 +112,7 @@ impl Gpu {
         slot: &impl DevicePtr<i32>,
         pos: &impl DevicePtr<i32>,
         o: &mut impl DevicePtrMut<bf16>,
+        window: usize,
     ) -> Result<()> {
         s.check()?;
         let qd = s.q_heads * s.head_dim;
@@ -136,12 +138,13 @@ impl Gpu {
         let (d, l) = (i32_of("head_dim", s.head_dim)?, i32_of("max_len", s.max_len)?);
         let st = q_stride as i64;
         let scale = 1.0f32 / (s.head_dim as f32).sqrt();
+        let window = i32_of("window", window)?;
         const WARPS: usize = 4; // DEC_WARPS in decode_attention.cu
         let blocks = u32::try_from((s.rows * s.q_heads).div_ceil(WARPS))
             .map_err(|_| Error(format!("attn_extend: {} rows x {} heads is too many blocks", s.rows, s.q_heads)))?;
         let f = self.func(&SOURCE, "attn_extend")?;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&qp).arg(&st).arg(&kc).arg(&vc).arg(&sp).arg(&pp).arg(&op).arg(&r).arg(&hq).arg(&hkv).arg(&d).arg(&l).arg(&scale);
+        b.arg(&qp).arg(&st).arg(&kc).arg(&vc).arg(&sp).arg(&pp).arg(&op).arg(&r).arg(&hq).arg(&hkv).arg(&d).arg(&l).arg(&scale).arg(&window);
         // SAFETY: extents checked; every row's keys 0..=pos[r] lie inside its slot (pos < max_len).
         unsafe { b.launch(Self::cfg1(blocks, (32 * WARPS) as u32, 0)) }?;
         Ok(())

@@ -1,6 +1,6 @@
 //! `kernels/attention.cu` (launchers: `src/ops/attention.rs`) against the CPU reference
-//! `coa_model::ops::attention_forward` / `attention_backward`: GQA ratios, both head dims, tails,
-//! packed segments, batches of two.
+//! `coa_model::ops::attention_forward_prefix` / `attention_backward_prefix`: GQA ratios, both head
+//! dims, tails, packed segments, batches of two, sliding windows.
 
 use super::*;
 use coa_kernels::ops::attention::{AttnLayout, AttnShape};
@@ -13,7 +13,24 @@ fn attention_fwd_bwd_matches_cpu() {
     for (hd, hq, hkv) in [(64usize, 4usize, 4usize), (64, 4, 2), (128, 6, 2), (128, 8, 1), (64, 2, 1), (128, 2, 2)] {
         let b = 1 + rng.below(2);
         let t = [1usize, 17, 64, 65, 127, 200, 333][rng.below(7)];
-        case(&gpu, &mut rng, AttnShape { batch: b, seq: t, q_heads: hq, kv_heads: hkv, head_dim: hd });
+        case(&gpu, &mut rng, AttnShape { batch: b, seq: t, q_heads: hq, kv_heads: hkv, head_dim: hd, window: 0 });
+    }
+}
+
+/// Sliding windows shorter than the sequence (1: each query sees itself only; 37 and 100, not
+/// block-aligned; 64, one key block), on one sequence and on packed segments longer and shorter
+/// than the window: the forward must skip and mask the keys before each query's window, and the
+/// backward's query loop must stop where the key block's window ends.
+#[test]
+fn attention_sliding_window_cases() {
+    let test = "attention_sliding_window_cases";
+    let gpu = test_gpu(test);
+    let mut rng = seeded(test);
+    let split: Vec<i32> = (0..200).map(|i| if i < 30 { 0 } else if i < 150 { 1 } else { 2 }).collect();
+    for (hd, hq, hkv, window) in [(64usize, 4usize, 2usize, 37usize), (128, 2, 1, 100), (64, 2, 2, 1), (128, 4, 2, 64)] {
+        let s = AttnShape { batch: 1, seq: 200, q_heads: hq, kv_heads: hkv, head_dim: hd, window };
+        case_with(&gpu, &mut rng, s, Some(vec![None]));
+        case_with(&gpu, &mut rng, s, Some(vec![Some(split.clone())]));
     }
 }
 
@@ -30,7 +47,7 @@ fn attention_long_and_packed_cases() {
     let mut rng = seeded(test);
     let split: Vec<i32> = (0..256).map(|i| i32::from(i >= 100)).collect();
     for (hd, hq, hkv) in [(64usize, 4usize, 2usize), (128, 2, 1)] {
-        let s = AttnShape { batch: 1, seq: 256, q_heads: hq, kv_heads: hkv, head_dim: hd };
+        let s = AttnShape { batch: 1, seq: 256, q_heads: hq, kv_heads: hkv, head_dim: hd, window: 0 };
         case_with(&gpu, &mut rng, s, Some(vec![None]));
         case_with(&gpu, &mut rng, s, Some(vec![Some(split.clone())]));
     }
@@ -39,8 +56,9 @@ fn attention_long_and_packed_cases() {
 /// For the schedule-order test: two query blocks (the diagonal and the one before it), GQA, both
 /// head dims.
 pub fn small(gpu: &Gpu, rng: &mut Rng) {
-    case(gpu, rng, AttnShape { batch: 1, seq: 70, q_heads: 4, kv_heads: 2, head_dim: 64 });
-    case(gpu, rng, AttnShape { batch: 2, seq: 40, q_heads: 2, kv_heads: 1, head_dim: 128 });
+    case(gpu, rng, AttnShape { batch: 1, seq: 70, q_heads: 4, kv_heads: 2, head_dim: 64, window: 0 });
+    case(gpu, rng, AttnShape { batch: 2, seq: 40, q_heads: 2, kv_heads: 1, head_dim: 128, window: 0 });
+    case(gpu, rng, AttnShape { batch: 1, seq: 70, q_heads: 2, kv_heads: 1, head_dim: 64, window: 19 });
 }
 
 fn case(gpu: &Gpu, rng: &mut Rng, s: AttnShape) {
@@ -49,7 +67,7 @@ fn case(gpu: &Gpu, rng: &mut Rng, s: AttnShape) {
 
 /// One case with the given segment ids per sequence (None: random ones).
 fn case_with(gpu: &Gpu, rng: &mut Rng, s: AttnShape, segments: Option<Vec<Option<Vec<i32>>>>) {
-    let AttnShape { batch: b, seq: t, q_heads: hq, kv_heads: hkv, head_dim: hd } = s;
+    let AttnShape { batch: b, seq: t, q_heads: hq, kv_heads: hkv, head_dim: hd, window } = s;
 
     let segs: Vec<Option<Vec<i32>>> = segments.unwrap_or_else(|| (0..b).map(|_| random_segments(rng, t)).collect());
     let use_seg = segs.iter().any(|x| x.is_some());
@@ -69,10 +87,11 @@ fn case_with(gpu: &Gpu, rng: &mut Rng, s: AttnShape, segments: Option<Vec<Option
         let (_, start) = ops::segment_layout(t, segs[bi].as_deref());
         seg_start_all.extend(start.iter().map(|&x| x as i32));
         let (qs, ks) = (bi * t * qw..(bi + 1) * t * qw, bi * t * kw..(bi + 1) * t * kw);
-        ops::attention_forward(&mut o_ref[qs.clone()], &mut lse_ref[bi * t * hq..(bi + 1) * t * hq], &q[qs.clone()], &k[ks.clone()], &v[ks.clone()], &start, hq, hkv, hd);
+        let f32_ = coa_model::MatmulDtype::F32;
+        ops::attention_forward_prefix(&mut o_ref[qs.clone()], &mut lse_ref[bi * t * hq..(bi + 1) * t * hq], &q[qs.clone()], &k[ks.clone()], &v[ks.clone()], &start, 0, window, hq, hkv, hd, f32_);
         // The GPU's backward reads the bf16 o it wrote; give the reference the same rounding.
         let o_b = round_bf16(&o_ref[qs.clone()]);
-        ops::attention_backward(
+        ops::attention_backward_prefix(
             &mut dq_ref[qs.clone()],
             &mut dk_ref[ks.clone()],
             &mut dv_ref[ks.clone()],
@@ -83,9 +102,12 @@ fn case_with(gpu: &Gpu, rng: &mut Rng, s: AttnShape, segments: Option<Vec<Option
             &o_b,
             &lse_ref[bi * t * hq..(bi + 1) * t * hq],
             &start,
+            0,
+            window,
             hq,
             hkv,
             hd,
+            f32_,
         );
     }
 

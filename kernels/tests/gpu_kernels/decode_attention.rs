@@ -13,23 +13,36 @@ fn decode_attention_matches_cpu() {
     let gpu = test_gpu(test);
     let mut rng = seeded(test);
     for (hd, hq, hkv) in [(64usize, 4usize, 4usize), (64, 4, 2), (128, 8, 2), (32, 2, 1), (80, 6, 3), (256, 2, 2)] {
-        case(&gpu, &mut rng, hd, hq, hkv, 300);
+        case(&gpu, &mut rng, hd, hq, hkv, 300, 0);
+    }
+}
+
+/// A sliding window shorter than the slots' lengths (not a multiple of the 32-key chunk, and 1):
+/// each row attends to its last `window` positions only, though the cache holds them all.
+#[test]
+fn decode_attention_with_a_window_matches_cpu() {
+    let test = "decode_attention_with_a_window_matches_cpu";
+    let gpu = test_gpu(test);
+    let mut rng = seeded(test);
+    for (hd, hq, hkv, window) in [(64usize, 4usize, 2usize, 45usize), (128, 2, 1, 1), (32, 2, 2, 70)] {
+        case(&gpu, &mut rng, hd, hq, hkv, 300, window);
     }
 }
 
 /// For the schedule-order test.
 pub fn small(gpu: &Gpu, rng: &mut Rng) {
-    case(gpu, rng, 64, 4, 2, 70);
+    case(gpu, rng, 64, 4, 2, 70, 0);
+    case(gpu, rng, 64, 2, 1, 70, 9);
 }
 
-fn case(gpu: &Gpu, rng: &mut Rng, hd: usize, hq: usize, hkv: usize, max_len: usize) {
+fn case(gpu: &Gpu, rng: &mut Rng, hd: usize, hq: usize, hkv: usize, max_len: usize, window: usize) {
 
     let slots = 3usize;
     let (qw, kw) = (hq * hd, hkv * hd);
     // Per slot: its length and how many of its last rows come in the second call.
     let lens: Vec<usize> = (0..slots).map(|_| 1 + rng.below(max_len)).collect();
     let tails: Vec<usize> = lens.iter().map(|&n| 1 + rng.below(n.min(4))).collect();
-    eprintln!(" head_dim {hd}, heads {hq}/{hkv}, slot lengths {lens:?}, second-call rows {tails:?}");
+    eprintln!(" head_dim {hd}, heads {hq}/{hkv}, window {window}, slot lengths {lens:?}, second-call rows {tails:?}");
     let q: Vec<Vec<f32>> = lens.iter().map(|&n| round_bf16(&rng.normals(n * qw, 1.0))).collect();
     let k: Vec<Vec<f32>> = lens.iter().map(|&n| round_bf16(&rng.normals(n * kw, 1.0))).collect();
     let v: Vec<Vec<f32>> = lens.iter().map(|&n| round_bf16(&rng.normals(n * kw, 1.0))).collect();
@@ -38,7 +51,7 @@ fn case(gpu: &Gpu, rng: &mut Rng, hd: usize, hq: usize, hkv: usize, max_len: usi
             let n = lens[s];
             let (_, start) = ops::segment_layout(n, None);
             let (mut o, mut lse) = (vec![0f32; n * qw], vec![0f32; n * hq]);
-            ops::attention_forward(&mut o, &mut lse, &q[s], &k[s], &v[s], &start, hq, hkv, hd);
+            ops::attention_forward_prefix(&mut o, &mut lse, &q[s], &k[s], &v[s], &start, 0, window, hq, hkv, hd, coa_model::MatmulDtype::F32);
             o
         })
         .collect();
@@ -67,7 +80,7 @@ fn case(gpu: &Gpu, rng: &mut Rng, hd: usize, hq: usize, hkv: usize, max_len: usi
         let (sd, pd) = (gpu.upload(&slot_i).unwrap(), gpu.upload(&pos_i).unwrap());
         gpu.kv_append(&shape, &kd, &vd, kw, &mut kc, &mut vc, &sd, &pd).unwrap();
         let mut od = poison_bf16(gpu, rows.len() * qw);
-        gpu.attn_extend(&shape, &qd, qw, &kc, &vc, &sd, &pd, &mut od).unwrap();
+        gpu.attn_extend(&shape, &qd, qw, &kc, &vc, &sd, &pd, &mut od, window).unwrap();
         let got = gpu.download_bf16(&od).unwrap();
         // fp32 softmax and accumulation (fast exp), then one bf16 rounding of the output.
         check(&format!("decode attention (call {call})"), &got, &want, BF16_ULP * max_abs(&vn), BF16_ULP, 1e-2);

@@ -1018,10 +1018,14 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     if args.model.checkpoint.is_file() {
         stage.add_input_file(&args.model.checkpoint);
     }
-    for f in ["config.json", "model.safetensors", "tokenizer.json", coa_tokenize::CONFIG_FILE] {
-        let p = args.model.checkpoint.join(f);
-        if p.exists() {
-            stage.add_input_file(&p);
+    if args.model.checkpoint.is_dir() {
+        // config.json, the weights (model.safetensors, or the shards its index names), the tokenizer.
+        let dir = &args.model.checkpoint;
+        let mut files = vec![dir.join("config.json")];
+        files.extend(coa_model::io::weight_files(dir)?);
+        files.extend(["tokenizer.json", coa_tokenize::CONFIG_FILE].map(|f| dir.join(f)));
+        for p in files.iter().filter(|p| p.exists()) {
+            stage.add_input_file(p);
         }
     }
     let codec = if args.plain { Codec::plain(&vocab) } else { Codec::new(&vocab)? };

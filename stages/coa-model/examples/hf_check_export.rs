@@ -14,14 +14,21 @@ use coa_model::{Model, ModelConfig, SaveDtype, Seq, TokenIds};
 
 fn main() -> Result<()> {
     let out = PathBuf::from(std::env::args().nth(1).context("usage: hf_check_export OUT_DIR")?);
-    let cases: Vec<(&str, &str, bool, bool, SaveDtype)> = vec![
-        ("llama_tied_f32", "llama", true, false, SaveDtype::F32),
-        ("llama_tied_bf16", "llama", true, false, SaveDtype::Bf16),
-        ("llama_untied_bias_f32", "llama", false, true, SaveDtype::F32),
-        ("qwen2_untied_f32", "qwen2", false, false, SaveDtype::F32),
-        ("qwen2_tied_bf16", "qwen2", true, false, SaveDtype::Bf16),
+    // (name, model_type, tied, attention_bias, dtype, sliding window: on layers 2.. for the Qwens,
+    // every layer for Mistral; 40 input ids, so the windows cut)
+    type Case = (&'static str, &'static str, bool, bool, SaveDtype, Option<usize>);
+    let cases: Vec<Case> = vec![
+        ("llama_tied_f32", "llama", true, false, SaveDtype::F32, None),
+        ("llama_tied_bf16", "llama", true, false, SaveDtype::Bf16, None),
+        ("llama_untied_bias_f32", "llama", false, true, SaveDtype::F32, None),
+        ("qwen2_untied_f32", "qwen2", false, false, SaveDtype::F32, None),
+        ("qwen2_tied_bf16", "qwen2", true, false, SaveDtype::Bf16, None),
+        ("qwen2_window_f32", "qwen2", false, false, SaveDtype::F32, Some(11)),
+        ("qwen3_untied_bias_window_f32", "qwen3", false, true, SaveDtype::F32, Some(7)),
+        ("qwen3_tied_bf16", "qwen3", true, false, SaveDtype::Bf16, None),
+        ("mistral_window_f32", "mistral", false, false, SaveDtype::F32, Some(9)),
     ];
-    for (name, mt, tied, bias, dtype) in cases {
+    for (name, mt, tied, bias, dtype, window) in cases {
         let mut c = ModelConfig::preset("tiny", 300)?;
         c.model_type = mt.to_string();
         c.architectures.clear();
@@ -29,6 +36,11 @@ fn main() -> Result<()> {
         c.attention_bias = bias;
         c.bos_token_id = Some(1);
         c.eos_token_id = Some(TokenIds::One(2));
+        c.extra.insert("sliding_window".into(), window.into());
+        if window.is_some() && mt != "mistral" {
+            c.extra.insert("use_sliding_window".into(), true.into());
+            c.extra.insert("max_window_layers".into(), 2.into());
+        }
         let mut m = Model::init(c, 42)?;
         // Perturb everything (biases and norms included) so each code path matters.
         for t in m.params.iter_mut() {

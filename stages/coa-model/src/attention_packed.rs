@@ -13,7 +13,7 @@
 use rayon::prelude::*;
 
 use crate::bf16mm::{gemm_prepacked, round_to_bf16, AElem, Engine, Panels};
-use crate::ops::{ds_row, head_major, key_span, row_span, softmax_row, SendPtr, ATT_BLOCK};
+use crate::ops::{ds_row, head_major, key_span, row_span, softmax_row, window_cut, SendPtr, ATT_BLOCK};
 
 /// Where a product may start inside packed panels (their columns and depths).
 const GRAIN: usize = 32;
@@ -57,13 +57,13 @@ impl BlockCols {
         BlockCols { np, npa, k0, k0a, w: npa + (i1 - k0a).next_multiple_of(GRAIN) }
     }
 
-    /// Query i's columns: `[0, a)` (the shared prefix) and `[lo, hi)` (its segment up to itself),
+    /// Query i's columns: `[a0, a)` (the shared prefix) and `[lo, hi)` (its segment up to itself),
     /// [`row_span`]'s in this layout.
-    fn row(&self, seg_start: &[usize], prefix: usize, i: usize) -> (usize, usize, usize) {
-        let (a, lo, hi) = row_span(seg_start, prefix, self.np, self.k0, i);
+    fn row(&self, seg_start: &[usize], prefix: usize, window: usize, i: usize) -> (usize, usize, usize, usize) {
+        let (a0, a, lo, hi) = row_span(seg_start, prefix, window, self.np, self.k0, i);
         // A block with prefix tokens among its run has k0 = k0a = 0: no shift for its [0, a).
         let shift = self.npa - self.np + self.k0 - self.k0a;
-        (a, lo + shift, hi + shift)
+        (a0, a, lo + shift, hi + shift)
     }
 
     /// The column of key `j` of the block's run (`j >= k0a`).
@@ -110,6 +110,7 @@ pub(crate) fn forward(
     v: &[f32],
     seg_start: &[usize],
     prefix: usize,
+    window: usize,
     n_heads: usize,
     n_kv_heads: usize,
     hd: usize,
@@ -148,7 +149,7 @@ pub(crate) fn forward(
             unsafe { block_scores(engine, s, q.as_ptr().add(i0 * qw + h * hd), qw, &heads[2 * g], &cols, nb, i1, hd) };
             for r in 0..nb {
                 let i = i0 + r;
-                let l = softmax_row(&mut s[r * cols.w..(r + 1) * cols.w], cols.row(seg_start, prefix, i), scale);
+                let l = softmax_row(&mut s[r * cols.w..(r + 1) * cols.w], cols.row(seg_start, prefix, window, i), scale);
                 // SAFETY: (i, h) is written by this task only.
                 unsafe { *lsep.0.add(i * n_heads + h) = l };
             }
@@ -175,6 +176,7 @@ pub(crate) fn backward(
     seg_start: &[usize],
     seg_end: &[usize],
     prefix: usize,
+    window: usize,
     n_heads: usize,
     n_kv_heads: usize,
     hd: usize,
@@ -275,7 +277,7 @@ pub(crate) fn backward(
                     let i = i0 + r;
                     let (l, d) = (lse[i * n_heads + h], delta[i * n_heads + h]);
                     let (pr, dsr) = (&mut s[r * cols.w..(r + 1) * cols.w], &mut dp[r * cols.w..(r + 1) * cols.w]);
-                    ds_row(pr, dsr, cols.row(seg_start, prefix, i), scale, l, d, keep);
+                    ds_row(pr, dsr, cols.row(seg_start, prefix, window, i), scale, l, d, keep);
                     if keep {
                         // Rounded as the products round them, while the row is in L1.
                         let row = r * cols.w..(r + 1) * cols.w;
@@ -369,6 +371,7 @@ pub(crate) fn backward(
                         pr[hi..].iter_mut().for_each(|x| *x = 0.0);
                         dsr[..lo].iter_mut().for_each(|x| *x = 0.0);
                         dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
+                        window_cut(pr, dsr, seg_start, prefix, window, j, j0, lo, hi);
                     }
                     // dV[j0..j1, g] += Pᵀ · dO[j0..e, h];  dK[j0..j1, g] += scale · dSᵀ · Q[j0..e, h]
                     // SAFETY: rows j0..j1, kv head g of dk / dv belong to this task alone.
@@ -411,9 +414,9 @@ mod tests {
             let run = |per_product: bool, limit: usize| {
                 PER_PRODUCT.set(per_product);
                 let (mut out, mut lse) = (vec![f32::NAN; t * nh * hd], vec![0f32; t * nh]);
-                attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, nh, nkv, hd, MatmulDtype::Bf16);
+                attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::Bf16);
                 let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, nh, nkv, hd, MatmulDtype::Bf16, limit);
+                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::Bf16, limit);
                 PER_PRODUCT.set(false);
                 [out, lse, dq, dk, dv]
             };
@@ -450,10 +453,10 @@ mod tests {
             for (per_product, keep) in [(true, true), (false, true), (false, false)] {
                 PER_PRODUCT.set(per_product);
                 let t0 = std::time::Instant::now();
-                attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, 0, nh, nkv, hd, MatmulDtype::Bf16);
+                attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, 0, 0, nh, nkv, hd, MatmulDtype::Bf16);
                 let t1 = std::time::Instant::now();
                 let keep_limit = if keep { usize::MAX } else { 0 };
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 0, nh, nkv, hd, MatmulDtype::Bf16, keep_limit);
+                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 0, 0, nh, nkv, hd, MatmulDtype::Bf16, keep_limit);
                 let t2 = std::time::Instant::now();
                 PER_PRODUCT.set(false);
                 let name = match (per_product, keep) {

@@ -1,4 +1,4 @@
-//! `ModelConfig`: the HF `config.json` of a Llama / Qwen2 decoder.
+//! `ModelConfig`: the HF `config.json` of a Llama / Qwen2 / Qwen3 / Mistral decoder.
 //!
 //! Parsed by hand from a JSON object (not derived) so that every error names the field, and so
 //! that fields we do not model (`transformers_version`, `use_cache`, `sliding_window`, ...) are
@@ -168,7 +168,7 @@ impl Llama3Rope {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     pub architectures: Vec<String>,
-    /// "llama" or "qwen2".
+    /// One of [`MODEL_TYPES`].
     pub model_type: String,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -182,7 +182,8 @@ pub struct ModelConfig {
     /// Top-level `rope_theta`, or `rope_parameters.rope_theta` (transformers v5 layout).
     pub rope_theta: f64,
     pub tie_word_embeddings: bool,
-    /// Llama: bias on q/k/v AND o_proj. Ignored for qwen2, which always has q/k/v bias and no o bias.
+    /// Llama, Qwen3: bias on q/k/v AND o_proj. Ignored for qwen2 (always q/k/v bias, no o bias)
+    /// and mistral (no bias).
     pub attention_bias: bool,
     /// Llama only: bias on gate/up/down projections.
     pub mlp_bias: bool,
@@ -195,6 +196,21 @@ pub struct ModelConfig {
     pub hidden_act: String,
     /// Every other field of config.json, preserved in order on save.
     pub extra: Map<String, Value>,
+}
+
+/// The `model_type`s read, each with its HF architecture (`architectures[0]`): Llama-shaped
+/// decoders; qwen2 adds q/k/v biases, qwen3 a per-head RMSNorm of q and k, mistral and both Qwens
+/// a sliding window ([`ModelConfig::layer_windows`]).
+pub const MODEL_TYPES: [(&str, &str); 4] = [
+    ("llama", "LlamaForCausalLM"),
+    ("qwen2", "Qwen2ForCausalLM"),
+    ("qwen3", "Qwen3ForCausalLM"),
+    ("mistral", "MistralForCausalLM"),
+];
+
+/// The HF architecture of a supported `model_type` (Llama's for another).
+pub fn hf_architecture(model_type: &str) -> &'static str {
+    MODEL_TYPES.iter().find(|(m, _)| *m == model_type).map_or("LlamaForCausalLM", |(_, a)| a)
 }
 
 /// The config field of [`ModelConfig::rope_freq_factors`].
@@ -337,10 +353,9 @@ impl ModelConfig {
         };
         let model_type = match get_str(obj, "model_type")? {
             Some(m) => m,
-            None => match architectures.first().map(String::as_str) {
-                Some("LlamaForCausalLM") => "llama".to_string(),
-                Some("Qwen2ForCausalLM") => "qwen2".to_string(),
-                _ => bail!("config field `model_type` is missing"),
+            None => match architectures.first().and_then(|a| MODEL_TYPES.iter().find(|(_, arch)| arch == a)) {
+                Some((m, _)) => m.to_string(),
+                None => bail!("config field `model_type` is missing"),
             },
         };
         let vocab_size = req_usize(obj, "vocab_size")?;
@@ -388,11 +403,16 @@ impl ModelConfig {
             intermediate_size,
             num_hidden_layers,
             num_attention_heads,
-            num_key_value_heads: get_usize(obj, "num_key_value_heads")?.unwrap_or(num_attention_heads),
+            // transformers' defaults where a field is absent
+            num_key_value_heads: get_usize(obj, "num_key_value_heads")?.unwrap_or(match model_type.as_str() {
+                "mistral" => 8,
+                _ => num_attention_heads,
+            }),
             max_position_embeddings: get_usize(obj, "max_position_embeddings")?.unwrap_or(match model_type
                 .as_str()
             {
-                "qwen2" => 32768,
+                "qwen2" | "qwen3" => 32768,
+                "mistral" => 4096 * 32,
                 _ => 2048,
             }),
             rms_norm_eps: get_f64(obj, "rms_norm_eps")?.unwrap_or(1e-6),
@@ -404,7 +424,7 @@ impl ModelConfig {
             bos_token_id: get_u32(obj, "bos_token_id")?,
             eos_token_id,
             torch_dtype,
-            head_dim: get_usize(obj, "head_dim")?,
+            head_dim: get_usize(obj, "head_dim")?.or((model_type == "qwen3").then_some(128)),
             hidden_act: get_str(obj, "hidden_act")?.unwrap_or_else(|| "silu".to_string()),
             model_type,
             extra,
@@ -415,10 +435,7 @@ impl ModelConfig {
     pub fn to_json(&self) -> Value {
         let mut o = Map::new();
         let arch = if self.architectures.is_empty() {
-            vec![match self.model_type.as_str() {
-                "qwen2" => "Qwen2ForCausalLM".to_string(),
-                _ => "LlamaForCausalLM".to_string(),
-            }]
+            vec![hf_architecture(&self.model_type).to_string()]
         } else {
             self.architectures.clone()
         };
@@ -434,10 +451,10 @@ impl ModelConfig {
         o.insert("rms_norm_eps".into(), Value::from(self.rms_norm_eps));
         o.insert("rope_theta".into(), Value::from(self.rope_theta));
         o.insert("tie_word_embeddings".into(), Value::from(self.tie_word_embeddings));
-        if self.model_type != "qwen2" || self.attention_bias {
+        if matches!(self.model_type.as_str(), "llama" | "qwen3") || self.attention_bias {
             o.insert("attention_bias".into(), Value::from(self.attention_bias));
         }
-        if self.model_type != "qwen2" || self.mlp_bias {
+        if self.model_type == "llama" || self.mlp_bias {
             o.insert("mlp_bias".into(), Value::from(self.mlp_bias));
         }
         o.insert("initializer_range".into(), Value::from(self.initializer_range));
@@ -451,7 +468,8 @@ impl ModelConfig {
         if let Some(d) = &self.torch_dtype {
             o.insert("torch_dtype".into(), Value::from(d.clone()));
         }
-        if let Some(h) = self.head_dim {
+        // Qwen3 reads an absent head_dim as 128, not hidden_size / heads: always write it there.
+        if let Some(h) = self.head_dim.or((self.model_type == "qwen3").then(|| self.head_dim())) {
             o.insert("head_dim".into(), Value::from(h));
         }
         for (k, v) in &self.extra {
@@ -573,12 +591,73 @@ impl ModelConfig {
 
     /// Whether q/k/v projections carry a bias.
     pub fn qkv_bias(&self) -> bool {
-        self.model_type == "qwen2" || self.attention_bias
+        match self.model_type.as_str() {
+            "qwen2" => true,
+            "mistral" => false,
+            _ => self.attention_bias,
+        }
     }
 
-    /// Whether o_proj carries a bias (llama `attention_bias` only).
+    /// Whether o_proj carries a bias (llama and qwen3 `attention_bias`).
     pub fn o_bias(&self) -> bool {
-        self.model_type == "llama" && self.attention_bias
+        matches!(self.model_type.as_str(), "llama" | "qwen3") && self.attention_bias
+    }
+
+    /// Whether q and k go through a per-head RMSNorm (`self_attn.q_norm` / `k_norm`, `[head_dim]`,
+    /// eps `rms_norm_eps`) before RoPE: Qwen3.
+    pub fn qk_norm(&self) -> bool {
+        self.model_type == "qwen3"
+    }
+
+    /// The sliding window of each layer (0: full attention), as transformers 5 reads the config:
+    /// query i sees key j when `i - j < window` (positions). Mistral: `sliding_window` (absent:
+    /// 4096, null: none) on every layer. Qwen2 / Qwen3: `sliding_window` (absent: 4096) only with
+    /// `use_sliding_window: true`, on the layers `layer_types` marks `sliding_attention`, or,
+    /// without `layer_types`, on layers `max_window_layers` (absent: 28) and up. Llama: none.
+    pub fn layer_windows(&self) -> Result<Vec<usize>> {
+        let n = self.num_hidden_layers;
+        let window = |default_on: bool| -> Result<Option<usize>> {
+            match self.extra.get("sliding_window") {
+                None if default_on => Ok(Some(4096)),
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => match v.as_u64() {
+                    Some(w) if w > 0 => Ok(Some(w as usize)),
+                    _ => bail!("config field `sliding_window` must be a positive integer or null, got {v}"),
+                },
+            }
+        };
+        match self.model_type.as_str() {
+            "mistral" => Ok(vec![window(true)?.unwrap_or(0); n]),
+            "qwen2" | "qwen3" => {
+                let on = get_bool(&self.extra, "use_sliding_window")?.unwrap_or(false);
+                let w = if on { window(true)? } else { None };
+                match self.extra.get("layer_types").filter(|v| !v.is_null()) {
+                    Some(v) => {
+                        let bad = || format!("config field `layer_types` must be a list of {n} \"full_attention\" / \"sliding_attention\", got {v}");
+                        let items = v.as_array().with_context(bad)?;
+                        if items.len() != n {
+                            bail!(bad());
+                        }
+                        items
+                            .iter()
+                            .map(|t| match (t.as_str(), w) {
+                                (Some("full_attention"), _) => Ok(0),
+                                (Some("sliding_attention"), Some(w)) => Ok(w),
+                                (Some("sliding_attention"), None) => {
+                                    bail!("config field `layer_types` has sliding_attention layers but no window (`use_sliding_window` is not true or `sliding_window` is null)")
+                                }
+                                _ => bail!(bad()),
+                            })
+                            .collect()
+                    }
+                    None => {
+                        let from = get_usize(&self.extra, "max_window_layers")?.unwrap_or(28);
+                        Ok((0..n).map(|l| if l >= from { w.unwrap_or(0) } else { 0 }).collect())
+                    }
+                }
+            }
+            _ => Ok(vec![0; n]),
+        }
     }
 
     /// Whether gate/up/down carry a bias (llama `mlp_bias`).
@@ -588,9 +667,9 @@ impl ModelConfig {
 
     /// Check that the model can be built from this config; errors name the field.
     pub fn validate(&self) -> Result<()> {
-        match self.model_type.as_str() {
-            "llama" | "qwen2" => {}
-            other => bail!("config field `model_type` = {other:?} is not supported (expected \"llama\" or \"qwen2\")"),
+        if !MODEL_TYPES.iter().any(|(m, _)| *m == self.model_type) {
+            let names: Vec<String> = MODEL_TYPES.iter().map(|(m, _)| format!("{m:?}")).collect();
+            bail!("config field `model_type` = {:?} is not supported (expected one of {})", self.model_type, names.join(", "));
         }
         for (name, v) in [
             ("vocab_size", self.vocab_size),
@@ -645,11 +724,7 @@ impl ModelConfig {
         }
         self.rope_scaling()?;
         self.rope_freq_factors()?;
-        if self.model_type == "qwen2" {
-            if let Some(Value::Bool(true)) = self.extra.get("use_sliding_window") {
-                bail!("config field `use_sliding_window` = true is not supported");
-            }
-        }
+        self.layer_windows()?;
         if let Some(tp) = self.extra.get("pretraining_tp") {
             if tp.as_u64().is_some_and(|x| x > 1) {
                 bail!("config field `pretraining_tp` = {tp} is not supported (only 1)");

@@ -457,6 +457,10 @@ impl Model {
         let mut g = vec![0f32; r * inter];
         let mut u = vec![0f32; r * inter];
         let mut a = vec![0f32; r * inter];
+        // Qwen3's q/k norm: q, k before it, and its rstd (unused elsewhere).
+        let (qk_norm, windows) = (c.qk_norm(), c.layer_windows()?);
+        let (mut qraw, mut kraw) = if qk_norm { (vec![0f32; r * qd], vec![0f32; r * kvd]) } else { (Vec::new(), Vec::new()) };
+        let (mut rstdq, mut rstdk) = if qk_norm { (vec![0f32; r * nh], vec![0f32; r * nkv]) } else { (Vec::new(), Vec::new()) };
         let group = nh / nkv;
         let scale = 1.0 / (hd as f32).sqrt();
         // Head `gk` of slot `s` starts at `(s·Hk + gk)·cap·hd`: its values in rows of hd, its
@@ -466,6 +470,13 @@ impl Model {
         for (l, li) in lay.layers.iter().enumerate() {
             ops::rmsnorm_forward(&mut h, &mut rstd, &x, p(li.ln1), eps, d);
             lin(&h, d, &mut [(&mut q, li.wq, li.bq, qd), (&mut k, li.wk, li.bk, kvd), (&mut vv, li.wv, li.bv, kvd)]);
+            if let (Some(qn), Some(kn)) = (li.qn, li.kn) {
+                std::mem::swap(&mut q, &mut qraw);
+                std::mem::swap(&mut k, &mut kraw);
+                ops::rmsnorm_forward(&mut q, &mut rstdq, &qraw, p(qn), eps, hd);
+                ops::rmsnorm_forward(&mut k, &mut rstdk, &kraw, p(kn), eps, hd);
+            }
+            let window = windows[l];
             ops::rope_forward(&mut q, &cos, &sin, nh, hd);
             ops::rope_forward(&mut k, &cos, &sin, nkv, hd);
             // Store the new keys and values in the cache.
@@ -487,8 +498,10 @@ impl Model {
             let qref = &q;
             tasks.par_iter().for_each_init(|| (Vec::new(), Vec::new(), Vec::new()), |(s, rows, vrows): &mut (Vec<f32>, Vec<f32>, Vec<f32>), t| {
                 let outp = outp;
-                // Keys 0..p0+nb of the slot; row i (position p0+i) sees keys 0..=p0+i.
+                // Keys 0..p0+nb of the slot; row i (position p0+i) sees keys 0..=p0+i, the last
+                // `window` of them under a sliding window (the cache keeps them all).
                 let nk = t.p0 + t.nb;
+                let first_key = |p: usize| if window > 0 { (p + 1).saturating_sub(window) } else { 0 };
                 if t.single {
                     // Query heads h·group.. of row r0 share key/value head h; they are contiguous.
                     let kbase = t.slot * slot_stride + t.h * head_stride;
@@ -496,7 +509,7 @@ impl Model {
                     // SAFETY: row r0, heads h·group..(h+1)·group of `att` belong to this task alone.
                     let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(q0), w) };
                     let (kh, vh) = (kc.rows(kbase, nk.div_ceil(KEY_TILE) * KEY_TILE * hd), vc.rows(kbase, nk * hd));
-                    crate::simd::attend_group(o, &qref[q0..q0 + w], kh, vh, group, nk, hd, scale, s);
+                    crate::simd::attend_group(o, &qref[q0..q0 + w], kh, vh, group, first_key(t.p0), nk, hd, scale, s);
                     return;
                 }
                 let kbase = t.slot * slot_stride + t.h * head_stride;
@@ -540,9 +553,10 @@ impl Model {
                     }
                     for i in 0..t.nb {
                         let row = &mut s[i * nk..(i + 1) * nk];
-                        let hi = t.p0 + i + 1;
+                        let (lo, hi) = (first_key(t.p0 + i), t.p0 + i + 1);
+                        row[..lo].iter_mut().for_each(|x| *x = 0.0);
                         row[hi..].iter_mut().for_each(|x| *x = 0.0);
-                        let valid = &mut row[..hi];
+                        let valid = &mut row[lo..hi];
                         let mx = crate::simd::max(valid) * scale;
                         let sum = crate::simd::exp_affine_sum(valid, scale, mx);
                         crate::simd::scale(valid, 1.0 / sum);

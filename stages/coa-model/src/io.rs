@@ -40,6 +40,51 @@ impl SaveDtype {
     }
 }
 
+/// The largest weights file [`Model::save`] writes: the Hub's usual shard size (huggingface_hub's
+/// default), so a 7B checkpoint saves as the few-GB shards `from_pretrained` and the Hub expect.
+pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
+
+/// The index of a sharded checkpoint, as transformers names it.
+const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// A size as transformers' `max_shard_size` spells it: bytes, or a number with KB/MB/GB (powers
+/// of 1000) or KiB/MiB/GiB (powers of 1024), any case. At least one byte.
+pub fn parse_size(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        _ => bail!("{text:?} is not a size (expected an integer with an optional unit: 5GB, 500MB, 2GiB, 1000000)"),
+    };
+    let n: u64 = digits.parse().map_err(|_| anyhow::anyhow!("{text:?} is not a size (expected an integer with an optional unit: 5GB, 500MB, 2GiB, 1000000)"))?;
+    match n.checked_mul(mult) {
+        Some(0) => bail!("{text:?}: a shard size must be at least one byte"),
+        Some(b) => Ok(b),
+        None => bail!("{text:?} is too large a size"),
+    }
+}
+
+/// How a checkpoint's weights are written: their dtype, and the largest file before they are
+/// sharded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaveFormat {
+    pub dtype: SaveDtype,
+    pub max_shard_bytes: u64,
+}
+
+impl From<SaveDtype> for SaveFormat {
+    fn from(dtype: SaveDtype) -> SaveFormat {
+        SaveFormat { dtype, max_shard_bytes: DEFAULT_MAX_SHARD_BYTES }
+    }
+}
+
 /// Tensors in checkpoints that carry no parameters (old HF RoPE buffers).
 fn ignorable(name: &str) -> bool {
     name.ends_with("rotary_emb.inv_freq")
@@ -64,14 +109,15 @@ pub(crate) fn to_f32(name: &str, file: &Path, dtype: Dtype, bytes: &[u8]) -> Res
     })
 }
 
-/// The safetensors files of a checkpoint directory: `model.safetensors`, or the files named by
+/// The safetensors files of a checkpoint directory (what a stage that reads it records as its
+/// input): `model.safetensors`, or the files named by
 /// `model.safetensors.index.json`.
-fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let single = dir.join("model.safetensors");
     if single.is_file() {
         return Ok(vec![single]);
     }
-    let index = dir.join("model.safetensors.index.json");
+    let index = dir.join(INDEX_FILE);
     if index.is_file() {
         let text = fs::read_to_string(&index).with_context(|| format!("reading {}", index.display()))?;
         let v: Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", index.display()))?;
@@ -196,49 +242,31 @@ impl Model {
     }
 
     /// Save as an HF checkpoint: config.json, model.safetensors (metadata {"format": "pt"}),
-    /// generation_config.json. Each file is written to a temporary name, then renamed. Tied models
-    /// do not store lm_head.weight (HF ties it on load).
-    pub fn save(&self, dir: &Path, dtype: SaveDtype) -> Result<()> {
+    /// generation_config.json; weights above [`DEFAULT_MAX_SHARD_BYTES`] are sharded (see
+    /// [`Model::save_sharded`]). Each file is written to a temporary name, then renamed. Tied
+    /// models do not store lm_head.weight (HF ties it on load).
+    pub fn save(&self, dir: &Path, format: impl Into<SaveFormat>) -> Result<()> {
+        let SaveFormat { dtype, max_shard_bytes } = format.into();
+        self.save_sharded(dir, dtype, max_shard_bytes)
+    }
+
+    /// [`Model::save`] with the weights split, as `save_pretrained(max_shard_size=...)` splits
+    /// them, into `model-0000I-of-0000N.safetensors` files of at most `max_shard_bytes` each (a
+    /// tensor larger than that gets a file of its own), named by `model.safetensors.index.json`;
+    /// weights that fit in one file stay `model.safetensors`. The other layout's files left in
+    /// `dir` by an earlier save are removed, so the loader cannot pick stale weights.
+    pub fn save_sharded(&self, dir: &Path, dtype: SaveDtype, max_shard_bytes: u64) -> Result<()> {
         self.check_layout()?;
         fs::create_dir_all(dir).with_context(|| format!("creating checkpoint directory {}", dir.display()))?;
         let mut config = self.config.clone();
         config.torch_dtype = Some(dtype.torch_name().to_string());
         if config.architectures.is_empty() {
-            config.architectures = vec![match config.model_type.as_str() {
-                "qwen2" => "Qwen2ForCausalLM".to_string(),
-                _ => "LlamaForCausalLM".to_string(),
-            }];
+            config.architectures = vec![crate::config::hf_architecture(&config.model_type).to_string()];
         }
         let cfg_text = serde_json::to_string_pretty(&config.to_json())? + "\n";
         write_atomically_now(&dir.join("config.json"), cfg_text.as_bytes())?;
 
-        // safetensors: every tensor as little-endian bytes of the chosen dtype.
-        let (st_dtype, encoded): (Dtype, Vec<Vec<u8>>) = match dtype {
-            SaveDtype::F32 => (
-                Dtype::F32,
-                self.params.tensors.iter().map(|t| t.data.iter().flat_map(|x| x.to_le_bytes()).collect()).collect(),
-            ),
-            SaveDtype::Bf16 => (
-                Dtype::BF16,
-                self.params
-                    .tensors
-                    .iter()
-                    .map(|t| t.data.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect())
-                    .collect(),
-            ),
-        };
-        let mut views = BTreeMap::new();
-        for (t, bytes) in self.params.tensors.iter().zip(&encoded) {
-            let view = safetensors::tensor::TensorView::new(st_dtype, t.shape.clone(), bytes)
-                .map_err(|e| anyhow::anyhow!("{e:?}"))
-                .with_context(|| format!("encoding tensor {}", t.name))?;
-            views.insert(t.name.clone(), view);
-        }
-        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-        let bytes = safetensors::tensor::serialize(views, Some(meta))
-            .map_err(|e| anyhow::anyhow!("{e:?}"))
-            .context("serialising model.safetensors")?;
-        write_atomically_now(&dir.join("model.safetensors"), &bytes)?;
+        self.save_weights(dir, dtype, max_shard_bytes)?;
 
         let mut gen = Map::new();
         gen.insert("_from_model_config".into(), Value::Bool(true));
@@ -258,5 +286,90 @@ impl Model {
         let gen_text = serde_json::to_string_pretty(&Value::Object(gen))? + "\n";
         write_atomically_now(&dir.join("generation_config.json"), gen_text.as_bytes())?;
         Ok(())
+    }
+
+    /// The weights of [`Model::save_sharded`]: the tensors in model order, cut into shards as
+    /// huggingface_hub cuts a state dict (a shard closes when the next tensor would pass the
+    /// limit), each shard encoded only while it is written.
+    fn save_weights(&self, dir: &Path, dtype: SaveDtype, max_shard_bytes: u64) -> Result<()> {
+        let (st_dtype, width) = match dtype {
+            SaveDtype::F32 => (Dtype::F32, 4u64),
+            SaveDtype::Bf16 => (Dtype::BF16, 2u64),
+        };
+        let mut shards: Vec<Vec<&Tensor>> = Vec::new();
+        let mut open: Vec<&Tensor> = Vec::new();
+        let mut open_bytes = 0u64;
+        for t in &self.params.tensors {
+            let bytes = t.data.len() as u64 * width;
+            if bytes > max_shard_bytes {
+                shards.push(vec![t]);
+                continue;
+            }
+            if open_bytes + bytes > max_shard_bytes && !open.is_empty() {
+                shards.push(std::mem::take(&mut open));
+                open_bytes = 0;
+            }
+            open.push(t);
+            open_bytes += bytes;
+        }
+        if !open.is_empty() {
+            shards.push(open);
+        }
+        let n = shards.len();
+        let names: Vec<String> = if n == 1 {
+            vec!["model.safetensors".to_string()]
+        } else {
+            (1..=n).map(|i| format!("model-{i:05}-of-{n:05}.safetensors")).collect()
+        };
+        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        let mut weight_map = Map::new();
+        for (shard, file) in shards.iter().zip(&names) {
+            let encoded: Vec<Vec<u8>> = shard
+                .iter()
+                .map(|t| match dtype {
+                    SaveDtype::F32 => t.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    SaveDtype::Bf16 => t.data.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect(),
+                })
+                .collect();
+            let mut views = BTreeMap::new();
+            for (t, bytes) in shard.iter().zip(&encoded) {
+                let view = safetensors::tensor::TensorView::new(st_dtype, t.shape.clone(), bytes)
+                    .map_err(|e| anyhow::anyhow!("{e:?}"))
+                    .with_context(|| format!("encoding tensor {}", t.name))?;
+                views.insert(t.name.clone(), view);
+                weight_map.insert(t.name.clone(), Value::from(file.as_str()));
+            }
+            let bytes = safetensors::tensor::serialize(views, Some(meta.clone()))
+                .map_err(|e| anyhow::anyhow!("{e:?}"))
+                .with_context(|| format!("serialising {file}"))?;
+            write_atomically_now(&dir.join(file), &bytes)?;
+        }
+        // The other layout's files (and shards of another count) go, the index last written.
+        let stale_shard = |f: &str| f.starts_with("model-") && f.ends_with(".safetensors") && f.contains("-of-") && !names.iter().any(|n| n == f);
+        if n > 1 {
+            let total_size: u64 = self.params.tensors.iter().map(|t| t.data.len() as u64 * width).sum();
+            let index = serde_json::json!({
+                "metadata": { "total_parameters": self.params.n_elements(), "total_size": total_size },
+                "weight_map": weight_map,
+            });
+            write_atomically_now(&dir.join(INDEX_FILE), (serde_json::to_string_pretty(&index)? + "\n").as_bytes())?;
+            remove_if_present(&dir.join("model.safetensors"))?;
+        } else {
+            remove_if_present(&dir.join(INDEX_FILE))?;
+        }
+        for entry in fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let name = entry?.file_name();
+            if stale_shard(&name.to_string_lossy()) {
+                remove_if_present(&dir.join(&name))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn remove_if_present(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| format!("removing stale {}", path.display())),
+        _ => Ok(()),
     }
 }

@@ -1,10 +1,10 @@
-//! The Llama / Qwen2 decoder in Rust.
+//! The Llama / Qwen2 / Qwen3 / Mistral decoder in Rust.
 //!
 //! - [`ModelConfig`]: HF `config.json` (presets "tiny" and "small").
 //! - [`Params`]: f32 parameters in canonical order with HF names.
 //! - [`Model`]: init, HF checkpoint load/save (safetensors f32/bf16/f16), logits, and
 //!   `forward_backward` with a caller-supplied d loss / d logp (SFT and RL share it).
-//! - [`gguf`]: a llama.cpp GGUF file (llama / qwen2; F32, F16, BF16, Q8_0, Q4_0, Q4_1) read as
+//! - [`gguf`]: a llama.cpp GGUF file (llama / qwen2 / qwen3; F32, F16, BF16, Q8_0, Q4_0, Q4_1) read as
 //!   the same model, tokenizer and chat template HF transformers derives from it.
 //! - [`lora`]: LoRA adapters (PEFT's config and file layout): forward, backward, merge.
 //! - [`decode`]: [`KvCache`] and batched incremental decoding (`prefill`, `decode_step`, `extend`).
@@ -35,7 +35,7 @@ pub(crate) mod simd;
 
 pub use config::{Llama3Rope, ModelConfig, TokenIds};
 pub use decode::KvCache;
-pub use io::SaveDtype;
+pub use io::{parse_size, SaveDtype, SaveFormat, DEFAULT_MAX_SHARD_BYTES};
 pub use lora::{Lora, LoraConfig};
 pub use model::{Model, Seq, TokenStats, Workspace};
 pub use quant::{DecodeDtype, MatmulDtype};

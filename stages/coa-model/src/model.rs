@@ -9,7 +9,7 @@ use crate::ops;
 use crate::params::{layout, param_specs, LayerIdx, Layout, Params, Tensor};
 use crate::rng::{fnv1a, SplitMix64};
 
-/// A Llama / Qwen2 decoder with f32 parameters.
+/// A Llama / Qwen2 / Qwen3 / Mistral decoder with f32 parameters.
 #[derive(Debug)]
 pub struct Model {
     pub config: ModelConfig,
@@ -101,6 +101,11 @@ struct LayerActs {
     u: Vec<f32>,     // [T,I] up_proj output
     a: Vec<f32>,     // [T,I] silu(g)*u
     lora: [LoraActs; 7], // per LoRA target (Target as usize)
+    // Qwen3's q/k norm only (else empty): q, k before the norm, and the norm's rstd.
+    qr: Vec<f32>,    // [T,Hq*hd]
+    kr: Vec<f32>,    // [T,Hk*hd]
+    rstdq: Vec<f32>, // [T,Hq]
+    rstdk: Vec<f32>, // [T,Hk]
 }
 
 impl LayerActs {
@@ -122,6 +127,15 @@ impl LayerActs {
             (&mut self.g, t * i),
             (&mut self.u, t * i),
             (&mut self.a, t * i),
+        ] {
+            fit(v, n);
+        }
+        let qk = if c.qk_norm() { t } else { 0 };
+        for (v, n) in [
+            (&mut self.qr, qk * qd),
+            (&mut self.kr, qk * kvd),
+            (&mut self.rstdq, qk * c.num_attention_heads),
+            (&mut self.rstdk, qk * c.num_key_value_heads),
         ] {
             fit(v, n);
         }
@@ -187,6 +201,8 @@ struct SeqCtx {
     prefix: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// Each layer's sliding window (0: none), [`ModelConfig::layer_windows`].
+    windows: Vec<usize>,
 }
 
 impl Model {
@@ -200,7 +216,7 @@ impl Model {
             .into_iter()
             .map(|s| {
                 let mut t = Tensor::zeros(s.name.clone(), s.shape.clone());
-                if s.name.ends_with("layernorm.weight") || s.name == "model.norm.weight" {
+                if s.name.ends_with("norm.weight") {
                     t.data.iter_mut().for_each(|x| *x = 1.0);
                 } else if s.name.ends_with(".weight") {
                     let mut rng = SplitMix64::new(seed ^ fnv1a(&s.name).rotate_left(17));
@@ -334,7 +350,8 @@ impl Model {
         }
         let (pos, seg_start) = ops::segment_layout_prefix(t, seq.segment_ids, seq.shared_prefix)?;
         let (cos, sin) = self.config.rope_tables(&pos);
-        Ok(SeqCtx { t, seg_start, prefix: seq.shared_prefix, cos, sin })
+        let windows = self.config.layer_windows()?;
+        Ok(SeqCtx { t, seg_start, prefix: seq.shared_prefix, cos, sin, windows })
     }
 
     fn p(&self, i: usize) -> &[f32] {
@@ -350,24 +367,32 @@ impl Model {
     /// `l` is the layer's number; `train`: a training forward (LoRA dropout on, its activations
     /// kept).
     #[allow(clippy::too_many_arguments)]
-    fn layer_forward(&self, l: usize, li: &LayerIdx, a: &mut LayerActs, y: &mut [f32], cx: &SeqCtx, train: bool) {
+    fn layer_forward(&self, l: usize, li: &LayerIdx, window: usize, a: &mut LayerActs, y: &mut [f32], cx: &SeqCtx, train: bool) {
         let c = &self.config;
         let (t, d, hd, nh, nkv, inter) =
             (cx.t, c.hidden_size, c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
         let (qd, kvd) = (nh * hd, nkv * hd);
         let eps = c.rms_norm_eps as f32;
         ops::rmsnorm_forward(&mut a.h1, &mut a.rstd1, &a.x, self.p(li.ln1), eps, d);
-        ops::linear_forward_as(self.matmul, &mut a.q, &a.h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
-        ops::linear_forward_as(self.matmul, &mut a.k, &a.h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
+        // With Qwen3's q/k norm the projections land in qr / kr and the norm writes q / k.
+        let (qdst, kdst) = if li.qn.is_some() { (&mut a.qr, &mut a.kr) } else { (&mut a.q, &mut a.k) };
+        ops::linear_forward_as(self.matmul, qdst, &a.h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
+        ops::linear_forward_as(self.matmul, kdst, &a.h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
         ops::linear_forward_as(self.matmul, &mut a.v, &a.h1, self.p(li.wv), self.pb(li.bv), t, d, kvd);
         if let Some(lo) = &self.lora {
-            for (tg, out) in [(Target::Q, &mut a.q), (Target::K, &mut a.k), (Target::V, &mut a.v)] {
+            // q and k before Qwen3's norm: the adapter adds to the projection, as PEFT's does
+            let (qdst, kdst) = if li.qn.is_some() { (&mut a.qr, &mut a.kr) } else { (&mut a.q, &mut a.k) };
+            for (tg, out) in [(Target::Q, qdst), (Target::K, kdst), (Target::V, &mut a.v)] {
                 lo.forward(self.matmul, l, tg, &a.h1, out, t, train, Some(&mut a.lora[tg as usize]));
             }
         }
+        if let (Some(qn), Some(kn)) = (li.qn, li.kn) {
+            ops::rmsnorm_forward(&mut a.q, &mut a.rstdq, &a.qr, self.p(qn), eps, hd);
+            ops::rmsnorm_forward(&mut a.k, &mut a.rstdk, &a.kr, self.p(kn), eps, hd);
+        }
         ops::rope_forward(&mut a.q, &cx.cos, &cx.sin, nh, hd);
         ops::rope_forward(&mut a.k, &cx.cos, &cx.sin, nkv, hd);
-        ops::attention_forward_prefix(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &cx.seg_start, cx.prefix, nh, nkv, hd, self.matmul);
+        ops::attention_forward_prefix(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &cx.seg_start, cx.prefix, window, nh, nkv, hd, self.matmul);
         ops::linear_forward_as(self.matmul, &mut a.x2, &a.att, self.p(li.wo), self.pb(li.bo), t, qd, d);
         if let Some(lo) = &self.lora {
             lo.forward(self.matmul, l, Target::O, &a.att, &mut a.x2, t, train, Some(&mut a.lora[Target::O as usize]));
@@ -405,7 +430,7 @@ impl Model {
             };
             a.fit(&self.config, cx.t);
             a.x.copy_from_slice(&ws.x);
-            self.layer_forward(l, li, a, &mut ws.x, cx, keep_from.is_some());
+            self.layer_forward(l, li, cx.windows[l], a, &mut ws.x, cx, keep_from.is_some());
         }
     }
 
@@ -609,8 +634,8 @@ impl Model {
         ops::rmsnorm_backward(&mut ws.dx, dnorm, &ws.dhf, &ws.x, self.p(lay.norm), &ws.rstd_f, d);
 
         // ---- backward: layers
-        for ((l, li), a) in lay.layers.iter().enumerate().skip(frozen).zip(&ws.layers).rev() {
-            self.layer_backward(l, li, a, &cx, &mut ws.dx, &mut base, &mut lg, &mut ws.back);
+        for (((l, li), a), &window) in lay.layers.iter().enumerate().skip(frozen).zip(&ws.layers).zip(&cx.windows[frozen..]).rev() {
+            self.layer_backward(l, li, window, a, &cx, &mut ws.dx, &mut base, &mut lg, &mut ws.back);
         }
         if let (0, Some(g)) = (frozen, base) {
             ops::embedding_backward(&mut g.tensors[lay.embed].data, &ws.dx, ids, d);
@@ -626,6 +651,7 @@ impl Model {
         &self,
         l: usize,
         li: &LayerIdx,
+        window: usize,
         a: &LayerActs,
         cx: &SeqCtx,
         dx: &mut [f32],
@@ -667,6 +693,7 @@ impl Model {
             &a.lse,
             &cx.seg_start,
             cx.prefix,
+            window,
             nh,
             nkv,
             hd,
@@ -674,10 +701,22 @@ impl Model {
         );
         ops::rope_backward(&mut b.dq, &cx.cos, &cx.sin, nh, hd);
         ops::rope_backward(&mut b.dk, &cx.cos, &cx.sin, nkv, hd);
-        self.lin_back(base, li.wq, li.bq, (&mut b.dh, 0.0), &b.dq, &a.h1, t, d, qd);
-        self.lora_back(lg, l, Target::Q, &a.h1, a, &b.dq, &mut b.dh, t);
-        self.lin_back(base, li.wk, li.bk, (&mut b.dh, 1.0), &b.dk, &a.h1, t, d, kvd);
-        self.lora_back(lg, l, Target::K, &a.h1, a, &b.dk, &mut b.dh, t);
+        // Through Qwen3's q/k norm: d loss / d (q, k before it) into dqr / dkr.
+        let (dqp, dkp) = if let (Some(qn), Some(kn)) = (li.qn, li.kn) {
+            zeroed(&mut b.dqr, t * qd);
+            zeroed(&mut b.dkr, t * kvd);
+            let dn = norm_grad(base, &mut b.dnorm, qn, hd);
+            ops::rmsnorm_backward(&mut b.dqr, dn, &b.dq, &a.qr, self.p(qn), &a.rstdq, hd);
+            let dn = norm_grad(base, &mut b.dnorm, kn, hd);
+            ops::rmsnorm_backward(&mut b.dkr, dn, &b.dk, &a.kr, self.p(kn), &a.rstdk, hd);
+            (&b.dqr, &b.dkr)
+        } else {
+            (&b.dq, &b.dk)
+        };
+        self.lin_back(base, li.wq, li.bq, (&mut b.dh, 0.0), dqp, &a.h1, t, d, qd);
+        self.lora_back(lg, l, Target::Q, &a.h1, a, dqp, &mut b.dh, t);
+        self.lin_back(base, li.wk, li.bk, (&mut b.dh, 1.0), dkp, &a.h1, t, d, kvd);
+        self.lora_back(lg, l, Target::K, &a.h1, a, dkp, &mut b.dh, t);
         self.lin_back(base, li.wv, li.bv, (&mut b.dh, 1.0), &b.dv, &a.h1, t, d, kvd);
         self.lora_back(lg, l, Target::V, &a.h1, a, &b.dv, &mut b.dh, t);
         let dn = norm_grad(base, &mut b.dnorm, li.ln1, d);
@@ -742,6 +781,8 @@ struct BackBufs {
     dg: Vec<f32>,   // [T,I]
     du: Vec<f32>,   // [T,I]
     dnorm: Vec<f32>, // [D] a frozen norm's discarded weight gradient
+    dqr: Vec<f32>,  // [T,Hq*hd] before Qwen3's q norm
+    dkr: Vec<f32>,  // [T,Hk*hd] before its k norm
 }
 
 impl BackBufs {

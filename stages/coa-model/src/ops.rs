@@ -443,7 +443,7 @@ pub fn attention_forward(
     n_kv_heads: usize,
     hd: usize,
 ) {
-    attention_forward_prefix(out, lse, q, k, v, seg_start, 0, n_heads, n_kv_heads, hd, MatmulDtype::F32);
+    attention_forward_prefix(out, lse, q, k, v, seg_start, 0, 0, n_heads, n_kv_heads, hd, MatmulDtype::F32);
 }
 
 /// The keys a block of queries starting at `i0` reads: the shared prefix `[0, np)` (np = the
@@ -455,11 +455,28 @@ pub(crate) fn key_span(seg_start: &[usize], prefix: usize, i0: usize) -> (usize,
     (np, k0)
 }
 
-/// The columns query i sees in its block's score row (columns: `[0, np)` the prefix keys, then
-/// keys from k0): `[0, a)` (the shared prefix) and `[lo, hi)` (its own segment up to itself).
-/// A block that holds prefix tokens (np = 0, k0 = 0) has the prefix keys among its run.
+/// Position of token i (its RoPE position): its offset in its segment, after the shared prefix
+/// for a token of a later segment. A sliding window compares these.
 #[inline]
-pub(crate) fn row_span(seg_start: &[usize], prefix: usize, np: usize, k0: usize, i: usize) -> (usize, usize, usize) {
+pub(crate) fn position_of(seg_start: &[usize], prefix: usize, i: usize) -> usize {
+    let s = seg_start[i];
+    i - s + if prefix > 0 && s >= prefix { prefix } else { 0 }
+}
+
+/// Whether query i sees key j under a sliding window of `window` (0: no window): their
+/// positions differ by less than the window (transformers' `q_idx - kv_idx < sliding_window`).
+/// Only asked of pairs the segments already allow.
+#[inline]
+pub(crate) fn in_window(seg_start: &[usize], prefix: usize, window: usize, i: usize, j: usize) -> bool {
+    window == 0 || position_of(seg_start, prefix, i) - position_of(seg_start, prefix, j) < window
+}
+
+/// The columns query i sees in its block's score row (columns: `[0, np)` the prefix keys, then
+/// keys from k0): `[a0, a)` (the shared prefix) and `[lo, hi)` (its own segment up to itself).
+/// A block that holds prefix tokens (np = 0, k0 = 0) has the prefix keys among its run. A
+/// sliding window (`window` > 0) moves `a0` and `lo` up to the first key it still sees.
+#[inline]
+pub(crate) fn row_span(seg_start: &[usize], prefix: usize, window: usize, np: usize, k0: usize, i: usize) -> (usize, usize, usize, usize) {
     let a = if np > 0 {
         np
     } else if prefix > 0 && seg_start[i] >= prefix {
@@ -467,16 +484,25 @@ pub(crate) fn row_span(seg_start: &[usize], prefix: usize, np: usize, k0: usize,
     } else {
         0
     };
-    (a, np + seg_start[i] - k0, np + i - k0 + 1)
+    let (mut lo, hi) = (np + seg_start[i] - k0, np + i - k0 + 1);
+    let mut a0 = 0;
+    if window > 0 {
+        lo = lo.max(hi.saturating_sub(window));
+        // prefix key j sits in column j; seen while position(i) - j < window
+        a0 = (position_of(seg_start, prefix, i) + 1).saturating_sub(window).min(a);
+    }
+    (a0, a, lo, hi)
 }
 
-/// Softmax of one query's score row in place over its visible columns `[0, a)` (the shared
+/// Softmax of one query's score row in place over its visible columns `[a0, a)` (the shared
 /// prefix) and `[lo, hi)` (its segment up to itself), the rest set to 0; returns the log-sum-exp
 /// of the scaled scores. One place for both attention paths.
-pub(crate) fn softmax_row(row: &mut [f32], (a, lo, hi): (usize, usize, usize), scale: f32) -> f32 {
+pub(crate) fn softmax_row(row: &mut [f32], (a0, a, lo, hi): (usize, usize, usize, usize), scale: f32) -> f32 {
+    row[..a0].iter_mut().for_each(|x| *x = 0.0);
     row[a..lo].iter_mut().for_each(|x| *x = 0.0);
     row[hi..].iter_mut().for_each(|x| *x = 0.0);
     let (pre, rest) = row.split_at_mut(a);
+    let pre = &mut pre[a0..];
     let valid = &mut rest[lo - a..hi - a];
     let mx = crate::simd::max(pre).max(crate::simd::max(valid)) * scale;
     let sum = crate::simd::exp_affine_sum(pre, scale, mx) + crate::simd::exp_affine_sum(valid, scale, mx);
@@ -489,14 +515,32 @@ pub(crate) fn softmax_row(row: &mut [f32], (a, lo, hi): (usize, usize, usize), s
 /// visible columns ([`softmax_row`]'s), given its lse `l` and `delta` = dout·out; dS is 0
 /// elsewhere, and so is P when `zero_p` (a second pass that reads whole columns).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn ds_row(pr: &mut [f32], dsr: &mut [f32], (a, lo, hi): (usize, usize, usize), scale: f32, l: f32, delta: f32, zero_p: bool) {
-    crate::simd::attn_ds_row(&mut pr[..a], &mut dsr[..a], scale, l, delta);
+pub(crate) fn ds_row(pr: &mut [f32], dsr: &mut [f32], (a0, a, lo, hi): (usize, usize, usize, usize), scale: f32, l: f32, delta: f32, zero_p: bool) {
+    crate::simd::attn_ds_row(&mut pr[a0..a], &mut dsr[a0..a], scale, l, delta);
     crate::simd::attn_ds_row(&mut pr[lo..hi], &mut dsr[lo..hi], scale, l, delta);
+    dsr[..a0].iter_mut().for_each(|x| *x = 0.0);
     dsr[a..lo].iter_mut().for_each(|x| *x = 0.0);
     dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
     if zero_p {
+        pr[..a0].iter_mut().for_each(|x| *x = 0.0);
         pr[a..lo].iter_mut().for_each(|x| *x = 0.0);
         pr[hi..].iter_mut().for_each(|x| *x = 0.0);
+    }
+}
+
+/// A recomputing second pass's row of key j (query `i_first + c` in column c, `[lo, hi)` the
+/// queries its segments allow): zeroes P and dS of the queries a sliding window hides from j.
+/// Elementwise, since with a shared prefix those queries are not one run.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn window_cut(pr: &mut [f32], dsr: &mut [f32], seg_start: &[usize], prefix: usize, window: usize, j: usize, i_first: usize, lo: usize, hi: usize) {
+    if window == 0 {
+        return;
+    }
+    for c in lo..hi {
+        if !in_window(seg_start, prefix, window, i_first + c, j) {
+            pr[c] = 0.0;
+            dsr[c] = 0.0;
+        }
     }
 }
 
@@ -527,6 +571,7 @@ pub fn attention_forward_prefix(
     v: &[f32],
     seg_start: &[usize],
     prefix: usize,
+    window: usize,
     n_heads: usize,
     n_kv_heads: usize,
     hd: usize,
@@ -539,7 +584,7 @@ pub fn attention_forward_prefix(
     assert!(prefix <= t_len && (prefix == 0 || seg_start.get(prefix).is_none_or(|&s| s == prefix)), "the shared prefix must end at a segment start");
     #[cfg(target_arch = "x86_64")]
     if let Some(engine) = packed_attention(dtype) {
-        return crate::attention_packed::forward(engine, out, lse, q, k, v, seg_start, prefix, n_heads, n_kv_heads, hd);
+        return crate::attention_packed::forward(engine, out, lse, q, k, v, seg_start, prefix, window, n_heads, n_kv_heads, hd);
     }
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
@@ -567,7 +612,7 @@ pub fn attention_forward_prefix(
         }
         for r in 0..nb {
             let i = i0 + r;
-            let l = softmax_row(&mut s[r * nk..(r + 1) * nk], row_span(seg_start, prefix, np, k0, i), scale);
+            let l = softmax_row(&mut s[r * nk..(r + 1) * nk], row_span(seg_start, prefix, window, np, k0, i), scale);
             // SAFETY: (i, h) is written by this task only.
             unsafe { *lsep.0.add(i * n_heads + h) = l };
         }
@@ -606,7 +651,7 @@ pub fn attention_backward(
     n_kv_heads: usize,
     hd: usize,
 ) {
-    attention_backward_prefix(dq, dk, dv, dout, q, k, v, out, lse, seg_start, 0, n_heads, n_kv_heads, hd, MatmulDtype::F32);
+    attention_backward_prefix(dq, dk, dv, dout, q, k, v, out, lse, seg_start, 0, 0, n_heads, n_kv_heads, hd, MatmulDtype::F32);
 }
 
 /// [`attention_backward`] with a shared prefix (see [`attention_forward_prefix`]).
@@ -623,12 +668,13 @@ pub fn attention_backward_prefix(
     lse: &[f32],
     seg_start: &[usize],
     prefix: usize,
+    window: usize,
     n_heads: usize,
     n_kv_heads: usize,
     hd: usize,
     dtype: MatmulDtype,
 ) {
-    attention_backward_keep(dq, dk, dv, dout, q, k, v, out, lse, seg_start, prefix, n_heads, n_kv_heads, hd, dtype, ATT_KEEP_LIMIT)
+    attention_backward_keep(dq, dk, dv, dout, q, k, v, out, lse, seg_start, prefix, window, n_heads, n_kv_heads, hd, dtype, ATT_KEEP_LIMIT)
 }
 
 thread_local! {
@@ -658,6 +704,7 @@ pub(crate) fn attention_backward_keep(
     lse: &[f32],
     seg_start: &[usize],
     prefix: usize,
+    window: usize,
     n_heads: usize,
     n_kv_heads: usize,
     hd: usize,
@@ -685,7 +732,7 @@ pub(crate) fn attention_backward_keep(
     #[cfg(target_arch = "x86_64")]
     if let Some(engine) = packed_attention(dtype) {
         return crate::attention_packed::backward(
-            engine, dq, dk, dv, dout, q, k, v, lse, delta, seg_start, &seg_end, prefix, n_heads, n_kv_heads, hd, keep_limit,
+            engine, dq, dk, dv, dout, q, k, v, lse, delta, seg_start, &seg_end, prefix, window, n_heads, n_kv_heads, hd, keep_limit,
         );
     }
     // Where task (h, query block) keeps its P and dS [nb, nk]: offsets into `kept` (P) and
@@ -759,7 +806,7 @@ pub(crate) fn attention_backward_keep(
             }
             for r in 0..nb {
                 let i = i0 + r;
-                let span = row_span(seg_start, prefix, np, k0, i);
+                let span = row_span(seg_start, prefix, window, np, k0, i);
                 let (l, d) = (lse[i * n_heads + h], delta[i * n_heads + h]);
                 ds_row(&mut s[r * nk..(r + 1) * nk], &mut dp[r * nk..(r + 1) * nk], span, scale, l, d, keep);
             }
@@ -853,6 +900,7 @@ pub(crate) fn attention_backward_keep(
                     pr[hi..].iter_mut().for_each(|x| *x = 0.0);
                     dsr[..lo].iter_mut().for_each(|x| *x = 0.0);
                     dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
+                    window_cut(pr, dsr, seg_start, prefix, window, j, j0, lo, hi);
                 }
                 // SAFETY: rows j0..j1, kv head g of dk / dv belong to this task alone.
                 unsafe {
@@ -1043,10 +1091,10 @@ mod tests {
             let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
             let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
             let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, nh, nkv, hd, MatmulDtype::F32);
+            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::F32);
             let grads = |limit: usize| {
                 let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, nh, nkv, hd, MatmulDtype::F32, limit);
+                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::F32, limit);
                 (dq, dk, dv)
             };
             let (kept, recomputed) = (grads(usize::MAX), grads(0));
@@ -1072,9 +1120,9 @@ mod tests {
         let (_, seg_start) = segment_layout_prefix(t, Some(&segs), 70).unwrap();
         let run = |dtype: MatmulDtype, limit: usize| {
             let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, 70, nh, nkv, hd, dtype);
+            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, 70, 0, nh, nkv, hd, dtype);
             let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-            attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 70, nh, nkv, hd, dtype, limit);
+            attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 70, 0, nh, nkv, hd, dtype, limit);
             [out, lse, dq, dk, dv]
         };
         let reference = run(MatmulDtype::F32, usize::MAX);
@@ -1088,4 +1136,78 @@ mod tests {
             }
         }
     }
+
+    /// Naive attention (f64) under segments, a shared prefix and a sliding window: every (i, j)
+    /// pair tested one by one. Returns out and d q, d k, d v for the output gradient `dout`.
+    #[allow(clippy::too_many_arguments)]
+    fn naive_attention(q: &[f32], k: &[f32], v: &[f32], dout: &[f32], seg_start: &[usize], prefix: usize, window: usize, nh: usize, nkv: usize, hd: usize) -> [Vec<f32>; 4] {
+        let t = seg_start.len();
+        let (qw, kw, group) = (nh * hd, nkv * hd, nh / nkv);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let (mut out, mut dq, mut dk, mut dv) = (vec![0f64; t * qw], vec![0f64; t * qw], vec![0f64; t * kw], vec![0f64; t * kw]);
+        let sees = |i: usize, j: usize| {
+            let allowed = j <= i && (seg_start[j] == seg_start[i] || (prefix > 0 && j < prefix && seg_start[i] >= prefix));
+            allowed && in_window(seg_start, prefix, window, i, j)
+        };
+        for h in 0..nh {
+            let g = h / group;
+            for i in 0..t {
+                let js: Vec<usize> = (0..t).filter(|&j| sees(i, j)).collect();
+                let dot = |a: &[f32], ao: usize, b: &[f32], bo: usize| (0..hd).map(|d| a[ao + d] as f64 * b[bo + d] as f64).sum::<f64>();
+                let sc: Vec<f64> = js.iter().map(|&j| scale * dot(q, i * qw + h * hd, k, j * kw + g * hd)).collect();
+                let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
+                let z: f64 = sc.iter().map(|x| (x - mx).exp()).sum();
+                let p: Vec<f64> = sc.iter().map(|x| (x - mx).exp() / z).collect();
+                for (&j, &pj) in js.iter().zip(&p) {
+                    for d in 0..hd {
+                        out[i * qw + h * hd + d] += pj * v[j * kw + g * hd + d] as f64;
+                    }
+                }
+                // dP_j = dout_i · v_j; dS_j = P_j (dP_j − Σ P dP)
+                let dp: Vec<f64> = js.iter().map(|&j| dot(dout, i * qw + h * hd, v, j * kw + g * hd)).collect();
+                let pdp: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for ((&j, &pj), &dpj) in js.iter().zip(&p).zip(&dp) {
+                    let ds = pj * (dpj - pdp) * scale;
+                    for d in 0..hd {
+                        dq[i * qw + h * hd + d] += ds * k[j * kw + g * hd + d] as f64;
+                        dk[j * kw + g * hd + d] += ds * q[i * qw + h * hd + d] as f64;
+                        dv[j * kw + g * hd + d] += pj * dout[i * qw + h * hd + d] as f64;
+                    }
+                }
+            }
+        }
+        [out, dq, dk, dv].map(|x| x.into_iter().map(|y| y as f32).collect())
+    }
+
+    /// A sliding window smaller than the segments (and than the prefix), on the plain and
+    /// the packed (bf16 engine) attention, with both second passes of the backward, equals the
+    /// naive attention that tests every pair; without segments, with segments, with a prefix.
+    #[test]
+    fn a_sliding_window_matches_the_naive_attention() {
+        let (nh, nkv, hd) = (4, 2, 16);
+        let mut rng = SplitMix64::new(17);
+        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
+        let t = 300;
+        let segs: Vec<i32> = (0..t).map(|i| if i < 70 { 0 } else if i < 150 { 1 } else if i < 230 { 2 } else { 3 }).collect();
+        let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
+        for (seg, prefix, window) in [(None, 0, 33), (None, 0, 200), (Some(&segs), 0, 21), (Some(&segs), 70, 50), (Some(&segs), 70, 95), (Some(&segs), 70, 1)] {
+            let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
+            let want = naive_attention(&q, &k, &v, &dout, &seg_start, prefix, window, nh, nkv, hd);
+            for (dtype, tol) in [(MatmulDtype::F32, 1e-5), (MatmulDtype::Bf16, 2e-2)] {
+                for limit in [usize::MAX, 0] {
+                    let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
+                    attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, window, nh, nkv, hd, dtype);
+                    let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
+                    attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, window, nh, nkv, hd, dtype, limit);
+                    for (name, a, b) in [("out", &out, &want[0]), ("dq", &dq, &want[1]), ("dk", &dk, &want[2]), ("dv", &dv, &want[3])] {
+                        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+                        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                        // (a window of 1: each query sees itself only, d q and d k are 0 up to rounding)
+                        assert!(err <= tol * scale.max(1.0), "window {window}, prefix {prefix}, {dtype:?}, keep limit {limit}: {name} off by {err} (scale {scale})");
+                    }
+                }
+            }
+        }
+    }
+
 }

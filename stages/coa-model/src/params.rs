@@ -115,6 +115,9 @@ pub struct LayerIdx {
     pub bv: Option<usize>,
     pub wo: usize,
     pub bo: Option<usize>,
+    /// Qwen3's per-head RMSNorm weights of q and k (`[head_dim]`).
+    pub qn: Option<usize>,
+    pub kn: Option<usize>,
     pub wg: usize,
     pub bg: Option<usize>,
     pub wu: usize,
@@ -136,7 +139,7 @@ pub struct Layout {
 }
 
 /// The canonical parameter list, in HF module order:
-/// embed_tokens; per layer: q,k,v,o (+biases), gate, up, down (+biases), input_layernorm,
+/// embed_tokens; per layer: q,k,v,o (+biases), q_norm, k_norm (qwen3), gate, up, down (+biases), input_layernorm,
 /// post_attention_layernorm; final norm; lm_head (only when untied).
 pub fn param_specs(c: &ModelConfig) -> Vec<ParamSpec> {
     build(c).0
@@ -180,6 +183,8 @@ fn build(c: &ModelConfig) -> (Vec<ParamSpec>, Layout) {
         let bv = qkvb.then(|| push(format!("{p}self_attn.v_proj.bias"), vec![kvd]));
         let wo = push(format!("{p}self_attn.o_proj.weight"), vec![d, qd]);
         let bo = c.o_bias().then(|| push(format!("{p}self_attn.o_proj.bias"), vec![d]));
+        let qn = c.qk_norm().then(|| push(format!("{p}self_attn.q_norm.weight"), vec![hd]));
+        let kn = c.qk_norm().then(|| push(format!("{p}self_attn.k_norm.weight"), vec![hd]));
         let mb = c.mlp_bias();
         let wg = push(format!("{p}mlp.gate_proj.weight"), vec![inter, d]);
         let bg = mb.then(|| push(format!("{p}mlp.gate_proj.bias"), vec![inter]));
@@ -189,7 +194,7 @@ fn build(c: &ModelConfig) -> (Vec<ParamSpec>, Layout) {
         let bd = mb.then(|| push(format!("{p}mlp.down_proj.bias"), vec![d]));
         let ln1 = push(format!("{p}input_layernorm.weight"), vec![d]);
         let ln2 = push(format!("{p}post_attention_layernorm.weight"), vec![d]);
-        layers.push(LayerIdx { wq, bq, wk, bk, wv, bv, wo, bo, wg, bg, wu, bu, wd, bd, ln1, ln2 });
+        layers.push(LayerIdx { wq, bq, wk, bk, wv, bv, wo, bo, qn, kn, wg, bg, wu, bu, wd, bd, ln1, ln2 });
     }
     let norm = push("model.norm.weight".into(), vec![d]);
     let lm_head = (!c.tie_word_embeddings).then(|| push("lm_head.weight".into(), vec![c.vocab_size, d]));

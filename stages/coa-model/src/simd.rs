@@ -324,7 +324,8 @@ pub fn key_at(j: usize, d: usize, hd: usize) -> usize {
 /// Attention of one new token's `group` query heads that share one key/value head (a decode step
 /// under grouped-query attention) against that head's `nk` cached keys and values:
 /// `out[g] = softmax(q[g]·Kᵀ · scale) V` for `q[group, hd]`, keys `kt` in tiles ([`key_at`],
-/// `nk.div_ceil(KEY_TILE)` whole tiles), `v[nk, hd]` (rows contiguous), `out[group, hd]`;
+/// `nk.div_ceil(KEY_TILE)` whole tiles), `v[nk, hd]` (rows contiguous), `out[group, hd]`; keys
+/// before `lo` (out of a sliding window) are left out of the softmax;
 /// `scores` is scratch (resized to `group·nk`).
 ///
 /// Every cached key and value is read once for the whole group (not once per query head), and the
@@ -332,14 +333,17 @@ pub fn key_at(j: usize, d: usize, hd: usize) -> usize {
 /// softmax is [`max`], [`exp_affine_sum`] and [`scale`], and each output element sums p_j·v_j
 /// over j in order.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_group(out: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, group: usize, nk: usize, hd: usize, scale: f32, scores: &mut Vec<f32>) {
+pub fn attend_group(out: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, group: usize, lo: usize, nk: usize, hd: usize, scale: f32, scores: &mut Vec<f32>) {
     assert!(
-        out.len() == group * hd && q.len() == group * hd && kt.n_values() >= nk.div_ceil(KEY_TILE) * KEY_TILE * hd && v.n_values() >= nk * hd && nk > 0,
+        out.len() == group * hd && q.len() == group * hd && kt.n_values() >= nk.div_ceil(KEY_TILE) * KEY_TILE * hd && v.n_values() >= nk * hd && lo < nk,
         "attend_group: shapes"
     );
     scores.resize(group * nk, 0.0);
     attend_scores(scores, q, kt, v, group, nk, hd);
     for s in scores.chunks_mut(nk) {
+        // keys before `lo` (out of a sliding window) weigh 0
+        s[..lo].iter_mut().for_each(|x| *x = 0.0);
+        let s = &mut s[lo..];
         let mx = max(s) * scale;
         let sum = exp_affine_sum(s, scale, mx);
         self::scale(s, 1.0 / sum);
@@ -710,7 +714,7 @@ mod attend_tests {
             for (kt, vr, kref, vref) in [(KvRows::F32(&tiled(&k, nk, hd)), KvRows::F32(&v), &k, &v), (KvRows::Bf16(&kb), KvRows::Bf16(&vb), &k16_rows, &v16)] {
                 let mut out = vec![f32::NAN; group * hd];
                 let mut scratch = Vec::new();
-                attend_group(&mut out, &q, kt, vr, group, nk, hd, scale, &mut scratch);
+                attend_group(&mut out, &q, kt, vr, group, 0, nk, hd, scale, &mut scratch);
                 let want = reference(&q, kref, vref, group, nk, hd, scale);
                 let err = out.iter().zip(&want).map(|(&a, &b)| (a as f64 - b).abs()).fold(0f64, f64::max);
                 assert!(err < 2e-5, "group {group} hd {hd} nk {nk} {kt:?}: max abs err {err}", kt = std::mem::discriminant(&kt));
@@ -826,7 +830,7 @@ fn attend_speed() {
     for rep in 0..3 {
         let t = std::time::Instant::now();
         for h in 0..heads {
-            attend_group(&mut out, &q, rows(h * stride), vals(h), group, nk, hd, 0.125, &mut s);
+            attend_group(&mut out, &q, rows(h * stride), vals(h), group, 0, nk, hd, 0.125, &mut s);
         }
         let dt = t.elapsed().as_secs_f64();
         eprintln!("rep {rep}: {:.2} ms for {heads} heads, {:.1} GB/s", dt * 1e3, (2 * heads * nk * hd * if bf16 { 2 } else { 4 }) as f64 / dt / 1e9);

@@ -335,3 +335,72 @@ fn bf16_matmul_decodes_near_the_f32_model_whatever_the_batch_and_threads() {
         assert!(alone == run(true, 1) && alone == run(true, 3), "{mt}: slot 0's logits changed with its batch or the threads");
     }
 }
+
+/// Qwen3 (q/k norm) and sliding windows (Mistral on every layer, Qwen2 / Qwen3 on some): prefill
+/// in two chunks, then decode steps, give the full forward's logits at every position, with
+/// windows shorter than the prompt and than the decoded run, and a prompt longer than an
+/// attention block (the cache keeps every key; attention looks at the window only). Two slots
+/// decode side by side.
+#[test]
+fn windows_and_qk_norm_decode_like_the_full_forward() {
+    let mut cases: Vec<(String, Model)> = Vec::new();
+    for (mt, window, layer_types) in [
+        ("qwen3", None, None),
+        ("mistral", Some(37), None),
+        ("qwen2", Some(9), Some(serde_json::json!(["full_attention", "sliding_attention"]))),
+        ("qwen3", Some(5), None),
+    ] {
+        let mut c = config(mt, mt != "mistral", 4, 2);
+        c.head_dim = Some(12);
+        match window {
+            Some(w) => {
+                c.extra.insert("sliding_window".into(), w.into());
+                c.extra.insert("use_sliding_window".into(), true.into());
+                c.extra.insert("max_window_layers".into(), 1.into());
+            }
+            None => {
+                c.extra.insert("sliding_window".into(), serde_json::Value::Null);
+            }
+        }
+        if let Some(lt) = layer_types {
+            c.extra.insert("layer_types".into(), lt);
+        }
+        c.validate().unwrap();
+        let expect_windows = match (mt, window) {
+            (_, None) => vec![0, 0],
+            ("mistral", Some(w)) => vec![w, w],
+            (_, Some(w)) => vec![0, w],
+        };
+        assert_eq!(c.layer_windows().unwrap(), expect_windows, "{mt}");
+        cases.push((format!("{mt} window {window:?}"), model(c, 5)));
+    }
+    let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/fixtures");
+    for case in ["qwen3_qknorm", "qwen3_sliding", "mistral_window", "qwen2_sliding"] {
+        cases.push((case.to_string(), Model::load(&fx.join(case)).unwrap()));
+    }
+    for (name, m) in &cases {
+        let v = m.config.vocab_size;
+        let total = if name.contains("window") && !name.contains("_") { 160 } else { 40 };
+        let (p1, p2) = (total / 2 + 3, total * 3 / 4);
+        let seqs = [random_ids(total, v, 21), random_ids(total, v, 22)];
+        let fulls: Vec<Vec<f32>> = seqs.iter().map(|s| m.logits(&Seq::new(s)).unwrap()).collect();
+        let mut cache = KvCache::new(&m.config, 2, total).unwrap();
+        for (slot, s) in seqs.iter().enumerate() {
+            let all = m.extend_all_logits(&mut cache, &[(slot, &s[..p1])]).unwrap();
+            for t in 0..p1 {
+                let e = rel_err(row(&all, t, v), row(&fulls[slot], t, v));
+                assert!(e < 1e-5, "{name}: prefill position {t}: rel err {e}");
+            }
+            let last = m.prefill(&mut cache, slot, &s[p1..p2]).unwrap();
+            let e = rel_err(&last, row(&fulls[slot], p2 - 1, v));
+            assert!(e < 1e-5, "{name}: second chunk: rel err {e}");
+        }
+        for (t, (&a, &b)) in seqs[0].iter().zip(&seqs[1]).enumerate().skip(p2) {
+            let lg = m.decode_step(&mut cache, &[0, 1], &[a, b]).unwrap();
+            for (slot, full) in fulls.iter().enumerate() {
+                let e = rel_err(row(&lg, slot, v), row(full, t, v));
+                assert!(e < 1e-5, "{name}: slot {slot} decode position {t}: rel err {e}");
+            }
+        }
+    }
+}

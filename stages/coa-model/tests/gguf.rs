@@ -239,6 +239,7 @@ fn random_model(model_type: &str, tie: bool) -> Model {
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "rope_theta": 50000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": tie,
         "max_position_embeddings": 128, "bos_token_id": 256, "eos_token_id": 257,
+        "head_dim": 8, // = 32 / 4: qwen3's absent head_dim would be 128
     }))
     .unwrap();
     let mut m = Model::init(c, 7).unwrap();
@@ -274,15 +275,16 @@ fn gguf_of(model: &Model) -> GgufWriter {
 }
 
 #[test]
-fn llama_and_qwen2_models_round_trip_exactly() {
+fn llama_qwen2_and_qwen3_models_round_trip_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    for (arch, tie) in [("llama", false), ("llama", true), ("qwen2", false), ("qwen2", true)] {
+    for (arch, tie) in [("llama", false), ("llama", true), ("qwen2", false), ("qwen2", true), ("qwen3", false), ("qwen3", true)] {
         let m = random_model(arch, tie);
         let path = write(dir.path(), &format!("{arch}_{tie}.gguf"), &gguf_of(&m));
         assert!(gguf::is_gguf(&path));
         let ck = gguf::load(&path).unwrap_or_else(|e| panic!("{arch}: {e:#}"));
         let c = &ck.model.config;
         assert_eq!(c.model_type, arch);
+        assert_eq!(c.head_dim(), 8, "{arch}: head_dim (qwen3's key_length)");
         assert_eq!(c.tie_word_embeddings, tie, "{arch}: tied is the absence of output.weight");
         assert_eq!((c.vocab_size, c.num_key_value_heads, c.rope_theta), (258, 2, 50000.0));
         assert_eq!(c.bos_token_id, Some(256));
@@ -425,7 +427,7 @@ fn another_architecture_is_refused() {
         meta.iter_mut().find(|(k, _)| k == "general.architecture").unwrap().1 = Value::String("gemma2".into());
     });
     let e = load_err(&p);
-    assert!(e.contains("gemma.gguf") && e.contains("\"gemma2\"") && e.contains("\"llama\" and \"qwen2\""), "{e}");
+    assert!(e.contains("gemma.gguf") && e.contains("\"gemma2\"") && e.contains("\"llama\", \"qwen2\" and \"qwen3\""), "{e}");
     assert_eq!(e.lines().count(), 1);
 }
 

@@ -416,20 +416,32 @@ fn llama_cpp_loads_the_export_and_decodes_as_we_do() {
         assert_eq!(r["n_vocab"].as_u64(), Some(src.model.config.vocab_size as u64), "{name}");
         eprintln!("{name} F16: llama.cpp loads it and tokenizes as we do");
     }
+    // The same greedy decoding from llama.cpp and from our model read from the F16 export.
+    let decodes_alike = |name: &str, model: &Model, tokenizer: &gguf::GgufTokenizer, prompt: &str, n: usize| {
+        let out = dir.path().join(format!("{name}.F16.gguf"));
+        gguf::save(model, tokenizer, &out, GgufDtype::F16).unwrap();
+        let ours = load(&out);
+        let ids = ours.tokenizer.tokenizer.encode(prompt, false).unwrap().get_ids().to_vec();
+        let (_, tokens) = greedy(&ours.model, &ids, n);
+        let r = run(&out, &ids, n, prompt);
+        assert_eq!(ids_of(&r["tokenize"]), ids, "{name}: llama.cpp's tokens of the chat prompt");
+        assert_eq!(ids_of(&r["greedy"]), tokens, "{name}: greedy tokens, llama.cpp vs ours on the F16 file");
+        eprintln!("{name} F16: llama.cpp decodes {:?} as we do", ours.tokenizer.tokenizer.decode(&tokens, false).unwrap());
+    };
     let smollm2 = smollm2_path();
-    if !smollm2.exists() {
+    if smollm2.exists() {
+        let src = load(&smollm2);
+        let prompt = "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n";
+        decodes_alike("smollm2", &src.model, &src.tokenizer, prompt, 8);
+    } else {
         eprintln!("skipped: the SmolLM2 part of llama_cpp_loads_the_export_and_decodes_as_we_do: run `make model`");
-        return;
     }
-    let src = load(&smollm2);
-    let out = dir.path().join("smollm2.F16.gguf");
-    gguf::save(&src.model, &src.tokenizer, &out, GgufDtype::F16).unwrap();
-    let ours = load(&out);
-    let prompt = "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n";
-    let ids = ours.tokenizer.tokenizer.encode(prompt, false).unwrap().get_ids().to_vec();
-    let (_, tokens) = greedy(&ours.model, &ids, 8);
-    let r = run(&out, &ids, 8, prompt);
-    assert_eq!(ids_of(&r["tokenize"]), ids, "llama.cpp's tokens of the chat prompt");
-    assert_eq!(ids_of(&r["greedy"]), tokens, "greedy tokens: llama.cpp vs ours on the F16 file");
-    eprintln!("SmolLM2 F16: llama.cpp decodes {:?} as we do", ours.tokenizer.tokenizer.decode(&tokens, false).unwrap());
+    // A trained agent (e.g. COA_GGUF_CHECK_CKPT=runs/default/rl/checkpoint): its 22 CoA tags are
+    // tokens of the file, and it starts its answer with them.
+    if let Some(ckpt) = std::env::var_os("COA_GGUF_CHECK_CKPT").map(PathBuf::from) {
+        let model = Model::load(&ckpt).unwrap();
+        let tok = gguf::hf_tokenizer(&ckpt).unwrap();
+        let prompt = "<|im_start|>user\nWhat is 17 * 23? <think>use the code tool</think><|im_end|>\n<|im_start|>assistant\n";
+        decodes_alike("checkpoint", &model, &tok, prompt, 24);
+    }
 }

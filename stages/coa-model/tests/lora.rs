@@ -6,8 +6,17 @@ use coa_model::rng::random_ids;
 use coa_model::{KvCache, Model, ModelConfig, Params, SaveDtype, Seq, TokenIds};
 
 fn config() -> ModelConfig {
+    config_of("qwen2") // q/k/v biases: the adapter adds to a biased layer too
+}
+
+/// `qwen3`: q/k norms, which the adapter's q and k terms pass through.
+fn config_of(model_type: &str) -> ModelConfig {
     let mut c = ModelConfig::preset("tiny", 97).unwrap();
-    c.model_type = "qwen2".into(); // q/k/v biases: the adapter adds to a biased layer too
+    c.model_type = model_type.into();
+    if model_type == "qwen3" {
+        c.head_dim = Some(8);
+        c.extra.insert("sliding_window".into(), serde_json::Value::Null);
+    }
     c.architectures = vec![];
     c.hidden_size = 32;
     c.intermediate_size = 40;
@@ -27,7 +36,11 @@ fn lora_config(dropout: f64) -> LoraConfig {
 
 /// A model with an adapter whose B is nonzero (a fresh one adds nothing).
 fn adapted(dropout: f64) -> Model {
-    let mut m = Model::init(config(), 11).unwrap();
+    adapted_of("qwen2", dropout)
+}
+
+fn adapted_of(model_type: &str, dropout: f64) -> Model {
+    let mut m = Model::init(config_of(model_type), 11).unwrap();
     let mut lora = Lora::init(&m.config, lora_config(dropout), 5).unwrap();
     for t in lora.params.iter_mut() {
         let n = t.data.len();
@@ -94,8 +107,9 @@ fn adapted_forward_equals_the_merged_model() {
 
 #[test]
 fn adapter_gradients_match_finite_differences() {
-    for dropout in [0.0, 0.3] {
-        let mut m = adapted(dropout);
+    for (mt, dropout) in [("qwen2", 0.0), ("qwen2", 0.3), ("qwen3", 0.0)] {
+        let mut m = adapted_of(mt, dropout);
+        assert_eq!(m.params.get("model.layers.0.self_attn.q_norm.weight").is_some(), mt == "qwen3");
         m.lora.as_ref().unwrap().set_dropout_seed(42);
         let ids = random_ids(10, 97, 3);
         let (g, _) = sft(&m, &ids);
@@ -114,7 +128,7 @@ fn adapter_gradients_match_finite_differences() {
                 m.lora.as_mut().unwrap().params.tensors[ti].data[i] = orig;
                 let num = (lp - lm) / (2.0 * h as f64);
                 let ana = gt[i] as f64;
-                assert!((num - ana).abs() <= 3e-3 * gt[imax].abs() as f64 + 1e-5, "dropout {dropout} {}[{i}]: analytic {ana} vs numeric {num}", g.tensors[ti].name);
+                assert!((num - ana).abs() <= 3e-3 * gt[imax].abs() as f64 + 1e-5, "{mt} dropout {dropout} {}[{i}]: analytic {ana} vs numeric {num}", g.tensors[ti].name);
             }
         }
     }

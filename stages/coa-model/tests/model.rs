@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use coa_model::rng::random_ids;
-use coa_model::{param_specs, Model, ModelConfig, Params, SaveDtype, Seq, TokenIds};
+use coa_model::{param_specs, parse_size, Model, ModelConfig, Params, SaveDtype, SaveFormat, Seq, TokenIds};
 use serde_json::Value;
 
 fn small_config(model_type: &str, tied: bool) -> ModelConfig {
@@ -282,6 +282,103 @@ fn loads_f16_and_sharded_checkpoints() {
         for (x, y) in a.data.iter().zip(&b.data) {
             assert!((x - y).abs() <= y.abs() / 1000.0 + 1e-7, "{}", a.name);
         }
+    }
+}
+
+/// The shard files and the index of a checkpoint directory, sorted.
+fn weight_file_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("model"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A Python with huggingface_hub and safetensors (what transformers installs): .venv-hf.
+fn hub_python() -> Option<std::path::PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv-hf/bin/python");
+    let ok = std::process::Command::new(&p).args(["-c", "import huggingface_hub, safetensors, numpy"]).output();
+    ok.is_ok_and(|o| o.status.success()).then_some(p)
+}
+
+/// Issue 47: weights bigger than the shard size are written as `save_pretrained` writes them
+/// (model-0000I-of-0000N.safetensors and model.safetensors.index.json, a tensor bigger than the
+/// limit alone in its file), load back exactly, and a later save in the other layout leaves no
+/// stale weights for the loader to pick.
+#[test]
+fn big_weights_save_as_shards_with_an_index_and_load_back() {
+    let m = Model::init(small_config("llama", false), 13).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The embedding and lm_head (12,416 bytes each) are larger than the limit; the rest packs.
+    const LIMIT: u64 = 10_000;
+    m.save(dir.path(), SaveFormat { dtype: SaveDtype::F32, max_shard_bytes: LIMIT }).unwrap();
+    let names = weight_file_names(dir.path());
+    let n = names.len() - 1;
+    assert!(n >= 4 && !names.contains(&"model.safetensors".to_string()), "{names:?}");
+    assert_eq!(names[n], "model.safetensors.index.json");
+    for (i, f) in names[..n].iter().enumerate() {
+        assert_eq!(f, &format!("model-{:05}-of-{n:05}.safetensors", i + 1));
+        let bytes = std::fs::read(dir.path().join(f)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let payload: usize = st.tensors().iter().map(|(_, v)| v.data().len()).sum();
+        assert!(payload as u64 <= LIMIT || st.len() == 1, "{f}: {payload} bytes in {} tensors", st.len());
+    }
+    let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();
+    let total: usize = m.params.iter().map(|t| t.data.len() * 4).sum();
+    assert_eq!(index["metadata"]["total_size"], total as u64);
+    assert_eq!(index["weight_map"].as_object().unwrap().len(), m.params.len());
+    let back = Model::load(dir.path()).unwrap();
+    for (a, b) in back.params.iter().zip(m.params.iter()) {
+        assert_eq!((&a.name, &a.data), (&b.name, &b.data));
+    }
+    match hub_python() {
+        Some(py) => {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/hf/check_sharded.py");
+            let order: Vec<&str> = m.params.iter().map(|t| t.name.as_str()).collect();
+            let mut child = std::process::Command::new(py)
+                .arg(script)
+                .arg(dir.path())
+                .arg(LIMIT.to_string())
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(serde_json::to_string(&order).unwrap().as_bytes()).unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success() && out.stdout.starts_with(b"ok"), "huggingface_hub disagrees: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        None => eprintln!("skipped: the huggingface_hub check of the shards: no .venv-hf (make hf-venv)"),
+    }
+    // Another limit: other shards, none of the old count left.
+    m.save(dir.path(), SaveFormat { dtype: SaveDtype::Bf16, max_shard_bytes: 6_000 }).unwrap();
+    let again = weight_file_names(dir.path());
+    let m2 = again.len() - 1;
+    assert!(m2 != n && again[..m2].iter().all(|f| f.ends_with(&format!("-of-{m2:05}.safetensors"))), "{again:?}");
+    let b16 = Model::load(dir.path()).unwrap();
+    for (a, b) in b16.params.iter().zip(m.params.iter()) {
+        let want: Vec<f32> = b.data.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect();
+        assert_eq!(a.data, want, "{}", a.name);
+    }
+    // Small enough for one file: model.safetensors alone, the index and shards gone.
+    m.save(dir.path(), SaveDtype::F32).unwrap();
+    assert_eq!(weight_file_names(dir.path()), ["model.safetensors"]);
+    assert_eq!(Model::load(dir.path()).unwrap().params.tensors[3].data, m.params.tensors[3].data);
+}
+
+#[test]
+fn shard_sizes_are_read_as_transformers_spells_them() {
+    assert_eq!(parse_size("5GB").unwrap(), 5_000_000_000);
+    assert_eq!(parse_size("500mb").unwrap(), 500_000_000);
+    assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+    assert_eq!(parse_size("10KiB").unwrap(), 10_240);
+    assert_eq!(parse_size("123").unwrap(), 123);
+    for bad in ["", "GB", "5XB", "-1", "1.5GB", "0", "0MB", "99999999999999GB"] {
+        let e = err_of(parse_size(bad));
+        assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
     }
 }
 
@@ -766,5 +863,75 @@ fn a_chunked_head_equals_the_kept_head() {
             assert!(err / scale < 1e-4, "tied {tied}: {}: rel err {}", a.name, err / scale);
             assert!(a.data.iter().any(|&x| x != 0.0), "tied {tied}: {} got no gradient", a.name);
         }
+    }
+}
+
+/// Which layers slide, as transformers 5 reads the config; bad window fields are errors naming
+/// the field; Qwen3 and Mistral save under their own architecture and reload.
+#[test]
+fn sliding_window_rules_and_new_architectures() {
+    let with = |mt: &str, fields: Value| {
+        let mut c = small_config(mt, true);
+        c.num_hidden_layers = 4;
+        for (k, v) in fields.as_object().unwrap() {
+            c.extra.insert(k.clone(), v.clone());
+        }
+        c
+    };
+    let w = |mt: &str, fields: Value| with(mt, fields).layer_windows().unwrap();
+    // qwen2 / qwen3: only with use_sliding_window, on layers max_window_layers and up
+    for mt in ["qwen2", "qwen3"] {
+        assert_eq!(w(mt, serde_json::json!({"sliding_window": 8, "max_window_layers": 2})), vec![0; 4]);
+        assert_eq!(w(mt, serde_json::json!({"use_sliding_window": true, "sliding_window": 8, "max_window_layers": 2})), vec![0, 0, 8, 8]);
+        assert_eq!(w(mt, serde_json::json!({"use_sliding_window": true, "max_window_layers": 3})), vec![0, 0, 0, 4096]);
+        assert_eq!(w(mt, serde_json::json!({"use_sliding_window": true, "sliding_window": 8})), vec![0; 4], "max_window_layers defaults to 28");
+        let lt = serde_json::json!(["sliding_attention", "full_attention", "sliding_attention", "full_attention"]);
+        assert_eq!(w(mt, serde_json::json!({"use_sliding_window": true, "sliding_window": 8, "max_window_layers": 0, "layer_types": lt})), vec![8, 0, 8, 0]);
+    }
+    // mistral: every layer; absent = 4096, null = none; llama: never
+    assert_eq!(w("mistral", serde_json::json!({"sliding_window": 6})), vec![6; 4]);
+    assert_eq!(w("mistral", serde_json::json!({})), vec![4096; 4]);
+    assert_eq!(w("mistral", serde_json::json!({"sliding_window": null})), vec![0; 4]);
+    assert_eq!(w("llama", serde_json::json!({"sliding_window": 6, "use_sliding_window": true})), vec![0; 4]);
+    for (mt, fields, field) in [
+        ("mistral", serde_json::json!({"sliding_window": 0}), "sliding_window"),
+        ("qwen2", serde_json::json!({"use_sliding_window": "yes"}), "use_sliding_window"),
+        ("qwen3", serde_json::json!({"use_sliding_window": true, "layer_types": ["full_attention"]}), "layer_types"),
+        ("qwen3", serde_json::json!({"use_sliding_window": true, "layer_types": ["full_attention", "x", "full_attention", "full_attention"]}), "layer_types"),
+        ("qwen2", serde_json::json!({"layer_types": ["sliding_attention", "full_attention", "full_attention", "full_attention"]}), "use_sliding_window"),
+    ] {
+        let e = err_of(with(mt, fields.clone()).validate());
+        assert!(e.contains(field), "{mt} {fields}: expected an error naming {field}: {e}");
+    }
+    let e = err_of(small_config("llama", true).validate().and_then(|_| {
+        let mut c = small_config("llama", true);
+        c.model_type = "gemma".into();
+        c.validate()
+    }));
+    assert!(e.contains("qwen3") && e.contains("mistral"), "the refusal lists what is read: {e}");
+
+    // Qwen3: head_dim defaults to 128 (transformers' default), q/k norms per layer
+    let c = ModelConfig::from_json(&serde_json::json!({"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8,
+        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1})).unwrap();
+    assert_eq!(c.head_dim(), 128);
+    let c = ModelConfig::from_json(&serde_json::json!({"architectures": ["MistralForCausalLM"], "vocab_size": 10, "hidden_size": 32,
+        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 8})).unwrap();
+    assert_eq!((c.model_type.as_str(), c.num_key_value_heads), ("mistral", 8));
+    for (mt, arch) in [("qwen3", "Qwen3ForCausalLM"), ("mistral", "MistralForCausalLM")] {
+        let mut c = with(mt, serde_json::json!({"sliding_window": 5, "use_sliding_window": true, "max_window_layers": 1}));
+        c.attention_bias = true;
+        let m = Model::init(c, 4).unwrap();
+        let names: Vec<&str> = m.params.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names.contains(&"model.layers.0.self_attn.q_norm.weight"), mt == "qwen3");
+        assert_eq!(names.contains(&"model.layers.3.self_attn.o_proj.bias"), mt == "qwen3", "qwen3 attention_bias covers o_proj; mistral has none");
+        assert!(m.params.get("model.layers.0.self_attn.q_norm.weight").is_none_or(|t| t.data.iter().all(|&x| x == 1.0)));
+        let dir = tempfile::tempdir().unwrap();
+        m.save(dir.path(), SaveDtype::F32).unwrap();
+        let cfg: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
+        assert_eq!((cfg["architectures"][0].as_str(), cfg["model_type"].as_str()), (Some(arch), Some(mt)));
+        assert_eq!(cfg["sliding_window"], 5);
+        let back = Model::load(dir.path()).unwrap();
+        assert_eq!(back.params, m.params);
+        assert_eq!(back.config.layer_windows().unwrap(), m.config.layer_windows().unwrap());
     }
 }

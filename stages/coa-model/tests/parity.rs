@@ -126,8 +126,6 @@ fn parity_llama_packed() {
     check_case("llama_packed");
 }
 
-/// A packed row equals its segments run one by one: logits row by row, and gradients summed
-/// (with the per-segment losses weighted by the same global token count).
 #[test]
 fn parity_llama3_rope() {
     check_case("llama3_rope");
@@ -144,23 +142,29 @@ fn parity_llama3_rope() {
 fn packed_equals_separate_sequences() {
     let f = load_fixture("llama_packed");
     let seg = f.segment_ids.clone().unwrap();
-    let seq = Seq { input_ids: &f.ids, segment_ids: Some(&seg), shared_prefix: 0 };
-    let logits = f.model.logits(&seq).unwrap();
-    let (_, packed_grads) = sft_loss_and_grads(&f.model, &seq, &f.mask);
-    let n: f64 = f.mask[1..].iter().map(|&x| x as f64).sum();
-    let v = f.model.config.vocab_size;
-    let mut sep_grads = f.model.params.zeros_like();
+    check_packed(&f.model, &f.ids, &seg, &f.mask);
+}
+
+/// `ids` packed with segment ids `seg` equals its segments run one by one: logits row by row,
+/// and gradients summed (with the per-segment losses weighted by the same global token count).
+fn check_packed(model: &Model, ids: &[u32], seg: &[i32], mask: &[f32]) {
+    let seq = Seq { input_ids: ids, segment_ids: Some(seg), shared_prefix: 0 };
+    let logits = model.logits(&seq).unwrap();
+    let (_, packed_grads) = sft_loss_and_grads(model, &seq, mask);
+    let n: f64 = mask[1..].iter().map(|&x| x as f64).sum();
+    let v = model.config.vocab_size;
+    let mut sep_grads = model.params.zeros_like();
     let mut s = 0;
-    while s < f.ids.len() {
+    while s < ids.len() {
         let mut e = s;
-        while e < f.ids.len() && seg[e] == seg[s] {
+        while e < ids.len() && seg[e] == seg[s] {
             e += 1;
         }
-        let sub = &f.ids[s..e];
-        let l = f.model.logits(&Seq::new(sub)).unwrap();
+        let sub = &ids[s..e];
+        let l = model.logits(&Seq::new(sub)).unwrap();
         assert!(rel_err(&logits[s * v..e * v], &l) < 1e-5, "segment {s}..{e}");
-        let m = &f.mask[s..e];
-        f.model
+        let m = &mask[s..e];
+        model
             .forward_backward(&Seq::new(sub), &mut sep_grads, &mut |_| {
                 let mut d: Vec<f32> = m.iter().map(|&x| (-(x as f64) / n) as f32).collect();
                 d[0] = 0.0;
@@ -172,6 +176,86 @@ fn packed_equals_separate_sequences() {
     for (a, b) in packed_grads.iter().zip(sep_grads.iter()) {
         let e = rel_err(&a.data, &b.data);
         assert!(e < 1e-5, "{}: packed vs separate rel err {e:.3e}", a.name);
+    }
+}
+
+#[test]
+fn parity_qwen3_qknorm() {
+    check_case("qwen3_qknorm");
+}
+
+/// A windowed case would not catch a model that ignored the window: without it the logits differ.
+fn window_matters(case: &str) {
+    let f = load_fixture(case);
+    let mut full = f.model.clone();
+    full.config.extra.insert("sliding_window".into(), Value::Null);
+    full.config.extra.remove("layer_types");
+    assert!(full.config.layer_windows().unwrap().iter().all(|&w| w == 0));
+    let seq = Seq::new(&f.ids);
+    let (a, b) = (f.model.logits(&seq).unwrap(), full.logits(&seq).unwrap());
+    assert!(rel_err(&b, &a) > 1e-3, "{case}: the window changes the logits: {:.2e}", rel_err(&b, &a));
+}
+
+#[test]
+fn parity_qwen3_sliding() {
+    let f = load_fixture("qwen3_sliding");
+    assert_eq!(f.model.config.layer_windows().unwrap(), vec![0, 5, 5]);
+    check_case("qwen3_sliding");
+    window_matters("qwen3_sliding");
+}
+
+#[test]
+fn parity_mistral_window() {
+    let f = load_fixture("mistral_window");
+    assert_eq!(f.model.config.layer_windows().unwrap(), vec![6, 6]);
+    check_case("mistral_window");
+    window_matters("mistral_window");
+}
+
+#[test]
+fn parity_qwen2_sliding() {
+    let f = load_fixture("qwen2_sliding");
+    assert_eq!(f.model.config.layer_windows().unwrap(), vec![4, 0, 4]);
+    check_case("qwen2_sliding");
+    window_matters("qwen2_sliding");
+}
+
+/// Packed rows under a sliding window: the window stays within each segment (positions restart),
+/// so the packed row still equals its segments run alone; segments longer than the window.
+#[test]
+fn packed_with_a_window_equals_separate_sequences() {
+    for case in ["mistral_window", "qwen3_sliding"] {
+        let f = load_fixture(case);
+        let t = f.ids.len();
+        let seg: Vec<i32> = (0..t).map(|i| if i < 8 { 0 } else { 1 }).collect();
+        let mut mask = f.mask.clone();
+        mask[8] = 0.0; // a segment start is never a target
+        check_packed(&f.model, &f.ids, &seg, &mask);
+    }
+}
+
+/// A shared prefix under a sliding window: `prefix | tail 1 | tail 2` computes, for each tail,
+/// what `prefix | tail` computes alone (the window counts positions, which continue the prefix).
+#[test]
+fn shared_prefix_with_a_window_equals_each_row_alone() {
+    let f = load_fixture("qwen2_sliding");
+    let v = f.model.config.vocab_size;
+    let (prefix, tails) = (&f.ids[..5], [&f.ids[5..12], &f.ids[12..]]);
+    let mut ids = prefix.to_vec();
+    let mut seg = vec![0i32; prefix.len()];
+    for (k, tail) in tails.iter().enumerate() {
+        ids.extend_from_slice(tail);
+        seg.extend(std::iter::repeat_n(k as i32 + 1, tail.len()));
+    }
+    let packed = f.model.logits(&Seq { input_ids: &ids, segment_ids: Some(&seg), shared_prefix: prefix.len() }).unwrap();
+    let mut at = prefix.len();
+    for tail in tails {
+        let row: Vec<u32> = prefix.iter().chain(tail.iter()).copied().collect();
+        let alone = f.model.logits(&Seq::new(&row)).unwrap();
+        let e = rel_err(&packed[at * v..(at + tail.len()) * v], &alone[prefix.len() * v..]);
+        assert!(e < 1e-5, "tail at {at}: rel err {e:.3e}");
+        assert!(rel_err(&packed[..prefix.len() * v], &alone[..prefix.len() * v]) < 1e-5);
+        at += tail.len();
     }
 }
 

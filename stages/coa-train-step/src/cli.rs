@@ -9,8 +9,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{Array, ArrayRef, Float32Array, Int64Array, StringArray};
 use arrow::record_batch::RecordBatch;
 use coa_kernels::{gpu_for_model, select_device, Device, DeviceChoice, Gpu};
+use coa_model::gguf::{GgufDtype, GgufTokenizer};
 use coa_model::lora::{Lora, LoraConfig, Target};
-use coa_model::{Model, ModelConfig, SaveDtype};
+use coa_model::{Model, ModelConfig, SaveDtype, SaveFormat};
 use coa_tokenize::{fit_model, SpecialChoice, TemplateChoice, Vocab};
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::METRICS;
@@ -127,6 +128,18 @@ pub struct TrainArgs {
     /// dtype of model.safetensors: f32 (default) or bf16 (exact f32 masters then go into optimizer.safetensors).
     #[arg(long, value_enum, default_value = "f32")]
     pub save_dtype: SaveDtypeArg,
+    /// Largest weights file of a checkpoint: bigger weights are split into
+    /// model-0000I-of-0000N.safetensors files named by model.safetensors.index.json, as HF
+    /// save_pretrained writes them (5GB: the Hub's usual shards; units KB/MB/GB, KiB/MiB/GiB).
+    #[arg(long, value_name = "SIZE", default_value = "5GB", value_parser = shard_size)]
+    pub max_shard_size: u64,
+    /// Also write the final weights as this GGUF file, with the tokenizer and its chat template
+    /// (for llama.cpp, Ollama, LM Studio); needs --save. Checked before the first step.
+    #[arg(long, value_name = "FILE", requires = "save")]
+    pub save_gguf: Option<PathBuf>,
+    /// Matrix dtype of --save-gguf (1-D tensors stay F32).
+    #[arg(long, value_name = "F16|BF16|Q8_0|F32", default_value = "F16", requires = "save_gguf")]
+    pub gguf_dtype: GgufDtype,
     /// Optimizer steps of the whole run (the schedule's length). Default: one epoch.
     #[arg(long, value_name = "N", conflicts_with = "epochs", value_parser = coa_schemas::flags::at_least_one::<u64>)]
     pub steps: Option<u64>,
@@ -340,9 +353,32 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let (mut trainer, origin) = build_trainer(args, objective, settings, saved.as_ref(), &data, vocab.as_ref())?;
     prepare_trainer(stage, args, &mut trainer, &mut data, device, vocab.as_ref())?;
     let data = data;
-    let save_dtype = args.save_dtype.into();
-    let run = train_loop(stage, args, &mut trainer, &data, vocab.as_ref(), save_dtype, &origin)?;
-    write_outputs(stage, args, &mut trainer, &data, vocab.as_ref(), save_dtype, run)
+    let gguf = gguf_tokenizer(args, &trainer.model.config, vocab.as_ref())?;
+    let dtype = match args.save_dtype {
+        SaveDtypeArg::F32 => SaveDtype::F32,
+        SaveDtypeArg::Bf16 => SaveDtype::Bf16,
+    };
+    let save_format = SaveFormat { dtype, max_shard_bytes: args.max_shard_size };
+    let run = train_loop(stage, args, &mut trainer, &data, vocab.as_ref(), save_format, &origin)?;
+    write_outputs(stage, args, &mut trainer, &data, vocab.as_ref(), save_format, gguf.as_ref(), run)
+}
+
+fn shard_size(text: &str) -> Result<u64> {
+    coa_model::parse_size(text)
+}
+
+/// The tokenizer --save-gguf writes (the one the checkpoint gets), checked with the model's
+/// architecture before any step: a vocabulary GGUF cannot hold fails now, not after the run.
+fn gguf_tokenizer(args: &TrainArgs, config: &ModelConfig, vocab: Option<&Vocab>) -> Result<Option<GgufTokenizer>> {
+    let Some(path) = &args.save_gguf else { return Ok(None) };
+    let Some(vocab) = vocab else {
+        bail!("--save-gguf {}: this run saves no tokenizer (pass --tokenizer, e.g. the one coa-tokenize --save-tokenizer wrote)", path.display())
+    };
+    let [(json_name, json), (config_name, tok_config)] = vocab.hf_files()?;
+    let tok = coa_model::gguf::hf_tokenizer_from(&json, Some(&tok_config), None, Path::new(json_name), Path::new(config_name))
+        .and_then(|t| coa_model::gguf::check_exportable(config, &t).map(|()| t))
+        .with_context(|| format!("--save-gguf {}", path.display()))?;
+    Ok(Some(tok))
 }
 
 impl From<SaveDtypeArg> for SaveDtype {
@@ -381,13 +417,13 @@ fn check_flags(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     // Every output path is checked before any work (a --plot that is a directory used to fail
     // after the whole training).
     let [out, stats] = args.io.outputs();
-    stage.outputs(&[out, stats, ("--plot", args.plot.as_deref())])?;
+    stage.outputs(&[out, stats, ("--plot", args.plot.as_deref()), ("--save-gguf", args.save_gguf.as_deref())])?;
     if let Some(dir) = &args.tensorboard {
         tensorboard::check_dir(dir)?;
     }
     // The checkpoint directory is an output too (checked below, as a directory); the others
     // change how the run is done or logged, not its metrics.
-    stage.not_recorded(&["--save", "--save-every", "--threads", "--log-every", "--tensorboard"]);
+    stage.not_recorded(&["--save", "--save-every", "--threads", "--log-every", "--tensorboard", "--max-shard-size", "--save-gguf", "--gguf-dtype"]);
     if let Some(dir) = &args.save {
         checkpoint::check_save_dir(dir)?;
     }
@@ -610,7 +646,7 @@ struct Run {
 
 /// The training loop: steps up to --stop-at-step (else the end of the run), the log table on
 /// stderr, TensorBoard scalars, and a checkpoint every --save-every steps.
-fn train_loop(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: &Dataset, vocab: Option<&Vocab>, save_dtype: SaveDtype, origin: &str) -> Result<Run> {
+fn train_loop(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: &Dataset, vocab: Option<&Vocab>, save_format: SaveFormat, origin: &str) -> Result<Run> {
     let Settings { schedule, batch_tokens, .. } = trainer.state.settings;
     let total_steps = schedule.total_steps;
     let stop_at = args.stop_at_step.unwrap_or(total_steps).min(total_steps);
@@ -678,7 +714,7 @@ fn train_loop(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: 
         }
         if let (Some(every), Some(dir)) = (args.save_every, &args.save) {
             if r.step % every == 0 && r.step != stop_at {
-                trainer.save(dir, vocab, save_dtype)?;
+                trainer.save(dir, vocab, save_format)?;
             }
         }
         reports.push(r);
@@ -689,13 +725,18 @@ fn train_loop(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: 
 
 /// The outputs of the run: the final checkpoint (--save), the `metrics` table, the loss plot
 /// (--plot) and the stage's notes.
-fn write_outputs(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: &Dataset, vocab: Option<&Vocab>, save_dtype: SaveDtype, run: Run) -> Result<()> {
+fn write_outputs(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, data: &Dataset, vocab: Option<&Vocab>, save_format: SaveFormat, gguf: Option<&GgufTokenizer>, run: Run) -> Result<()> {
     let Run { reports, wall, threads } = run;
     let total_steps = trainer.state.settings.schedule.total_steps;
     let objective = trainer.objective;
     if let Some(dir) = &args.save {
-        trainer.save(dir, vocab, save_dtype)?;
+        trainer.save(dir, vocab, save_format)?;
         stage.note("checkpoint", dir.display().to_string());
+    }
+    if let (Some(path), Some(tok)) = (&args.save_gguf, gguf) {
+        // The special ids the checkpoint's config got from the tokenizer are in the model now.
+        coa_model::gguf::save(&trainer.model, tok, path, args.gguf_dtype)?;
+        stage.note("gguf", path.display().to_string());
     }
     let batch = metrics_batch(objective.name(), &reports)?;
     let mut writer = stage.create(args.io.output.as_deref(), args.io.format, &METRICS.schema())?;

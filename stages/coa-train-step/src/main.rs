@@ -27,7 +27,8 @@ decay (none on 1-D tensors: RMSNorm weights and biases), linear warmup then cosi
 --grad-clip by their global norm (grad_norm reports the norm before clipping). tokens_per_s counts input tokens.\n\n\
 Steps: a step takes shuffled rows while they fit in --batch-tokens; steps never straddle an epoch. --steps N (or --epochs E) \
 is the length of the whole run and of its schedule; --stop-at-step S ends this invocation early (a resume continues).\n\n\
-Checkpoints (--save DIR, every --save-every steps and at the end): config.json, model.safetensors, generation_config.json \
+Checkpoints (--save DIR, every --save-every steps and at the end): config.json, model.safetensors (above --max-shard-size: \
+model-0000I-of-0000N.safetensors with model.safetensors.index.json), generation_config.json \
 (loadable by HF transformers), tokenizer.json when known, optimizer.safetensors (AdamW moments, f32) and trainer_state.json \
 (step, data cursor, RNG state, schedule, settings). --resume DIR continues exactly: same data order and state; on the CPU \
 the weights are bit-identical to an uninterrupted run's (on the GPU equal up to rounding: its attention backward adds with \
@@ -35,6 +36,7 @@ float atomics), and a run may resume on the other device (one checkpoint format)
 --micro-batch-tokens, --threads and --device).",
     after_help = "Examples:\n  coa-tokenize -i coa_text.parquet --tokenizer tok.json | coa-train-step --init-config tiny --tokenizer tok.json \\\n      --steps 200 --batch-tokens 8192 --lr 1e-3 --save ckpt --plot loss.png -o metrics.parquet\n  \
 coa-train-step -i tokens.parquet --resume ckpt --save ckpt -o more_metrics.parquet\n  \
+coa-train-step -i tokens.parquet --init SmolLM2-135M-Instruct --tokenizer tok.json --epochs 1 --save ckpt \\\n      --save-gguf student.gguf --gguf-dtype q8_0 -o metrics.parquet\n  \
 coa-train-step plot -i metrics.parquet -o loss.png"
 )]
 struct Cli {

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use coa_kernels::GpuModel;
-use coa_model::{Model, Params, SaveDtype, Seq, Workspace};
+use coa_model::{Model, Params, SaveDtype, SaveFormat, Seq, Workspace};
 use coa_tokenize::Vocab;
 use coa_schemas::rows::Shown;
 use rayon::prelude::*;
@@ -207,7 +207,8 @@ impl Trainer {
     /// With a tokenizer, its HF files (`tokenizer.json`, `tokenizer_config.json`) are written too
     /// and its BOS/EOS/pad ids go into `config.json` and `generation_config.json`, so HF
     /// `generate`, vLLM and verl use the checkpoint unchanged.
-    pub fn save(&mut self, dir: &Path, tokenizer: Option<&Vocab>, dtype: SaveDtype) -> Result<()> {
+    pub fn save(&mut self, dir: &Path, tokenizer: Option<&Vocab>, format: impl Into<SaveFormat>) -> Result<()> {
+        let format = format.into();
         self.sync_from_cuda()?;
         let tokenizer_files = match tokenizer {
             Some(v) => {
@@ -217,14 +218,14 @@ impl Trainer {
             }
             None => None,
         };
-        // With LoRA the frozen base is saved beside the adapter (f32 unless `dtype` holds it
-        // exactly, e.g. a bf16 base: resuming needs it as it was) and the adapter in f32.
+        // With LoRA the frozen base is saved beside the adapter (f32 unless the format's dtype
+        // holds it exactly, e.g. a bf16 base: resuming needs it as it was) and the adapter in f32.
         let lora = self.model.lora.as_ref();
-        let base_dtype = match lora {
-            Some(_) if !self.model.params.iter().all(|t| dtype.holds_exactly(&t.data)) => SaveDtype::F32,
-            _ => dtype,
+        let base_format = match lora {
+            Some(_) if !self.model.params.iter().all(|t| format.dtype.holds_exactly(&t.data)) => SaveFormat { dtype: SaveDtype::F32, ..format },
+            _ => format,
         };
-        let with_master = lora.is_none() && !matches!(dtype, SaveDtype::F32);
+        let with_master = lora.is_none() && !matches!(format.dtype, SaveDtype::F32);
         let params: Vec<(String, Vec<usize>, &[f32])> = trained(&self.model).tensors.iter().map(|t| (t.name.clone(), t.shape.clone(), t.data.as_slice())).collect();
         let opt = checkpoint::optimizer_bytes(&params, &self.moments, self.state.step, with_master)?;
         let state = serde_json::to_string_pretty(&self.state)?;
@@ -232,7 +233,7 @@ impl Trainer {
         // base (transformers with peft installed then loads the adapted model from it).
         let abs = std::path::absolute(dir).with_context(|| format!("--save {}", dir.display()))?;
         checkpoint::write_dir_atomically(dir, |tmp| {
-            self.model.save(tmp, base_dtype)?;
+            self.model.save(tmp, base_format)?;
             if let Some(l) = lora {
                 l.save(tmp, &abs.to_string_lossy())?;
             }

@@ -861,6 +861,74 @@ fn progress_bar_only_on_a_terminal() {
     assert!(tty.contains("grad_norm"), "the log table is still printed:\n{tty:?}");
 }
 
+fn gguf_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/parity/fixtures/gguf").join(name)
+}
+
+/// Issue 47: `--save-gguf` writes the run's final weights with the checkpoint's tokenizer (its
+/// tags, special tokens and chat template) as GGUF; read back, the weights are the checkpoint's
+/// (F32: exactly) and the tokenizer splits text as the checkpoint's does.
+#[test]
+fn save_gguf_writes_the_trained_model_with_its_tokenizer() {
+    let e = env(5);
+    let pre = gguf_fixture("tiny_llama.gguf");
+    let (ck, gguf) = (e.p("ck"), e.p("out.gguf"));
+    let out = ok(&["-i", s(&e.tokens), "--init", s(&pre), "--tokenizer", s(&pre), "--steps", "2", "--threads", "2", "--save", s(&ck), "--save-gguf", s(&gguf), "--gguf-dtype", "f32", "-o", s(&e.p("m.parquet"))]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(s(&gguf)), "the note names the file");
+    let saved = Model::load(&ck).unwrap();
+    let back = coa_model::gguf::load(&gguf).unwrap();
+    assert_eq!(back.model.config.vocab_size, saved.config.vocab_size);
+    assert!(saved.config.vocab_size > 306, "the tags grew the vocabulary");
+    for (a, b) in back.model.params.iter().zip(saved.params.iter()) {
+        assert_eq!((&a.name, &a.data), (&b.name, &b.data), "the GGUF's weights are the checkpoint's");
+    }
+    let hf = coa_model::gguf::hf_tokenizer(&ck).unwrap();
+    let text = "<think>plan</think> 12+30 <answer>42</answer>";
+    let ids = |t: &coa_model::gguf::GgufTokenizer| t.tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+    assert_eq!(ids(&back.tokenizer), ids(&hf));
+    assert_eq!(back.tokenizer.specials, hf.specials);
+    assert!(back.tokenizer.chat_template.is_some() && back.tokenizer.chat_template == hf.chat_template);
+    let left: Vec<_> = std::fs::read_dir(e.dir.path()).unwrap().filter_map(|d| d.ok()).map(|d| d.file_name()).filter(|n| n.to_string_lossy().starts_with('.')).collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}
+
+/// A GGUF the run could not write is refused before the first step, with the flag named; so is
+/// --save-gguf without --save, and a shard size that is not one.
+#[test]
+fn save_gguf_and_shard_size_are_checked_before_training() {
+    let e = env(3);
+    let tok = e.p("tokenizer.json");
+    // A BPE that is not byte-level: GGUF cannot hold it.
+    let tags = coa_tokenize::tag_strings().len();
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..VOCAB - tags).map(|i| (if i == 0 { "<|endoftext|>".to_string() } else { format!("t{i}") }, serde_json::Value::from(i))).collect();
+    std::fs::write(&tok, serde_json::json!({"model": {"type": "BPE", "vocab": vocab, "merges": []}, "added_tokens": []}).to_string()).unwrap();
+    let (ck, gguf, m) = (e.p("ck"), e.p("x.gguf"), e.p("m.parquet"));
+    let err = fails(&args(&base(&e, &["--steps", "1", "--tokenizer", s(&tok), "--save", s(&ck), "--save-gguf", s(&gguf), "-o", s(&m)])));
+    assert!(err.contains("--save-gguf") && err.contains("byte-level"), "{err}");
+    assert!(!ck.exists() && !gguf.exists() && !m.exists(), "nothing written");
+    let err = fails(&args(&base(&e, &["--steps", "1", "--save-gguf", s(&gguf), "-o", s(&m)])));
+    assert!(err.contains("--save"), "{err}");
+    let err = fails(&args(&base(&e, &["--steps", "1", "--save", s(&ck), "--max-shard-size", "5XB", "-o", s(&m)])));
+    assert!(err.contains("--max-shard-size") && err.contains("5XB"), "{err}");
+}
+
+/// Issue 47: a checkpoint saved in shards (--max-shard-size) resumes exactly: the weights after
+/// resuming equal an uninterrupted run's, bit for bit.
+#[test]
+fn a_sharded_checkpoint_resumes_exactly() {
+    let e = env(8);
+    let full = e.p("full");
+    ok(&args(&base(&e, &["--steps", "4", "--save", s(&full), "-o", s(&e.p("full.parquet"))])));
+    let part = e.p("part");
+    ok(&args(&base(&e, &["--steps", "4", "--stop-at-step", "2", "--save", s(&part), "--max-shard-size", "10KB", "-o", s(&e.p("a.parquet"))])));
+    assert!(part.join("model.safetensors.index.json").is_file() && !part.join("model.safetensors").exists());
+    ok(&["-i", s(&e.tokens), "--resume", s(&part), "--save", s(&part), "--threads", "2", "-o", s(&e.p("b.parquet"))]);
+    assert!(part.join("model.safetensors").is_file() && !part.join("model.safetensors.index.json").exists(), "saved again in one file");
+    for (x, y) in load_params(&full).tensors.iter().zip(&load_params(&part).tensors) {
+        assert!(x.name == y.name && x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits()), "{} differs after resume", x.name);
+    }
+}
+
 /// The adapter's tensors of a LoRA checkpoint.
 fn adapter(dir: &Path) -> Params {
     Model::load_with_adapter(dir).unwrap().lora.unwrap().params

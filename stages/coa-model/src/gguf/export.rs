@@ -115,6 +115,13 @@ pub fn quantize_q8_0(data: &[f32]) -> Vec<u8> {
     out
 }
 
+/// Whether [`save`] can write a model of `config` with `tokenizer`: the architecture and the
+/// vocabulary checked before a long run rather than after it.
+pub fn check_exportable(config: &crate::ModelConfig, tokenizer: &GgufTokenizer) -> Result<()> {
+    super::gguf_architecture(config)?;
+    tokenizer_metadata(tokenizer, config.vocab_size).map(drop)
+}
+
 /// Writes `model` with `tokenizer` (its special tokens and chat template) as a GGUF file at
 /// `path`, matrices in `dtype` (see the module doc).
 pub fn save(model: &Model, tokenizer: &GgufTokenizer, path: &Path, dtype: GgufDtype) -> Result<()> {
@@ -260,12 +267,26 @@ pub fn tokenizer_metadata(tok: &GgufTokenizer, vocab_size: usize) -> Result<Vec<
 /// it adds BOS / EOS is read from what its post-processor does.
 pub fn hf_tokenizer(dir: &Path) -> Result<GgufTokenizer> {
     let file = dir.join("tokenizer.json");
-    let tokenizer =
-        Tokenizer::from_file(&file).map_err(|e| anyhow::anyhow!("{}: not a tokenizer.json ({e})", file.display()))?;
+    let json = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
     let config_path = dir.join("tokenizer_config.json");
-    let config: Json = match std::fs::read_to_string(&config_path) {
-        Ok(text) => serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config_path.display()))?,
-        Err(_) => Json::Null,
+    let config = std::fs::read_to_string(&config_path).ok();
+    let jinja = dir.join("chat_template.jinja");
+    let jinja = match jinja.is_file() {
+        true => Some(std::fs::read_to_string(&jinja).with_context(|| format!("reading {}", jinja.display()))?),
+        false => None,
+    };
+    hf_tokenizer_from(&json, config.as_deref(), jinja, &file, &config_path)
+}
+
+/// [`hf_tokenizer`] of the files' texts (`tokenizer.json`, `tokenizer_config.json` when there
+/// is one, `chat_template.jinja` when there is one): what a trainer holds before it saves them.
+/// `file` and `config_path` name them in errors.
+pub fn hf_tokenizer_from(json: &str, config: Option<&str>, jinja: Option<String>, file: &Path, config_path: &Path) -> Result<GgufTokenizer> {
+    let tokenizer: Tokenizer =
+        json.parse().map_err(|e| anyhow::anyhow!("{}: not a tokenizer.json ({e})", file.display()))?;
+    let config: Json = match config {
+        Some(text) => serde_json::from_str(text).with_context(|| format!("{}: not JSON", config_path.display()))?,
+        None => Json::Null,
     };
     let special = |name: &str| -> Result<Option<SpecialToken>> {
         let v = &config[name];
@@ -289,13 +310,6 @@ pub fn hf_tokenizer(dir: &Path) -> Result<GgufTokenizer> {
         pad: special("pad_token")?,
         unk: special("unk_token")?,
     };
-    let jinja = dir.join("chat_template.jinja");
-    let chat_template = match config["chat_template"].as_str() {
-        Some(t) => Some(t.to_string()),
-        None if jinja.is_file() => {
-            Some(std::fs::read_to_string(&jinja).with_context(|| format!("reading {}", jinja.display()))?)
-        }
-        None => None,
-    };
+    let chat_template = config["chat_template"].as_str().map(str::to_string).or(jinja);
     Ok(GgufTokenizer { tokenizer, specials, chat_template })
 }

@@ -21,13 +21,15 @@
 //!   Q4_K, Q5_K, Q6_K (what Q4_K_M / Q5_K_M / Q6_K files hold), dequantized to f32 on load, bit for
 //!   bit as gguf-py does (HF's loader calls it). Any other type is an error naming the tensor and
 //!   type.
-//! - **Architectures** `llama` and `qwen2` (`general.architecture`). Tensor names map to HF's
+//! - **Architectures** `llama`, `qwen2` and `qwen3` (`general.architecture`; qwen3's per-head
+//!   `attn_q_norm` / `attn_k_norm` → `self_attn.q_norm` / `k_norm`, its head_dim from
+//!   `attention.key_length`, which the export always writes for it). Tensor names map to HF's
 //!   (`token_embd` → `model.embed_tokens`, `blk.N.attn_q` → `model.layers.N.self_attn.q_proj`,
 //!   `attn_norm` → `input_layernorm`, `ffn_norm` → `post_attention_layernorm`, `output_norm` →
 //!   `model.norm`, `output` → `lm_head`, ...), ggml dims are reversed into row-major HF shapes, and
 //!   for `llama` the row permutation llama.cpp's HF → GGUF converter applies to q/k (weights and
 //!   biases) is undone ([`unpermute_qk_rows`]), as transformers' `LlamaTensorProcessor` does.
-//!   Qwen2 files are stored unpermuted. No `output.weight` means tied embeddings.
+//!   Qwen2 and Qwen3 files are stored unpermuted. No `output.weight` means tied embeddings.
 //! - **Config** ([`model_config`]): the HF `config.json` transformers builds from `<arch>.*`
 //!   metadata: block_count, embedding_length, feed_forward_length, attention.head_count(_kv),
 //!   rope.freq_base, attention.layer_norm_rms_epsilon, context_length, rope.dimension_count
@@ -70,7 +72,7 @@ use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use serde_json::{json, Map, Value as Json};
 
-pub use export::{hf_tokenizer, save, GgufDtype};
+pub use export::{check_exportable, hf_tokenizer, hf_tokenizer_from, save, GgufDtype};
 pub use file::{GgmlType, GgufFile, GgufWriter, TensorInfo, Value};
 pub use tokenizer::{GgufTokenizer, SpecialToken, SpecialTokens};
 
@@ -105,7 +107,14 @@ pub fn load_tokenizer(path: &Path) -> Result<GgufTokenizer> {
 }
 
 /// The architectures read, with their HF class.
-const ARCHITECTURES: [(&str, &str); 2] = [("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM")];
+const ARCHITECTURES: [(&str, &str); 3] = [("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")];
+
+/// The architectures read, for messages: `"llama", "qwen2" and "qwen3"`.
+fn architecture_names() -> String {
+    let names: Vec<String> = ARCHITECTURES.iter().map(|(a, _)| format!("{a:?}")).collect();
+    let (last, rest) = names.split_last().expect("a table");
+    format!("{} and {last}", rest.join(", "))
+}
 
 /// The whole-number hyper-parameters: HF config field, GGUF key (under `<arch>.`), read from and
 /// written to a config; the first four must be in a file, the others may be absent.
@@ -126,7 +135,7 @@ pub fn architecture(file: &GgufFile) -> Result<&str> {
         .get_str("general.architecture")?
         .with_context(|| format!("{path}: metadata `general.architecture` is missing"))?;
     if !ARCHITECTURES.iter().any(|(a, _)| *a == arch) {
-        bail!("{path}: general.architecture is {arch:?}; only \"llama\" and \"qwen2\" models can be read");
+        bail!("{path}: general.architecture is {arch:?}; only {} models can be read", architecture_names());
     }
     Ok(arch)
 }
@@ -182,9 +191,11 @@ pub fn model_config(file: &GgufFile) -> Result<ModelConfig> {
     };
     c.insert("vocab_size".into(), json!(vocab_size));
     c.insert("tie_word_embeddings".into(), json!(file.tensor("output.weight").is_none()));
-    if arch == "llama" {
-        // HF's GGUF config never sets these; a llama file with such biases is read with them.
+    if arch == "llama" || arch == "qwen3" {
+        // HF's GGUF config never sets these; a file with such biases is read with them.
         c.insert("attention_bias".into(), json!(file.tensor("blk.0.attn_q.bias").is_some()));
+    }
+    if arch == "llama" {
         c.insert("mlp_bias".into(), json!(file.tensor("blk.0.ffn_gate.bias").is_some()));
     }
     for (hf, gguf) in [
@@ -259,11 +270,13 @@ const GLOBAL_NAMES: [(&str, &str); 3] = [
 ];
 
 /// GGUF module names inside `blk.N.`, with their HF names inside `model.layers.N.`.
-const LAYER_NAMES: [(&str, &str); 9] = [
+const LAYER_NAMES: [(&str, &str); 11] = [
     ("attn_q", "self_attn.q_proj"),
     ("attn_k", "self_attn.k_proj"),
     ("attn_v", "self_attn.v_proj"),
     ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
     ("ffn_gate", "mlp.gate_proj"),
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
@@ -347,12 +360,22 @@ pub fn writer_of(model: &Model) -> Result<GgufWriter> {
 /// `rope_freqs.weight` when the config has `rope_freq_factors` or a Llama 3 rope scaling, and
 /// every parameter under its GGUF name (llama q/k rows permuted), matrices encoded as `dtype`
 /// ([`export::encode`]).
-pub fn writer_as(model: &Model, dtype: GgufDtype) -> Result<GgufWriter> {
-    let c = &model.config;
+/// The GGUF architecture a model of `c` is written as; an error for one GGUF cannot hold.
+pub(crate) fn gguf_architecture(c: &ModelConfig) -> Result<&str> {
     let arch = c.model_type.as_str();
     if !ARCHITECTURES.iter().any(|(a, _)| *a == arch) {
-        bail!("model_type {arch:?} cannot be written to GGUF (only \"llama\" and \"qwen2\")");
+        bail!("model_type {arch:?} cannot be written to GGUF (only {})", architecture_names());
     }
+    // llama.cpp's llama / qwen2 graphs attend to every earlier token: a window would be lost.
+    if c.layer_windows()?.iter().any(|&w| w > 0) {
+        bail!("a model with a sliding window (config field `sliding_window`) cannot be written to GGUF: llama.cpp's {arch} has none");
+    }
+    Ok(arch)
+}
+
+pub fn writer_as(model: &Model, dtype: GgufDtype) -> Result<GgufWriter> {
+    let c = &model.config;
+    let arch = gguf_architecture(c)?;
     let mut w = GgufWriter::new();
     let k = |s: &str| format!("{arch}.{s}");
     let u32_of = |x: usize| Value::U32(x as u32);
@@ -366,8 +389,9 @@ pub fn writer_as(model: &Model, dtype: GgufDtype) -> Result<GgufWriter> {
     if arch == "llama" {
         w.kv(&k("rope.dimension_count"), u32_of(c.head_dim()));
     }
-    if c.num_attention_heads > 0 && c.head_dim() * c.num_attention_heads != c.hidden_size {
-        // llama.cpp takes hidden / heads unless told.
+    if arch == "qwen3" || (c.num_attention_heads > 0 && c.head_dim() * c.num_attention_heads != c.hidden_size) {
+        // llama.cpp takes hidden / heads unless told; transformers reads a qwen3 file without it
+        // as head_dim 128.
         w.kv(&k("attention.key_length"), u32_of(c.head_dim()));
         w.kv(&k("attention.value_length"), u32_of(c.head_dim()));
     }
