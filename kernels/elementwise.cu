@@ -29,3 +29,28 @@ extern "C" __global__ void sumsq_f32(const float* __restrict__ x, float* __restr
     acc = block_sum(acc, scratch);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
+// LoRA dropout, the mask of `coa_model::lora::dropout_factor` drawn on the device: x and y are
+// [n / cols, cols]; element (r, c) has factor f = 0 when u < p, else `keep` = 1 / (1 - p), where u
+// is SplitMix64's first unit draw from seeds[r] ^ (key * golden), key = key_hi ^ (local_row[r] *
+// cols + c) (key_hi: the layer and target bits; local_row: r's row within its own sequence, so a
+// packed pass draws each sequence's mask as the CPU draws it alone). y = x f, or y += x f with
+// `accumulate` (the backward: the input gradient's LoRA term through the same mask). The mask is
+// recomputed rather than stored: a hash per element costs less than a [T, in] mask per target.
+extern "C" __global__ void lora_dropout(const bf16* __restrict__ x, bf16* __restrict__ y,
+                                        const unsigned long long* __restrict__ seeds,
+                                        const int* __restrict__ local_row, i64 n, int cols,
+                                        unsigned long long key_hi, double p, float keep,
+                                        int accumulate) {
+    const unsigned long long golden = 0x9E3779B97F4A7C15ull;
+    GRID_STRIDE(i, n) {
+        const i64 r = i / cols;
+        const unsigned long long key = key_hi ^ ((unsigned long long)local_row[r] * (unsigned long long)cols + (unsigned long long)(i - r * cols));
+        unsigned long long z = (seeds[r] ^ (key * golden)) + golden;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const double u = (double)(z >> 11) / 9007199254740992.0;  // 2^53
+        const float v = bf2f(x[i]) * (u < p ? 0.f : keep);
+        y[i] = f2bf(accumulate ? bf2f(y[i]) + v : v);
+    }
+}

@@ -230,6 +230,10 @@ impl<'a> Alloc<'a> {
         self.zeros(n)
     }
 
+    pub(crate) fn u64(&mut self, n: usize) -> Result<CudaSlice<u64>> {
+        self.zeros(n)
+    }
+
     /// Counts memory allocated elsewhere (an upload).
     pub(crate) fn count(&mut self, bytes: usize) {
         self.bytes += bytes;

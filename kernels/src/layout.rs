@@ -169,6 +169,19 @@ impl FlatLayout {
         FlatLayout { slots, layers, embed, norm, head, total }
     }
 
+    /// The layout of a plain list of tensors (a LoRA adapter's A and B matrices), each at an
+    /// aligned offset; no layers (`layers` empty, `embed`, `norm`, `head` unused).
+    pub(crate) fn of_tensors(params: &Params) -> FlatLayout {
+        let sizes: Vec<usize> = params.tensors.iter().map(|t| t.data.len()).collect();
+        let mut p = Placer { offset: vec![0; sizes.len()], sizes, total: 0 };
+        (0..params.tensors.len()).for_each(|i| {
+            p.one(i);
+        });
+        let total = p.total.next_multiple_of(ALIGN);
+        let slots = params.tensors.iter().zip(p.offset.iter().zip(&p.sizes)).map(|(t, (&offset, &numel))| Slot { name: t.name.clone(), shape: t.shape.clone(), offset, numel }).collect();
+        FlatLayout { slots, layers: Vec::new(), embed: 0, norm: 0, head: 0, total }
+    }
+
     /// Errors unless `params` are the canonical tensors of this layout's config, in order.
     pub(crate) fn check_tensors(&self, params: &Params) -> Result<()> {
         if params.tensors.len() != self.slots.len() {

@@ -26,6 +26,7 @@ pub mod error;
 pub mod gpu;
 pub mod layout;
 pub mod locate;
+pub(crate) mod lora;
 pub mod model;
 pub mod ops;
 pub mod rng;

@@ -40,11 +40,13 @@
 
 use std::sync::Arc;
 
-use coa_model::{ops, ModelConfig, Params, Seq, TokenStats};
+use coa_model::lora::Target;
+use coa_model::{ops, Lora, ModelConfig, Params, Seq, TokenStats};
 use cudarc::driver::CudaSlice;
 
 use crate::gpu::Alloc;
 use crate::layout::{check_common, Dims, FlatLayout, Slot};
+use crate::lora::GpuLora;
 use crate::ops::attention::AttnShape;
 use crate::ops::adamw::AdamWArgs;
 use crate::ops::embedding::EmbeddingGradPlan;
@@ -101,6 +103,9 @@ struct BackBufs {
     dqkv: CudaSlice<bf16>, // [T, W] dq | dk | dv
     dgu: CudaSlice<bf16>,  // [T, 2I] dgate | dup
     da: CudaSlice<bf16>,   // [T, I]
+    /// [max(D, hd)] RMSNorm (and Qwen3 q/k norm) weight gradients nobody reads (LoRA: the base
+    /// has no gradient buffer).
+    dw_sink: CudaSlice<f32>,
 }
 
 /// Per-pass inputs, uploaded into fixed buffers.
@@ -159,6 +164,19 @@ pub struct GpuModel {
     acts: Acts,
     back: BackBufs,
     io: Inputs,
+    /// A LoRA adapter: then it alone trains (`grad`, `m`, `v` above are left unallocated).
+    lora: Option<GpuLora>,
+    /// The LoRA dropout seeds of the next training pass, one per sequence.
+    dropout_seeds: Vec<u64>,
+}
+
+/// The buffers of the tensors a run trains: the model's, or its LoRA adapter's.
+struct Trained<'a> {
+    flat: &'a FlatLayout,
+    master: &'a mut CudaSlice<f32>,
+    grad: &'a mut CudaSlice<f32>,
+    m: &'a mut CudaSlice<f32>,
+    v: &'a mut CudaSlice<f32>,
 }
 
 impl GpuModel {
@@ -168,6 +186,12 @@ impl GpuModel {
     /// All work runs on `gpu.stream`, so cudarc's cross-stream event tracking is switched off for
     /// this context (it would record events around every launch).
     pub fn new(gpu: Arc<Gpu>, config: &ModelConfig, params: &Params, capacity: usize) -> Result<GpuModel> {
+        GpuModel::with_lora(gpu, config, params, None, capacity)
+    }
+
+    /// [`GpuModel::new`] with a LoRA adapter on the linear layers (`coa_model::lora`): the adapter
+    /// trains (its own gradients and AdamW moments, zero at first), the base weights stay as given.
+    pub fn with_lora(gpu: Arc<Gpu>, config: &ModelConfig, params: &Params, lora: Option<&Lora>, capacity: usize) -> Result<GpuModel> {
         check_supported(config)?;
         if capacity == 0 {
             return Err(Error::new("GpuModel: capacity must be at least one token"));
@@ -181,7 +205,9 @@ impl GpuModel {
         let t = capacity;
         let mut al = Alloc::new(&gpu, format!("allocating GPU buffers for {t} tokens per pass"), "fewer tokens per pass: lower --micro-batch-tokens");
         let total = flat.total;
-        let (master, w, grad, m, v) = (al.f32(total)?, al.bf16(total)?, al.f32(total)?, al.f32(total)?, al.f32(total)?);
+        // Under LoRA the base needs no gradients or moments.
+        let opt = if lora.is_some() { 0 } else { total };
+        let (master, w, grad, m, v) = (al.f32(total)?, al.bf16(total)?, al.f32(opt)?, al.f32(opt)?, al.f32(opt)?);
         let mut layers = Vec::with_capacity(c.layers);
         for _ in 0..c.layers {
             layers.push(LayerActs {
@@ -215,6 +241,7 @@ impl GpuModel {
             dqkv: al.bf16(t * c.wqkv)?,
             dgu: al.bf16(t * 2 * c.inter)?,
             da: al.bf16(t * c.inter)?,
+            dw_sink: al.f32(if lora.is_some() { c.d.max(c.hd) } else { 0 })?,
         };
         let mut io = Inputs {
             tokens: al.i32(t)?,
@@ -232,9 +259,10 @@ impl GpuModel {
         let (cos, sin) = config.rope_tables(&positions);
         gpu.stream.memcpy_htod(&cos, &mut io.cos)?;
         gpu.stream.memcpy_htod(&sin, &mut io.sin)?;
+        let lora = lora.map(|l| GpuLora::new(&mut al, &gpu, config, l, capacity)).transpose()?;
         let device_bytes = al.bytes;
         let windows = config.layer_windows().map_err(|e| Error(format!("{e:#}")))?;
-        let mut model = GpuModel { gpu, config: config.clone(), dims: c, windows, capacity, device_bytes, flat, master, w, grad, m, v, acts, back, io };
+        let mut model = GpuModel { gpu, config: config.clone(), dims: c, windows, capacity, device_bytes, flat, master, w, grad, m, v, acts, back, io, lora, dropout_seeds: Vec::new() };
         let host = model.flat.flatten(|i| &params.tensors[i].data);
         model.gpu.stream.memcpy_htod(&host, &mut model.master)?;
         model.restore_working_weights()?;
@@ -252,76 +280,129 @@ impl GpuModel {
         self.device_bytes
     }
 
-    /// Canonical tensors out of a flat device buffer (synchronises).
-    fn unflatten(&self, buf: &CudaSlice<f32>) -> Result<Vec<Vec<f32>>> {
+    /// Canonical tensors out of a flat device buffer of layout `flat` (synchronises).
+    fn unflatten(&self, flat: &FlatLayout, buf: &CudaSlice<f32>) -> Result<Vec<Vec<f32>>> {
         let host = self.gpu.download(buf)?;
-        Ok(self.flat.slots.iter().map(|s| host[s.offset..s.offset + s.numel].to_vec()).collect())
+        Ok(flat.slots.iter().map(|s| host[s.offset..s.offset + s.numel].to_vec()).collect())
     }
 
     fn check_params(&self, p: &Params, what: &str) -> Result<()> {
         self.flat.check_tensors(p).map_err(|e| Error(format!("{what}: {e}")))
     }
 
+    /// The buffers of the trained tensors: the adapter's under LoRA, else the model's.
+    fn trained(&mut self) -> Trained<'_> {
+        match &mut self.lora {
+            Some(l) => Trained { flat: &l.flat, master: &mut l.master, grad: &mut l.grad, m: &mut l.m, v: &mut l.v },
+            None => Trained { flat: &self.flat, master: &mut self.master, grad: &mut self.grad, m: &mut self.m, v: &mut self.v },
+        }
+    }
+
+    fn trained_ref(&self) -> (&FlatLayout, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>) {
+        match &self.lora {
+            Some(l) => (&l.flat, &l.master, &l.grad, &l.m, &l.v),
+            None => (&self.flat, &self.master, &self.grad, &self.m, &self.v),
+        }
+    }
+
+    /// Whether a LoRA adapter trains (instead of the weights).
+    pub fn has_lora(&self) -> bool {
+        self.lora.is_some()
+    }
+
+    /// The LoRA dropout mask seeds of the [`GpuModel::forward_backward`] passes from now on, one
+    /// per sequence of a pass (the seed `coa_model::Lora::set_dropout_seed` gives the CPU model for
+    /// that sequence); a pass with dropout and another number of sequences is an error.
+    pub fn set_dropout_seeds(&mut self, seeds: Vec<u64>) {
+        self.dropout_seeds = seeds;
+    }
+
+    /// Copies the adapter's f32 A and B into `params` (`Lora::params`' layout).
+    pub fn download_lora(&self, params: &mut Params) -> Result<()> {
+        let Some(l) = &self.lora else { return Err(Error::new("download_lora: the model has no LoRA adapter")) };
+        l.flat.check_tensors(params).map_err(|e| Error(format!("download_lora: {e}")))?;
+        for (t, d) in params.tensors.iter_mut().zip(self.unflatten(&l.flat, &l.master)?) {
+            t.data = d;
+        }
+        Ok(())
+    }
+
     /// Copies the master weights into `params` (same layout as the model's).
     pub fn download_params(&self, params: &mut Params) -> Result<()> {
         self.check_params(params, "download_params")?;
-        for (t, d) in params.tensors.iter_mut().zip(self.unflatten(&self.master)?) {
+        for (t, d) in params.tensors.iter_mut().zip(self.unflatten(&self.flat, &self.master)?) {
             t.data = d;
         }
         Ok(())
     }
 
-    /// Copies the accumulated gradients into `grads` (same layout as the model's).
+    /// Copies the accumulated gradients of the trained tensors into `grads` (the model's layout,
+    /// or under LoRA the adapter's).
     pub fn download_grads(&self, grads: &mut Params) -> Result<()> {
-        self.check_params(grads, "download_grads")?;
-        for (t, d) in grads.tensors.iter_mut().zip(self.unflatten(&self.grad)?) {
+        let (flat, _, grad, _, _) = self.trained_ref();
+        flat.check_tensors(grads).map_err(|e| Error(format!("download_grads: {e}")))?;
+        for (t, d) in grads.tensors.iter_mut().zip(self.unflatten(flat, grad)?) {
             t.data = d;
         }
         Ok(())
     }
 
-    /// The AdamW moments (exp_avg, exp_avg_sq).
+    /// The AdamW moments (exp_avg, exp_avg_sq) of the trained tensors (under LoRA: the adapter's).
     pub fn download_moments(&self) -> Result<(PerTensor, PerTensor)> {
-        Ok((self.unflatten(&self.m)?, self.unflatten(&self.v)?))
+        let (flat, _, _, m, v) = self.trained_ref();
+        Ok((self.unflatten(flat, m)?, self.unflatten(flat, v)?))
     }
 
-    /// Sets the AdamW moments, one slice per canonical tensor.
+    /// Sets the AdamW moments, one slice per trained tensor (under LoRA: the adapter's).
     pub fn upload_moments(&mut self, exp_avg: &[&[f32]], exp_avg_sq: &[&[f32]]) -> Result<()> {
-        let n = self.flat.slots.len();
+        let gpu = self.gpu.clone();
+        let t = self.trained();
+        let n = t.flat.slots.len();
         for (what, x) in [("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)] {
-            if x.len() != n || x.iter().zip(&self.flat.slots).any(|(a, s)| a.len() != s.numel) {
-                return Err(Error(format!("upload_moments: {what} does not match the model's parameters")));
+            if x.len() != n || x.iter().zip(&t.flat.slots).any(|(a, s)| a.len() != s.numel) {
+                return Err(Error(format!("upload_moments: {what} does not match the trained parameters")));
             }
         }
-        let m = self.flat.flatten(|i| exp_avg[i]);
-        let v = self.flat.flatten(|i| exp_avg_sq[i]);
-        self.gpu.stream.memcpy_htod(&m, &mut self.m)?;
-        self.gpu.stream.memcpy_htod(&v, &mut self.v)?;
+        let m = t.flat.flatten(|i| exp_avg[i]);
+        let v = t.flat.flatten(|i| exp_avg_sq[i]);
+        gpu.stream.memcpy_htod(&m, t.m)?;
+        gpu.stream.memcpy_htod(&v, t.v)?;
         Ok(())
     }
 
     /// Runs the forward on other weights (e.g. an RL reference model) until
-    /// [`GpuModel::restore_working_weights`]: only the bf16 copy changes.
+    /// [`GpuModel::restore_working_weights`]: only the bf16 copy changes, and a LoRA adapter is off
+    /// meanwhile (`params` are a whole model).
     pub fn set_working_weights(&mut self, params: &Params) -> Result<()> {
         self.check_params(params, "set_working_weights")?;
+        if let Some(l) = &mut self.lora {
+            l.active = false;
+        }
         let host: Vec<bf16> = self.flat.flatten(|i| &params.tensors[i].data).iter().map(|&x| bf16::from_f32(x)).collect();
         self.gpu.stream.memcpy_htod(&host, &mut self.w)?;
         Ok(())
     }
 
-    /// The bf16 working weights from the f32 masters.
+    /// The bf16 working weights from the f32 masters (a LoRA adapter on again).
     pub fn restore_working_weights(&mut self) -> Result<()> {
+        if let Some(l) = &mut self.lora {
+            l.active = true;
+            l.restore_working_weights(&self.gpu)?;
+        }
         self.gpu.cast_f32_bf16(&self.master, &mut self.w, self.flat.total)
     }
 
+    /// Zeroes the trained tensors' gradients.
     pub fn zero_grads(&mut self) -> Result<()> {
-        self.gpu.stream.memset_zeros(&mut self.grad)?;
+        let gpu = self.gpu.clone();
+        gpu.stream.memset_zeros(self.trained().grad)?;
         Ok(())
     }
 
-    /// The global L2 norm of the accumulated gradients (synchronises).
+    /// The global L2 norm of the trained tensors' accumulated gradients (synchronises).
     pub fn grad_norm(&self) -> Result<f64> {
-        Ok(self.gpu.sumsq(&self.grad, self.flat.total)?.sqrt())
+        let (flat, _, grad, _, _) = self.trained_ref();
+        Ok(self.gpu.sumsq(grad, flat.total)?.sqrt())
     }
 
     /// One AdamW step of every tensor, with the scalars `args(name, shape)` gives each span of
@@ -329,8 +410,11 @@ impl GpuModel {
     /// rows: new vocabulary rows), then the bf16 working copy from the updated masters.
     /// Neighbouring spans with equal scalars run as one launch (the padding between tensors is all
     /// zeros, which AdamW keeps at zero).
+    /// Under LoRA the adapter's tensors step (by their PEFT names), the base stays.
     pub fn adamw_step(&mut self, args: impl Fn(&str, &[usize]) -> Vec<(std::ops::Range<usize>, AdamWArgs)>) -> Result<()> {
-        let mut slots: Vec<&Slot> = self.flat.slots.iter().collect();
+        let gpu = self.gpu.clone();
+        let Trained { flat, master, grad, m, v } = self.trained();
+        let mut slots: Vec<&Slot> = flat.slots.iter().collect();
         slots.sort_by_key(|s| s.offset);
         let mut runs: Vec<(usize, usize, AdamWArgs)> = Vec::new();
         for s in slots {
@@ -345,12 +429,14 @@ impl GpuModel {
                 }
             }
         }
-        let GpuModel { gpu, master, grad, m, v, .. } = self;
         for (lo, hi, a) in runs {
             let n = hi - lo;
             gpu.adamw(&mut master.slice_mut(lo..hi), &grad.slice(lo..hi), &mut m.slice_mut(lo..hi), &mut v.slice_mut(lo..hi), None, n, &a)?;
         }
-        self.restore_working_weights()
+        match &mut self.lora {
+            Some(l) => l.restore_working_weights(&gpu),
+            None => self.restore_working_weights(),
+        }
     }
 
     pub fn synchronize(&self) -> Result<()> {
@@ -408,8 +494,9 @@ impl GpuModel {
     }
 
     /// Embedding, every layer, final norm and the head's logits for the `n` packed tokens.
-    fn forward(&mut self, n: usize) -> Result<()> {
-        let GpuModel { gpu, dims: c, windows, flat, w, acts, io, .. } = self;
+    /// `train`: a training pass (LoRA dropout on).
+    fn forward(&mut self, n: usize, train: bool) -> Result<()> {
+        let GpuModel { gpu, dims: c, windows, flat, w, acts, io, lora, .. } = self;
         let (d, eps) = (c.d, c.eps);
         gpu.embedding_fwd(&io.tokens, &w.slice(flat.embed..flat.embed + c.vocab * d), &mut acts.resid[0], n, d, c.vocab)?;
         let (s, l) = c.attention(n);
@@ -419,6 +506,11 @@ impl GpuModel {
             // attention block: x2 = x + o_proj(attn(rope(qkv(rmsnorm(x)))))
             gpu.rmsnorm_fwd(x, &w.slice(lw.ln1..lw.ln1 + d), &mut a.h1, &mut a.rstd1, n, d, eps)?;
             linear_fwd(gpu, &a.h1, w, lw.qkv, lw.qkv_bias, &mut a.qkv, &io.ones, (n, d, c.wqkv), false)?;
+            if let Some(lo) = lora.as_mut() {
+                for (tg, col) in [(Target::Q, 0), (Target::K, c.qd), (Target::V, c.qd + c.kvd)] {
+                    lo.forward(gpu, li, tg, &a.h1, &mut a.qkv, col, c.wqkv, n, train)?;
+                }
+            }
             if let (Some((raw, rstd)), Some(qn), Some(kn)) = (&mut a.qk, lw.q_norm, lw.k_norm) {
                 // Qwen3: q and k heads normalised in place before RoPE, their inputs kept
                 let nq = n * c.hq;
@@ -433,54 +525,92 @@ impl GpuModel {
             gpu.attention_fwd(&s, &l, &q, &k, &v, Some(&io.seg), &mut a.att, &mut a.lse)?;
             gpu.stream.memcpy_dtod(&x.slice(..n * d), &mut a.x2.slice_mut(..n * d))?;
             linear_fwd(gpu, &a.att, w, lw.o, lw.o_bias, &mut a.x2, &io.ones, (n, c.qd, d), true)?;
+            if let Some(lo) = lora.as_mut() {
+                lo.forward(gpu, li, Target::O, &a.att, &mut a.x2, 0, d, n, train)?;
+            }
             // MLP block: out = x2 + down(silu(gate(h2)) * up(h2)), h2 = rmsnorm(x2)
             gpu.rmsnorm_fwd(&a.x2, &w.slice(lw.ln2..lw.ln2 + d), &mut a.h2, &mut a.rstd2, n, d, eps)?;
             linear_fwd(gpu, &a.h2, w, lw.gu, lw.gu_bias, &mut a.gu, &io.ones, (n, d, 2 * c.inter), false)?;
             let f = c.inter;
+            if let Some(lo) = lora.as_mut() {
+                for (tg, col) in [(Target::Gate, 0), (Target::Up, f)] {
+                    lo.forward(gpu, li, tg, &a.h2, &mut a.gu, col, 2 * f, n, train)?;
+                }
+            }
             gpu.swiglu_fwd(&a.gu.slice(..), &a.gu.slice(f..), &mut a.a, n, f, 2 * f, 2 * f, f)?;
             gpu.stream.memcpy_dtod(&a.x2.slice(..n * d), &mut out.slice_mut(..n * d))?;
             linear_fwd(gpu, &a.a, w, lw.down, lw.down_bias, out, &io.ones, (n, f, d), true)?;
+            if let Some(lo) = lora.as_mut() {
+                lo.forward(gpu, li, Target::Down, &a.a, out, 0, d, n, train)?;
+            }
         }
         let xl = &acts.resid[c.layers];
         gpu.rmsnorm_fwd(xl, &w.slice(flat.norm..flat.norm + d), &mut acts.hf, &mut acts.rstdf, n, d, eps)?;
         linear_fwd(gpu, &acts.hf, w, flat.head, None, &mut acts.logits, &io.ones, (n, d, c.vocab), false)
     }
 
-    /// Backward from d loss / d logits (in `acts.logits`), accumulating every parameter gradient.
-    fn backward(&mut self, n: usize, plan: &EmbeddingGradPlan) -> Result<()> {
-        let GpuModel { gpu, dims: c, windows, flat, w, grad, acts, back: b, io, .. } = self;
+    /// Backward from d loss / d logits (in `acts.logits`), accumulating every trained gradient:
+    /// the weights' (`plan`: the embedding's), or under LoRA the adapter's alone.
+    fn backward(&mut self, n: usize, plan: Option<&EmbeddingGradPlan>) -> Result<()> {
+        let GpuModel { gpu, dims: c, windows, flat, w, grad, acts, back: b, io, lora, .. } = self;
         let d = c.d;
-        linear_bwd(gpu, &acts.logits, &acts.hf, w, flat.head, None, &mut b.dh, grad, &io.ones, (n, d, c.vocab))?;
+        // Under LoRA the base weights get no gradient: no dW products, RMSNorm's dw into a sink.
+        let base = lora.is_none();
+        macro_rules! dw {
+            ($r:expr) => {
+                if base { grad.slice_mut($r) } else { b.dw_sink.slice_mut(..) }
+            };
+        }
+        linear_bwd(gpu, &acts.logits, &acts.hf, w, flat.head, None, &mut b.dh, base.then_some(&mut *grad), &io.ones, (n, d, c.vocab))?;
         let xl = &acts.resid[c.layers];
         let nw = flat.norm..flat.norm + d;
-        gpu.rmsnorm_bwd(&b.dh, xl, &w.slice(nw.clone()), &acts.rstdf, &mut b.dres, &mut grad.slice_mut(nw), n, d, false)?;
+        gpu.rmsnorm_bwd(&b.dh, xl, &w.slice(nw.clone()), &acts.rstdf, &mut b.dres, &mut dw!(nw), n, d, false)?;
         let (s, l) = c.attention(n);
         // b.dres holds d loss / d (layer output) on entry to each layer, d loss / d (input) on exit.
         for (li, (lw, a)) in flat.layers.iter().zip(&acts.layers).enumerate().rev() {
             let f = c.inter;
-            linear_bwd(gpu, &b.dres, &a.a, w, lw.down, lw.down_bias, &mut b.da, grad, &io.ones, (n, f, d))?;
+            linear_bwd(gpu, &b.dres, &a.a, w, lw.down, lw.down_bias, &mut b.da, base.then_some(&mut *grad), &io.ones, (n, f, d))?;
+            if let Some(lo) = lora.as_mut() {
+                lo.backward(gpu, li, Target::Down, &a.a, &b.dres, 0, d, &mut b.da, n)?;
+            }
             gpu.swiglu_bwd_fused(&b.da, &a.gu, &mut b.dgu, n, f)?;
-            linear_bwd(gpu, &b.dgu, &a.h2, w, lw.gu, lw.gu_bias, &mut b.dh, grad, &io.ones, (n, d, 2 * f))?;
+            linear_bwd(gpu, &b.dgu, &a.h2, w, lw.gu, lw.gu_bias, &mut b.dh, base.then_some(&mut *grad), &io.ones, (n, d, 2 * f))?;
+            if let Some(lo) = lora.as_mut() {
+                for (tg, col) in [(Target::Gate, 0), (Target::Up, f)] {
+                    lo.backward(gpu, li, tg, &a.h2, &b.dgu, col, 2 * f, &mut b.dh, n)?;
+                }
+            }
             let r2 = lw.ln2..lw.ln2 + d;
-            gpu.rmsnorm_bwd(&b.dh, &a.x2, &w.slice(r2.clone()), &a.rstd2, &mut b.dres, &mut grad.slice_mut(r2), n, d, true)?;
-            linear_bwd(gpu, &b.dres, &a.att, w, lw.o, lw.o_bias, &mut b.datt, grad, &io.ones, (n, c.qd, d))?;
+            gpu.rmsnorm_bwd(&b.dh, &a.x2, &w.slice(r2.clone()), &a.rstd2, &mut b.dres, &mut dw!(r2), n, d, true)?;
+            linear_bwd(gpu, &b.dres, &a.att, w, lw.o, lw.o_bias, &mut b.datt, base.then_some(&mut *grad), &io.ones, (n, c.qd, d))?;
+            if let Some(lo) = lora.as_mut() {
+                lo.backward(gpu, li, Target::O, &a.att, &b.dres, 0, d, &mut b.datt, n)?;
+            }
             let s = AttnShape { window: windows[li], ..s };
             gpu.attention_bwd_qkv(&s, &l, &a.qkv, &a.att, &a.lse, Some(&io.seg), &b.datt, &mut b.dqkv)?;
             gpu.rope(&mut b.dqkv, Some(&io.pos), &io.cos, &io.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, true)?;
             if let (Some((raw, rstd)), Some(qn), Some(kn)) = (&a.qk, lw.q_norm, lw.k_norm) {
-                // through Qwen3's q/k norms, in place on dq | dk
+                // through Qwen3's q/k norms, in place on dq | dk (under LoRA their weights frozen)
                 let (nq, nk) = (n * c.hq, n * c.hkv);
                 let (rq, rk) = (raw.slice(..nq * c.hd), raw.slice(nq * c.hd..(nq + nk) * c.hd));
                 let (sq, sk) = (rstd.slice(..nq), rstd.slice(nq..nq + nk));
                 let (gq, gk) = (qn..qn + c.hd, kn..kn + c.hd);
-                gpu.head_rmsnorm_bwd(&mut b.dqkv, &rq, &w.slice(gq.clone()), &sq, &mut grad.slice_mut(gq), n, c.hq, c.hd, c.wqkv)?;
-                gpu.head_rmsnorm_bwd(&mut b.dqkv.slice_mut(c.qd..), &rk, &w.slice(gk.clone()), &sk, &mut grad.slice_mut(gk), n, c.hkv, c.hd, c.wqkv)?;
+                gpu.head_rmsnorm_bwd(&mut b.dqkv, &rq, &w.slice(gq.clone()), &sq, &mut dw!(gq), n, c.hq, c.hd, c.wqkv)?;
+                gpu.head_rmsnorm_bwd(&mut b.dqkv.slice_mut(c.qd..), &rk, &w.slice(gk.clone()), &sk, &mut dw!(gk), n, c.hkv, c.hd, c.wqkv)?;
             }
-            linear_bwd(gpu, &b.dqkv, &a.h1, w, lw.qkv, lw.qkv_bias, &mut b.dh, grad, &io.ones, (n, d, c.wqkv))?;
+            linear_bwd(gpu, &b.dqkv, &a.h1, w, lw.qkv, lw.qkv_bias, &mut b.dh, base.then_some(&mut *grad), &io.ones, (n, d, c.wqkv))?;
+            if let Some(lo) = lora.as_mut() {
+                for (tg, col) in [(Target::Q, 0), (Target::K, c.qd), (Target::V, c.qd + c.kvd)] {
+                    lo.backward(gpu, li, tg, &a.h1, &b.dqkv, col, c.wqkv, &mut b.dh, n)?;
+                }
+            }
             let r1 = lw.ln1..lw.ln1 + d;
-            gpu.rmsnorm_bwd(&b.dh, &acts.resid[li], &w.slice(r1.clone()), &a.rstd1, &mut b.dres, &mut grad.slice_mut(r1), n, d, true)?;
+            gpu.rmsnorm_bwd(&b.dh, &acts.resid[li], &w.slice(r1.clone()), &a.rstd1, &mut b.dres, &mut dw!(r1), n, d, true)?;
         }
-        gpu.embedding_bwd(plan, &b.dres, &mut grad.slice_mut(flat.embed..flat.embed + c.vocab * d), d)
+        match plan {
+            Some(plan) => gpu.embedding_bwd(plan, &b.dres, &mut grad.slice_mut(flat.embed..flat.embed + c.vocab * d), d),
+            None => Ok(()),
+        }
     }
 
     /// Row weights `g[r] = −d loss / d logp[token r + 1]` of the pack (0 where row r has no
@@ -542,7 +672,7 @@ impl GpuModel {
     /// Token statistics of `seqs` (packed into one pass; no backward): `coa_model::Model::token_stats`.
     pub fn token_stats(&mut self, seqs: &[Seq]) -> Result<Vec<TokenStats>> {
         let p = self.pack(seqs)?;
-        self.forward(p.n)?;
+        self.forward(p.n, false)?;
         self.head_stats(p.n)?;
         self.token_stats_of(&p, true)
     }
@@ -553,11 +683,18 @@ impl GpuModel {
     /// [`DLogp::Fixed`] for what a fixed gradient computes).
     pub fn forward_backward(&mut self, seqs: &[Seq], dlogp: DLogp) -> Result<Vec<TokenStats>> {
         let p = self.pack(seqs)?;
-        let plan = self.gpu.embedding_grad_plan(&p.ids, self.dims.vocab)?;
+        // The embedding's gradient plan, unless a LoRA adapter trains instead.
+        let plan = match &mut self.lora {
+            Some(l) => {
+                l.upload_seeds(&self.gpu, &self.dropout_seeds, &p.spans)?;
+                None
+            }
+            None => Some(self.gpu.embedding_grad_plan(&p.ids, self.dims.vocab)?),
+        };
         if let DLogp::Fixed(dl) = &dlogp {
             self.upload_row_weights(&p, dl)?; // before the forward: a bad gradient fails early
         }
-        self.forward(p.n)?;
+        self.forward(p.n, true)?;
         let stats = match dlogp {
             DLogp::Fixed(_) => None,
             DLogp::FromStats(f) => {
@@ -569,7 +706,7 @@ impl GpuModel {
             }
         };
         self.head_grad(p.n)?;
-        self.backward(p.n, &plan)?;
+        self.backward(p.n, plan.as_ref())?;
         match stats {
             Some(s) => Ok(s),
             None => self.token_stats_of(&p, false),

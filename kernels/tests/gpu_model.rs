@@ -1,6 +1,8 @@
 //! [`GpuModel`] against the f32 CPU model (`coa_model::Model`) on the same batch of tiny random
 //! models: token log-probs and entropies, the loss, and every parameter gradient; plus exact
-//! upload/download of weights and moments (checkpoints round-trip bit for bit).
+//! upload/download of weights and moments (checkpoints round-trip bit for bit). With a LoRA
+//! adapter (`GpuModel::with_lora`): the A / B gradients with the CPU's dropout masks, the loss and
+//! log-probs, and the base weights untouched by a step.
 //!
 //! Both sides run the SAME weights: the random parameters are rounded to bf16 first, so what is
 //! measured is the GPU's own error: bf16 activations (each rounding is a relative error of at most
@@ -174,6 +176,32 @@ fn check_stats(label: &str, b: &[(Vec<u32>, Option<Vec<i32>>)], gpu: &[TokenStat
     }
 }
 
+/// SFT's targets over a batch: a random 70% of the positions, each weighing −1/N in d loss / d
+/// logp. Returns (masks, N, d loss / d logp).
+fn sft_targets(rng: &mut Rng, b: &[(Vec<u32>, Option<Vec<i32>>)]) -> (Vec<Vec<f32>>, f32, Vec<Vec<f32>>) {
+    let masks: Vec<Vec<f32>> = b.iter().map(|(ids, _)| ids.iter().map(|_| if rng.uniform() < 0.7 { 1.0 } else { 0.0 }).collect()).collect();
+    let n: f32 = masks.iter().flatten().sum();
+    let dlogp = masks.iter().map(|m| m.iter().map(|&x| -x / n).collect()).collect();
+    (masks, n, dlogp)
+}
+
+/// The SFT loss over the targets that count (a segment start is never a target), GPU against CPU
+/// within 2%.
+#[track_caller]
+fn check_sft_loss(label: &str, b: &[(Vec<u32>, Option<Vec<i32>>)], masks: &[Vec<f32>], n: f32, gpu: &[TokenStats], cpu: &[TokenStats]) {
+    let loss = |st: &[TokenStats]| -> f64 {
+        let mut l = 0.0;
+        for ((seq, m), x) in b.iter().zip(masks).zip(st) {
+            let (pos, _) = coa_model::ops::segment_layout(seq.0.len(), seq.1.as_deref());
+            l -= (0..seq.0.len()).filter(|&t| pos[t] != 0).map(|t| (m[t] * x.logp[t]) as f64).sum::<f64>();
+        }
+        l / n as f64
+    };
+    let (lg, lc) = (loss(gpu), loss(cpu));
+    eprintln!("{label}: SFT loss gpu {lg:.5} cpu {lc:.5}");
+    assert!((lg - lc).abs() <= 2e-2 * lc.abs(), "{label}: loss {lg} vs cpu {lc}");
+}
+
 #[test]
 fn gpu_model_matches_cpu_on_one_batch() {
     let test = "gpu_model_matches_cpu_on_one_batch";
@@ -188,27 +216,14 @@ fn gpu_model_matches_cpu_on_one_batch() {
         let mut gm = GpuModel::new(gpu.clone(), &c, &cpu.params, 512).unwrap();
 
         // SFT: fixed d loss / d logp = -mask / N (one fused pass).
-        let masks: Vec<Vec<f32>> = b.iter().map(|(ids, _)| ids.iter().map(|_| if rng.uniform() < 0.7 { 1.0 } else { 0.0 }).collect()).collect();
-        let n: f32 = masks.iter().flatten().sum();
-        let dlogp: Vec<Vec<f32>> = masks.iter().map(|m| m.iter().map(|&x| -x / n).collect()).collect();
+        let (masks, n, dlogp) = sft_targets(&mut rng, &b);
         let mut g_cpu = cpu.params.zeros_like();
         let st_cpu: Vec<TokenStats> = s.iter().zip(&dlogp).map(|(q, d)| cpu.forward_backward(q, &mut g_cpu, &mut |_| d.clone()).unwrap()).collect();
         gm.zero_grads().unwrap();
         let st_gpu = gm.forward_backward(&s, DLogp::Fixed(&dlogp)).unwrap();
         let mut g_gpu = cpu.params.zeros_like();
         gm.download_grads(&mut g_gpu).unwrap();
-        // Loss over the targets that count (a segment start is never a target).
-        let loss = |st: &[TokenStats]| -> f64 {
-            let mut l = 0.0;
-            for ((seq, m), x) in b.iter().zip(&masks).zip(st) {
-                let (pos, _) = coa_model::ops::segment_layout(seq.0.len(), seq.1.as_deref());
-                l -= (0..seq.0.len()).filter(|&t| pos[t] != 0).map(|t| (m[t] * x.logp[t]) as f64).sum::<f64>();
-            }
-            l / n as f64
-        };
-        let (lg, lc) = (loss(&st_gpu), loss(&st_cpu));
-        eprintln!("{label}: SFT loss gpu {lg:.5} cpu {lc:.5}");
-        assert!((lg - lc).abs() <= 2e-2 * lc.abs(), "{label}: loss {lg} vs cpu {lc}");
+        check_sft_loss(label, &b, &masks, n, &st_gpu, &st_cpu);
         check_grads(&format!("{label} SFT"), &g_gpu, &g_cpu, 5e-2);
 
         // RL form: d loss / d logp from the statistics (two passes over the logits, entropies):
@@ -229,6 +244,123 @@ fn gpu_model_matches_cpu_on_one_batch() {
         let st_gpu = gm.token_stats(&s).unwrap();
         let st_cpu: Vec<TokenStats> = s.iter().map(|q| cpu.token_stats(q).unwrap()).collect();
         check_stats(&format!("{label} token_stats"), &b, &st_gpu, &st_cpu, true);
+    }
+    if gpu.is_emulated() {
+        emu::set_order(None).unwrap();
+    }
+}
+
+/// LoRA (`coa_model::lora`) on the GPU against the CPU model with the same adapter: log-probs, loss
+/// and the A / B gradients (the same tolerances as the full model's: the adapter's gradients are
+/// products of the same bf16 activations and gradients), with dropout on (the masks must be the
+/// CPU's: a different mask gives O(1) gradient errors) across all seven targets, PEFT's default
+/// q/v targets without dropout on the qwen2 config (head_dim 128, q/k/v biases), and q, k, o, down
+/// on the qwen3 config (the q/k adapters' output passes through the q/k norms; a sliding window). B is
+/// random (a fresh adapter's B = 0 would leave dA zero and untested). Reference weights swapped in
+/// run without the adapter until restored. An AdamW step moves A and B and leaves the base
+/// masters bit for bit as they were; the adapter's moments round-trip exactly.
+#[test]
+fn gpu_lora_matches_cpu_on_one_batch() {
+    use coa_kernels::gpu::AdamWArgs;
+    use coa_model::lora::{Lora, LoraConfig, Target};
+    let test = "gpu_lora_matches_cpu_on_one_batch";
+    let gpu = test_gpu(test);
+    let mut rng = seeded(test);
+    let setups = [(0usize, LoraConfig { rank: 8, alpha: 16.0, dropout: 0.1, targets: Target::ALL.to_vec() }), (1, LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, targets: Target::peft_default() }),
+        (3, LoraConfig { rank: 4, alpha: 8.0, dropout: 0.05, targets: vec![Target::Q, Target::K, Target::O, Target::Down] }),
+    ];
+    for (i, lc) in setups {
+        let (label, c) = configs().remove(i);
+        let order = schedule_config(&gpu, i + 1);
+        let label = format!("{label} LoRA r {} dropout {} {:?}", lc.rank, lc.dropout, lc.targets);
+        eprintln!("{label}: schedule order {order:?}");
+        let mut cpu = model(&c, &mut rng);
+        let mut lora = Lora::init(&c, lc, rng.next_u64()).unwrap();
+        for t in &mut lora.params.tensors {
+            let b = t.name.contains("lora_B");
+            t.data.iter_mut().for_each(|x| *x = bf16::from_f32(if b { 0.1 * rng.normal() } else { *x }).to_f32());
+        }
+        let mut gm = GpuModel::with_lora(gpu.clone(), &c, &cpu.params, Some(&lora), 512).unwrap();
+        cpu.lora = Some(lora);
+        let lo = || cpu.lora.as_ref().unwrap();
+        let b = batch(&mut rng, c.vocab_size);
+        let s = seqs(&b);
+        let seeds: Vec<u64> = s.iter().map(|_| rng.next_u64()).collect();
+
+        // SFT form, dropout masks by sequence seed on both sides.
+        let (masks, n, dlogp) = sft_targets(&mut rng, &b);
+        let mut g_cpu = lo().params.zeros_like();
+        let mut st_cpu = Vec::new();
+        for ((q, d), &seed) in s.iter().zip(&dlogp).zip(&seeds) {
+            lo().set_dropout_seed(seed);
+            st_cpu.push(cpu.forward_backward(q, &mut g_cpu, &mut |_| d.clone()).unwrap());
+        }
+        gm.zero_grads().unwrap();
+        gm.set_dropout_seeds(seeds.clone());
+        let st_gpu = gm.forward_backward(&s, DLogp::Fixed(&dlogp)).unwrap();
+        let mut g_gpu = lo().params.zeros_like();
+        gm.download_grads(&mut g_gpu).unwrap();
+        check_sft_loss(&label, &b, &masks, n, &st_gpu, &st_cpu);
+        check_grads(&format!("{label} SFT"), &g_gpu, &g_cpu, 5e-2);
+        let norm = g_cpu.tensors.iter().flat_map(|t| &t.data).map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+        let gn = gm.grad_norm().unwrap();
+        assert!((gn - norm).abs() <= 5e-2 * norm, "{label}: grad norm gpu {gn} cpu {norm}");
+
+        // RL form (two passes over the logits, one forward: one mask).
+        let coef: Vec<Vec<f32>> = b.iter().map(|(ids, _)| ids.iter().map(|_| rng.normal() / n).collect()).collect();
+        let rl_one = |st: &TokenStats, c: &[f32]| -> Vec<f32> { st.logp.iter().zip(c).map(|(&lp, &k)| k * lp.exp()).collect() };
+        let mut g_cpu = lo().params.zeros_like();
+        for ((q, c), &seed) in s.iter().zip(&coef).zip(&seeds) {
+            lo().set_dropout_seed(seed);
+            cpu.forward_backward(q, &mut g_cpu, &mut |st| rl_one(st, c)).unwrap();
+        }
+        let mut rl = |st: &[TokenStats]| -> Vec<Vec<f32>> { st.iter().zip(&coef).map(|(x, c)| rl_one(x, c)).collect() };
+        gm.zero_grads().unwrap();
+        gm.forward_backward(&s, DLogp::FromStats(&mut rl)).unwrap();
+        gm.download_grads(&mut g_gpu).unwrap();
+        check_grads(&format!("{label} RL"), &g_gpu, &g_cpu, 8e-2);
+
+        // Forward only (no dropout).
+        let st_gpu = gm.token_stats(&s).unwrap();
+        let st_cpu: Vec<TokenStats> = s.iter().map(|q| cpu.token_stats(q).unwrap()).collect();
+        check_stats(&format!("{label} token_stats"), &b, &st_gpu, &st_cpu, true);
+        // Other working weights (an RL reference model: a whole model) run without the adapter
+        // until restored.
+        let mut plain = cpu.clone();
+        plain.lora = None;
+        gm.set_working_weights(&plain.params).unwrap();
+        let st_ref = gm.token_stats(&s).unwrap();
+        let st_plain: Vec<TokenStats> = s.iter().map(|q| plain.token_stats(q).unwrap()).collect();
+        check_stats(&format!("{label} reference weights, adapter off"), &b, &st_ref, &st_plain, true);
+        let flat = |st: &[TokenStats]| st.iter().flat_map(|x| x.logp.clone()).collect::<Vec<f32>>();
+        let (apart, _) = rel_l2(&flat(&st_plain), &flat(&st_cpu));
+        eprintln!("{label}: adapter on vs off: logp rel L2 {apart:.3e}");
+        assert!(apart > 4e-2, "{label}: the adapter must change the log-probs by twice check_stats' tolerance (rel L2 {apart})");
+        gm.restore_working_weights().unwrap();
+        check_stats(&format!("{label} restored"), &b, &gm.token_stats(&s).unwrap(), &st_cpu, true);
+
+        // A step moves the adapter only.
+        let m: Vec<Vec<f32>> = lo().params.tensors.iter().map(|t| rng.normals(t.data.len(), 1e-3)).collect();
+        let v: Vec<Vec<f32>> = lo().params.tensors.iter().map(|t| rng.normals(t.data.len(), 1e-6).iter().map(|x| x.abs()).collect()).collect();
+        let (mr, vr): (Vec<&[f32]>, Vec<&[f32]>) = (m.iter().map(|x| x.as_slice()).collect(), v.iter().map(|x| x.as_slice()).collect());
+        gm.upload_moments(&mr, &vr).unwrap();
+        assert!(gm.download_moments().unwrap() == (m, v), "{label}: the adapter's AdamW moments changed on the way");
+        let names = std::cell::RefCell::new(Vec::new());
+        gm.adamw_step(|name, shape| {
+            names.borrow_mut().push(name.to_string());
+            vec![(0..shape.iter().product(), AdamWArgs::new(1e-2, 0.9, 0.999, 1e-8, 0.0, 1, false, 1.0))]
+        })
+        .unwrap();
+        let want: Vec<&str> = lo().params.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names.into_inner(), want, "{label}: AdamW must step the adapter's tensors, and only those");
+        let mut base = cpu.params.zeros_like();
+        gm.download_params(&mut base).unwrap();
+        assert!(base == cpu.params, "{label}: a LoRA step changed the base weights");
+        let mut after = lo().params.zeros_like();
+        gm.download_lora(&mut after).unwrap();
+        for (a, b) in after.tensors.iter().zip(&lo().params.tensors) {
+            assert!(a.data != b.data, "{label}: {} did not move", a.name);
+        }
     }
     if gpu.is_emulated() {
         emu::set_order(None).unwrap();

@@ -1,5 +1,5 @@
-//! Casts, the residual add, bf16 -> f32 gradient accumulation and Σx² for clipping
-//! (`kernels/elementwise.cu`). Test: `tests/gpu_kernels/elementwise.rs`.
+//! Casts, the residual add, bf16 -> f32 gradient accumulation, Σx² for clipping and LoRA's
+//! dropout mask (`kernels/elementwise.cu`). Test: `tests/gpu_kernels/elementwise.rs`.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
@@ -12,7 +12,7 @@ use crate::sources::KernelSource;
 pub const SOURCE: KernelSource = KernelSource {
     name: "elementwise",
     text: include_str!("../../elementwise.cu"),
-    entry_points: &["cast_f32_bf16", "cast_bf16_f32", "add_bf16", "accum_bf16_f32", "sumsq_f32"],
+    entry_points: &["cast_f32_bf16", "cast_bf16_f32", "add_bf16", "accum_bf16_f32", "sumsq_f32", "lora_dropout"],
 };
 
 impl Gpu {
@@ -74,6 +74,44 @@ impl Gpu {
         let mut b = self.stream.launch_builder(&f);
         b.arg(&ap).arg(&bp).arg(&yp).arg(&ni);
         // SAFETY: lengths checked by the callers.
+        unsafe { b.launch(Self::cfg1(self.grid_for(n, 256), 256, 0)) }?;
+        Ok(())
+    }
+
+    /// LoRA's inverted dropout on `x` `[rows, cols]` (`coa_model::lora::dropout_factor` per
+    /// element): `y = x · f`, or `y += x · f` with `accumulate`. Row r belongs to a sequence of mask
+    /// seed `seeds[r]` and is row `local_row[r]` of it; `key_hi` is `dropout_key(layer, target, 0)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lora_dropout(
+        &self,
+        x: &impl DevicePtr<bf16>,
+        y: &mut impl DevicePtrMut<bf16>,
+        seeds: &impl DevicePtr<u64>,
+        local_row: &impl DevicePtr<i32>,
+        rows: usize,
+        cols: usize,
+        key_hi: u64,
+        p: f64,
+        accumulate: bool,
+    ) -> Result<()> {
+        let n = rows * cols;
+        check_len("lora_dropout x", x.len(), n)?;
+        check_len("lora_dropout y", y.len(), n)?;
+        check_len("lora_dropout seeds", seeds.len(), rows)?;
+        check_len("lora_dropout local_row", local_row.len(), rows)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (xp, _g1) = x.device_ptr(&self.stream);
+        let (yp, _g2) = y.device_ptr_mut(&self.stream);
+        let (sp, _g3) = seeds.device_ptr(&self.stream);
+        let (rp, _g4) = local_row.device_ptr(&self.stream);
+        let (ni, ci, acc) = (n as i64, crate::gpu::i32_of("lora_dropout cols", cols)?, accumulate as i32);
+        let keep = coa_model::lora::dropout_keep_scale(p);
+        let f = self.func(&SOURCE, "lora_dropout")?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&xp).arg(&yp).arg(&sp).arg(&rp).arg(&ni).arg(&ci).arg(&key_hi).arg(&p).arg(&keep).arg(&acc);
+        // SAFETY: lengths checked.
         unsafe { b.launch(Self::cfg1(self.grid_for(n, 256), 256, 0)) }?;
         Ok(())
     }

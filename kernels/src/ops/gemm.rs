@@ -40,16 +40,48 @@ impl Gpu {
         alpha: f32,
         beta: f32,
     ) -> Result<()> {
-        check_len("gemm a", a.len(), m * k)?;
-        check_len("gemm b", b.len(), k * n)?;
-        check_len("gemm c", c.len(), m * n)?;
+        let (lda, ldb) = (if a_t { m } else { k }, if b_t { k } else { n });
+        self.gemm_ld(m, n, k, a, a_t, lda, b, b_t, ldb, c, n, alpha, beta)
+    }
+
+    /// [`Gpu::gemm`] on sub-matrices: the stored rows of a, b and c are `lda`, `ldb`, `ldc`
+    /// elements apart (row-major leading dimensions), e.g. a column block of a fused q|k|v buffer
+    /// (LoRA's updates and gradients of q, k or v alone).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_ld<C: GemmOut>(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &impl DevicePtr<bf16>,
+        a_t: bool,
+        lda: usize,
+        b: &impl DevicePtr<bf16>,
+        b_t: bool,
+        ldb: usize,
+        c: &mut impl DevicePtrMut<C>,
+        ldc: usize,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()> {
+        // (stored rows, stored columns) of each operand
+        let (ar, ac) = if a_t { (k, m) } else { (m, k) };
+        let (br, bc) = if b_t { (n, k) } else { (k, n) };
+        let need = |rows: usize, cols: usize, ld: usize| if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld + cols };
+        if lda < ac || ldb < bc || ldc < n {
+            return Err(crate::Error(format!("gemm: leading dimensions {lda}, {ldb}, {ldc} below the rows' lengths {ac}, {bc}, {n}")));
+        }
+        check_len("gemm a", a.len(), need(ar, ac, lda))?;
+        check_len("gemm b", b.len(), need(br, bc, ldb))?;
+        check_len("gemm c", c.len(), need(m, n, ldc))?;
         if m == 0 || n == 0 {
             return Ok(());
         }
         // Row-major C = A' B'  <=>  column-major Cᵀ = B'ᵀ A'ᵀ: cuBLAS's "A" is our b, its "B" our a.
         use blas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-        let (op_b, ldb_) = if b_t { (CUBLAS_OP_T, k) } else { (CUBLAS_OP_N, n) };
-        let (op_a, lda_) = if a_t { (CUBLAS_OP_T, m) } else { (CUBLAS_OP_N, k) };
+        let op_b = if b_t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+        let op_a = if a_t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+        let (ldb_, lda_) = (ldb, lda);
         let (ap, _ga) = a.device_ptr(&self.stream);
         let (bp, _gb) = b.device_ptr(&self.stream);
         let (cp, _gc) = c.device_ptr_mut(&self.stream);
@@ -72,7 +104,7 @@ impl Gpu {
                 (&beta) as *const f32 as *const _,
                 cp as *mut _,
                 C::DTYPE,
-                i32_of("n", n)?,
+                i32_of("ldc", ldc)?,
                 blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )?;
@@ -107,7 +139,8 @@ pub(crate) fn linear_fwd(
 }
 
 /// Backward of [`linear_fwd`]: `dx[T, I] = dy[T, O] @ w[O, I]` (written), `dw[O, I] += dyᵀ @ x`
-/// and `db[O] += ones[1, T] @ dy` into the f32 gradient buffer at the weights' offsets.
+/// and `db[O] += ones[1, T] @ dy` into the f32 gradient buffer at the weights' offsets (none
+/// without one: frozen weights under LoRA).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_bwd(
     gpu: &Gpu,
@@ -117,12 +150,13 @@ pub(crate) fn linear_bwd(
     w_off: usize,
     b_off: Option<usize>,
     dx: &mut impl DevicePtrMut<bf16>,
-    grad: &mut CudaSlice<f32>,
+    grad: Option<&mut CudaSlice<f32>>,
     ones: &CudaSlice<bf16>,
     (t, i, o): (usize, usize, usize),
 ) -> Result<()> {
     let wr = w_off..w_off + o * i;
     gpu.gemm(t, i, o, dy, false, &w.slice(wr.clone()), false, dx, 1.0, 0.0)?;
+    let Some(grad) = grad else { return Ok(()) };
     gpu.gemm(o, i, t, dy, true, x, false, &mut grad.slice_mut(wr), 1.0, 1.0)?;
     if let Some(b) = b_off {
         gpu.gemm(1, o, t, &ones.slice(..t), false, dy, false, &mut grad.slice_mut(b..b + o), 1.0, 1.0)?;

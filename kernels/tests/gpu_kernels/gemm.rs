@@ -1,6 +1,6 @@
 //! cuBLAS matmuls (`src/ops/gemm.rs`, `Gpu::gemm`) against the CPU reference
 //! `coa_model::ops::gemm`: every transpose combination, f32 output accumulating (beta = 1) and bf16
-//! output written (beta = 0).
+//! output written (beta = 0); and sub-matrices through leading dimensions (`Gpu::gemm_ld`).
 
 use super::*;
 
@@ -11,6 +11,41 @@ fn gemm_matches_cpu() {
     let mut rng = seeded(test);
     for (m, n, k) in [(1usize, 1usize, 1usize), (33, 65, 129), (256, 768, 512)] {
         case(&gpu, &mut rng, m, n, k);
+    }
+}
+
+/// `gemm_ld` on column blocks of wider buffers (LoRA's q / k / v blocks of a fused q|k|v row):
+/// a, b and c each a block at a column offset of rows `pad` elements longer; the columns around
+/// c's block must stay as they were.
+#[test]
+fn gemm_on_column_blocks_matches_cpu() {
+    let test = "gemm_on_column_blocks_matches_cpu";
+    let gpu = test_gpu(test);
+    let mut rng = seeded(test);
+    for (m, n, k) in [(1usize, 1usize, 1usize), (17, 33, 8), (40, 64, 24)] {
+        for (a_t, b_t) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (pad, off) = (1 + rng.below(9), rng.below(5));
+            let block = |rows: usize, cols: usize, rng: &mut Rng| -> (Vec<f32>, Vec<f32>, usize) {
+                let ld = cols + pad + off;
+                let full = round_bf16(&rng.normals(rows * ld, 1.0));
+                let dense = (0..rows).flat_map(|r| full[r * ld + off..r * ld + off + cols].to_vec()).collect();
+                (full, dense, ld)
+            };
+            let (a_full, a, lda) = if a_t { block(k, m, &mut rng) } else { block(m, k, &mut rng) };
+            let (b_full, b, ldb) = if b_t { block(n, k, &mut rng) } else { block(k, n, &mut rng) };
+            let (c_full, c, ldc) = block(m, n, &mut rng);
+            let mut want_block = c.clone();
+            ops::gemm(m, n, k, &a, a_t, &b, b_t, &mut want_block, 1.0);
+            let mut want = c_full.clone();
+            for r in 0..m {
+                want[r * ldc + off..r * ldc + off + n].copy_from_slice(&want_block[r * n..(r + 1) * n]);
+            }
+            let (ad, bd) = (gpu.upload_bf16(&a_full).unwrap(), gpu.upload_bf16(&b_full).unwrap());
+            let mut cd = gpu.upload_bf16(&c_full).unwrap();
+            gpu.gemm_ld(m, n, k, &ad.slice(off..), a_t, lda, &bd.slice(off..), b_t, ldb, &mut cd.slice_mut(off..), ldc, 1.0, 1.0).unwrap();
+            let tol = 1e-5 * (k as f32).sqrt() * max_abs(&want);
+            check(&format!("gemm_ld {m}x{n}x{k} a_t {a_t} b_t {b_t} lds {lda} {ldb} {ldc}"), &gpu.download_bf16(&cd).unwrap(), &want, tol, BF16_ULP, 1e-2);
+        }
     }
 }
 

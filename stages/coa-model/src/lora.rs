@@ -160,6 +160,25 @@ fn tensor_names(l: usize, t: Target) -> (String, String) {
     (format!("{p}.lora_A.weight"), format!("{p}.lora_B.weight"))
 }
 
+/// The dropout mask's definition (CPU and GPU draw it alike; the GPU kernel `lora_dropout` is
+/// checked against this): element `idx` of target `t`'s input in layer `l`, for a sequence of
+/// mask seed `seed` and rate `p`: 0 (dropped) or 1 / (1 − p).
+pub fn dropout_factor(seed: u64, p: f64, l: usize, t: Target, idx: usize) -> f32 {
+    let u = SplitMix64::new(seed ^ dropout_key(l, t, idx as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).unit();
+    if u < p { 0.0 } else { dropout_keep_scale(p) }
+}
+
+/// The per-element key of [`dropout_factor`]: layer and target in the high bits, the element's
+/// index within the sequence's `[T, in]` input below.
+pub fn dropout_key(l: usize, t: Target, idx: u64) -> u64 {
+    ((l as u64) << 44) ^ ((t as u64) << 40) ^ idx
+}
+
+/// What a kept element is multiplied by: 1 / (1 − p), rounded to f32.
+pub fn dropout_keep_scale(p: f64) -> f32 {
+    (1.0 / (1.0 - p)) as f32
+}
+
 /// An adapter: its config and its A / B matrices, per layer in [`Target::ALL`] order (A then B).
 #[derive(Debug)]
 pub struct Lora {
@@ -242,6 +261,11 @@ impl Lora {
         self.dropout_seed.store(seed, Ordering::Relaxed);
     }
 
+    /// Where layer `l`'s A of target `t` is in `params` (its B follows), if it has an adapter.
+    pub fn tensor_index(&self, l: usize, t: Target) -> Option<usize> {
+        self.index[l][t as usize]
+    }
+
     /// Whether layer `l` has an adapter on `t`.
     pub fn has(&self, l: usize, t: Target) -> bool {
         self.index[l][t as usize].is_some()
@@ -250,10 +274,7 @@ impl Lora {
     /// Inverted dropout factor of element `idx` of target `t`'s input in layer `l`: 0 (dropped)
     /// or 1 / (1 − p).
     pub fn dropout_factor(&self, l: usize, t: Target, idx: usize) -> f32 {
-        let p = self.config.dropout;
-        let key = ((l as u64) << 44) ^ ((t as u64) << 40) ^ idx as u64;
-        let u = SplitMix64::new(self.dropout_seed.load(Ordering::Relaxed) ^ key.wrapping_mul(0x9E37_79B9_7F4A_7C15)).unit();
-        if u < p { 0.0 } else { (1.0 / (1.0 - p)) as f32 }
+        dropout_factor(self.dropout_seed.load(Ordering::Relaxed), self.config.dropout, l, t, idx)
     }
 
     fn dropout_on(&self, train: bool) -> bool {

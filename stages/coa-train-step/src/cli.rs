@@ -102,7 +102,7 @@ pub struct TrainArgs {
     /// kept on resume; checkpoints hold the base and the adapter in PEFT's layout
     /// (adapter_config.json, adapter_model.safetensors). --init of such a directory with
     /// --lora-rank trains its adapter further (its settings are the defaults); without, the
-    /// merged model is fine-tuned. CPU only.
+    /// merged model is fine-tuned. On the CPU and the GPU (--device cuda).
     #[arg(long, value_name = "R", value_parser = coa_schemas::flags::positive::<usize>)]
     pub lora_rank: Option<usize>,
     /// LoRA's `lora_alpha`: the adapter's output is scaled by alpha / r. Default 8 (PEFT's).
@@ -606,10 +606,7 @@ fn prepare_trainer(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, d
         }
         (fit, ..) => fit?,
     }
-    let supported = match trainer.model.lora {
-        Some(_) => Err(coa_kernels::Error("LoRA (--lora-rank) has no GPU path yet".into())),
-        None => coa_kernels::model::check_supported(&trainer.model.config),
-    };
+    let supported = coa_kernels::model::check_supported(&trainer.model.config);
     let device = match gpu_for_model(device, args.device, supported, "trains this model").map_err(|e| anyhow!("{e}"))? {
         Some(info) => {
             let gpu = Gpu::open(&info).map_err(|e| anyhow!("--device {}: {e}", args.device))?;

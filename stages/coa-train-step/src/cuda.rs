@@ -13,6 +13,10 @@
 //! - Checkpoints are the CPU's format: the f32 masters and moments are downloaded into
 //!   `Trainer::model` / `Trainer::moments` before a save, and a resume uploads them (either device
 //!   can continue the other's run).
+//! - LoRA: the adapter trains on the device as on the CPU (its gradients and moments only), with
+//!   the CPU's dropout masks: each row is its own sequence with the seed the CPU gives a sequence
+//!   of that row ([`crate::train::dropout_seed`]). Rows the CPU packs behind one shared prompt
+//!   (DAPO's groups) draw other masks there, so with dropout the two then differ by the draw.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,7 +31,7 @@ use coa_schemas::rows::Shown;
 use crate::data::{micro_batches, Dataset, Example};
 use crate::objective::RlSums;
 use crate::optim::{self, Moments};
-use crate::train::{check_finite, StepReport, StepTotals, Trainer};
+use crate::train::{check_finite, dropout_seed, trained_mut, StepReport, StepTotals, Trainer};
 
 fn seq_of(ex: &Example) -> Seq<'_> {
     Seq { input_ids: &ex.input_ids, segment_ids: ex.segment_ids.as_deref(), shared_prefix: 0 }
@@ -37,9 +41,6 @@ impl Trainer {
     /// Moves training to the GPU: uploads the f32 masters and the AdamW moments, and allocates
     /// the buffers for passes of `max(--micro-batch-tokens, longest row)` tokens.
     pub fn to_cuda(&mut self, gpu: Arc<Gpu>, data: &Dataset) -> Result<()> {
-        if self.model.lora.is_some() {
-            bail!("--lora-rank with --device cuda: the GPU path has no LoRA yet; train the adapter with --device cpu");
-        }
         if self.state.settings.frozen_layers > 0 {
             bail!("--freeze-layers: the GPU path trains every layer (frozen layers are a CPU saving); drop the flag with --device cuda");
         }
@@ -47,7 +48,7 @@ impl Trainer {
             bail!("--matmul {}: a CPU setting (the GPU path multiplies bf16 weights and activations already); drop the flag with --device cuda", self.state.settings.matmul);
         }
         let capacity = self.state.settings.micro_batch_tokens.max(data.max_len).max(1);
-        let mut gm = GpuModel::new(gpu, &self.model.config, &self.model.params, capacity).map_err(|e| anyhow!("--device cuda: {e}"))?;
+        let mut gm = GpuModel::with_lora(gpu, &self.model.config, &self.model.params, self.model.lora.as_ref(), capacity).map_err(|e| anyhow!("--device cuda: {e}"))?;
         let m: Vec<&[f32]> = self.moments.iter().map(|m| m.exp_avg.as_slice()).collect();
         let v: Vec<&[f32]> = self.moments.iter().map(|m| m.exp_avg_sq.as_slice()).collect();
         gm.upload_moments(&m, &v).map_err(|e| anyhow!("--device cuda: {e}"))?;
@@ -55,11 +56,16 @@ impl Trainer {
         Ok(())
     }
 
-    /// Brings the GPU's master weights and moments back into `model` and `moments` (no-op on
-    /// the CPU).
+    /// Brings the GPU's master weights (or LoRA adapter) and moments back into `model` and
+    /// `moments` (no-op on the CPU).
     pub fn sync_from_cuda(&mut self) -> Result<()> {
         let Some(gm) = &self.cuda else { return Ok(()) };
-        gm.download_params(&mut self.model.params).map_err(|e| anyhow!("downloading the weights from the GPU: {e}"))?;
+        if gm.has_lora() {
+            // The base does not change under LoRA.
+            gm.download_lora(trained_mut(&mut self.model)).map_err(|e| anyhow!("downloading the LoRA adapter from the GPU: {e}"))?;
+        } else {
+            gm.download_params(&mut self.model.params).map_err(|e| anyhow!("downloading the weights from the GPU: {e}"))?;
+        }
         let (m, v) = gm.download_moments().map_err(|e| anyhow!("downloading the optimizer state from the GPU: {e}"))?;
         self.moments = m.into_iter().zip(v).map(|(exp_avg, exp_avg_sq)| Moments { exp_avg, exp_avg_sq }).collect();
         Ok(())
@@ -74,6 +80,7 @@ impl Trainer {
         let step = self.state.step + 1;
         let objective = self.objective;
         let trainable = self.trainable();
+        let seed = self.state.settings.seed;
         let Some(gm) = self.cuda.as_deref_mut() else { bail!("internal: step_cuda without a GPU model") };
         let gpu_err = |e: coa_kernels::Error| anyhow!("step {step}: {e}");
         gm.zero_grads().map_err(gpu_err)?;
@@ -84,6 +91,9 @@ impl Trainer {
             let seqs: Vec<Seq> = exs.iter().map(|ex| seq_of(ex)).collect();
             let masks: Vec<Vec<u8>> = exs.iter().map(|ex| ex.target_mask()).collect();
             let at = || format!("step {step}: rows {:?}", exs.iter().map(|ex| ex.row).collect::<Vec<_>>());
+            if gm.has_lora() {
+                gm.set_dropout_seeds(mb.iter().map(|&r| dropout_seed(seed, step, r)).collect());
+            }
             let fixed: Option<Vec<Vec<f32>>> = masks.iter().map(|m| objective.fixed_token_grads(m, n_targets)).collect();
             match &fixed {
                 Some(d) => {

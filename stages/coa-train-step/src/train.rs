@@ -307,8 +307,7 @@ impl Trainer {
                 let (mut seq_loss, mut seq_sums) = (0.0f64, RlSums::default());
                 let seq = Seq { input_ids: &ids, segment_ids: seg.as_deref(), shared_prefix: pack.prefix };
                 if let Some(l) = &model.lora {
-                    // A mask per step and sequence (named by its first row): a resume draws the same.
-                    l.set_dropout_seed(coa_schemas::rng::fmix64(seed ^ (step << 32) ^ pack.rows[0] as u64));
+                    l.set_dropout_seed(dropout_seed(seed, step, pack.rows[0]));
                 }
                 // Each row's loss and d loss / d logp from its own statistics, placed back
                 // into the pack (the shared prefix has no target).
@@ -390,6 +389,12 @@ impl Trainer {
         };
         StepReport { step, loss, lr, grad_norm, targets: n_targets, tokens: n_tokens, rows: rows.len(), seconds: started.elapsed().as_secs_f64(), rl }
     }
+}
+
+/// The LoRA dropout mask seed of a step's sequence, named by its (first) row: a resume, and the
+/// GPU path (one row per sequence), draw the same masks.
+pub(crate) fn dropout_seed(seed: u64, step: u64, row: usize) -> u64 {
+    coa_schemas::rng::fmix64(seed ^ (step << 32) ^ row as u64)
 }
 
 /// The tensors a run trains: the adapter's with LoRA, else the model's.

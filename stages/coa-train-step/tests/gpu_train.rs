@@ -20,6 +20,9 @@
 //!   uninterrupted CPU run's.
 //! - DAPO: old log-probs, the first step's loss and entropy agree with the CPU's, and the first
 //!   three steps' losses and entropies track the CPU run's.
+//! - LoRA (`--lora-rank`), SFT and DAPO, dropout on: the GPU's steps track the CPU's (loss, grad
+//!   norm, the adapter's A and B after the steps), the base weights stay bit for bit, and LoRA
+//!   checkpoints move between the devices like full ones.
 //!
 //! On a GPU machine without Cargo, `COA_TRAIN_STEP_BIN` names the binary (bench/gpu/run.sh).
 
@@ -449,6 +452,146 @@ fn dapo_on_the_gpu_matches_the_cpu() {
     }
 }
 
+// ---- LoRA ----------------------------------------------------------------------------------------
+
+/// An adapter on every linear layer with dropout (the GPU must draw the CPU's masks).
+fn lora_settings(steps: u64, lr: f64) -> Settings {
+    use coa_model::lora::{LoraConfig, Target};
+    Settings { lora: Some(LoraConfig { rank: 4, alpha: 16.0, dropout: 0.1, targets: Target::ALL.to_vec() }), ..settings(steps, lr) }
+}
+
+/// The adapter's tensors as they are now (from the GPU when it trains there).
+fn adapter(t: &mut Trainer) -> coa_model::Params {
+    t.sync_from_cuda().unwrap();
+    t.model.lora.as_ref().unwrap().params.clone()
+}
+
+/// Each adapter tensor's change from `start` on the GPU against the CPU's: the summed |change|
+/// within 5% (as the embedding's in `new_token_rows_take_larger_steps_on_cpu_and_gpu`) and the
+/// changes' cosine >= 0.95. (Not each element: AdamW's early steps are about lr · sign(g), so an
+/// element whose gradient is near zero may step the other way on the other device.)
+#[track_caller]
+fn check_adapter_moved_alike(label: &str, start: &coa_model::Params, gpu: &coa_model::Params, cpu: &coa_model::Params) {
+    for ((s, g), c) in start.tensors.iter().zip(&gpu.tensors).zip(&cpu.tensors) {
+        let (mut ag, mut ac, mut dot, mut gg, mut cc) = (0f64, 0f64, 0f64, 0f64, 0f64);
+        for ((&s0, &g1), &c1) in s.data.iter().zip(&g.data).zip(&c.data) {
+            let (dg, dc) = ((g1 - s0) as f64, (c1 - s0) as f64);
+            (ag, ac) = (ag + dg.abs(), ac + dc.abs());
+            (dot, gg, cc) = (dot + dg * dc, gg + dg * dg, cc + dc * dc);
+        }
+        assert!(ac > 0.0, "{label}: {} did not move on the CPU", s.name);
+        let cos = dot / (gg.sqrt() * cc.sqrt());
+        eprintln!("  {label}: {}: sum |change| gpu {ag:.4e} cpu {ac:.4e}, cos {cos:.4}", s.name);
+        assert!((ag - ac).abs() <= 0.05 * ac && cos >= 0.95, "{label}: the GPU moved {} by {ag} (the CPU by {ac}), cosine of the changes {cos}", s.name);
+    }
+}
+
+/// SFT with LoRA: three steps on the GPU against the CPU from the same adapter (B = 0, so step 1
+/// trains B alone and step 2 A too): each step's loss and grad norm within 2% (one bf16
+/// forward/backward of the adapted model, as for full fine-tuning), the adapter's changes alike
+/// ([`check_adapter_moved_alike`]), and the base weights exactly as they were.
+#[test]
+fn lora_on_the_gpu_matches_the_cpu() {
+    let test = "lora_on_the_gpu_matches_the_cpu";
+    let gpu = test_gpu(test);
+    let data = dataset(20, 5);
+    let st = lora_settings(6, 3e-3);
+    let model = Model::init(config(), 2).unwrap();
+    let mut cpu = Trainer::new(model.clone(), Objective::Sft, &st, &data).unwrap();
+    cpu.share_prompts = false; // one row per sequence, as on the GPU: the same dropout masks
+    let mut gpu_t = Trainer::new(model.clone(), Objective::Sft, &st, &data).unwrap();
+    let start = adapter(&mut cpu);
+    assert!(adapter(&mut gpu_t) == start);
+    gpu_t.to_cuda(gpu, &data).unwrap();
+    let c = run(&mut cpu, &data, 3);
+    let g = run(&mut gpu_t, &data, 3);
+    for (a, b) in g.iter().zip(&c) {
+        eprintln!("  LoRA step {}: gpu loss {:.5} grad norm {:.5}, cpu loss {:.5} grad norm {:.5}", a.step, a.loss, a.grad_norm, b.loss, b.grad_norm);
+        assert_eq!((a.rows, a.tokens, a.targets), (b.rows, b.tokens, b.targets));
+        assert!((a.loss - b.loss).abs() <= 2e-2 * b.loss, "LoRA step {}: loss gpu {} cpu {}", a.step, a.loss, b.loss);
+        assert!((a.grad_norm - b.grad_norm).abs() <= 2e-2 * b.grad_norm, "LoRA step {}: grad norm gpu {} cpu {}", a.step, a.grad_norm, b.grad_norm);
+    }
+    check_adapter_moved_alike("LoRA SFT", &start, &adapter(&mut gpu_t), &adapter(&mut cpu));
+    assert!(gpu_t.model.params == model.params, "the GPU's LoRA steps changed the base weights");
+}
+
+/// DAPO with LoRA: π_old, and the first three steps' losses and entropies, as for full fine-tuning.
+#[test]
+fn lora_dapo_on_the_gpu_matches_the_cpu() {
+    let test = "lora_dapo_on_the_gpu_matches_the_cpu";
+    let gpu = test_gpu(test);
+    let dapo = Objective::Dapo(DapoConfig::default());
+    let st = lora_settings(6, 1e-2);
+    let model = Model::init(config(), 4).unwrap();
+    let (mut dc, mut dg) = (dapo_dataset(24), dapo_dataset(24));
+    let mut cpu = Trainer::new(model.clone(), dapo, &st, &dc).unwrap();
+    cpu.share_prompts = false;
+    let mut gpu_t = Trainer::new(model.clone(), dapo, &st, &dg).unwrap();
+    let start = adapter(&mut cpu);
+    gpu_t.to_cuda(gpu, &dg).unwrap();
+    cpu.prepare_rl(&mut dc, None).unwrap();
+    gpu_t.prepare_rl(&mut dg, None).unwrap();
+    let c = run(&mut cpu, &dc, 3);
+    let g = run(&mut gpu_t, &dg, 3);
+    for (a, b) in g.iter().zip(&c) {
+        let (ea, eb) = (a.rl.unwrap().entropy, b.rl.unwrap().entropy);
+        eprintln!("  LoRA DAPO step {}: gpu loss {:.5} entropy {ea:.4} grad norm {:.4}, cpu loss {:.5} entropy {eb:.4} grad norm {:.4}", a.step, a.loss, a.grad_norm, b.loss, b.grad_norm);
+        assert!((a.loss - b.loss).abs() <= 2e-2 * (1.0 + b.loss.abs()), "LoRA DAPO step {}: loss gpu {} cpu {}", a.step, a.loss, b.loss);
+        assert!((ea - eb).abs() <= 2e-2 * eb, "LoRA DAPO step {}: entropy gpu {ea} cpu {eb}", a.step);
+        assert!((a.grad_norm - b.grad_norm).abs() <= 5e-2 * b.grad_norm, "LoRA DAPO step {}: grad norm gpu {} cpu {}", a.step, a.grad_norm, b.grad_norm);
+    }
+    check_adapter_moved_alike("LoRA DAPO", &start, &adapter(&mut gpu_t), &adapter(&mut cpu));
+    assert!(gpu_t.model.params == model.params, "the GPU's LoRA steps changed the base weights");
+}
+
+/// A LoRA checkpoint (base + PEFT adapter + the adapter's moments) goes up to the GPU and back
+/// byte for byte; a run continues CPU -> GPU -> CPU close to the uninterrupted CPU run.
+#[test]
+fn lora_checkpoints_move_between_cpu_and_gpu() {
+    let test = "lora_checkpoints_move_between_cpu_and_gpu";
+    let gpu = test_gpu(test);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |n: &str| tmp.path().join(n);
+    let data = dataset(20, 5);
+    let st = lora_settings(9, 3e-3);
+    let model = Model::init(config(), 2).unwrap();
+    let mut full = Trainer::new(model.clone(), Objective::Sft, &st, &data).unwrap();
+    full.share_prompts = false;
+    let lf: Vec<f64> = run(&mut full, &data, 9).iter().map(|r| r.loss).collect();
+
+    let mut t = Trainer::new(model.clone(), Objective::Sft, &st, &data).unwrap();
+    t.share_prompts = false;
+    run(&mut t, &data, 3);
+    t.save(&dir("cpu3"), None, coa_model::SaveDtype::Bf16).unwrap();
+    let mut t = Trainer::load(&dir("cpu3"), &data).unwrap();
+    t.to_cuda(gpu.clone(), &data).unwrap();
+    t.save(&dir("roundtrip"), None, coa_model::SaveDtype::Bf16).unwrap();
+    // Byte for byte but for adapter_config.json's base_model_name_or_path: the directory itself.
+    let without_dir = |d: &Path| {
+        let mut f = files(d);
+        for (name, bytes) in &mut f {
+            if name == coa_model::lora::ADAPTER_CONFIG {
+                *bytes = String::from_utf8(bytes.clone()).unwrap().replace(&std::path::absolute(d).unwrap().to_string_lossy().into_owned(), "DIR").into_bytes();
+            }
+        }
+        f
+    };
+    assert!(without_dir(&dir("cpu3")) == without_dir(&dir("roundtrip")), "a LoRA checkpoint must survive the trip to the GPU unchanged");
+    let mut lg: Vec<f64> = run(&mut t, &data, 3).iter().map(|r| r.loss).collect();
+    t.save(&dir("gpu6"), None, coa_model::SaveDtype::Bf16).unwrap();
+    assert!(dir("gpu6").join(coa_model::lora::ADAPTER_CONFIG).is_file() && dir("gpu6").join(coa_model::lora::ADAPTER_WEIGHTS).is_file());
+    let base = |d: &Path| std::fs::read(d.join("model.safetensors")).unwrap();
+    assert!(base(&dir("gpu6")) == base(&dir("cpu3")), "the GPU's LoRA steps changed the saved base");
+    let mut t = Trainer::load(&dir("gpu6"), &data).unwrap();
+    t.share_prompts = false;
+    assert!(t.cuda.is_none() && t.model.lora.is_some());
+    lg.extend(run(&mut t, &data, 3).iter().map(|r| r.loss));
+    for (i, (a, b)) in lg.iter().zip(&lf[3..]).enumerate() {
+        eprintln!("  LoRA step {}: cpu->gpu->cpu {a:.4}  cpu {b:.4}", i + 4);
+        assert!((a - b).abs() <= 0.05 * b + 0.02, "LoRA step {}: loss {a} after moving between devices vs {b} on the CPU", i + 4);
+    }
+}
+
 // ---- the device flag (runs everywhere) ---------------------------------------------------------
 
 fn bin() -> Command {
@@ -554,4 +697,23 @@ fn device_auto_falls_back_to_the_cpu_with_the_cpu_results() {
     assert!(!ec.contains("--device auto"), "{ec}");
     assert_eq!(losses(&a), losses(&c), "auto on the CPU must give the CPU's results exactly");
     assert_eq!(losses(&a).len(), 3);
+}
+
+/// The command line: `--lora-rank` on the emulated device (what `--device cuda` runs, on the CPU)
+/// trains and saves a PEFT adapter beside its base.
+#[test]
+fn device_emu_trains_a_lora_adapter() {
+    let e = env();
+    let cfg = e.config(true);
+    let (out, save) = (e.p("m.parquet"), e.p("ck"));
+    let mut a = e.args(&cfg, &out, "emu");
+    a.extend(["--lora-rank", "4", "--lora-dropout", "0.1", "--lora-targets", "q_proj,v_proj,down_proj", "--save", save.to_str().unwrap()]);
+    let o = exec(&a);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("training on") && err.contains("LoRA r 4"), "{err}");
+    assert_eq!(losses(&out).len(), 3);
+    let m = Model::load_with_adapter(&save).unwrap();
+    let l = m.lora.as_ref().expect("an adapter beside the base");
+    assert!(l.params.tensors.iter().filter(|t| t.name.contains("lora_B")).all(|t| t.data.iter().any(|&x| x != 0.0)), "every B trained");
 }

@@ -1006,7 +1006,6 @@ fn lora_flags_are_checked() {
         (vec!["--lora-rank", "4", "--lora-dropout", "1.5"], "lora_dropout"),
         (vec!["--lora-rank", "0"], "--lora-rank"),
         (vec!["--lora-rank", "4", "--freeze-layers", "1"], "--freeze-layers"),
-        (vec!["--lora-rank", "4", "--device", "emu"], "LoRA"),
     ] {
         let mut a = base(&e, &["--steps", "1", "-o", s(&o)]);
         a.extend(extra.iter().map(|x| x.to_string()));
