@@ -51,19 +51,20 @@ const INDEX_FILE: &str = "model.safetensors.index.json";
 /// of 1000) or KiB/MiB/GiB (powers of 1024), any case. At least one byte.
 pub fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        _ => bail!("{text:?} is not a size (expected an integer with an optional unit: 5GB, 500MB, 2GiB, 1000000)"),
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let mult: Option<u64> = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => Some(1),
+        "kb" => Some(1_000),
+        "mb" => Some(1_000_000),
+        "gb" => Some(1_000_000_000),
+        "kib" => Some(1 << 10),
+        "mib" => Some(1 << 20),
+        "gib" => Some(1 << 30),
+        _ => None,
     };
-    let n: u64 = digits.parse().map_err(|_| anyhow::anyhow!("{text:?} is not a size (expected an integer with an optional unit: 5GB, 500MB, 2GiB, 1000000)"))?;
+    let (Some(mult), Ok(n)) = (mult, digits.parse::<u64>()) else {
+        bail!("{text:?} is not a size (expected an integer with an optional unit: 5GB, 500MB, 2GiB, 1000000)")
+    };
     match n.checked_mul(mult) {
         Some(0) => bail!("{text:?}: a shard size must be at least one byte"),
         Some(b) => Ok(b),
@@ -242,20 +243,15 @@ impl Model {
     }
 
     /// Save as an HF checkpoint: config.json, model.safetensors (metadata {"format": "pt"}),
-    /// generation_config.json; weights above [`DEFAULT_MAX_SHARD_BYTES`] are sharded (see
-    /// [`Model::save_sharded`]). Each file is written to a temporary name, then renamed. Tied
-    /// models do not store lm_head.weight (HF ties it on load).
+    /// generation_config.json. Weights larger than the format's `max_shard_bytes` (a bare
+    /// [`SaveDtype`]: [`DEFAULT_MAX_SHARD_BYTES`]) are split as `save_pretrained(max_shard_size=...)`
+    /// splits them, into `model-0000I-of-0000N.safetensors` files (a tensor larger than the limit
+    /// gets a file of its own) named by `model.safetensors.index.json`; the other layout's files
+    /// left in `dir` by an earlier save are removed, so the loader cannot pick stale weights. Each
+    /// file is written to a temporary name, then renamed. Tied models do not store lm_head.weight
+    /// (HF ties it on load).
     pub fn save(&self, dir: &Path, format: impl Into<SaveFormat>) -> Result<()> {
         let SaveFormat { dtype, max_shard_bytes } = format.into();
-        self.save_sharded(dir, dtype, max_shard_bytes)
-    }
-
-    /// [`Model::save`] with the weights split, as `save_pretrained(max_shard_size=...)` splits
-    /// them, into `model-0000I-of-0000N.safetensors` files of at most `max_shard_bytes` each (a
-    /// tensor larger than that gets a file of its own), named by `model.safetensors.index.json`;
-    /// weights that fit in one file stay `model.safetensors`. The other layout's files left in
-    /// `dir` by an earlier save are removed, so the loader cannot pick stale weights.
-    pub fn save_sharded(&self, dir: &Path, dtype: SaveDtype, max_shard_bytes: u64) -> Result<()> {
         self.check_layout()?;
         fs::create_dir_all(dir).with_context(|| format!("creating checkpoint directory {}", dir.display()))?;
         let mut config = self.config.clone();
@@ -288,7 +284,7 @@ impl Model {
         Ok(())
     }
 
-    /// The weights of [`Model::save_sharded`]: the tensors in model order, cut into shards as
+    /// The weights of [`Model::save`]: the tensors in model order, cut into shards as
     /// huggingface_hub cuts a state dict (a shard closes when the next tensor would pass the
     /// limit), each shard encoded only while it is written.
     fn save_weights(&self, dir: &Path, dtype: SaveDtype, max_shard_bytes: u64) -> Result<()> {

@@ -131,7 +131,7 @@ pub struct TrainArgs {
     /// Largest weights file of a checkpoint: bigger weights are split into
     /// model-0000I-of-0000N.safetensors files named by model.safetensors.index.json, as HF
     /// save_pretrained writes them (5GB: the Hub's usual shards; units KB/MB/GB, KiB/MiB/GiB).
-    #[arg(long, value_name = "SIZE", default_value = "5GB", value_parser = shard_size)]
+    #[arg(long, value_name = "SIZE", default_value = "5GB", value_parser = coa_model::parse_size)]
     pub max_shard_size: u64,
     /// Also write the final weights as this GGUF file, with the tokenizer and its chat template
     /// (for llama.cpp, Ollama, LM Studio); needs --save. Checked before the first step.
@@ -361,10 +361,6 @@ pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     let save_format = SaveFormat { dtype, max_shard_bytes: args.max_shard_size };
     let run = train_loop(stage, args, &mut trainer, &data, vocab.as_ref(), save_format, &origin)?;
     write_outputs(stage, args, &mut trainer, &data, vocab.as_ref(), save_format, gguf.as_ref(), run)
-}
-
-fn shard_size(text: &str) -> Result<u64> {
-    coa_model::parse_size(text)
 }
 
 /// The tokenizer --save-gguf writes (the one the checkpoint gets), checked with the model's
