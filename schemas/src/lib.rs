@@ -7,6 +7,8 @@
 //! - [`output`]: output paths checked before the work, temporary files, all-or-none commits.
 //! - [`cleanup`]: what is undone on SIGTERM/SIGINT/SIGHUP (temporary files, sandboxed code).
 //! - [`flags`]: argument parsing with clear messages for bad numbers (negative, zero, NaN).
+//! - [`parallel`]: a table read group by group, each group processed in parallel (work units,
+//!   column access, `--skip-bad` reject tables, a background writer).
 //! - [`shard`]: `--shard I/N`, the stable task hash behind it, and the merge of shard outputs.
 //! - [`stage`]: the shared command-line harness: common flags, summary line, broken pipes.
 
@@ -14,6 +16,7 @@ pub mod cleanup;
 pub mod flags;
 pub mod io;
 pub mod output;
+pub mod parallel;
 pub mod reasons;
 pub mod rng;
 pub mod rows;

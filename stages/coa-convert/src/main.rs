@@ -1,30 +1,14 @@
 //! `coa-convert`: Chain-of-Agents trajectories → CoA text (`coa_text`), or exports for
 //! LLaMA-Factory (alpaca JSON for AFM's fork, sharegpt JSON upstream) and verl (RL Parquet, also
-//! straight from a tasks table). The logic lives in `coa_distill::convert` and `coa_distill::verl`.
+//! straight from a tasks table). The logic lives in the `coa_convert` library ([`coa_convert::run`]);
+//! this binary parses flags.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use coa_convert::{run, ConvertArgs};
 use coa_schemas::flags;
-use coa_distill::Target;
-use coa_schemas::shard::ShardArgs;
-use coa_schemas::stage::{self, IoArgs};
-
-#[derive(Clone, Copy, ValueEnum)]
-enum To {
-    /// The `coa_text` table (task_id, suite, prompt, text, observation_spans): what coa-tokenize reads.
-    CoaText,
-    /// AFM's LLaMA-Factory fork (--ignore_observation true): a JSON array of {instruction, input, output}, one
-    /// trajectory per record, a blank line around every observation block; dataset_info.json beside it.
-    AlpacaJson,
-    /// Upstream LLaMA-Factory: a JSON array of {conversations: [human, gpt, observation, gpt, ...]}, tool results as
-    /// observation turns (masked by LLaMA-Factory); dataset_info.json beside it.
-    Sharegpt,
-    /// verl RL Parquet in AFM's layout (data_source, prompt, ability, reward_model, extra_info with tools_kwargs),
-    /// from trajectories (kept runs) or from a tasks table (every task).
-    Verl,
-}
+use coa_schemas::stage;
 
 #[derive(Parser)]
 #[command(
@@ -52,23 +36,8 @@ coa-convert -i tasks.parquet --to verl --split train -o rl_all_tasks.parquet\n  
 coa-extract -i mas_runs.parquet | coa-filter | coa-convert --skip-bad bad.parquet | coa-tokenize -o tokens.parquet"
 )]
 struct Cli {
-    /// What to write.
-    #[arg(long, value_enum, default_value = "coa-text")]
-    to: To,
-    /// Write bad trajectories here (trajectories rows + `reject_reason`) instead of failing.
-    #[arg(long, value_name = "FILE")]
-    skip_bad: Option<PathBuf>,
-    /// The tasks table, for --to verl: code tasks' ground truth is their test spec, read from here,
-    /// and each row keeps its task's data source and index (without it: our suites' names).
-    #[arg(long, value_name = "FILE")]
-    tasks: Option<PathBuf>,
-    /// extra_info.split of the verl rows.
-    #[arg(long, default_value = "train")]
-    split: String,
     #[command(flatten)]
-    shard: ShardArgs,
-    #[command(flatten)]
-    io: IoArgs,
+    args: ConvertArgs,
 }
 
 #[global_allocator]
@@ -76,22 +45,5 @@ static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
     let cli: Cli = flags::parse();
-    let target = match cli.to {
-        To::CoaText => Target::CoaText,
-        To::AlpacaJson => Target::AlpacaJson,
-        To::Sharegpt => Target::ShareGpt,
-        To::Verl => Target::Verl,
-    };
-    let args = coa_distill::stages::ConvertArgs {
-        target,
-        skip_bad: cli.skip_bad.as_deref(),
-        tasks: cli.tasks.as_deref(),
-        split: &cli.split,
-        shard: cli.shard.shard,
-    };
-    stage::main("coa-convert", env!("CARGO_PKG_VERSION"), cli.io.stats.clone(), |s| {
-        let [out, stats] = cli.io.outputs();
-        s.outputs(&[out, stats, ("--skip-bad", cli.skip_bad.as_deref())])?;
-        coa_distill::stages::run_convert(s, &cli.io, &args)
-    })
+    stage::main("coa-convert", env!("CARGO_PKG_VERSION"), cli.args.io.stats.clone(), |s| run(s, &cli.args))
 }

@@ -1,13 +1,13 @@
 //! `coa-extract`: teacher multi-agent runs (`mas_runs`) → linear Chain-of-Agents trajectories
-//! (`trajectories`). The logic lives in `coa_distill::extract`; this binary parses flags.
+//! (`trajectories`). The logic lives in the `coa_extract` library ([`coa_extract::run`]); this
+//! binary parses flags.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use coa_extract::{run, ExtractArgs};
 use coa_schemas::flags;
-use coa_schemas::shard::ShardArgs;
-use coa_schemas::stage::{self, IoArgs};
+use coa_schemas::stage;
 
 #[derive(Parser)]
 #[command(
@@ -28,13 +28,8 @@ coa-generate mas -i tasks.parquet | coa-extract | coa-filter | coa-convert -o co
 coa-extract -i mas_runs.parquet --skip-bad rejected.parquet -o trajectories.parquet --stats extract.json"
 )]
 struct Cli {
-    /// Write malformed runs here (mas_runs rows + `reject_reason`) instead of failing.
-    #[arg(long, value_name = "FILE")]
-    skip_bad: Option<PathBuf>,
     #[command(flatten)]
-    shard: ShardArgs,
-    #[command(flatten)]
-    io: IoArgs,
+    args: ExtractArgs,
 }
 
 #[global_allocator]
@@ -42,9 +37,5 @@ static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
     let cli: Cli = flags::parse();
-    stage::main("coa-extract", env!("CARGO_PKG_VERSION"), cli.io.stats.clone(), |s| {
-        let [out, stats] = cli.io.outputs();
-        s.outputs(&[out, stats, ("--skip-bad", cli.skip_bad.as_deref())])?;
-        coa_distill::stages::run_extract(s, &cli.io, cli.skip_bad.as_deref(), cli.shard.shard)
-    })
+    stage::main("coa-extract", env!("CARGO_PKG_VERSION"), cli.args.io.stats.clone(), |s| run(s, &cli.args))
 }

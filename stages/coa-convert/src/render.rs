@@ -31,7 +31,7 @@ use coa_schemas::tables::COA_TEXT;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::util::{self, opt_str, select, Unit};
+use coa_schemas::parallel::{self, opt_str, select, Unit};
 use crate::verl::VerlTask;
 
 /// What `coa-convert` writes.
@@ -95,23 +95,23 @@ struct Trajs<'a> {
 
 impl<'a> Trajs<'a> {
     fn new(batch: &'a RecordBatch) -> Result<Trajs<'a>> {
-        let steps = util::list(batch, "steps")?;
+        let steps = parallel::list(batch, "steps")?;
         let st = steps.values().as_struct_opt().ok_or_else(|| anyhow!("`steps` items are not structs"))?;
-        let answers = util::list(batch, "answers")?;
+        let answers = parallel::list(batch, "answers")?;
         let answer_items = answers.values().as_string_opt::<i32>().ok_or_else(|| anyhow!("`answers` items are not utf8"))?;
         let what = "`steps` item";
         Ok(Trajs {
-            task_id: util::utf8(batch, "task_id")?,
-            suite: util::utf8(batch, "suite")?,
-            question: util::utf8(batch, "question")?,
+            task_id: parallel::utf8(batch, "task_id")?,
+            suite: parallel::utf8(batch, "suite")?,
+            question: parallel::utf8(batch, "question")?,
             answers,
             answer_items,
             steps,
-            role: util::struct_utf8(st, "role", what)?,
-            content: util::struct_utf8(st, "content", what)?,
-            observation: util::struct_utf8(st, "observation", what)?,
-            format_ok: util::boolean(batch, "format_ok")?,
-            format_error: util::utf8(batch, "format_error")?,
+            role: parallel::struct_utf8(st, "role", what)?,
+            content: parallel::struct_utf8(st, "content", what)?,
+            observation: parallel::struct_utf8(st, "observation", what)?,
+            format_ok: parallel::boolean(batch, "format_ok")?,
+            format_error: parallel::utf8(batch, "format_error")?,
         })
     }
 }
@@ -303,7 +303,7 @@ pub fn convert_unit(batch: &RecordBatch, unit: Unit, opts: &ConvertOptions) -> R
 /// Converts a group of `trajectories` batches in parallel; `first_row` is the global row number
 /// of the group's first row. Returns the units' results in input order and the units themselves.
 pub fn convert_group(batches: &[RecordBatch], first_row: u64, opts: &ConvertOptions) -> Result<(Vec<Unit>, Vec<UnitOut>)> {
-    let units = util::units(batches, first_row);
+    let units = parallel::units(batches, first_row);
     let results: Vec<Result<UnitOut>> = units.par_iter().map(|u| convert_unit(&batches[u.batch], *u, opts)).collect();
     let outs = results.into_iter().collect::<Result<Vec<_>>>()?;
     Ok((units, outs))

@@ -4,9 +4,9 @@
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::Int32Type;
-use coa_distill::convert::{convert_group, ConvertOptions};
-use coa_distill::extract::extract_group;
-use coa_distill::Target;
+use coa_convert::render::{convert_group, ConvertOptions};
+use coa_extract::linearize::extract_group;
+use coa_convert::Target;
 use coa_schemas::tables::MAS_RUNS;
 use coa_schemas::rows::{Event, MasRun as Run};
 

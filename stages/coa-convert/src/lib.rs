@@ -1,190 +1,94 @@
-//! The bodies of the `coa-extract` and `coa-convert` stages: read the input group by group,
-//! process each group in parallel, write the outputs in input order. The binaries only parse
-//! flags and hand over to these.
+//! `coa-convert`: Chain-of-Agents trajectories → CoA text (`coa_text`), or exports for
+//! LLaMA-Factory (alpaca JSON for AFM's fork, sharegpt JSON upstream) and verl (RL Parquet, also
+//! straight from a tasks table) (docs/ARCHITECTURE.md, "Teacher and distillation").
 //!
-//! The main output is created once the first group is processed, so a bad first row leaves no
-//! output at all (a file is never left behind in any case: outputs are renamed into place only
-//! when the stage finishes).
+//! - [`render`]: `trajectories` → `coa_text` (prompt, text, observation spans), alpaca and
+//!   sharegpt JSON records, on Arrow arrays in parallel work units.
+//! - [`verl`]: the verl RL layout (`data_source`, `prompt`, `reward_model`, `extra_info`).
+//! - [`run`]: the stage the binary calls: read group by group, convert each group in parallel,
+//!   write in input order. The main output is created once the first group converted cleanly, so
+//!   a bad first row leaves no output at all.
+
+pub mod render;
+pub mod verl;
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use arrow::array::{StringArray, UInt32Array};
-use arrow::compute::take_record_batch;
-use arrow::record_batch::RecordBatch;
-use coa_schemas::io::{Format, TableReader, TableWriter};
+use clap::ValueEnum;
+use coa_schemas::io::{Format, TableReader};
 use coa_schemas::output::AtomicFile;
-use coa_schemas::reasons::ReasonTable;
+use coa_schemas::parallel::{next_group, BackgroundWriter, Rejects};
 use coa_schemas::rows::{self, Task};
-use coa_schemas::shard::ShardSpec;
+use coa_schemas::shard::{ShardArgs, ShardSpec};
 use coa_schemas::stage::{IoArgs, Stage};
-use coa_schemas::tables::{COA_TEXT, MAS_RUNS, TASKS, TRAJECTORIES};
+use coa_schemas::tables::{COA_TEXT, TASKS, TRAJECTORIES};
 
-use crate::convert::{self, ConvertOptions, Target};
-use crate::extract;
-use crate::util;
-use crate::verl;
+pub use render::Target;
+use render::ConvertOptions;
 
-/// Writes rejected rows, if `--skip-bad` was given.
-struct Rejects {
-    writer: Option<(TableWriter, ReasonTable)>,
-    count: u64,
+/// `--to`: what to write.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum To {
+    /// The `coa_text` table (task_id, suite, prompt, text, observation_spans): what coa-tokenize reads.
+    CoaText,
+    /// AFM's LLaMA-Factory fork (--ignore_observation true): a JSON array of {instruction, input, output}, one
+    /// trajectory per record, a blank line around every observation block; dataset_info.json beside it.
+    AlpacaJson,
+    /// Upstream LLaMA-Factory: a JSON array of {conversations: [human, gpt, observation, gpt, ...]}, tool results as
+    /// observation turns (masked by LLaMA-Factory); dataset_info.json beside it.
+    Sharegpt,
+    /// verl RL Parquet in AFM's layout (data_source, prompt, ability, reward_model, extra_info with tools_kwargs),
+    /// from trajectories (kept runs) or from a tasks table (every task).
+    Verl,
 }
 
-impl Rejects {
-    fn new(stage: &Stage, path: Option<&Path>, input_schema: &arrow::datatypes::Schema) -> Result<Rejects> {
-        let writer = match path {
-            Some(p) => {
-                let table = ReasonTable::new(input_schema, util::REJECT_REASON);
-                Some((stage.create(Some(p), None, table.schema())?, table))
-            }
-            None => None,
-        };
-        Ok(Rejects { writer, count: 0 })
-    }
-
-    fn write(&mut self, group: &[RecordBatch], rejected: &[Vec<(u32, String)>]) -> Result<()> {
-        for (batch, rows) in group.iter().zip(rejected) {
-            if rows.is_empty() {
-                continue;
-            }
-            self.count += rows.len() as u64;
-            if let Some((w, table)) = &mut self.writer {
-                let idx = UInt32Array::from(rows.iter().map(|(r, _)| *r).collect::<Vec<_>>());
-                let reasons = StringArray::from_iter_values(rows.iter().map(|(_, why)| why.as_str()));
-                let taken = take_record_batch(batch, &idx)?;
-                w.write(&table.batch(&taken, reasons).context("building the reject table")?)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn finish(self, stage: &mut Stage) -> Result<()> {
-        if let Some((w, _)) = self.writer {
-            w.finish()?;
-            stage.note("rejected", self.count);
-        }
-        Ok(())
-    }
-}
-
-/// A table writer on its own thread: encoding and compressing one group's batches overlaps the
-/// next group's compute. Dropped unfinished, it still joins the thread, so the writer's own drop
-/// removes its temporary file before the process exits.
-struct BackgroundWriter {
-    tx: Option<std::sync::mpsc::SyncSender<RecordBatch>>,
-    handle: Option<std::thread::JoinHandle<Result<TableWriter>>>,
-}
-
-impl BackgroundWriter {
-    fn new(mut w: TableWriter) -> Result<BackgroundWriter> {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<RecordBatch>(4);
-        let handle = std::thread::Builder::new().name("coa-write".into()).spawn(move || {
-            for b in rx {
-                w.write(&b)?;
-            }
-            Ok(w)
-        })?;
-        Ok(BackgroundWriter { tx: Some(tx), handle: Some(handle) })
-    }
-
-    /// The writer thread's error, once it has stopped.
-    fn failure(&mut self) -> anyhow::Error {
-        self.tx = None;
-        match self.handle.take().map(|h| h.join()) {
-            Some(Ok(Err(e))) => e,
-            Some(Err(_)) => anyhow::anyhow!("the writer thread panicked"),
-            _ => anyhow::anyhow!("the writer thread stopped"),
-        }
-    }
-
-    fn write(&mut self, batch: RecordBatch) -> Result<()> {
-        match &self.tx {
-            Some(tx) if tx.send(batch).is_ok() => Ok(()),
-            _ => Err(self.failure()),
-        }
-    }
-
-    /// Waits for every batch to be written, then closes the table. Returns rows written.
-    fn finish(mut self) -> Result<u64> {
-        self.tx = None;
-        match self.handle.take().map(|h| h.join()) {
-            Some(Ok(Ok(w))) => w.finish(),
-            Some(Ok(Err(e))) => Err(e),
-            _ => bail!("the writer thread panicked"),
+impl To {
+    fn target(self) -> Target {
+        match self {
+            To::CoaText => Target::CoaText,
+            To::AlpacaJson => Target::AlpacaJson,
+            To::Sharegpt => Target::ShareGpt,
+            To::Verl => Target::Verl,
         }
     }
 }
 
-impl Drop for BackgroundWriter {
-    fn drop(&mut self) {
-        self.tx = None;
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
+/// The flags of `coa-convert`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConvertArgs {
+    /// What to write.
+    #[arg(long, value_enum, default_value = "coa-text")]
+    pub to: To,
+    /// Write bad trajectories here (trajectories rows + `reject_reason`) instead of failing.
+    #[arg(long, value_name = "FILE")]
+    pub skip_bad: Option<PathBuf>,
+    /// The tasks table, for --to verl: code tasks' ground truth is their test spec, read from here,
+    /// and each row keeps its task's data source and index (without it: our suites' names).
+    #[arg(long, value_name = "FILE")]
+    pub tasks: Option<PathBuf>,
+    /// extra_info.split of the verl rows.
+    #[arg(long, default_value = "train")]
+    pub split: String,
+    #[command(flatten)]
+    pub shard: ShardArgs,
+    #[command(flatten)]
+    pub io: IoArgs,
 }
 
-/// `coa-extract`: `mas_runs` → `trajectories`.
-pub fn run_extract(stage: &mut Stage, io: &IoArgs, skip_bad: Option<&Path>, shard: Option<ShardSpec>) -> Result<()> {
-    // Extraction never reads what each agent re-read (`events.input_messages`, most of a run's
-    // bytes): skip it, unless rejected rows must be written whole.
-    let reader = match skip_bad {
-        None => stage.open_without(io.input.as_deref(), &MAS_RUNS, &["events.input_messages"])?,
-        Some(_) => stage.open(io.input.as_deref(), &MAS_RUNS)?,
-    };
-    let mut reader = stage.shard(reader, shard)?;
-    let mut rejects = Rejects::new(stage, skip_bad, &reader.schema())?;
-    let mut out: Option<BackgroundWriter> = None;
-    let bar = stage.progress(None, "extracting");
-    let (mut rows_in, mut format_errors, mut steps) = (0u64, 0u64, 0u64);
-    loop {
-        let group = util::next_group(&mut reader)?;
-        if group.is_empty() {
-            break;
-        }
-        let n: u64 = group.iter().map(|b| b.num_rows() as u64).sum();
-        let ex = extract::extract_group(&group, rows_in, skip_bad.is_some()).with_context(|| reader.source().to_string())?;
-        let w = match &mut out {
-            Some(w) => w,
-            None => out.insert(BackgroundWriter::new(stage.create(io.output.as_deref(), io.format, &TRAJECTORIES.schema())?)?),
-        };
-        for b in ex.batches {
-            w.write(b)?;
-        }
-        rejects.write(&group, &ex.rejected)?;
-        rows_in += n;
-        format_errors += ex.format_errors;
-        steps += ex.steps;
-        bar.inc(n);
-    }
-    bar.finish_and_clear();
-    let rows_out = match out {
-        Some(w) => w.finish()?,
-        None => stage.create(io.output.as_deref(), io.format, &TRAJECTORIES.schema())?.finish()?,
-    };
-    rejects.finish(stage)?;
-    stage.add_rows_in(rows_in);
-    stage.add_rows_out(rows_out);
-    stage.note("steps", steps);
-    stage.note("format_errors", format_errors);
-    Ok(())
-}
-
-/// Flags of `coa-convert` beyond the common IO ones.
-#[derive(Debug, Clone)]
-pub struct ConvertArgs<'a> {
-    pub target: Target,
-    pub skip_bad: Option<&'a Path>,
+/// The flags as the conversion uses them.
+struct Settings<'a> {
+    target: Target,
+    skip_bad: Option<&'a Path>,
     /// The tasks table (code test specs for verl ground truths).
-    pub tasks: Option<&'a Path>,
+    tasks: Option<&'a Path>,
     /// `extra_info.split` of verl rows.
-    pub split: &'a str,
+    split: &'a str,
     /// Only this shard of the input (`--shard I/N`).
-    pub shard: Option<ShardSpec>,
+    shard: Option<ShardSpec>,
 }
 
 /// The `dataset_info.json` entry LLaMA-Factory needs for a JSON export named `file_name`.
@@ -279,7 +183,17 @@ impl JsonOut {
 
 /// `coa-convert`: `trajectories` → `coa_text`, alpaca or sharegpt JSON, or verl Parquet (also
 /// straight from a `tasks` table).
-pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Result<()> {
+pub fn run(stage: &mut Stage, cli: &ConvertArgs) -> Result<()> {
+    let [out, stats] = cli.io.outputs();
+    stage.outputs(&[out, stats, ("--skip-bad", cli.skip_bad.as_deref())])?;
+    let args = &Settings {
+        target: cli.to.target(),
+        skip_bad: cli.skip_bad.as_deref(),
+        tasks: cli.tasks.as_deref(),
+        split: &cli.split,
+        shard: cli.shard.shard,
+    };
+    let io = &cli.io;
     if let (Some(spec), true) = (args.shard, args.target != Target::CoaText) {
         // JSON is one file, and verl rows carry no task_id to merge shards by.
         bail!(
@@ -347,12 +261,12 @@ pub fn run_convert(stage: &mut Stage, io: &IoArgs, args: &ConvertArgs<'_>) -> Re
     let bar = stage.progress(None, "converting");
     let (mut rows_in, mut rows_out, mut spans) = (0u64, 0u64, 0u64);
     loop {
-        let group = util::next_group(&mut reader)?;
+        let group = next_group(&mut reader)?;
         let last = group.is_empty();
         let (units, outs) = if last {
             (Vec::new(), Vec::new())
         } else {
-            convert::convert_group(&group, rows_in, &opts).with_context(|| reader.source().to_string())?
+            render::convert_group(&group, rows_in, &opts).with_context(|| reader.source().to_string())?
         };
         // Open the output once the first group converted cleanly (or at the end of an empty input).
         if args.target.is_json() {
@@ -415,7 +329,7 @@ fn target_name(t: Target) -> &'static str {
 }
 
 /// `--to verl` from a `tasks` table: one RL row per task (tasks the teacher failed included).
-fn verl_from_tasks(stage: &mut Stage, reader: TableReader, out_path: Option<&Path>, args: &ConvertArgs<'_>) -> Result<()> {
+fn verl_from_tasks(stage: &mut Stage, reader: TableReader, out_path: Option<&Path>, args: &Settings<'_>) -> Result<()> {
     let source = reader.source().to_string();
     let mut rejects = Rejects::new(stage, args.skip_bad, &reader.schema())?;
     let mut writer = stage.create(out_path, Some(Format::Parquet), &verl::verl_schema())?;

@@ -28,7 +28,7 @@ use coa_format::{code_source, parse_double_check, parse_into, validate, Flavor, 
 use coa_schemas::tables::TRAJECTORIES;
 use rayon::prelude::*;
 
-use crate::util::{self, opt_str, select, Unit};
+use coa_schemas::parallel::{self, opt_str, select, Unit};
 
 /// What one pass over a group of input batches produced.
 pub struct Extracted {
@@ -65,25 +65,25 @@ struct Events<'a> {
 
 impl<'a> Runs<'a> {
     fn new(batch: &'a RecordBatch) -> Result<Runs<'a>> {
-        let events = util::list(batch, "events")?;
+        let events = parallel::list(batch, "events")?;
         let all = events.values().as_any().downcast_ref::<StructArray>().ok_or_else(|| anyhow!("`events` items are not structs"))?;
         let what = "`events` item";
         Ok(Runs {
-            task_id: util::utf8(batch, "task_id")?,
-            suite: util::utf8(batch, "suite")?,
-            final_answer: util::utf8(batch, "final_answer")?,
-            tokens_in: util::int64(batch, "tokens_in")?,
-            tokens_out: util::int64(batch, "tokens_out")?,
+            task_id: parallel::utf8(batch, "task_id")?,
+            suite: parallel::utf8(batch, "suite")?,
+            final_answer: parallel::utf8(batch, "final_answer")?,
+            tokens_in: parallel::int64(batch, "tokens_in")?,
+            tokens_out: parallel::int64(batch, "tokens_out")?,
             events,
             ev: Events {
                 all,
-                seq: util::struct_i32(all, "seq", what)?,
-                agent: util::struct_utf8(all, "agent", what)?,
-                role: util::struct_utf8(all, "role", what)?,
-                output: util::struct_utf8(all, "output", what)?,
-                tool: util::struct_utf8(all, "tool", what)?,
-                tool_input: util::struct_utf8(all, "tool_input", what)?,
-                observation: util::struct_utf8(all, "observation", what)?,
+                seq: parallel::struct_i32(all, "seq", what)?,
+                agent: parallel::struct_utf8(all, "agent", what)?,
+                role: parallel::struct_utf8(all, "role", what)?,
+                output: parallel::struct_utf8(all, "output", what)?,
+                tool: parallel::struct_utf8(all, "tool", what)?,
+                tool_input: parallel::struct_utf8(all, "tool_input", what)?,
+                observation: parallel::struct_utf8(all, "observation", what)?,
             },
         })
     }
@@ -397,7 +397,7 @@ fn extract_unit(batch: &RecordBatch, unit: Unit, skip_bad: bool, schema: &Schema
 /// is the error.
 pub fn extract_group(batches: &[RecordBatch], first_row: u64, skip_bad: bool) -> Result<Extracted> {
     let schema = TRAJECTORIES.schema();
-    let units = util::units(batches, first_row);
+    let units = parallel::units(batches, first_row);
     let results: Vec<Result<UnitOut>> = units.par_iter().map(|u| extract_unit(&batches[u.batch], *u, skip_bad, &schema)).collect();
     let mut out = Extracted { batches: Vec::with_capacity(units.len()), rejected: vec![Vec::new(); batches.len()], format_errors: 0, steps: 0 };
     for (u, r) in units.iter().zip(results) {

@@ -1,12 +1,18 @@
-//! Shared plumbing of the distillation stages: work units for rayon, column access with clear
-//! errors and the name of the reject tables' reason column (`--skip-bad`).
+//! Stages that read a table group by group and process each group in parallel (coa-extract,
+//! coa-convert): work units for rayon, column access with clear errors, the reject table of
+//! `--skip-bad`, and a writer on its own thread so writing overlaps the next group's work.
 
-use anyhow::{anyhow, Result};
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int32Array, Int64Array, ListArray, StringArray, StructArray, UInt32Array};
-use arrow::compute::take;
+use arrow::compute::{take, take_record_batch};
 use arrow::datatypes::{Int32Type, Int64Type};
 use arrow::record_batch::RecordBatch;
-use coa_schemas::io::{TableReader, BATCH_ROWS};
+
+use crate::io::{TableReader, TableWriter, BATCH_ROWS};
+use crate::reasons::ReasonTable;
+use crate::stage::Stage;
 
 /// Rows per work unit: the grain of parallelism and the size of the output batches. Fixed (not
 /// derived from the thread count) so that output is byte-identical on any machine.
@@ -21,7 +27,7 @@ pub const GROUP_ROWS: usize = BATCH_ROWS;
 /// stays in memory the allocator reuses, and still gives every core many batches.
 pub const GROUP_BYTES: usize = 8 << 20;
 
-/// The column added to rejected rows (see [`coa_schemas::reasons`]).
+/// The column added to rejected rows (see [`crate::reasons`]).
 pub const REJECT_REASON: &str = "reject_reason";
 
 /// A slice of one input batch processed by one task.
@@ -121,5 +127,105 @@ pub fn select(col: &ArrayRef, lo: usize, hi: usize, kept: &[u32]) -> Result<Arra
         Ok(col.slice(lo, hi - lo))
     } else {
         Ok(take(col.as_ref(), &UInt32Array::from(kept.to_vec()), None)?)
+    }
+}
+
+/// Writes rejected rows, if `--skip-bad` was given.
+pub struct Rejects {
+    writer: Option<(TableWriter, ReasonTable)>,
+    count: u64,
+}
+
+impl Rejects {
+    pub fn new(stage: &Stage, path: Option<&Path>, input_schema: &arrow::datatypes::Schema) -> Result<Rejects> {
+        let writer = match path {
+            Some(p) => {
+                let table = ReasonTable::new(input_schema, REJECT_REASON);
+                Some((stage.create(Some(p), None, table.schema())?, table))
+            }
+            None => None,
+        };
+        Ok(Rejects { writer, count: 0 })
+    }
+
+    pub fn write(&mut self, group: &[RecordBatch], rejected: &[Vec<(u32, String)>]) -> Result<()> {
+        for (batch, rows) in group.iter().zip(rejected) {
+            if rows.is_empty() {
+                continue;
+            }
+            self.count += rows.len() as u64;
+            if let Some((w, table)) = &mut self.writer {
+                let idx = UInt32Array::from(rows.iter().map(|(r, _)| *r).collect::<Vec<_>>());
+                let reasons = StringArray::from_iter_values(rows.iter().map(|(_, why)| why.as_str()));
+                let taken = take_record_batch(batch, &idx)?;
+                w.write(&table.batch(&taken, reasons).context("building the reject table")?)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn finish(self, stage: &mut Stage) -> Result<()> {
+        if let Some((w, _)) = self.writer {
+            w.finish()?;
+            stage.note("rejected", self.count);
+        }
+        Ok(())
+    }
+}
+
+/// A table writer on its own thread: encoding and compressing one group's batches overlaps the
+/// next group's compute. Dropped unfinished, it still joins the thread, so the writer's own drop
+/// removes its temporary file before the process exits.
+pub struct BackgroundWriter {
+    tx: Option<std::sync::mpsc::SyncSender<RecordBatch>>,
+    handle: Option<std::thread::JoinHandle<Result<TableWriter>>>,
+}
+
+impl BackgroundWriter {
+    pub fn new(mut w: TableWriter) -> Result<BackgroundWriter> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<RecordBatch>(4);
+        let handle = std::thread::Builder::new().name("coa-write".into()).spawn(move || {
+            for b in rx {
+                w.write(&b)?;
+            }
+            Ok(w)
+        })?;
+        Ok(BackgroundWriter { tx: Some(tx), handle: Some(handle) })
+    }
+
+    /// The writer thread's error, once it has stopped.
+    fn failure(&mut self) -> anyhow::Error {
+        self.tx = None;
+        match self.handle.take().map(|h| h.join()) {
+            Some(Ok(Err(e))) => e,
+            Some(Err(_)) => anyhow::anyhow!("the writer thread panicked"),
+            _ => anyhow::anyhow!("the writer thread stopped"),
+        }
+    }
+
+    pub fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        match &self.tx {
+            Some(tx) if tx.send(batch).is_ok() => Ok(()),
+            _ => Err(self.failure()),
+        }
+    }
+
+    /// Waits for every batch to be written, then closes the table. Returns rows written.
+    pub fn finish(mut self) -> Result<u64> {
+        self.tx = None;
+        match self.handle.take().map(|h| h.join()) {
+            Some(Ok(Ok(w))) => w.finish(),
+            Some(Ok(Err(e))) => Err(e),
+            _ => bail!("the writer thread panicked"),
+        }
+    }
+}
+
+impl Drop for BackgroundWriter {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
     }
 }
