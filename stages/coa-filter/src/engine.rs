@@ -27,6 +27,7 @@ use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringAr
 use arrow::compute::{cast, filter, filter_record_batch, take_record_batch};
 use arrow::datatypes::{DataType, Int32Type, Schema, SchemaRef};
 use coa_schemas::reasons::ReasonTable;
+use coa_schemas::suite::Suite;
 use coa_schemas::tables::{compatible, type_name, META_TABLE, TRAJECTORIES};
 use serde::Serialize;
 
@@ -56,6 +57,10 @@ pub const QUALITY_RULES: [&str; 3] = ["wrong_answer", "format", "repeated_tool_i
 pub const DROP_REASON: &str = "drop_reason";
 
 /// What to filter, as given on the command line.
+/// The suites where `reflection` drops every trajectory without a reflection (`--reflection-required-suites`'s
+/// default, spelled there as `math,code`).
+pub const REFLECTION_REQUIRED_SUITES: [Suite; 2] = [Suite::Math, Suite::Code];
+
 #[derive(Debug, Clone)]
 pub struct Options {
     pub rules: RuleSet,
@@ -84,7 +89,7 @@ impl Default for Options {
             disabled: Vec::new(),
             min_hops: 5,
             no_reflection_keep: 0.3,
-            reflection_required_suites: vec!["math".into(), "code".into()],
+            reflection_required_suites: REFLECTION_REQUIRED_SUITES.iter().map(|s| s.as_str().to_string()).collect(),
             error_correction_copies: 2,
             seed: 0,
             wheres: Vec::new(),

@@ -1,17 +1,18 @@
 //! The body of the `coa-filter` stage: read the input (restoring the task order of sharded
 //! outputs first if asked), run the [`Filter`] batch by batch or over the whole table, write the
-//! kept rows (and the dropped ones), and report the per-rule counts. The binary only parses flags
-//! and hands over to [`run`].
+//! kept rows (and the dropped ones), and report the per-rule counts. [`FilterArgs`] are the
+//! stage's flags; the binary parses them and hands over to [`run`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use arrow::record_batch::RecordBatch;
 use coa_schemas::io::TableWriter;
-use coa_schemas::shard::{self, ShardSpec, SHARD_COLUMN};
+use coa_schemas::flags;
+use coa_schemas::shard::{self, ShardArgs, ShardSpec, SHARD_COLUMN};
 use coa_schemas::stage::{IoArgs, Stage};
 
-use crate::engine::{render_stats, BatchOutput, Filter, Options};
+use crate::engine::{render_stats, BatchOutput, Filter, Options, RuleSet};
 
 /// Decoded bytes a merge of shard parts holds across its parts' current batches (each part's
 /// batch gets an equal share, at least one row): the merge's memory bound, whatever the row count
@@ -20,6 +21,69 @@ use crate::engine::{render_stats, BatchOutput, Filter, Options};
 const MERGE_BYTES: i64 = 128 << 20;
 /// Rows per output batch of a merge (a few MB of teacher runs).
 const MERGE_BATCH_ROWS: usize = 256;
+
+/// The flags of `coa-filter`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FilterArgs {
+    /// Built-in rule set: `auto` runs the distillation rules on a trajectories table and none on
+    /// other tables; `distill` requires trajectories; `none` runs only --where, --dedup and
+    /// --dynamic-sampling.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub rules: RuleSet,
+    /// Do not run this rule (repeatable): dedup, complexity, wrong_answer, format,
+    /// repeated_tool_input, reflection, error_correction, or quality (= the three quality rules).
+    #[arg(long = "no-rule", value_name = "NAME")]
+    pub no_rule: Vec<String>,
+    /// complexity: trajectories with fewer agent/tool interactions (`hops`) are dropped.
+    #[arg(long, default_value_t = 5, value_name = "N", value_parser = flags::whole::<i64>)]
+    pub min_hops: i64,
+    /// reflection: fraction of reflection-less trajectories kept (outside the required suites).
+    #[arg(long, default_value_t = 0.3, value_name = "FRACTION", value_parser = flags::fraction)]
+    pub no_reflection_keep: f64,
+    /// reflection: suites where a trajectory without reflection is always dropped (comma-separated;
+    /// empty for none).
+    #[arg(long, default_value = "math,code", value_name = "SUITES", value_delimiter = ',')]
+    pub reflection_required_suites: Vec<String>,
+    /// error_correction: how many times a trajectory that doubted its answer (first double_check
+    /// score <= 2) and ended correct appears in the output.
+    #[arg(long, default_value_t = 2, value_name = "N", value_parser = flags::at_least_one::<u32>)]
+    pub error_correction_copies: u32,
+    /// Seed of the reflection down-sampling: same input + seed = same output.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Keep only rows where this polars SQL condition holds (repeatable; each is its own rule
+    /// `where[i]`), e.g. "hops <= 20 AND suite = 'multihop'". Evaluated on the whole table.
+    #[arg(long = "where", value_name = "EXPR")]
+    pub wheres: Vec<String>,
+    /// Exact dedup on any table (it is on by default for trajectories).
+    #[arg(long)]
+    pub dedup: bool,
+    /// Dedup key columns (comma-separated; implies --dedup). Default: task_id,steps for
+    /// trajectories, every column otherwise.
+    #[arg(long, value_name = "COLS", value_delimiter = ',')]
+    pub dedup_key: Vec<String>,
+    /// DAPO dynamic sampling: drop every --group-by group whose --value is the same in all its rows.
+    #[arg(long)]
+    pub dynamic_sampling: bool,
+    /// dynamic sampling: the group column.
+    #[arg(long, default_value = "task_id", value_name = "COL", requires = "dynamic_sampling")]
+    pub group_by: String,
+    /// dynamic sampling: the value that must vary within a group.
+    #[arg(long, default_value = "reward", value_name = "COL", requires = "dynamic_sampling")]
+    pub value: String,
+    /// Also write the dropped rows, with a `drop_reason` column naming the rule, to this file.
+    #[arg(long, value_name = "FILE")]
+    pub keep_dropped: Option<PathBuf>,
+    /// Reorder the input's rows (stably) to the order of the task_id column of FILE (a tasks table,
+    /// or any table with task_id) before the rules run: the merge step of a sharded run, which
+    /// gives back the unsharded row order (`-i 'shards/*.parquet' --rules none --task-order tasks.parquet`).
+    #[arg(long, value_name = "FILE")]
+    pub task_order: Option<PathBuf>,
+    #[command(flatten)]
+    pub shard: ShardArgs,
+    #[command(flatten)]
+    pub io: IoArgs,
+}
 
 /// The stage's files and sharding (the rules are in [`Options`]).
 pub struct Files<'a> {
@@ -31,9 +95,19 @@ pub struct Files<'a> {
     pub task_order: Option<&'a Path>,
 }
 
-/// `coa-filter`: the kept rows of the input under `opts` (whose `source` is set here, from the
-/// input).
-pub fn run(stage: &mut Stage, mut opts: Options, files: &Files<'_>) -> Result<()> {
+/// `coa-filter`: the kept rows of the input under the rules of `args`.
+pub fn run(stage: &mut Stage, args: &FilterArgs) -> Result<()> {
+    let files = Files {
+        io: &args.io,
+        shard: args.shard.shard,
+        keep_dropped: args.keep_dropped.as_deref(),
+        task_order: args.task_order.as_deref(),
+    };
+    filter(stage, options(args), &files)
+}
+
+/// The kept rows of the input under `opts` (whose `source` is set here, from the input).
+pub fn filter(stage: &mut Stage, mut opts: Options, files: &Files<'_>) -> Result<()> {
     let [out, stats] = files.io.outputs();
     stage.outputs(&[out, stats, ("--keep-dropped", files.keep_dropped)])?;
     stage.set_seed(opts.seed);
@@ -231,5 +305,51 @@ impl KeptShape {
             self.hops += h;
             self.reflections += r;
         }
+    }
+}
+
+/// The rules as the flags give them (`source` is set by [`run::run`] from the input).
+fn options(cli: &FilterArgs) -> Options {
+    Options {
+        rules: cli.rules,
+        disabled: cli.no_rule.clone(),
+        min_hops: cli.min_hops,
+        no_reflection_keep: cli.no_reflection_keep,
+        reflection_required_suites: trimmed(&cli.reflection_required_suites),
+        error_correction_copies: cli.error_correction_copies,
+        seed: cli.seed,
+        wheres: cli.wheres.clone(),
+        dedup: cli.dedup,
+        dedup_key: trimmed(&cli.dedup_key),
+        dynamic_sampling: cli.dynamic_sampling.then(|| (cli.group_by.clone(), cli.value.clone())),
+        source: String::new(),
+    }
+}
+
+/// The non-empty items of a comma-separated list, trimmed.
+fn trimmed(items: &[String]) -> Vec<String> {
+    items.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: FilterArgs,
+    }
+
+    /// The flags' defaults are the library's: a run without flags applies `Options::default()`.
+    #[test]
+    fn flag_defaults_are_the_option_defaults() {
+        let cli: Cli = flags::try_parse_from(["coa-filter"]).unwrap();
+        let (from_flags, default) = (options(&cli.args), Options::default());
+        assert_eq!(from_flags.reflection_required_suites, default.reflection_required_suites);
+        assert_eq!(from_flags.min_hops, default.min_hops);
+        assert_eq!(from_flags.no_reflection_keep, default.no_reflection_keep);
+        assert_eq!(from_flags.error_correction_copies, default.error_correction_copies);
+        assert_eq!(from_flags.rules, default.rules);
     }
 }
