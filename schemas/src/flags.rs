@@ -90,6 +90,26 @@ pub fn fraction(s: &str) -> Result<f64, String> {
     }
 }
 
+/// `--threads N`, defined once for every stage that has it (coa-tokenize, coa-generate policy,
+/// coa-train-step, coa-serve).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ThreadsArg {
+    /// Worker threads (default: all cores). The results do not depend on it.
+    #[arg(long, value_name = "N", value_parser = at_least_one::<usize>)]
+    pub threads: Option<usize>,
+}
+
+impl ThreadsArg {
+    /// Sizes the process's thread pool (rayon's global pool, which every stage's parallel work
+    /// uses), when `--threads` is given. Call it before any parallel work: the pool is built once.
+    pub fn install(&self) -> anyhow::Result<()> {
+        match self.threads {
+            Some(n) => rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow::anyhow!("--threads {n}: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Numbers that can be NaN or infinite (floats) or not (integers).
 pub trait Finite {
     fn is_finite_value(&self) -> bool;
@@ -116,6 +136,8 @@ mod tests {
         penalty: Option<f32>,
         #[arg(long, value_parser = whole::<i64>)]
         min_hops: Option<i64>,
+        #[command(flatten)]
+        threads: ThreadsArg,
         #[command(subcommand)]
         sub: Option<Sub>,
     }
@@ -156,6 +178,9 @@ mod tests {
         let ok: Cli = try_parse_from(["prog", "--penalty", "-1.5", "--n", "3", "--lr", "1e-3"]).unwrap();
         assert_eq!((ok.penalty, ok.n, ok.lr), (Some(-1.5), Some(3), Some(1e-3)));
         assert_eq!(fraction("0.3"), Ok(0.3));
+        assert!(error(&["--threads", "0"]).contains("`0`: expected a whole number of at least 1"));
+        let two: Cli = try_parse_from(["prog", "--threads", "2"]).unwrap();
+        assert_eq!(two.threads.threads, Some(2));
         assert!(fraction("1.5").is_err());
     }
 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use coa_generate::policy::{CheckpointFlags, DecodeFlags};
-use coa_schemas::flags::at_least_one;
+use coa_schemas::flags::{at_least_one, ThreadsArg};
 use coa_tools::flags::ToolFlags;
 
 #[derive(clap::Parser, Debug, Clone)]
@@ -84,9 +84,8 @@ pub struct ServeArgs {
     pub max_observation_tokens: Option<usize>,
     #[command(flatten)]
     pub tool_flags: ToolFlags,
-    /// Worker threads of the decoder (default: all cores).
-    #[arg(long, value_parser = at_least_one::<usize>, value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: ThreadsArg,
 }
 
 /// The largest context used when `--context` is not given.
@@ -131,10 +130,8 @@ impl Drop for Running {
 /// Loads the checkpoint, opens the decoder, binds the address and serves in the background.
 pub fn start(args: &ServeArgs) -> Result<Running> {
     let device = args.decode.select()?;
-    if let Some(n) = args.threads {
-        // A second server in the same process (tests) finds the pool built: not an error.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
-    }
+    // A second server in the same process (tests) finds the pool built: not an error.
+    let _ = args.threads.install();
     let (model, vocab) = args.model.load()?;
     let positions = model.config.max_position_embeddings;
     start_with(args, vocab, Box::new(engine::ModelDecoding { model, flags: args.decode.clone(), device }), positions)

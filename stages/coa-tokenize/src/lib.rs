@@ -20,4 +20,4 @@ pub use chat::{ChatTemplate, PLAIN_TEMPLATE};
 pub use encode::{check_spans, encode_joined, encode_row, encode_row_untrained, prompt_segment, Encoded, PROMPT_SEPARATOR};
 pub use pack::{apply_max_len, Fate, OutRow, Overlong, Packer};
 pub use run::{run, TokenizeArgs};
-pub use vocab::{fit_model, tag_strings, SpecialChoice, TemplateChoice, Vocab, CONFIG_FILE, ENDOFTEXT, MAX_WORD_CHARS};
+pub use vocab::{fit_model, tag_strings, LayoutArgs, SpecialChoice, TemplateChoice, Vocab, CONFIG_FILE, ENDOFTEXT, MAX_WORD_CHARS};

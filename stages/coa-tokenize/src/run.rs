@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Result};
 use arrow::array::AsArray;
 use arrow::record_batch::RecordBatch;
+use coa_schemas::flags::ThreadsArg;
 use coa_schemas::shard::ShardSpec;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_schemas::tables::{COA_TEXT, TOKENS};
@@ -17,7 +18,7 @@ use serde_json::json;
 use crate::encode::{check_spans, encode_joined, encode_row_untrained, Encoded};
 use crate::pack::{apply_max_len, Fate, OutRow, Overlong, Packer};
 use crate::table::{build_batch, InputBatch};
-use crate::vocab::{SpecialChoice, TemplateChoice, Vocab};
+use crate::vocab::{LayoutArgs, Vocab};
 
 /// The stage's own flags (the IO flags are [`IoArgs`]).
 #[derive(Debug, Clone, clap::Args)]
@@ -41,18 +42,8 @@ pub struct TokenizeArgs {
     /// with the tokenizer_config.json HF tools read beside it (special tokens, chat template).
     #[arg(long, value_name = "FILE")]
     pub save_tokenizer: Option<PathBuf>,
-    /// Render the prompt with a chat template: `auto` (the tokenizer's own, when it has one),
-    /// `none` (the plain layout `[BOS] prompt "\n" text [EOS]`), or a Jinja template FILE.
-    #[arg(long, value_name = "auto|none|FILE", default_value = "auto")]
-    pub chat_template: TemplateChoice,
-    /// Token(s) before the prompt: `auto` (what the tokenizer's post-processor prepends, e.g.
-    /// Llama's BOS; nothing for Qwen2 and trained vocabularies), `none`, or a token.
-    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
-    pub bos: SpecialChoice,
-    /// Token after the text, a target: `auto` (tokenizer_config.json's eos_token beside the file,
-    /// else <|endoftext|>, <|end_of_text|> or </s>), `none`, or a token. Trained: <|endoftext|>.
-    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
-    pub eos: SpecialChoice,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
     /// Maximum tokens per sequence (and per packed row).
     #[arg(long, value_name = "N")]
     pub max_len: Option<usize>,
@@ -76,9 +67,8 @@ pub struct TokenizeArgs {
     /// (`joined_mismatch` in the summary). Twice the work; for checking a new tokenizer.
     #[arg(long)]
     pub verify_joined: bool,
-    /// Worker threads (default: all cores).
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: ThreadsArg,
 }
 
 struct RowResult {
@@ -102,9 +92,7 @@ struct Counts {
 
 /// Runs the stage.
 pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs, shard: Option<ShardSpec>) -> Result<()> {
-    if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow!("--threads: {e}"))?;
-    }
+    args.threads.install()?;
     if args.max_len == Some(0) {
         bail!("--max-len must be at least 1");
     }
@@ -138,7 +126,7 @@ pub fn run(stage: &mut Stage, args: &TokenizeArgs, io: &IoArgs, shard: Option<Sh
     } else {
         let path = args.tokenizer.as_deref().ok_or_else(|| anyhow!("pass --tokenizer FILE or --train-bpe"))?;
         stage.add_input_file(path);
-        Vocab::load(path, &args.bos, &args.eos, &args.chat_template)?
+        Vocab::load(path, &args.layout.bos, &args.layout.eos, &args.layout.chat_template)?
     };
     // Written now (a bad path fails before the rows are encoded); inside a stage the files are
     // committed with the tokens, when the stage succeeds.

@@ -542,6 +542,26 @@ impl std::str::FromStr for TemplateChoice {
     }
 }
 
+/// How the vocabulary lays a sequence out: `--chat-template`, `--bos`, `--eos`, defined once for
+/// the stages that tokenize (coa-tokenize) and the ones that must lay prompts out as the model was
+/// trained (coa-generate policy, coa-serve).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LayoutArgs {
+    /// Render the prompt with a chat template: `auto` (the tokenizer's own, when it has one: for a
+    /// checkpoint, the layout it was trained with), `none` (the plain layout
+    /// `[BOS] prompt "\n" text [EOS]`), or a Jinja template FILE.
+    #[arg(long, value_name = "auto|none|FILE", default_value = "auto")]
+    pub chat_template: TemplateChoice,
+    /// Token(s) before the prompt: `auto` (what the tokenizer's post-processor prepends, e.g.
+    /// Llama's BOS; nothing for Qwen2 and trained vocabularies), `none`, or a token.
+    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
+    pub bos: SpecialChoice,
+    /// Token after the text, a target: `auto` (tokenizer_config.json's eos_token beside the file,
+    /// else <|endoftext|>, <|end_of_text|> or </s>), `none`, or a token. Trained: <|endoftext|>.
+    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
+    pub eos: SpecialChoice,
+}
+
 /// A tag as an added token: one id, matched on the raw text, kept by `skip_special_tokens`.
 fn tag_token(tag: &str) -> AddedToken {
     AddedToken::from(tag, false).normalized(false)
