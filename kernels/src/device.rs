@@ -53,6 +53,21 @@ impl fmt::Display for DeviceChoice {
     }
 }
 
+/// `--device`, defined once for the stages that run the model (coa-train-step, coa-generate
+/// policy, coa-serve).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct DeviceArg {
+    /// Where the model runs: `cpu`; `cuda` or `cuda:N` (the GPU: an error when none is usable or
+    /// the GPU path cannot run this model); `auto` (the GPU when it can, else the CPU with a note on
+    /// stderr); `emu` (the GPU path on the CPU's emulated CUDA device: a correctness check of the
+    /// GPU code, not a fast device). Training on the GPU keeps bf16 weights and activations with
+    /// fp32 masters, gradients and optimizer state: close to the CPU's f32 run, not bit-identical;
+    /// the checkpoint format is the same, so a run can resume on either device. Sampling and tools
+    /// run on the CPU either way.
+    #[arg(long, value_name = "auto|cpu|cuda[:N]|emu", default_value = "cpu")]
+    pub device: DeviceChoice,
+}
+
 /// A usable GPU, as found by [`probe`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuInfo {

@@ -34,7 +34,7 @@ pub mod sources;
 pub mod testing;
 
 pub use cudarc;
-pub use device::{gpu_for_model, probe, select_device, Device, DeviceChoice, GpuInfo, NoGpu};
+pub use device::{gpu_for_model, probe, select_device, Device, DeviceArg, DeviceChoice, GpuInfo, NoGpu};
 pub use error::{Error, Result};
 pub use gpu::Gpu;
 pub use model::GpuModel;

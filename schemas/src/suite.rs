@@ -65,16 +65,28 @@ impl Suite {
     /// sandbox for math and code.
     pub fn tools(self) -> &'static [&'static str] {
         match self {
-            Suite::Multihop | Suite::Qa => &["web_search", "crawl_page"],
-            Suite::Math | Suite::Code => &["code"],
+            Suite::Multihop | Suite::Qa => &[tool::WEB_SEARCH, tool::CRAWL_PAGE],
+            Suite::Math | Suite::Code => &[tool::CODE],
         }
     }
 
     /// Whether agents on this suite search and crawl the web (a run without such tasks needs no
     /// corpus).
     pub fn uses_web(self) -> bool {
-        self.tools().contains(&"web_search")
+        self.tools().contains(&tool::WEB_SEARCH)
     }
+}
+
+/// The tools, by the name of their CoA tag (also the `tool` column of teacher events and
+/// trajectory steps): defined once, for the grammar (coa-format's tool tags), the suites' tool
+/// lists, the importers and the verl export.
+pub mod tool {
+    pub const WEB_SEARCH: &str = "web_search";
+    pub const WIKI_SEARCH: &str = "wiki_search";
+    pub const CRAWL_PAGE: &str = "crawl_page";
+    pub const CODE: &str = "code";
+    /// Every tool a trajectory may call, in the grammar's order.
+    pub const ALL: [&str; 4] = [WEB_SEARCH, WIKI_SEARCH, CRAWL_PAGE, CODE];
 }
 
 impl fmt::Display for Suite {

@@ -28,7 +28,7 @@ use anyhow::{Context, Result};
 use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use coa_schemas::rows::Task;
-use coa_schemas::suite::{answer_kind, AnswerKind};
+use coa_schemas::suite::{answer_kind, tool, AnswerKind};
 use serde::Serialize;
 use serde_json::json;
 
@@ -213,7 +213,7 @@ fn structure(name: &str, fields: Vec<Field>) -> Field {
 /// The schema of the verl export.
 pub fn verl_schema() -> SchemaRef {
     let create = structure("create_kwargs", vec![list_of("ground_truth", utf8("item")), utf8("question"), utf8("data_source")]);
-    let tool = |name: &str| structure(name, vec![create.clone()]);
+    let tool_kwargs = |name: &str| structure(name, vec![create.clone()]);
     Arc::new(Schema::new(vec![
         utf8("data_source"),
         list_of("prompt", structure("item", vec![utf8("content"), utf8("role")])),
@@ -229,7 +229,7 @@ pub fn verl_schema() -> SchemaRef {
                 utf8("question"),
                 list_of("answer", utf8("item")),
                 Field::new("need_tools_kwargs", DataType::Boolean, false),
-                structure("tools_kwargs", vec![tool("web_search"), tool("crawl_page"), tool("code")]),
+                structure("tools_kwargs", vec![tool_kwargs(tool::WEB_SEARCH), tool_kwargs(tool::CRAWL_PAGE), tool_kwargs(tool::CODE)]),
             ],
         ),
     ]))

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use coa_schemas::suite::tool;
+
 /// One CoA tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Tag {
@@ -40,7 +42,7 @@ pub enum TagKind {
 }
 
 /// Names of the tools a trajectory may call (the tool tags).
-pub const TOOL_NAMES: [&str; 4] = ["web_search", "wiki_search", "crawl_page", "code"];
+pub const TOOL_NAMES: [&str; 4] = tool::ALL;
 
 /// Whether `name` is a known tool (see [`TOOL_NAMES`]).
 pub fn is_known_tool(name: &str) -> bool {
@@ -71,10 +73,10 @@ impl Tag {
             Tag::Reflection => "reflection",
             Tag::SuggestedAnswer => "suggested_answer",
             Tag::DoubleCheck => "double_check",
-            Tag::WebSearch => "web_search",
-            Tag::WikiSearch => "wiki_search",
-            Tag::CrawlPage => "crawl_page",
-            Tag::Code => "code",
+            Tag::WebSearch => tool::WEB_SEARCH,
+            Tag::WikiSearch => tool::WIKI_SEARCH,
+            Tag::CrawlPage => tool::CRAWL_PAGE,
+            Tag::Code => tool::CODE,
             Tag::Observation => "observation",
             Tag::Answer => "answer",
         }
@@ -122,10 +124,10 @@ impl Tag {
             "reflection" => Tag::Reflection,
             "suggested_answer" => Tag::SuggestedAnswer,
             "double_check" => Tag::DoubleCheck,
-            "web_search" => Tag::WebSearch,
-            "wiki_search" => Tag::WikiSearch,
-            "crawl_page" => Tag::CrawlPage,
-            "code" => Tag::Code,
+            tool::WEB_SEARCH => Tag::WebSearch,
+            tool::WIKI_SEARCH => Tag::WikiSearch,
+            tool::CRAWL_PAGE => Tag::CrawlPage,
+            tool::CODE => Tag::Code,
             "observation" => Tag::Observation,
             "answer" => Tag::Answer,
             _ => return None,

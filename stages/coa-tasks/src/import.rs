@@ -47,6 +47,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use bytes::Bytes;
 use coa_schemas::io::{open_bytes, source_name, Format};
 use coa_schemas::rows::{self, Shown, StdioTest, Task};
+use coa_schemas::suite::Suite;
 use coa_schemas::tables::{type_name, META_TABLE, TASKS};
 use serde_json::{Map, Value};
 
@@ -58,8 +59,6 @@ pub const SUPPORTED_LAYOUTS: &str = "  - a coa `tasks` table (Parquet or Arrow I
 with keys `question` (string) and `answer` (string, number or list of strings); optional `data_source`, `id`; other keys are kept in `extra`
   - HumanEval JSON lines, plain or gzip-compressed: keys `task_id`, `prompt`, `entry_point`, `test`; optional `canonical_solution`";
 
-const TOOLS_QA: [&str; 2] = ["web_search", "crawl_page"];
-const TOOLS_CODE: [&str; 1] = ["code"];
 const VERL_REQUIRED: [&str; 3] = ["data_source", "prompt", "reward_model"];
 /// Keys of a question/answer record (AFM's files and GAIA's spellings).
 const QUESTION_KEYS: [&str; 2] = ["question", "Question"];
@@ -391,14 +390,14 @@ fn classify(task: &mut Task, ground_truth: &Value, labels: &[&str]) -> Result<()
     let data_source = labels[0];
     if let Some(spec) = code_spec(ground_truth)? {
         task.suite = "code".into();
-        task.tools = strings(&TOOLS_CODE);
+        task.tools = strings(Suite::Code.tools());
         match spec {
             CodeSpec::Stdio(tests) => task.stdio_tests = tests,
             CodeSpec::Functional(code) => task.test_code = Some(code),
         }
     } else if mentions(labels, &MATH_WORDS) {
         task.suite = "math".into();
-        task.tools = strings(&TOOLS_CODE);
+        task.tools = strings(Suite::Code.tools());
         task.answers = match ground_truth {
             Value::Array(_) | Value::Object(_) => answer_items(ground_truth)?,
             // several golds as AFM writes them: `{"target": [...]}` in the string
@@ -416,7 +415,7 @@ fn classify(task: &mut Task, ground_truth: &Value, labels: &[&str]) -> Result<()
         );
     } else {
         task.suite = "qa".into();
-        task.tools = strings(&TOOLS_QA);
+        task.tools = strings(Suite::Qa.tools());
         task.answers = match ground_truth {
             Value::String(s) => match serde_json::from_str::<Value>(s) {
                 Ok(list @ Value::Array(_)) if list.as_array().is_some_and(|a| a.iter().all(Value::is_string)) => {
@@ -715,7 +714,7 @@ fn qa_record(mut obj: Map<String, Value>, record: usize, split_override: Option<
         source,
         question,
         answers,
-        tools: strings(&TOOLS_QA),
+        tools: strings(Suite::Qa.tools()),
         extra: leftovers(obj),
         ..Default::default()
     })
@@ -752,7 +751,7 @@ fn humaneval_record(mut obj: Map<String, Value>, split_override: Option<&str>, i
         split: split_override.unwrap_or("test").to_string(),
         source,
         question,
-        tools: strings(&TOOLS_CODE),
+        tools: strings(Suite::Code.tools()),
         entry_point: Some(entry_point.clone()),
         test_code: Some(format!("{}{test}\ncheck({entry_point})\n", trusted_helpers(&prompt, &entry_point, &test))),
         solution,
