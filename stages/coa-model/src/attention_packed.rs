@@ -76,7 +76,8 @@ impl BlockCols {
 /// Y a head packed as Yᵀ (depth hd, a column per token).
 ///
 /// # Safety
-/// `x` addresses nb rows of hd; `s` holds nb·w.
+/// `engine` is one this CPU has ([`crate::bf16mm::engine`]); `x` addresses nb rows of hd; `s`
+/// holds nb·w.
 #[allow(clippy::too_many_arguments)]
 unsafe fn block_scores(engine: Engine, s: &mut [f32], x: *const f32, ld: usize, y: &Panels, cols: &BlockCols, nb: usize, i1: usize, hd: usize) {
     if cols.np > 0 {
@@ -90,7 +91,8 @@ unsafe fn block_scores(engine: Engine, s: &mut [f32], x: *const f32, ld: usize, 
 /// (alpha 1, [`AElem`]).
 ///
 /// # Safety
-/// `out` addresses nb rows of hd, written by this caller alone.
+/// `engine` is one this CPU has ([`crate::bf16mm::engine`]); `out` addresses nb rows of hd,
+/// written by this caller alone; `p` holds nb·w.
 #[allow(clippy::too_many_arguments)]
 unsafe fn block_times<T: AElem>(engine: Engine, out: *mut f32, ld: usize, alpha: f32, p: &[T], y: &Panels, cols: &BlockCols, nb: usize, i1: usize, hd: usize) {
     gemm_prepacked(engine, nb, alpha, p.as_ptr().add(cols.npa), cols.w, 1, y, cols.k0a..i1, 0..hd, true, out, ld);

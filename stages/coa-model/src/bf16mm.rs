@@ -121,6 +121,8 @@ fn to_bf16(dst: &mut [u16], src: &[f32], alpha: f32) {
 /// [`to_bf16`] in AVX-512 vectors for a caller outside this module's `target_feature` code (an
 /// [`Engine`] means the CPU has AVX-512F and BW: [`pack_rows`] needs them too).
 pub(crate) fn round_to_bf16(_: Engine, dst: &mut [u16], src: &[f32], alpha: f32) {
+    /// # Safety
+    /// The CPU has AVX-512F and BW (an [`Engine`] exists).
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn wide(dst: &mut [u16], src: &[f32], alpha: f32) {
         to_bf16(dst, src, alpha)
@@ -141,6 +143,8 @@ pub(crate) trait AElem: Copy {
 }
 
 impl AElem for f32 {
+    /// # Safety
+    /// As [`AElem::run_to_bf16`]: `src` addresses `dst.len()` readable f32s.
     #[inline(always)]
     unsafe fn run_to_bf16(dst: &mut [u16], src: *const f32, alpha: f32) {
         to_bf16(dst, std::slice::from_raw_parts(src, dst.len()), alpha)
@@ -148,6 +152,9 @@ impl AElem for f32 {
 }
 
 impl AElem for u16 {
+    /// # Safety
+    /// As [`AElem::run_to_bf16`]: `src` addresses `dst.len()` readable bf16 values, not
+    /// overlapping `dst`.
     #[inline(always)]
     unsafe fn run_to_bf16(dst: &mut [u16], src: *const u16, alpha: f32) {
         debug_assert!(alpha == 1.0, "bf16 operands are scaled before they are rounded");
@@ -246,6 +253,9 @@ unsafe fn transpose_block(block: &[[u16; TILE_M]; TILE_K], out: *mut u16, ld: us
 
 /// `r[i]` lane `j` ↔ `r[j]` lane `i`, for 16 rows of 16 u32: pairs of rows interleaved by 32 and
 /// by 64 bits, then 128-bit lanes exchanged twice.
+///
+/// # Safety
+/// The CPU has AVX-512F (no memory is touched but `r`).
 #[target_feature(enable = "avx512f")]
 unsafe fn transpose_16x16_u32(r: &mut [__m512i; 16]) {
     let mut t = [_mm512_setzero_si512(); 16];
@@ -276,6 +286,10 @@ unsafe fn transpose_16x16_u32(r: &mut [__m512i; 16]) {
 /// pair (depths 2q and 2q + 1 of one column) is one u32: taken from two neighbours of a column
 /// where columns are contiguous (`rsb == 1`), else from two rows, 16 columns at a time (one
 /// tile row).
+///
+/// # Safety
+/// The CPU has AVX-512F and BW; B's `k × n` addressed elements are readable; `dst` holds
+/// `n_pad·k_pad` values and is 4-byte aligned (it is written as u32 pairs).
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn pack_panels(dst: &mut [u16], b: *const f32, k: usize, n: usize, rsb: usize, csb: usize, n_pad: usize, k_pad: usize) {
     dst[..n_pad * k_pad].fill(0);

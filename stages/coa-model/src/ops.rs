@@ -33,8 +33,10 @@ impl<T> Clone for SendPtr<T> {
     }
 }
 impl<T> Copy for SendPtr<T> {}
-// SAFETY: the tasks that share it write disjoint parts (each use says which).
+// SAFETY: the tasks that share it write disjoint parts (each use says which), and the buffer
+// outlives them (rayon joins every task before the owner's borrow ends).
 unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: as for Send: shared by reference, it is still only written in disjoint parts.
 unsafe impl<T> Sync for SendPtr<T> {}
 
 /// The register kernel [`gemm`] runs on this CPU: `"avx512"` (12×32 tiles), `"avx2"` (6×16) or

@@ -14,6 +14,8 @@ macro_rules! multiversion {
             fn inner($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                /// # Safety
+                /// The CPU supports AVX2 and FMA (checked just below).
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn fast($($arg: $ty),*) $(-> $ret)? { inner($($arg),*) }
@@ -395,6 +397,9 @@ fn attend_scores_plain<T: KvElem>(s: &mut [f32], q: &[f32], kt: &[T], group: usi
 }
 
 /// [`attend_scores_plain`] compiled for AVX2 + FMA (vectorised by the compiler, the same bits).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (the slices are bounds-checked).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_scores_fma<T: KvElem>(s: &mut [f32], q: &[f32], kt: &[T], group: usize, nk: usize, hd: usize) {
@@ -402,6 +407,9 @@ unsafe fn attend_scores_fma<T: KvElem>(s: &mut [f32], q: &[f32], kt: &[T], group
 }
 
 /// 16 consecutive stored values from `p`, widened to f32 (`BF16`: u16 bits, else f32).
+///
+/// # Safety
+/// The CPU has AVX-512F; `p` addresses 16 readable values (bf16 bits when BF16, else f32).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -416,6 +424,11 @@ unsafe fn load16<const BF16: bool>(p: *const u8) -> std::arch::x86_64::__m512 {
 
 /// [`attend_scores`] on AVX-512: two tiles (32 keys) at a time against up to four query heads
 /// (eight accumulator chains, enough to hide the FMA latency).
+///
+/// # Safety
+/// The CPU has AVX-512F; the shapes [`attend_group`] asserts: `s` holds `group·nk` values, `q`
+/// `group·hd`, `kt` `nk.div_ceil(KEY_TILE)` whole tiles of `KEY_TILE·hd` (`v` is only
+/// prefetched).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn attend_scores_avx512(s: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, group: usize, nk: usize, hd: usize) {
@@ -450,6 +463,11 @@ unsafe fn attend_scores_avx512(s: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, 
 /// 32 keys and the next pair's keys, spread over its steps: one head's keys and values are a fresh
 /// stream from DRAM each call, and their misses then overlap the FMAs rather than stall them
 /// (1,440 heads of 364 keys, one thread: 25.6 -> 23.2 ms in f32, 21.0 -> 14.5 ms in bf16).
+///
+/// # Safety
+/// The CPU has AVX-512F; `g0 + G ≤ group` for `s` [group, nk] and `q` [group, hd]; `kt` holds
+/// `nk.div_ceil(KEY_TILE)` tiles of `KEY_TILE·hd` values (bf16 bits when BF16, else f32);
+/// `pv` is null or the values (only prefetched).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -521,6 +539,9 @@ fn attend_values(out: &mut [f32], p: &[f32], v: KvRows, group: usize, nk: usize,
 }
 
 /// [`attend_values_plain`] compiled for AVX2 + FMA (the FMAs inline; the same bits).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (the slices are bounds-checked).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_values_fma<T: KvElem>(out: &mut [f32], p: &[f32], v: &[T], group: usize, nk: usize, hd: usize) {
@@ -540,6 +561,9 @@ fn attend_values_plain<T: KvElem>(out: &mut [f32], p: &[f32], v: &[T], group: us
     }
 }
 
+/// # Safety
+/// The CPU has AVX2 and FMA; `hd` is a multiple of 8; `out` holds `group·hd` values, `p`
+/// `group·nk`, `v` `nk·hd` (the shapes [`attend_group`] asserts).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_values_avx2(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize, hd: usize) {
@@ -563,6 +587,10 @@ unsafe fn attend_values_avx2(out: &mut [f32], p: &[f32], v: &[f32], group: usize
 }
 
 /// Columns `c..c + 8·NC` of heads `g0..g0 + ng` (ng ≤ 3) of [`attend_values`].
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `g0 + ng ≤ group`, `ng ≤ 3` and `c + 8·NC ≤ hd` for `out`
+/// [group, hd], `p` [group, nk] and `v` [nk, hd].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -592,6 +620,9 @@ unsafe fn attend_values_cols<const NC: usize>(out: &mut [f32], p: &[f32], v: &[f
 
 /// [`attend_values`] on AVX-512: up to 3 query heads × 64 output columns in 12 registers, each
 /// value row read once per 64 columns (the same sums, in the same order, as the other kernels).
+///
+/// # Safety
+/// The CPU has AVX-512F; `hd` is a multiple of 16; shapes as for [`attend_values_avx2`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn attend_values_avx512(out: &mut [f32], p: &[f32], v: KvRows, group: usize, nk: usize, hd: usize) {
@@ -622,6 +653,10 @@ unsafe fn attend_values_avx512(out: &mut [f32], p: &[f32], v: KvRows, group: usi
 
 /// Columns `c..c + 16·NC` of heads `g0..g0 + ng` (ng ≤ 3) of [`attend_values_avx512`], values
 /// at `v` (f32, or bf16 bits).
+///
+/// # Safety
+/// The CPU has AVX-512F; as for [`attend_values_cols`] with `c + 16·NC ≤ hd`, `v` holding
+/// `nk·hd` values (bf16 bits when BF16, else f32).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
