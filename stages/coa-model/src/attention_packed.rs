@@ -13,7 +13,7 @@
 use rayon::prelude::*;
 
 use crate::bf16mm::{gemm_prepacked, round_to_bf16, AElem, Engine, Panels};
-use crate::ops::{ds_row, head_major, key_span, row_span, softmax_row, window_cut, SendPtr, ATT_BLOCK};
+use crate::ops::{ds_row, head_major, key_span, row_span, softmax_row, window_cut, AttentionShape, Qkv, QkvGrads, SendPtr, ATT_BLOCK};
 
 /// Where a product may start inside packed panels (their columns and depths).
 const GRAIN: usize = 32;
@@ -38,23 +38,25 @@ fn with_heads<R>(n: usize, pack: impl Fn(usize, &mut Panels) + Sync, f: impl FnO
     r
 }
 
-/// A query block's score columns: the shared prefix's keys `[0, np)` in columns `[0, np)`
-/// (padded to `npa`), then the keys from `k0a` (the block's first key `k0` rounded down to the
-/// grain) in columns `npa..`; `w` columns in all, a multiple of the grain. Columns of keys a row
-/// does not see hold 0 once its softmax ran.
+/// A block of `nb` queries ending before `i1`, and its score columns: the shared prefix's keys
+/// `[0, np)` in columns `[0, np)` (padded to `npa`), then the keys from `k0a` (the block's first
+/// key `k0` rounded down to the grain) in columns `npa..`; `w` columns in all, a multiple of the
+/// grain. Columns of keys a row does not see hold 0 once its softmax ran.
 struct BlockCols {
     np: usize,
     npa: usize,
     k0: usize,
     k0a: usize,
     w: usize,
+    nb: usize,
+    i1: usize,
 }
 
 impl BlockCols {
     fn new(seg_start: &[usize], prefix: usize, i0: usize, i1: usize) -> BlockCols {
         let (np, k0) = key_span(seg_start, prefix, i0);
         let (npa, k0a) = (np.next_multiple_of(GRAIN), k0 / GRAIN * GRAIN);
-        BlockCols { np, npa, k0, k0a, w: npa + (i1 - k0a).next_multiple_of(GRAIN) }
+        BlockCols { np, npa, k0, k0a, w: npa + (i1 - k0a).next_multiple_of(GRAIN), nb: i1 - i0, i1 }
     }
 
     /// Query i's columns: `[a0, a)` (the shared prefix) and `[lo, hi)` (its segment up to itself),
@@ -78,8 +80,8 @@ impl BlockCols {
 /// # Safety
 /// `engine` is one this CPU has ([`crate::bf16mm::engine`]); `x` addresses nb rows of hd; `s`
 /// holds nb·w.
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_scores(engine: Engine, s: &mut [f32], x: *const f32, ld: usize, y: &Panels, cols: &BlockCols, nb: usize, i1: usize, hd: usize) {
+unsafe fn block_scores(engine: Engine, s: &mut [f32], x: *const f32, ld: usize, y: &Panels, cols: &BlockCols, hd: usize) {
+    let BlockCols { nb, i1, .. } = *cols;
     if cols.np > 0 {
         gemm_prepacked(engine, nb, 1.0, x, ld, 1, y, 0..hd, 0..cols.np, false, s.as_mut_ptr(), cols.w);
     }
@@ -94,7 +96,8 @@ unsafe fn block_scores(engine: Engine, s: &mut [f32], x: *const f32, ld: usize, 
 /// `engine` is one this CPU has ([`crate::bf16mm::engine`]); `out` addresses nb rows of hd,
 /// written by this caller alone; `p` holds nb·w.
 #[allow(clippy::too_many_arguments)]
-unsafe fn block_times<T: AElem>(engine: Engine, out: *mut f32, ld: usize, alpha: f32, p: &[T], y: &Panels, cols: &BlockCols, nb: usize, i1: usize, hd: usize) {
+unsafe fn block_times<T: AElem>(engine: Engine, out: *mut f32, ld: usize, alpha: f32, p: &[T], y: &Panels, cols: &BlockCols, hd: usize) {
+    let BlockCols { nb, i1, .. } = *cols;
     gemm_prepacked(engine, nb, alpha, p.as_ptr().add(cols.npa), cols.w, 1, y, cols.k0a..i1, 0..hd, true, out, ld);
     if cols.np > 0 {
         gemm_prepacked(engine, nb, alpha, p.as_ptr(), cols.w, 1, y, 0..cols.np, 0..hd, true, out, ld);
@@ -102,21 +105,9 @@ unsafe fn block_times<T: AElem>(engine: Engine, out: *mut f32, ld: usize, alpha:
 }
 
 /// [`crate::ops::attention_forward_prefix`] on `engine`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn forward(
-    engine: Engine,
-    out: &mut [f32],
-    lse: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    seg_start: &[usize],
-    prefix: usize,
-    window: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-) {
+pub(crate) fn forward(engine: Engine, out: &mut [f32], lse: &mut [f32], x: Qkv, shape: &AttentionShape) {
+    let AttentionShape { seg_start, prefix, window, n_heads, n_kv_heads, head_dim: hd } = *shape;
+    let Qkv { q, k, v } = x;
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     let group = n_heads / n_kv_heads;
@@ -148,7 +139,7 @@ pub(crate) fn forward(
             let cols = BlockCols::new(seg_start, prefix, i0, i1);
             s.resize(nb * cols.w, 0.0);
             // SAFETY: rows i0..i1 of head h of q.
-            unsafe { block_scores(engine, s, q.as_ptr().add(i0 * qw + h * hd), qw, &heads[2 * g], &cols, nb, i1, hd) };
+            unsafe { block_scores(engine, s, q.as_ptr().add(i0 * qw + h * hd), qw, &heads[2 * g], &cols, hd) };
             for r in 0..nb {
                 let i = i0 + r;
                 let l = softmax_row(&mut s[r * cols.w..(r + 1) * cols.w], cols.row(seg_start, prefix, window, i), scale);
@@ -156,34 +147,25 @@ pub(crate) fn forward(
                 unsafe { *lsep.0.add(i * n_heads + h) = l };
             }
             // SAFETY: rows i0..i1, head h of out belong to this task alone (zeroed above).
-            unsafe { block_times(engine, outp.0.add(i0 * qw + h * hd), qw, 1.0, s, &heads[2 * g + 1], &cols, nb, i1, hd) };
+            unsafe { block_times(engine, outp.0.add(i0 * qw + h * hd), qw, 1.0, s, &heads[2 * g + 1], &cols, hd) };
         });
     });
 }
 
-/// [`crate::ops::attention_backward_keep`] on `engine`, given `delta[T, Hq]` (dout·out) and
-/// `seg_end` (the end of the queries that see each key).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn backward(
-    engine: Engine,
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    lse: &[f32],
-    delta: &[f32],
-    seg_start: &[usize],
-    seg_end: &[usize],
-    prefix: usize,
-    window: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-    keep_limit: usize,
-) {
+/// What the attention backward reads per query row besides Q: the output gradient
+/// `dout[T, Hq*hd]`, the forward's `lse[T, Hq]` and `delta[T, Hq]` (dout·out per head).
+#[derive(Clone, Copy)]
+pub(crate) struct QueryRows<'a> {
+    pub(crate) dout: &'a [f32],
+    pub(crate) lse: &'a [f32],
+    pub(crate) delta: &'a [f32],
+}
+
+/// [`crate::ops::attention_backward_keep`] on `engine`, given `rows` and `seg_end` (the end of
+/// the queries that see each key).
+pub(crate) fn backward(engine: Engine, grads: QkvGrads, x: Qkv, rows: QueryRows, shape: &AttentionShape, seg_end: &[usize], keep_limit: usize) {
+    let AttentionShape { seg_start, prefix, window, n_heads, n_kv_heads, head_dim: hd } = *shape;
+    let (Qkv { q, k, v }, QkvGrads { dq, dk, dv }, QueryRows { dout, lse, delta }) = (x, grads, rows);
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     let group = n_heads / n_kv_heads;
@@ -272,8 +254,8 @@ pub(crate) fn backward(
                 // S = Q·Kᵀ, dP = dO·Vᵀ   [nb, w]
                 // SAFETY: rows i0..i1 of head h of q and dout.
                 unsafe {
-                    block_scores(engine, s, q.as_ptr().add(i0 * qw + h * hd), qw, &heads[kv_at(g)], &cols, nb, i1, hd);
-                    block_scores(engine, dp, dout.as_ptr().add(i0 * qw + h * hd), qw, &heads[kv_at(g) + 1], &cols, nb, i1, hd);
+                    block_scores(engine, s, q.as_ptr().add(i0 * qw + h * hd), qw, &heads[kv_at(g)], &cols, hd);
+                    block_scores(engine, dp, dout.as_ptr().add(i0 * qw + h * hd), qw, &heads[kv_at(g) + 1], &cols, hd);
                 }
                 for r in 0..nb {
                     let i = i0 + r;
@@ -292,9 +274,9 @@ pub(crate) fn backward(
                 unsafe {
                     let dqh = dqp.0.add(i0 * qw + h * hd);
                     if keep {
-                        block_times(engine, dqh, qw, 1.0, kept_s, &heads[kv_at(g) + 2], &cols, nb, i1, hd)
+                        block_times(engine, dqh, qw, 1.0, kept_s, &heads[kv_at(g) + 2], &cols, hd)
                     } else {
-                        block_times(engine, dqh, qw, scale, dp, &heads[kv_at(g) + 2], &cols, nb, i1, hd)
+                        block_times(engine, dqh, qw, scale, dp, &heads[kv_at(g) + 2], &cols, hd)
                     }
                 };
             },
@@ -373,7 +355,7 @@ pub(crate) fn backward(
                         pr[hi..].iter_mut().for_each(|x| *x = 0.0);
                         dsr[..lo].iter_mut().for_each(|x| *x = 0.0);
                         dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
-                        window_cut(pr, dsr, seg_start, prefix, window, j, j0, lo, hi);
+                        window_cut(pr, dsr, shape, j, j0, lo..hi);
                     }
                     // dV[j0..j1, g] += Pᵀ · dO[j0..e, h];  dK[j0..j1, g] += scale · dSᵀ · Q[j0..e, h]
                     // SAFETY: rows j0..j1, kv head g of dk / dv belong to this task alone.
@@ -390,7 +372,7 @@ pub(crate) fn backward(
 
 #[cfg(test)]
 mod tests {
-    use crate::ops::{attention_backward_keep, attention_forward_prefix, segment_layout_prefix, PER_PRODUCT};
+    use crate::ops::{attention_backward_keep, attention_forward_prefix, segment_layout_prefix, AttentionShape, Qkv, QkvGrads, PER_PRODUCT};
     use crate::rng::SplitMix64;
     use crate::MatmulDtype;
 
@@ -413,12 +395,13 @@ mod tests {
         let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
         for (seg, prefix) in [(None, 0), (Some(&segs), 0), (Some(&segs), 77)] {
             let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
+            let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape { prefix, ..AttentionShape::segments(&seg_start, nh, nkv, hd) });
             let run = |per_product: bool, limit: usize| {
                 PER_PRODUCT.set(per_product);
                 let (mut out, mut lse) = (vec![f32::NAN; t * nh * hd], vec![0f32; t * nh]);
-                attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::Bf16);
+                attention_forward_prefix(&mut out, &mut lse, x, shape, MatmulDtype::Bf16);
                 let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::Bf16, limit);
+                attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, MatmulDtype::Bf16, limit);
                 PER_PRODUCT.set(false);
                 [out, lse, dq, dk, dv]
             };
@@ -448,6 +431,7 @@ mod tests {
         let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
         let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
         let (_, seg_start) = segment_layout_prefix(t, None, 0).unwrap();
+        let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape::segments(&seg_start, nh, nkv, hd));
         let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
         let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
         for rep in 0..3 {
@@ -455,10 +439,10 @@ mod tests {
             for (per_product, keep) in [(true, true), (false, true), (false, false)] {
                 PER_PRODUCT.set(per_product);
                 let t0 = std::time::Instant::now();
-                attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, 0, 0, nh, nkv, hd, MatmulDtype::Bf16);
+                attention_forward_prefix(&mut out, &mut lse, x, shape, MatmulDtype::Bf16);
                 let t1 = std::time::Instant::now();
                 let keep_limit = if keep { usize::MAX } else { 0 };
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 0, 0, nh, nkv, hd, MatmulDtype::Bf16, keep_limit);
+                attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, MatmulDtype::Bf16, keep_limit);
                 let t2 = std::time::Instant::now();
                 PER_PRODUCT.set(false);
                 let name = match (per_product, keep) {

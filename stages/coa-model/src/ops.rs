@@ -425,27 +425,57 @@ fn packed_attention(dtype: MatmulDtype) -> Option<crate::bf16mm::Engine> {
     }
 }
 
-/// Causal grouped-query attention within segments, scale 1/sqrt(hd).
-/// `out[T, Hq*hd]` and `lse[T, Hq]` (log-sum-exp of the scaled scores) are written;
-/// `q[T, Hq*hd]`, `k[T, Hk*hd]`, `v[T, Hk*hd]` (q, k already rotated); `seg_start[T]`.
+/// The shape of one attention call, which every attention function takes next to its tensors:
+/// which keys each token sees and how its heads are laid out.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape<'a> {
+    /// The first token of each token's segment (`seg_start[T]`: its length is the sequence's).
+    pub seg_start: &'a [usize],
+    /// Tokens `[0, prefix)` are a shared prefix that every later segment sees too (0: none).
+    pub prefix: usize,
+    /// Sliding window: a query sees keys fewer than `window` positions back (0: no window).
+    pub window: usize,
+    /// Query heads (Hq).
+    pub n_heads: usize,
+    /// Key/value heads (Hk, a divisor of Hq).
+    pub n_kv_heads: usize,
+    /// Values per head (hd).
+    pub head_dim: usize,
+}
+
+impl<'a> AttentionShape<'a> {
+    /// Plain causal attention within segments: no shared prefix, no sliding window.
+    pub fn segments(seg_start: &'a [usize], n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Self {
+        AttentionShape { seg_start, prefix: 0, window: 0, n_heads, n_kv_heads, head_dim }
+    }
+}
+
+/// The attention's inputs: `q[T, Hq*hd]`, `k[T, Hk*hd]`, `v[T, Hk*hd]` (q, k already rotated).
+#[derive(Clone, Copy)]
+pub struct Qkv<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+}
+
+/// Gradients of [`Qkv`], which the attention backward adds to: `dq[T, Hq*hd]`, `dk[T, Hk*hd]`,
+/// `dv[T, Hk*hd]`.
+pub struct QkvGrads<'a> {
+    pub dq: &'a mut [f32],
+    pub dk: &'a mut [f32],
+    pub dv: &'a mut [f32],
+}
+
+/// Causal grouped-query attention within segments (with `shape`'s shared prefix and sliding
+/// window, see [`attention_forward_prefix`]), scale 1/sqrt(hd), in f32 products.
+/// `out[T, Hq*hd]` and `lse[T, Hq]` (log-sum-exp of the scaled scores) are written.
 /// Query head h reads kv head h / (Hq/Hk). Token i attends to j in [seg_start[i], i]:
 /// `out_i = Σ_j softmax_j(scale · q_i·k_j) v_j`.
 ///
 /// Work: one task per (head, block of 64 queries); scores for the block against every key its
 /// rows may see are one sgemm, the softmax is row-wise, and P·V is one sgemm.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_forward(
-    out: &mut [f32],
-    lse: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    seg_start: &[usize],
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-) {
-    attention_forward_prefix(out, lse, q, k, v, seg_start, 0, 0, n_heads, n_kv_heads, hd, MatmulDtype::F32);
+pub fn attention_forward(out: &mut [f32], lse: &mut [f32], x: Qkv, shape: AttentionShape) {
+    attention_forward_prefix(out, lse, x, shape, MatmulDtype::F32);
 }
 
 /// The keys a block of queries starting at `i0` reads: the shared prefix `[0, np)` (np = the
@@ -530,15 +560,15 @@ pub(crate) fn ds_row(pr: &mut [f32], dsr: &mut [f32], (a0, a, lo, hi): (usize, u
     }
 }
 
-/// A recomputing second pass's row of key j (query `i_first + c` in column c, `[lo, hi)` the
+/// A recomputing second pass's row of key j (query `i_first + c` in column c, `cols` the
 /// queries its segments allow): zeroes P and dS of the queries a sliding window hides from j.
 /// Elementwise, since with a shared prefix those queries are not one run.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn window_cut(pr: &mut [f32], dsr: &mut [f32], seg_start: &[usize], prefix: usize, window: usize, j: usize, i_first: usize, lo: usize, hi: usize) {
+pub(crate) fn window_cut(pr: &mut [f32], dsr: &mut [f32], shape: &AttentionShape, j: usize, i_first: usize, cols: std::ops::Range<usize>) {
+    let AttentionShape { seg_start, prefix, window, .. } = *shape;
     if window == 0 {
         return;
     }
-    for c in lo..hi {
+    for c in cols {
         if !in_window(seg_start, prefix, window, i_first + c, j) {
             pr[c] = 0.0;
             dsr[c] = 0.0;
@@ -564,21 +594,9 @@ pub(crate) fn head_major(lse: &[f32], delta: &[f32], t_len: usize, n_heads: usiz
 /// [seg_start[i], i]`. Rows that share a prompt packed as `prefix | tail 1 | tail 2 | …` compute
 /// exactly what each row `prefix | tail k` computes alone, the prefix once. `prefix = 0`: plain
 /// segments.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_forward_prefix(
-    out: &mut [f32],
-    lse: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    seg_start: &[usize],
-    prefix: usize,
-    window: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-    dtype: MatmulDtype,
-) {
+pub fn attention_forward_prefix(out: &mut [f32], lse: &mut [f32], x: Qkv, shape: AttentionShape, dtype: MatmulDtype) {
+    let AttentionShape { seg_start, prefix, window, n_heads, n_kv_heads, head_dim: hd } = shape;
+    let Qkv { q, k, v } = x;
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     assert!(q.len() == t_len * qw && out.len() == t_len * qw && lse.len() == t_len * n_heads);
@@ -586,7 +604,7 @@ pub fn attention_forward_prefix(
     assert!(prefix <= t_len && (prefix == 0 || seg_start.get(prefix).is_none_or(|&s| s == prefix)), "the shared prefix must end at a segment start");
     #[cfg(target_arch = "x86_64")]
     if let Some(engine) = packed_attention(dtype) {
-        return crate::attention_packed::forward(engine, out, lse, q, k, v, seg_start, prefix, window, n_heads, n_kv_heads, hd);
+        return crate::attention_packed::forward(engine, out, lse, x, &shape);
     }
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
@@ -630,53 +648,20 @@ pub fn attention_forward_prefix(
     });
 }
 
-/// Attention backward. Accumulates `dq[T, Hq*hd]`, `dk[T, Hk*hd]`, `dv[T, Hk*hd]` from
-/// `dout[T, Hq*hd]`, using the forward's `q, k, v, out, lse[T, Hq]` and `seg_start[T]`.
+/// Attention backward, in f32 products. Accumulates `grads` from `dout[T, Hq*hd]`, using the
+/// forward's `x`, `out[T, Hq*hd]`, `lse[T, Hq]` and `shape`.
 /// Probabilities are recomputed from lse: p_ij = exp(scale·q_i·k_j − lse_i).
 /// With delta_i = dout_i·out_i and dS_ij = p_ij (dout_i·v_j − delta_i):
 /// dq_i = scale Σ_j dS_ij k_j; dk_j = scale Σ_i dS_ij q_i; dv_j = Σ_i p_ij dout_i.
 /// Two race-free passes: tasks over (query head, query block) for dq, then over (kv head, key
 /// block) for dk and dv.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward(
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    seg_start: &[usize],
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-) {
-    attention_backward_prefix(dq, dk, dv, dout, q, k, v, out, lse, seg_start, 0, 0, n_heads, n_kv_heads, hd, MatmulDtype::F32);
+pub fn attention_backward(grads: QkvGrads, dout: &[f32], x: Qkv, out: &[f32], lse: &[f32], shape: AttentionShape) {
+    attention_backward_prefix(grads, dout, x, out, lse, shape, MatmulDtype::F32);
 }
 
 /// [`attention_backward`] with a shared prefix (see [`attention_forward_prefix`]).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward_prefix(
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    seg_start: &[usize],
-    prefix: usize,
-    window: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-    dtype: MatmulDtype,
-) {
-    attention_backward_keep(dq, dk, dv, dout, q, k, v, out, lse, seg_start, prefix, window, n_heads, n_kv_heads, hd, dtype, ATT_KEEP_LIMIT)
+pub fn attention_backward_prefix(grads: QkvGrads, dout: &[f32], x: Qkv, out: &[f32], lse: &[f32], shape: AttentionShape, dtype: MatmulDtype) {
+    attention_backward_keep(grads, dout, x, out, lse, shape, dtype, ATT_KEEP_LIMIT)
 }
 
 thread_local! {
@@ -694,25 +679,10 @@ const ATT_KEEP_LIMIT: usize = 128 << 20;
 /// products per (query block, key run) (dV += Pᵀ·dO, dK += scale·dSᵀ·Q); otherwise pass 2
 /// recomputes them in the transposed layout (two more products and the exponentials again).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_backward_keep(
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    seg_start: &[usize],
-    prefix: usize,
-    window: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-    dtype: MatmulDtype,
-    keep_limit: usize,
-) {
+pub(crate) fn attention_backward_keep(grads: QkvGrads, dout: &[f32], x: Qkv, out: &[f32], lse: &[f32], shape: AttentionShape, dtype: MatmulDtype, keep_limit: usize) {
+    let AttentionShape { seg_start, prefix, window, n_heads, n_kv_heads, head_dim: hd } = shape;
+    let Qkv { q, k, v } = x;
+    let QkvGrads { dq, dk, dv } = grads;
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     assert!(q.len() == t_len * qw && dq.len() == t_len * qw && dout.len() == t_len * qw && out.len() == t_len * qw);
@@ -733,9 +703,8 @@ pub(crate) fn attention_backward_keep(
     let delta = &delta;
     #[cfg(target_arch = "x86_64")]
     if let Some(engine) = packed_attention(dtype) {
-        return crate::attention_packed::backward(
-            engine, dq, dk, dv, dout, q, k, v, lse, delta, seg_start, &seg_end, prefix, window, n_heads, n_kv_heads, hd, keep_limit,
-        );
+        let rows = crate::attention_packed::QueryRows { dout, lse, delta };
+        return crate::attention_packed::backward(engine, QkvGrads { dq, dk, dv }, x, rows, &shape, &seg_end, keep_limit);
     }
     // Where task (h, query block) keeps its P and dS [nb, nk]: offsets into `kept` (P) and
     // `kept_ds`, if all of them fit.
@@ -902,7 +871,7 @@ pub(crate) fn attention_backward_keep(
                     pr[hi..].iter_mut().for_each(|x| *x = 0.0);
                     dsr[..lo].iter_mut().for_each(|x| *x = 0.0);
                     dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
-                    window_cut(pr, dsr, seg_start, prefix, window, j, j0, lo, hi);
+                    window_cut(pr, dsr, &shape, j, j0, lo..hi);
                 }
                 // SAFETY: rows j0..j1, kv head g of dk / dv belong to this task alone.
                 unsafe {
@@ -1092,11 +1061,12 @@ mod tests {
         for (seg, prefix) in [(None, 0), (Some(&segs), 0), (Some(&segs), 70)] {
             let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
             let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
+            let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape { prefix, ..AttentionShape::segments(&seg_start, nh, nkv, hd) });
             let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::F32);
+            attention_forward_prefix(&mut out, &mut lse, x, shape, MatmulDtype::F32);
             let grads = |limit: usize| {
                 let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::F32, limit);
+                attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, MatmulDtype::F32, limit);
                 (dq, dk, dv)
             };
             let (kept, recomputed) = (grads(usize::MAX), grads(0));
@@ -1120,11 +1090,12 @@ mod tests {
         let segs: Vec<i32> = (0..t).map(|i| if i < 70 { 0 } else if i < 200 { 1 } else { 2 }).collect();
         let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
         let (_, seg_start) = segment_layout_prefix(t, Some(&segs), 70).unwrap();
+        let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape { prefix: 70, ..AttentionShape::segments(&seg_start, nh, nkv, hd) });
         let run = |dtype: MatmulDtype, limit: usize| {
             let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, 70, 0, nh, nkv, hd, dtype);
+            attention_forward_prefix(&mut out, &mut lse, x, shape, dtype);
             let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-            attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 70, 0, nh, nkv, hd, dtype, limit);
+            attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, dtype, limit);
             [out, lse, dq, dk, dv]
         };
         let reference = run(MatmulDtype::F32, usize::MAX);
@@ -1141,8 +1112,8 @@ mod tests {
 
     /// Naive attention (f64) under segments, a shared prefix and a sliding window: every (i, j)
     /// pair tested one by one. Returns out and d q, d k, d v for the output gradient `dout`.
-    #[allow(clippy::too_many_arguments)]
-    fn naive_attention(q: &[f32], k: &[f32], v: &[f32], dout: &[f32], seg_start: &[usize], prefix: usize, window: usize, nh: usize, nkv: usize, hd: usize) -> [Vec<f32>; 4] {
+    fn naive_attention(x: Qkv, dout: &[f32], shape: AttentionShape) -> [Vec<f32>; 4] {
+        let (Qkv { q, k, v }, AttentionShape { seg_start, prefix, window, n_heads: nh, n_kv_heads: nkv, head_dim: hd }) = (x, shape);
         let t = seg_start.len();
         let (qw, kw, group) = (nh * hd, nkv * hd, nh / nkv);
         let scale = 1.0 / (hd as f64).sqrt();
@@ -1194,13 +1165,14 @@ mod tests {
         let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
         for (seg, prefix, window) in [(None, 0, 33), (None, 0, 200), (Some(&segs), 0, 21), (Some(&segs), 70, 50), (Some(&segs), 70, 95), (Some(&segs), 70, 1)] {
             let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
-            let want = naive_attention(&q, &k, &v, &dout, &seg_start, prefix, window, nh, nkv, hd);
+            let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape { prefix, window, ..AttentionShape::segments(&seg_start, nh, nkv, hd) });
+            let want = naive_attention(x, &dout, shape);
             for (dtype, tol) in [(MatmulDtype::F32, 1e-5), (MatmulDtype::Bf16, 2e-2)] {
                 for limit in [usize::MAX, 0] {
                     let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-                    attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, window, nh, nkv, hd, dtype);
+                    attention_forward_prefix(&mut out, &mut lse, x, shape, dtype);
                     let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-                    attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, window, nh, nkv, hd, dtype, limit);
+                    attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, dtype, limit);
                     for (name, a, b) in [("out", &out, &want[0]), ("dq", &dq, &want[1]), ("dk", &dk, &want[2]), ("dv", &dv, &want[3])] {
                         let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
                         let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
