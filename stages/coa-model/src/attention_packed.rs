@@ -1,5 +1,5 @@
-//! The attention forward and backward ([`crate::ops::attention_forward_prefix`],
-//! [`crate::ops::attention_backward_prefix`]) on a bf16 engine ([`crate::bf16mm`]), with every
+//! The attention forward and backward (`ops::attention_forward_prefix`,
+//! `ops::attention_backward_prefix`) on a bf16 engine ([`crate::bf16mm`]), with every
 //! operand that many products share packed once per call: each key/value head's keys and values,
 //! each query head's queries and output gradients. Through [`crate::sgemm`]'s interface every
 //! product (one per head and block of 128 queries, four or five of them in the backward) packed
@@ -13,7 +13,8 @@
 use rayon::prelude::*;
 
 use crate::bf16mm::{gemm_prepacked, round_to_bf16, AElem, Engine, Panels};
-use crate::ops::{ds_row, head_major, key_span, row_span, softmax_row, window_cut, AttentionShape, Qkv, QkvGrads, SendPtr, ATT_BLOCK};
+use crate::attention_rows::{ds_row, head_major, key_span, row_span, softmax_row, window_cut, AttentionShape, Qkv, QkvGrads, ATT_BLOCK};
+use crate::par::SendPtr;
 
 /// Where a product may start inside packed panels (their columns and depths).
 const GRAIN: usize = 32;
@@ -104,7 +105,7 @@ unsafe fn block_times<T: AElem>(engine: Engine, out: *mut f32, ld: usize, alpha:
     }
 }
 
-/// [`crate::ops::attention_forward_prefix`] on `engine`.
+/// `ops::attention_forward_prefix` on `engine`.
 pub(crate) fn forward(engine: Engine, out: &mut [f32], lse: &mut [f32], x: Qkv, shape: &AttentionShape) {
     let AttentionShape { seg_start, prefix, window, n_heads, n_kv_heads, head_dim: hd } = *shape;
     let Qkv { q, k, v } = x;
@@ -161,7 +162,7 @@ pub(crate) struct QueryRows<'a> {
     pub(crate) delta: &'a [f32],
 }
 
-/// [`crate::ops::attention_backward_keep`] on `engine`, given `rows` and `seg_end` (the end of
+/// `ops::attention_backward_keep` on `engine`, given `rows` and `seg_end` (the end of
 /// the queries that see each key).
 pub(crate) fn backward(engine: Engine, grads: QkvGrads, x: Qkv, rows: QueryRows, shape: &AttentionShape, seg_end: &[usize], keep_limit: usize) {
     let AttentionShape { seg_start, prefix, window, n_heads, n_kv_heads, head_dim: hd } = *shape;
@@ -368,90 +369,4 @@ pub(crate) fn backward(engine: Engine, grads: QkvGrads, x: Qkv, rows: QueryRows,
         );
     });
     KEPT_BF16.set((kept, kept_ds));
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::ops::{attention_backward_keep, attention_forward_prefix, segment_layout_prefix, AttentionShape, Qkv, QkvGrads, PER_PRODUCT};
-    use crate::rng::SplitMix64;
-    use crate::MatmulDtype;
-
-    /// The packed path computes what the per-product path computes (the same rounded operands,
-    /// sums grouped differently): outputs, lse and gradients within 1e-5 of their scale (6e-8
-    /// measured), on
-    /// segments and a shared prefix that end off the 32-grain and off the 128-query blocks,
-    /// grouped heads (3 per key/value head), both second passes of the backward.
-    #[test]
-    fn packed_attention_matches_the_per_product_path() {
-        if crate::bf16mm::engine().is_none() {
-            eprintln!("packed_attention_matches_the_per_product_path: skipped, this CPU has no bf16 engine");
-            return;
-        }
-        let (nh, nkv, hd) = (6, 2, 64);
-        let mut rng = SplitMix64::new(21);
-        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
-        let t = 437;
-        let segs: Vec<i32> = (0..t as i32).map(|i| if i < 77 { 0 } else if i < 181 { 1 } else if i < 300 { 2 } else { 3 }).collect();
-        let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
-        for (seg, prefix) in [(None, 0), (Some(&segs), 0), (Some(&segs), 77)] {
-            let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
-            let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape { prefix, ..AttentionShape::segments(&seg_start, nh, nkv, hd) });
-            let run = |per_product: bool, limit: usize| {
-                PER_PRODUCT.set(per_product);
-                let (mut out, mut lse) = (vec![f32::NAN; t * nh * hd], vec![0f32; t * nh]);
-                attention_forward_prefix(&mut out, &mut lse, x, shape, MatmulDtype::Bf16);
-                let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-                attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, MatmulDtype::Bf16, limit);
-                PER_PRODUCT.set(false);
-                [out, lse, dq, dk, dv]
-            };
-            for limit in [usize::MAX, 0] {
-                let (want, got) = (run(true, limit), run(false, limit));
-                for (name, a, b) in ["out", "lse", "dq", "dk", "dv"].iter().zip(&got).zip(&want).map(|((n, a), b)| (n, a, b)) {
-                    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-                    let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-                    assert!(scale > 0.0 && err <= 1e-5 * scale, "prefix {prefix}, segments {}, keep limit {limit}: {name} differs by {err} (scale {scale})", seg.is_some());
-                }
-            }
-        }
-    }
-
-    /// The attention of one 4096-token row of SmolLM2-135M's shape (9 query heads, 3 key/value
-    /// heads, hd 64), forward and backward, on both paths:
-    /// `cargo test --release -p coa-model --lib packed_attention_speed -- --ignored --nocapture`
-    #[test]
-    #[ignore = "a measurement: run alone on a quiet machine"]
-    fn packed_attention_speed() {
-        if crate::bf16mm::engine().is_none() {
-            eprintln!("packed_attention_speed: skipped, this CPU has no bf16 engine");
-            return;
-        }
-        let (nh, nkv, hd, t) = (9, 3, 64, 4096);
-        let mut rng = SplitMix64::new(3);
-        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
-        let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
-        let (_, seg_start) = segment_layout_prefix(t, None, 0).unwrap();
-        let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape::segments(&seg_start, nh, nkv, hd));
-        let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-        let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-        for rep in 0..3 {
-            // (per product, keeping P and dS from pass 1 for pass 2)
-            for (per_product, keep) in [(true, true), (false, true), (false, false)] {
-                PER_PRODUCT.set(per_product);
-                let t0 = std::time::Instant::now();
-                attention_forward_prefix(&mut out, &mut lse, x, shape, MatmulDtype::Bf16);
-                let t1 = std::time::Instant::now();
-                let keep_limit = if keep { usize::MAX } else { 0 };
-                attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, MatmulDtype::Bf16, keep_limit);
-                let t2 = std::time::Instant::now();
-                PER_PRODUCT.set(false);
-                let name = match (per_product, keep) {
-                    (true, _) => "per product",
-                    (false, true) => "packed once, P and dS kept",
-                    (false, false) => "packed once, P and dS recomputed",
-                };
-                eprintln!("rep {rep} {name}: forward {:.1} ms, backward {:.1} ms", (t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3);
-            }
-        }
-    }
 }

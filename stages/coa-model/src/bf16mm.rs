@@ -14,7 +14,7 @@
 //! 16 columns, each 16 rows of depth pairs: the AMX tile's layout, and for the dot kernel one
 //! tile row is one zmm of 16 column pairs). Both engines round the operands to nearest even as
 //! they pack them and sum in f32: within f32 summation error of the exact product of the rounded
-//! operands, not the bits of [`crate::sgemm`] on them (AMX rounds its sums in its own way; a
+//! operands, not the bits of `sgemm` on them (AMX rounds its sums in its own way; a
 //! `vdpbf16ps` adds two products to its accumulator per step). Each output depends only on its
 //! row, its column and the fixed depth blocks, so results do not change with the batch or the
 //! threads, but they differ between the engines in the last bits. Both read subnormal inputs and
@@ -26,12 +26,8 @@
 
 use std::arch::x86_64::*;
 
-/// Values of a tile row: 64 bytes of bf16 (in B's panels, one depth pair of 16 columns).
-pub(crate) const TILE_K: usize = 32;
-/// Rows of a tile, and columns of B (and C) per tile.
-pub(crate) const TILE_M: usize = 16;
-/// bf16 values in one tile of B (16 rows of k pairs × 16 columns × 2).
-pub(crate) const TILE_B: usize = TILE_K * TILE_M;
+// The AMX tile's shape is the packed operands' for both engines.
+pub(crate) use crate::amx::{TILE_B, TILE_K, TILE_M};
 
 /// What multiplies the bf16 operands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -495,7 +491,7 @@ mod dot {
     }
 }
 
-/// `C = bf16(alpha·A)·bf16(B) + beta·C` with f32 sums on `engine`, strides as [`crate::sgemm`]
+/// `C = bf16(alpha·A)·bf16(B) + beta·C` with f32 sums on `engine`, strides as `sgemm`
 /// takes them (A (i,p) at `a + i·rsa + p·csa`, B (p,j) at `b + p·rsb + j·csb`, C (i,j) at
 /// `c + i·ldc + j`); alpha scales A before it is rounded (exact for a power of two, as the
 /// attention's 1/√64). Both operands are packed once (A as bf16 rows, B as tile panels); the

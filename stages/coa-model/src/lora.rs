@@ -483,7 +483,7 @@ impl Lora {
                     if view.shape() != shape.as_slice() {
                         bail!("tensor {name} in {} has shape {:?}, expected {shape:?}", file.display(), view.shape());
                     }
-                    let data = crate::io::to_f32(&name, &file, view.dtype(), view.data())?;
+                    let data = crate::params::to_f32(&name, &file, view.dtype(), view.data())?;
                     if let Some(pos) = data.iter().position(|x| !x.is_finite()) {
                         bail!("tensor {name} in {} has a non-finite value at flat index {pos}", file.display());
                     }

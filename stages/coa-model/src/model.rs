@@ -26,7 +26,7 @@ pub struct Model {
     pub matmul: crate::MatmulDtype,
     /// The linear weights packed for decoding, from `params` as they are at the first decode
     /// call (decoding serves frozen weights: training never decodes; a clone starts without).
-    decode_weights: std::sync::OnceLock<Option<crate::decode::DecodeWeights>>,
+    decode_weights: std::sync::OnceLock<Option<crate::decode_weights::DecodeWeights>>,
     /// A LoRA adapter on the linear layers (see [`crate::lora`]), kept apart from `params`: the
     /// forward adds its term, and with one `forward_backward` trains it alone (the base gets no
     /// gradient). Decoding needs it merged ([`Model::merge_lora`]; [`Model::load`] merges).
@@ -279,8 +279,8 @@ impl Model {
     /// The weights packed for decoding, packed on the first call in f32 unless
     /// [`Model::prepare_decoding_as`] chose another format (`None`: the CPU has no packed kernel,
     /// and decoding multiplies the f32 weights as they are).
-    pub(crate) fn decode_weights(&self) -> Option<&crate::decode::DecodeWeights> {
-        self.decode_weights.get_or_init(|| crate::decode::DecodeWeights::new(self, crate::DecodeDtype::F32)).as_ref()
+    pub(crate) fn decode_weights(&self) -> Option<&crate::decode_weights::DecodeWeights> {
+        self.decode_weights.get_or_init(|| crate::decode_weights::DecodeWeights::new(&self.config, &self.params, crate::DecodeDtype::F32)).as_ref()
     }
 
     /// Packs the weights for decoding now (a copy of the linear layers, as many bytes again),
@@ -295,7 +295,7 @@ impl Model {
     /// already decodes in another format, or if `dtype` is not f32 and the CPU has no packed
     /// kernel (x86-64 with AVX2 and FMA).
     pub fn prepare_decoding_as(&self, dtype: crate::DecodeDtype) -> Result<()> {
-        let got = self.decode_weights.get_or_init(|| crate::decode::DecodeWeights::new(self, dtype));
+        let got = self.decode_weights.get_or_init(|| crate::decode_weights::DecodeWeights::new(&self.config, &self.params, dtype));
         match got {
             Some(dw) if dw.dtype != dtype => {
                 bail!("this model already decodes with {} weights, not {dtype} (load it again to change)", dw.dtype)

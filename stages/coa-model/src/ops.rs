@@ -16,6 +16,9 @@ use rayon::prelude::*;
 
 use crate::MatmulDtype;
 
+use crate::attention_rows::{ds_row, head_major, key_span, row_span, softmax_row, window_cut, ATT_BLOCK};
+pub use crate::attention_rows::{AttentionShape, Qkv, QkvGrads};
+pub(crate) use crate::par::SendPtr;
 use crate::sgemm::sgemm_as;
 
 /// Rows per parallel task for row-wise ops (fixed: results do not depend on the thread count).
@@ -23,21 +26,6 @@ const ROW_CHUNK: usize = 16;
 
 // ---------------------------------------------------------------------------------------------
 // matmul
-
-/// An output pointer that parallel tasks share, each writing only its own rows or columns (the
-/// one wrapper the crate's rayon loops use).
-pub(crate) struct SendPtr<T = f32>(pub(crate) *mut T);
-impl<T> Clone for SendPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SendPtr<T> {}
-// SAFETY: the tasks that share it write disjoint parts (each use says which), and the buffer
-// outlives them (rayon joins every task before the owner's borrow ends).
-unsafe impl<T> Send for SendPtr<T> {}
-// SAFETY: as for Send: shared by reference, it is still only written in disjoint parts.
-unsafe impl<T> Sync for SendPtr<T> {}
 
 /// The register kernel [`gemm`] runs on this CPU: `"avx512"` (12×32 tiles), `"avx2"` (6×16) or
 /// `"portable"` (the `matrixmultiply` crate). `COA_CPU_KERNEL=avx2` caps it at AVX2.
@@ -398,12 +386,6 @@ pub fn segment_ends(seg_start: &[usize]) -> Vec<usize> {
 // ---------------------------------------------------------------------------------------------
 // attention
 
-/// Query / key rows per attention task. Each task packs its keys and values for the kernel, so
-/// larger blocks pack them fewer times: 128 trained 2-5% faster than 64 (same loss bits at 6
-/// digits) on rows of 512 and of up to 4096 tokens, and the score block of a 4096-token row
-/// (128 × 4096 floats, 2 MB) still fits a core's L2.
-pub(crate) const ATT_BLOCK: usize = 128;
-
 #[cfg(test)]
 thread_local! {
     /// Tests: the attention takes the per-product path in bf16 too (the packed path's reference).
@@ -425,47 +407,6 @@ fn packed_attention(dtype: MatmulDtype) -> Option<crate::bf16mm::Engine> {
     }
 }
 
-/// The shape of one attention call, which every attention function takes next to its tensors:
-/// which keys each token sees and how its heads are laid out.
-#[derive(Clone, Copy, Debug)]
-pub struct AttentionShape<'a> {
-    /// The first token of each token's segment (`seg_start[T]`: its length is the sequence's).
-    pub seg_start: &'a [usize],
-    /// Tokens `[0, prefix)` are a shared prefix that every later segment sees too (0: none).
-    pub prefix: usize,
-    /// Sliding window: a query sees keys fewer than `window` positions back (0: no window).
-    pub window: usize,
-    /// Query heads (Hq).
-    pub n_heads: usize,
-    /// Key/value heads (Hk, a divisor of Hq).
-    pub n_kv_heads: usize,
-    /// Values per head (hd).
-    pub head_dim: usize,
-}
-
-impl<'a> AttentionShape<'a> {
-    /// Plain causal attention within segments: no shared prefix, no sliding window.
-    pub fn segments(seg_start: &'a [usize], n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Self {
-        AttentionShape { seg_start, prefix: 0, window: 0, n_heads, n_kv_heads, head_dim }
-    }
-}
-
-/// The attention's inputs: `q[T, Hq*hd]`, `k[T, Hk*hd]`, `v[T, Hk*hd]` (q, k already rotated).
-#[derive(Clone, Copy)]
-pub struct Qkv<'a> {
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-}
-
-/// Gradients of [`Qkv`], which the attention backward adds to: `dq[T, Hq*hd]`, `dk[T, Hk*hd]`,
-/// `dv[T, Hk*hd]`.
-pub struct QkvGrads<'a> {
-    pub dq: &'a mut [f32],
-    pub dk: &'a mut [f32],
-    pub dv: &'a mut [f32],
-}
-
 /// Causal grouped-query attention within segments (with `shape`'s shared prefix and sliding
 /// window, see [`attention_forward_prefix`]), scale 1/sqrt(hd), in f32 products.
 /// `out[T, Hq*hd]` and `lse[T, Hq]` (log-sum-exp of the scaled scores) are written.
@@ -476,117 +417,6 @@ pub struct QkvGrads<'a> {
 /// rows may see are one sgemm, the softmax is row-wise, and P·V is one sgemm.
 pub fn attention_forward(out: &mut [f32], lse: &mut [f32], x: Qkv, shape: AttentionShape) {
     attention_forward_prefix(out, lse, x, shape, MatmulDtype::F32);
-}
-
-/// The keys a block of queries starting at `i0` reads: the shared prefix `[0, np)` (np = the
-/// prefix length when the block lies past it, else 0) and the run `[k0, i1)`.
-#[inline]
-pub(crate) fn key_span(seg_start: &[usize], prefix: usize, i0: usize) -> (usize, usize) {
-    let k0 = seg_start[i0];
-    let np = if prefix > 0 && k0 >= prefix { prefix } else { 0 };
-    (np, k0)
-}
-
-/// Position of token i (its RoPE position): its offset in its segment, after the shared prefix
-/// for a token of a later segment. A sliding window compares these.
-#[inline]
-pub(crate) fn position_of(seg_start: &[usize], prefix: usize, i: usize) -> usize {
-    let s = seg_start[i];
-    i - s + if prefix > 0 && s >= prefix { prefix } else { 0 }
-}
-
-/// Whether query i sees key j under a sliding window of `window` (0: no window): their
-/// positions differ by less than the window (transformers' `q_idx - kv_idx < sliding_window`).
-/// Only asked of pairs the segments already allow.
-#[inline]
-pub(crate) fn in_window(seg_start: &[usize], prefix: usize, window: usize, i: usize, j: usize) -> bool {
-    window == 0 || position_of(seg_start, prefix, i) - position_of(seg_start, prefix, j) < window
-}
-
-/// The columns query i sees in its block's score row (columns: `[0, np)` the prefix keys, then
-/// keys from k0): `[a0, a)` (the shared prefix) and `[lo, hi)` (its own segment up to itself).
-/// A block that holds prefix tokens (np = 0, k0 = 0) has the prefix keys among its run. A
-/// sliding window (`window` > 0) moves `a0` and `lo` up to the first key it still sees.
-#[inline]
-pub(crate) fn row_span(seg_start: &[usize], prefix: usize, window: usize, np: usize, k0: usize, i: usize) -> (usize, usize, usize, usize) {
-    let a = if np > 0 {
-        np
-    } else if prefix > 0 && seg_start[i] >= prefix {
-        prefix - k0
-    } else {
-        0
-    };
-    let (mut lo, hi) = (np + seg_start[i] - k0, np + i - k0 + 1);
-    let mut a0 = 0;
-    if window > 0 {
-        lo = lo.max(hi.saturating_sub(window));
-        // prefix key j sits in column j; seen while position(i) - j < window
-        a0 = (position_of(seg_start, prefix, i) + 1).saturating_sub(window).min(a);
-    }
-    (a0, a, lo, hi)
-}
-
-/// Softmax of one query's score row in place over its visible columns `[a0, a)` (the shared
-/// prefix) and `[lo, hi)` (its segment up to itself), the rest set to 0; returns the log-sum-exp
-/// of the scaled scores. One place for both attention paths.
-pub(crate) fn softmax_row(row: &mut [f32], (a0, a, lo, hi): (usize, usize, usize, usize), scale: f32) -> f32 {
-    row[..a0].iter_mut().for_each(|x| *x = 0.0);
-    row[a..lo].iter_mut().for_each(|x| *x = 0.0);
-    row[hi..].iter_mut().for_each(|x| *x = 0.0);
-    let (pre, rest) = row.split_at_mut(a);
-    let pre = &mut pre[a0..];
-    let valid = &mut rest[lo - a..hi - a];
-    let mx = crate::simd::max(pre).max(crate::simd::max(valid)) * scale;
-    let sum = crate::simd::exp_affine_sum(pre, scale, mx) + crate::simd::exp_affine_sum(valid, scale, mx);
-    crate::simd::scale(pre, 1.0 / sum);
-    crate::simd::scale(valid, 1.0 / sum);
-    mx + sum.ln()
-}
-
-/// One query's probabilities `pr` (from its scores) and score gradients `dsr` (from dP) over its
-/// visible columns ([`softmax_row`]'s), given its lse `l` and `delta` = dout·out; dS is 0
-/// elsewhere, and so is P when `zero_p` (a second pass that reads whole columns).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn ds_row(pr: &mut [f32], dsr: &mut [f32], (a0, a, lo, hi): (usize, usize, usize, usize), scale: f32, l: f32, delta: f32, zero_p: bool) {
-    crate::simd::attn_ds_row(&mut pr[a0..a], &mut dsr[a0..a], scale, l, delta);
-    crate::simd::attn_ds_row(&mut pr[lo..hi], &mut dsr[lo..hi], scale, l, delta);
-    dsr[..a0].iter_mut().for_each(|x| *x = 0.0);
-    dsr[a..lo].iter_mut().for_each(|x| *x = 0.0);
-    dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
-    if zero_p {
-        pr[..a0].iter_mut().for_each(|x| *x = 0.0);
-        pr[a..lo].iter_mut().for_each(|x| *x = 0.0);
-        pr[hi..].iter_mut().for_each(|x| *x = 0.0);
-    }
-}
-
-/// A recomputing second pass's row of key j (query `i_first + c` in column c, `cols` the
-/// queries its segments allow): zeroes P and dS of the queries a sliding window hides from j.
-/// Elementwise, since with a shared prefix those queries are not one run.
-pub(crate) fn window_cut(pr: &mut [f32], dsr: &mut [f32], shape: &AttentionShape, j: usize, i_first: usize, cols: std::ops::Range<usize>) {
-    let AttentionShape { seg_start, prefix, window, .. } = *shape;
-    if window == 0 {
-        return;
-    }
-    for c in cols {
-        if !in_window(seg_start, prefix, window, i_first + c, j) {
-            pr[c] = 0.0;
-            dsr[c] = 0.0;
-        }
-    }
-}
-
-/// `lse` and `delta` `[T, Hq]` as head-major copies `[Hq, T]` (a recomputing second pass reads
-/// them by column).
-pub(crate) fn head_major(lse: &[f32], delta: &[f32], t_len: usize, n_heads: usize) -> (Vec<f32>, Vec<f32>) {
-    let (mut lse_hm, mut delta_hm) = (vec![0f32; t_len * n_heads], vec![0f32; t_len * n_heads]);
-    for i in 0..t_len {
-        for h in 0..n_heads {
-            lse_hm[h * t_len + i] = lse[i * n_heads + h];
-            delta_hm[h * t_len + i] = delta[i * n_heads + h];
-        }
-    }
-    (lse_hm, delta_hm)
 }
 
 /// [`attention_forward_prefix`] with a shared prefix: tokens `[0, prefix)` (the first segment) are seen
@@ -1046,6 +876,7 @@ pub fn masked_cross_entropy(logits: &[f32], targets: &[u32], mask: &[f32], v: us
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention_rows::in_window;
     use crate::rng::SplitMix64;
 
     /// The attention backward's two second passes (from the kept P and dS, and recomputing them)
@@ -1184,4 +1015,84 @@ mod tests {
         }
     }
 
+    /// The packed path computes what the per-product path computes (the same rounded operands,
+    /// sums grouped differently): outputs, lse and gradients within 1e-5 of their scale (6e-8
+    /// measured), on
+    /// segments and a shared prefix that end off the 32-grain and off the 128-query blocks,
+    /// grouped heads (3 per key/value head), both second passes of the backward.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn packed_attention_matches_the_per_product_path() {
+        if crate::bf16mm::engine().is_none() {
+            eprintln!("packed_attention_matches_the_per_product_path: skipped, this CPU has no bf16 engine");
+            return;
+        }
+        let (nh, nkv, hd) = (6, 2, 64);
+        let mut rng = SplitMix64::new(21);
+        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
+        let t = 437;
+        let segs: Vec<i32> = (0..t as i32).map(|i| if i < 77 { 0 } else if i < 181 { 1 } else if i < 300 { 2 } else { 3 }).collect();
+        let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
+        for (seg, prefix) in [(None, 0), (Some(&segs), 0), (Some(&segs), 77)] {
+            let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
+            let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape { prefix, ..AttentionShape::segments(&seg_start, nh, nkv, hd) });
+            let run = |per_product: bool, limit: usize| {
+                PER_PRODUCT.set(per_product);
+                let (mut out, mut lse) = (vec![f32::NAN; t * nh * hd], vec![0f32; t * nh]);
+                attention_forward_prefix(&mut out, &mut lse, x, shape, MatmulDtype::Bf16);
+                let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
+                attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, MatmulDtype::Bf16, limit);
+                PER_PRODUCT.set(false);
+                [out, lse, dq, dk, dv]
+            };
+            for limit in [usize::MAX, 0] {
+                let (want, got) = (run(true, limit), run(false, limit));
+                for (name, a, b) in ["out", "lse", "dq", "dk", "dv"].iter().zip(&got).zip(&want).map(|((n, a), b)| (n, a, b)) {
+                    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                    assert!(scale > 0.0 && err <= 1e-5 * scale, "prefix {prefix}, segments {}, keep limit {limit}: {name} differs by {err} (scale {scale})", seg.is_some());
+                }
+            }
+        }
+    }
+
+    /// The attention of one 4096-token row of SmolLM2-135M's shape (9 query heads, 3 key/value
+    /// heads, hd 64), forward and backward, on both paths:
+    /// `cargo test --release -p coa-model --lib packed_attention_speed -- --ignored --nocapture`
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[ignore = "a measurement: run alone on a quiet machine"]
+    fn packed_attention_speed() {
+        if crate::bf16mm::engine().is_none() {
+            eprintln!("packed_attention_speed: skipped, this CPU has no bf16 engine");
+            return;
+        }
+        let (nh, nkv, hd, t) = (9, 3, 64, 4096);
+        let mut rng = SplitMix64::new(3);
+        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
+        let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
+        let (_, seg_start) = segment_layout_prefix(t, None, 0).unwrap();
+        let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape::segments(&seg_start, nh, nkv, hd));
+        let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
+        let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
+        for rep in 0..3 {
+            // (per product, keeping P and dS from pass 1 for pass 2)
+            for (per_product, keep) in [(true, true), (false, true), (false, false)] {
+                PER_PRODUCT.set(per_product);
+                let t0 = std::time::Instant::now();
+                attention_forward_prefix(&mut out, &mut lse, x, shape, MatmulDtype::Bf16);
+                let t1 = std::time::Instant::now();
+                let keep_limit = if keep { usize::MAX } else { 0 };
+                attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, MatmulDtype::Bf16, keep_limit);
+                let t2 = std::time::Instant::now();
+                PER_PRODUCT.set(false);
+                let name = match (per_product, keep) {
+                    (true, _) => "per product",
+                    (false, true) => "packed once, P and dS kept",
+                    (false, false) => "packed once, P and dS recomputed",
+                };
+                eprintln!("rep {rep} {name}: forward {:.1} ms, backward {:.1} ms", (t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3);
+            }
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! Single-threaded f32 matrix multiply with arbitrary strides, the inner engine of
-//! [`crate::ops::gemm`] and of the attention's block products.
+//! `ops::gemm` and of the attention's block products.
 //!
 //! On x86-64 it is a packed, cache-blocked GEMM (BLIS structure): B is packed into column panels
 //! of NR and A into row panels of MR (blocks of KC along k, MC rows, NC columns), and an MR×NR

@@ -798,49 +798,6 @@ mod attend_tests {
     }
 }
 
-/// GFLOP/s (the best of many calls: a busy machine disturbs the median) of a linear layer's
-/// product on SmolLM2-135M's shapes at ROWS rows (default 1, 16, 48): `ops::linear_forward`
-/// (packs the weight on every call, as training does) and `decode::linear_packed` (the weight
-/// packed once, as decoding does); both give the same bits:
-/// `ROWS="16 48" cargo test -p coa-model --lib linear_speed -- --ignored --nocapture`
-#[cfg(test)]
-#[test]
-#[ignore = "a measurement: run alone on a quiet machine"]
-fn linear_speed() {
-    let rows: Vec<usize> = std::env::var("ROWS")
-        .map_or(vec![1, 16, 48], |s| s.split_whitespace().map(|a| a.parse().expect("ROWS")).collect());
-    type Rows = fn(&mut [f32], &[f32], &[f32], usize, usize, usize);
-    for &r in &rows {
-        for (i, o) in [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49174)] {
-            let sgemm: Rows = |out, x, w, r, i, o| crate::ops::linear_forward(out, x, w, None, r, i, o);
-            let packed: Rows = |out, x, w, r, i, o| {
-                thread_local!(static PW: std::cell::RefCell<Option<((usize, usize), crate::sgemm::PackedB)>> = const { std::cell::RefCell::new(None) });
-                PW.with(|pw| {
-                    let mut pw = pw.borrow_mut();
-                    if pw.as_ref().is_none_or(|(p, _)| *p != (w.as_ptr() as usize, o)) {
-                        *pw = Some(((w.as_ptr() as usize, o), crate::sgemm::PackedB::new_as(w, o, i, crate::DecodeDtype::F32).expect("a packed kernel")));
-                    }
-                    crate::decode::linear_packed(out, x, &pw.as_ref().unwrap().1, None, r, i, o);
-                })
-            };
-            for (name, f) in [("ops::linear_forward", sgemm as Rows), ("decode::linear_packed", packed)] {
-                let x: Vec<f32> = (0..r * i).map(|k| (k % 7) as f32 * 0.1).collect();
-                let w: Vec<f32> = (0..o * i).map(|k| (k % 5) as f32 * 0.1).collect();
-                let mut out = vec![0f32; r * o];
-                let flop = 2.0 * (r * i * o) as f64;
-                let reps = (4e9 / flop).clamp(5.0, 5000.0) as usize;
-                let mut best = f64::INFINITY;
-                for _ in 0..reps {
-                    let t0 = std::time::Instant::now();
-                    f(&mut out, &x, &w, r, i, o);
-                    best = best.min(t0.elapsed().as_secs_f64());
-                }
-                println!("{name:21} rows {r:3} {i:5}x{o:5}: {:6.1} GFLOP/s", flop / best / 1e9);
-            }
-        }
-    }
-}
-
 /// Time of one-token attention over SmolLM2-135M's shapes (3 query heads per key/value head,
 /// hd 64, 364 cached keys), one thread, for HEADS heads (default 1440: a batch-16 decode step's
 /// 16 slots × 30 layers × 3 heads, each head's keys and values in its own memory, so they come
