@@ -199,7 +199,7 @@ impl Gpu {
 }
 
 /// Zeroed device buffers, allocated once by the constructors of [`crate::GpuModel`] and
-/// [`crate::decode::GpuDecoder`], with their bytes counted; a failure names what was being
+/// `decode::GpuDecoder`, with their bytes counted; a failure names what was being
 /// allocated and what to lower.
 pub(crate) struct Alloc<'a> {
     gpu: &'a Gpu,
