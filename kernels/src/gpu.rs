@@ -5,7 +5,7 @@
 use crate::compile::Compiler;
 use crate::device::{probe_ordinal, GpuInfo};
 use crate::error::{Error, Result};
-use crate::sources::{self, KernelSource};
+use crate::sources::KernelSource;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
@@ -95,7 +95,7 @@ impl Gpu {
     /// Compiles (or loads from the PTX cache) and loads every kernel module now, so that the first
     /// training step or timed region does not pay for it.
     pub fn warm_up(&self) -> Result<()> {
-        for s in sources::ALL {
+        for s in crate::ops::SOURCES {
             for e in s.entry_points {
                 self.func(s, e)?;
             }
