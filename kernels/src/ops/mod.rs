@@ -9,6 +9,8 @@
 //! device buffer (`CudaSlice`, `CudaView`, `CudaViewMut`), check lengths against the shapes they
 //! are given and return an [`Error`](crate::Error) rather than launch out of bounds.
 
+use crate::error::Result;
+use crate::gpu::Gpu;
 use crate::sources::KernelSource;
 
 pub mod adamw;
@@ -35,3 +37,16 @@ pub const SOURCES: &[KernelSource] = &[
     elementwise::SOURCE,
     decode_attention::SOURCE,
 ];
+
+impl Gpu {
+    /// Compiles (or loads from the PTX cache) and loads every kernel module now, so that the first
+    /// training step or timed region does not pay for it.
+    pub fn warm_up(&self) -> Result<()> {
+        for s in SOURCES {
+            for e in s.entry_points {
+                self.func(s, e)?;
+            }
+        }
+        Ok(())
+    }
+}
