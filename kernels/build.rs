@@ -19,7 +19,7 @@ fn main() {
     // Rebuilt when the emulator (a directory: cargo scans all of it), the common header, a kernel
     // source (each `.cu` below) or the list of sources changes. Not on all of kernels/: cargo's
     // scan of a directory is recursive, so every edit under src/ and tests/ would recompile the
-    // emulator. A new `.cu` file must be added to `sources::ALL` (the NVRTC test holds the list
+    // emulator. A new `.cu` file must be added to `ops::SOURCES` (the NVRTC test holds the list
     // against the directory), and that edit reruns this script.
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=emu");

@@ -3,7 +3,7 @@
 //! lines per kernel. Usage: `cargo run --release -p coa-kernels --example ptxas_report [sm_90]`.
 
 use coa_kernels::compile::Compiler;
-use coa_kernels::sources;
+use coa_kernels::ops;
 use cudarc::nvrtc::result;
 use std::ffi::{CStr, CString};
 
@@ -21,7 +21,7 @@ fn main() {
     opts.push(format!("--gpu-architecture={arch}"));
     opts.push("--ptxas-options=-v".into());
     let mut bad = false;
-    for s in sources::ALL {
+    for s in ops::SOURCES {
         let src = CString::new(s.expanded()).unwrap();
         let name = CString::new(format!("{}.cu", s.name)).unwrap();
         let prog = result::create_program(&src, Some(&name)).expect("nvrtcCreateProgram");

@@ -26,8 +26,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-use crate::device::GpuInfo;
 use crate::error::{Error, Result};
+use crate::gpu_info::GpuInfo;
 
 static CUDA_LIBRARY: &[u8] = include_bytes!(env!("COA_EMU_CUDA_SO"));
 static CUBLAS_LIBRARY: &[u8] = include_bytes!(env!("COA_EMU_CUBLAS_SO"));
@@ -302,6 +302,17 @@ pub fn struct_layout(strct: &str) -> Result<StructLayout> {
         }
         // SAFETY: non-null static C string (returned with 1).
         out.fields.push((unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned(), offset, size));
+    }
+}
+
+// In this module rather than beside `Error`: a failed call's message comes from the emulated
+// cuBLAS where it runs.
+impl From<cudarc::cublas::result::CublasError> for Error {
+    fn from(e: cudarc::cublas::result::CublasError) -> Self {
+        match last_blas_error() {
+            Some(detail) => Error(format!("cuBLAS error: {e:?}: {detail}")),
+            None => Error(format!("cuBLAS error: {e:?}")),
+        }
     }
 }
 

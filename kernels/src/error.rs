@@ -27,15 +27,6 @@ impl From<cudarc::driver::DriverError> for Error {
     }
 }
 
-impl From<cudarc::cublas::result::CublasError> for Error {
-    fn from(e: cudarc::cublas::result::CublasError) -> Self {
-        match crate::emu::last_blas_error() {
-            Some(detail) => Error(format!("cuBLAS error: {e:?}: {detail}")),
-            None => Error(format!("cuBLAS error: {e:?}")),
-        }
-    }
-}
-
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
         Error(format!("I/O error: {e}"))

@@ -1,11 +1,11 @@
 //! [`Gpu`]: one CUDA context (a GPU, or the emulated device) with its stream, cuBLAS handle and
 //! compiled-module cache; memory transfers; the launch helpers the ops share. The launchers of the
-//! kernels are methods of `Gpu` declared beside each kernel's concept in [`crate::ops`].
+//! kernels are methods of `Gpu` declared beside each kernel's concept in `ops`.
 
 use crate::compile::Compiler;
 use crate::device::{probe_ordinal, GpuInfo};
 use crate::error::{Error, Result};
-use crate::sources::{self, KernelSource};
+use crate::sources::KernelSource;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
@@ -90,17 +90,6 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             funcs: Mutex::new(HashMap::new()),
         })
-    }
-
-    /// Compiles (or loads from the PTX cache) and loads every kernel module now, so that the first
-    /// training step or timed region does not pay for it.
-    pub fn warm_up(&self) -> Result<()> {
-        for s in sources::ALL {
-            for e in s.entry_points {
-                self.func(s, e)?;
-            }
-        }
-        Ok(())
     }
 
     fn module(&self, src: &KernelSource) -> Result<Arc<CudaModule>> {
@@ -199,7 +188,7 @@ impl Gpu {
 }
 
 /// Zeroed device buffers, allocated once by the constructors of [`crate::GpuModel`] and
-/// [`crate::decode::GpuDecoder`], with their bytes counted; a failure names what was being
+/// `decode::GpuDecoder`, with their bytes counted; a failure names what was being
 /// allocated and what to lower.
 pub(crate) struct Alloc<'a> {
     gpu: &'a Gpu,

@@ -1,5 +1,5 @@
-//! The model as the GPU kernels see it, shared by training ([`crate::model`]) and decoding
-//! ([`crate::decode`]): its dimensions ([`Dims`]), the flat fused weight layout ([`FlatLayout`]:
+//! The model as the GPU kernels see it, shared by training (`model`) and decoding
+//! (`decode`): its dimensions ([`Dims`]), the flat fused weight layout ([`FlatLayout`]:
 //! per layer q|k|v stacked into one matrix and gate|up into another, so each is one matmul), and
 //! what every kernel of the model path requires of a config ([`check_common`]).
 

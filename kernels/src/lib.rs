@@ -24,6 +24,7 @@ pub mod device;
 pub mod emu;
 pub mod error;
 pub mod gpu;
+mod gpu_info;
 pub mod layout;
 pub mod locate;
 pub(crate) mod lora;

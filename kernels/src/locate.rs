@@ -105,7 +105,8 @@ pub fn find_include_dir() -> Option<PathBuf> {
 }
 
 struct Handle(#[allow(dead_code)] *mut libc::c_void);
-// The handles are never used again, only kept so the libraries stay loaded.
+// SAFETY: the handles are never used again (no call through them from any thread), only kept
+// so the libraries stay loaded.
 unsafe impl Send for Handle {}
 static LOADED: Mutex<Vec<(String, Handle)>> = Mutex::new(Vec::new());
 

@@ -1,9 +1,8 @@
 //! The kernel sources, embedded at build time (`kernels/*.cu`; each declared with the entry points
-//! it must export beside its launchers, as `SOURCE` in `src/ops/<op>.rs`). `coa_common.cuh` is
+//! it must export beside its launchers, as `SOURCE` in `src/ops/<op>.rs`, and listed in
+//! `ops::SOURCES`). `coa_common.cuh` is
 //! inlined where a source includes it, so NVRTC sees one self-contained program and the PTX cache
 //! key covers the helper header too.
-
-use crate::ops;
 
 /// One `.cu` file of `kernels/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -18,20 +17,6 @@ pub struct KernelSource {
 
 /// The helper header inlined into every source.
 pub const COMMON_HEADER: &str = include_str!("../coa_common.cuh");
-
-/// Every kernel source of `kernels/`, each declared beside its launchers (`src/ops/<op>.rs`). The
-/// NVRTC test checks this list against the directory, so a new `.cu` file cannot be forgotten here.
-pub const ALL: &[KernelSource] = &[
-    ops::attention::SOURCE,
-    ops::cross_entropy::SOURCE,
-    ops::rmsnorm::SOURCE,
-    ops::rope::SOURCE,
-    ops::swiglu::SOURCE,
-    ops::embedding::SOURCE,
-    ops::adamw::SOURCE,
-    ops::elementwise::SOURCE,
-    ops::decode_attention::SOURCE,
-];
 
 impl KernelSource {
     /// The program NVRTC compiles: the source with `#include "coa_common.cuh"` replaced by the

@@ -18,7 +18,7 @@ use coa_kernels::cudarc::nvrtc::Ptx;
 use coa_kernels::emu::{self, Order};
 use coa_kernels::rng::Rng;
 use coa_kernels::testing::seeded;
-use coa_kernels::{bf16, select_device, sources, Device, DeviceChoice, Error, Gpu};
+use coa_kernels::{bf16, ops, select_device, Device, DeviceChoice, Error, Gpu};
 
 fn emulated() -> Gpu {
     Gpu::emulated().expect("the emulated CUDA device")
@@ -54,11 +54,11 @@ fn device_emu_is_selectable() {
     assert!(e.0.contains("no NVIDIA driver") || e.0.contains("emulated"), "{e}");
 }
 
-/// Every entry point the CUDA path loads (sources::ALL) is compiled into the emulated device.
+/// Every entry point the CUDA path loads (ops::SOURCES) is compiled into the emulated device.
 #[test]
 fn every_entry_point_is_compiled_in() {
     let gpu = emulated();
-    for s in sources::ALL {
+    for s in ops::SOURCES {
         for e in s.entry_points {
             gpu.func(s, e).unwrap_or_else(|err| panic!("kernels/{}.cu: {e}: {err}", s.name));
         }

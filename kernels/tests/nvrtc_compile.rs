@@ -7,7 +7,7 @@
 //! line and returns.
 
 use coa_kernels::compile::Compiler;
-use coa_kernels::sources;
+use coa_kernels::ops;
 use coa_kernels::testing::TestDevice;
 
 fn compiler_or_skip(test: &str) -> Option<Compiler> {
@@ -45,10 +45,10 @@ fn every_cu_file_is_listed() {
         })
         .collect();
     on_disk.sort();
-    let mut listed: Vec<String> = sources::ALL.iter().map(|s| s.name.to_string()).collect();
+    let mut listed: Vec<String> = ops::SOURCES.iter().map(|s| s.name.to_string()).collect();
     listed.sort();
-    assert_eq!(on_disk, listed, "kernels/*.cu and sources::ALL differ");
-    for s in sources::ALL {
+    assert_eq!(on_disk, listed, "kernels/*.cu and ops::SOURCES differ");
+    for s in ops::SOURCES {
         assert!(s.expanded().contains("typedef __nv_bfloat16 bf16;"), "{} does not include coa_common.cuh", s.name);
         for e in s.entry_points {
             assert!(s.text.contains(&format!("void {e}(")) || s.text.contains(&format!("void __launch_bounds__(128) {e}(")) || s.text.contains(&format!("{e}(")),
@@ -69,7 +69,7 @@ fn all_kernels_compile_to_ptx_for_sm90() {
     // Compile without the disk cache so this really runs NVRTC.
     let c = Compiler { cache_dir: None, ..c };
     let mut failures = Vec::new();
-    for s in sources::ALL {
+    for s in ops::SOURCES {
         match c.compile(s, "sm_90") {
             Ok(out) => {
                 assert!(!out.from_cache);

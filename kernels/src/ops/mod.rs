@@ -9,6 +9,10 @@
 //! device buffer (`CudaSlice`, `CudaView`, `CudaViewMut`), check lengths against the shapes they
 //! are given and return an [`Error`](crate::Error) rather than launch out of bounds.
 
+use crate::error::Result;
+use crate::gpu::Gpu;
+use crate::sources::KernelSource;
+
 pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
@@ -19,3 +23,30 @@ pub mod gemm;
 pub mod rmsnorm;
 pub mod rope;
 pub mod swiglu;
+
+/// Every kernel source of `kernels/`, each declared beside its launchers (`<op>::SOURCE`). The
+/// NVRTC test checks this list against the directory, so a new `.cu` file cannot be forgotten here.
+pub const SOURCES: &[KernelSource] = &[
+    attention::SOURCE,
+    cross_entropy::SOURCE,
+    rmsnorm::SOURCE,
+    rope::SOURCE,
+    swiglu::SOURCE,
+    embedding::SOURCE,
+    adamw::SOURCE,
+    elementwise::SOURCE,
+    decode_attention::SOURCE,
+];
+
+impl Gpu {
+    /// Compiles (or loads from the PTX cache) and loads every kernel module now, so that the first
+    /// training step or timed region does not pay for it.
+    pub fn warm_up(&self) -> Result<()> {
+        for s in SOURCES {
+            for e in s.entry_points {
+                self.func(s, e)?;
+            }
+        }
+        Ok(())
+    }
+}

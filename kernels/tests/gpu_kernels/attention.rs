@@ -88,27 +88,13 @@ fn case_with(gpu: &Gpu, rng: &mut Rng, s: AttnShape, segments: Option<Vec<Option
         seg_start_all.extend(start.iter().map(|&x| x as i32));
         let (qs, ks) = (bi * t * qw..(bi + 1) * t * qw, bi * t * kw..(bi + 1) * t * kw);
         let f32_ = coa_model::MatmulDtype::F32;
-        ops::attention_forward_prefix(&mut o_ref[qs.clone()], &mut lse_ref[bi * t * hq..(bi + 1) * t * hq], &q[qs.clone()], &k[ks.clone()], &v[ks.clone()], &start, 0, window, hq, hkv, hd, f32_);
+        let x = ops::Qkv { q: &q[qs.clone()], k: &k[ks.clone()], v: &v[ks.clone()] };
+        let shape = ops::AttentionShape { window, ..ops::AttentionShape::segments(&start, hq, hkv, hd) };
+        ops::attention_forward_prefix(&mut o_ref[qs.clone()], &mut lse_ref[bi * t * hq..(bi + 1) * t * hq], x, shape, f32_);
         // The GPU's backward reads the bf16 o it wrote; give the reference the same rounding.
         let o_b = round_bf16(&o_ref[qs.clone()]);
-        ops::attention_backward_prefix(
-            &mut dq_ref[qs.clone()],
-            &mut dk_ref[ks.clone()],
-            &mut dv_ref[ks.clone()],
-            &dout[qs.clone()],
-            &q[qs.clone()],
-            &k[ks.clone()],
-            &v[ks.clone()],
-            &o_b,
-            &lse_ref[bi * t * hq..(bi + 1) * t * hq],
-            &start,
-            0,
-            window,
-            hq,
-            hkv,
-            hd,
-            f32_,
-        );
+        let grads = ops::QkvGrads { dq: &mut dq_ref[qs.clone()], dk: &mut dk_ref[ks.clone()], dv: &mut dv_ref[ks.clone()] };
+        ops::attention_backward_prefix(grads, &dout[qs.clone()], x, &o_b, &lse_ref[bi * t * hq..(bi + 1) * t * hq], shape, f32_);
     }
 
     let l = AttnLayout::contiguous(&s);

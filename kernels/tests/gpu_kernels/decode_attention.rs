@@ -51,7 +51,8 @@ fn case(gpu: &Gpu, rng: &mut Rng, hd: usize, hq: usize, hkv: usize, max_len: usi
             let n = lens[s];
             let (_, start) = ops::segment_layout(n, None);
             let (mut o, mut lse) = (vec![0f32; n * qw], vec![0f32; n * hq]);
-            ops::attention_forward_prefix(&mut o, &mut lse, &q[s], &k[s], &v[s], &start, 0, window, hq, hkv, hd, coa_model::MatmulDtype::F32);
+            let shape = ops::AttentionShape { window, ..ops::AttentionShape::segments(&start, hq, hkv, hd) };
+            ops::attention_forward_prefix(&mut o, &mut lse, ops::Qkv { q: &q[s], k: &k[s], v: &v[s] }, shape, coa_model::MatmulDtype::F32);
             o
         })
         .collect();

@@ -18,6 +18,9 @@ mod x86 {
     const CHAINS: usize = 12;
 
     /// GFLOP/s of `iters` rounds of CHAINS f32 FMAs (16 lanes × 2 FLOP each).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F (`main` checks before calling).
     #[target_feature(enable = "avx512f")]
     pub unsafe fn fma_f32(iters: usize) -> f64 {
         let mut acc = [_mm512_setzero_ps(); CHAINS];
@@ -35,6 +38,9 @@ mod x86 {
     }
 
     /// GFLOP/s of `iters` rounds of CHAINS `vdpbf16ps` (16 lanes × 2 products × 2 FLOP each).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F and AVX-512 BF16 (`main` checks before calling).
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub unsafe fn dot_bf16(iters: usize) -> f64 {
         let mut acc = [_mm512_setzero_ps(); CHAINS];
@@ -54,6 +60,10 @@ mod x86 {
 
     /// GFLOP/s of `iters` rounds of 12 fp16 FMAs (`vfmadd231ph`: 32 lanes × 2 FLOP each, fp16
     /// accumulation), in assembly: the fp16 intrinsics are not stable Rust.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 FP16 (`main` checks before calling): the assembly uses
+    /// `vfmadd231ph` whatever the target features say.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn fma_fp16(iters: usize) -> f64 {
         let b = [0x1400u16; 32]; // fp16 2^-10 in every lane

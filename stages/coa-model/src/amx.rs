@@ -1,4 +1,4 @@
-//! Intel AMX tiles (Xeon since Sapphire Rapids): one of the two engines of [`crate::bf16mm`]
+//! Intel AMX tiles (Xeon since Sapphire Rapids): one of the two engines of `bf16mm`
 //! (the products whose two inputs are bf16), over its packed operands.
 //!
 //! One `tdpbf16ps` multiplies a 16×32 bf16 tile of A by a 32×16 tile of B into a 16×16 f32 tile:
@@ -7,7 +7,7 @@
 //!
 //! Both operands are bf16 (the left one rounded as it is packed) and each product is summed in
 //! f32: within f32 summation error of the exact product of the rounded operands, but not the bits
-//! of [`super::sgemm`] on them. The tile instruction rounds its sums in its own way: on 51,200
+//! of `sgemm` on them. The tile instruction rounds its sums in its own way: on 51,200
 //! random elements of this repo's Xeon, no order of f32 FMAs (k ascending or pairs swapped), no
 //! pairwise sum and no single rounding of the exact sum (in any rounding mode) matched more
 //! than 90% of them (the rest differ in the last bits). Each output still depends only on its row
@@ -20,11 +20,16 @@
 
 use std::arch::asm;
 
-use crate::bf16mm::{TILE_B, TILE_K, TILE_M};
+/// Values of a tile row: 64 bytes of bf16 (in B's panels, one depth pair of 16 columns).
+pub(crate) const TILE_K: usize = 32;
+/// Rows of a tile, and columns of B (and C) per tile.
+pub(crate) const TILE_M: usize = 16;
+/// bf16 values in one tile of B (16 rows of k pairs × 16 columns × 2).
+pub(crate) const TILE_B: usize = TILE_K * TILE_M;
 
 /// Whether this process multiplies on AMX: CPUID reports AMX-TILE and AMX-BF16, the CPU has
 /// AVX-512F and BW (the rest of the packed path, and the packing), and Linux granted the tile
-/// data. Asked once (whatever `COA_CPU_KERNEL` says: [`crate::bf16mm::engine`] reads that).
+/// data. Asked once (whatever `COA_CPU_KERNEL` says: `bf16mm::engine` reads that).
 pub(crate) fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {

@@ -1,5 +1,5 @@
-//! The attention forward and backward ([`crate::ops::attention_forward_prefix`],
-//! [`crate::ops::attention_backward_prefix`]) on a bf16 engine ([`crate::bf16mm`]), with every
+//! The attention forward and backward (`ops::attention_forward_prefix`,
+//! `ops::attention_backward_prefix`) on a bf16 engine ([`crate::bf16mm`]), with every
 //! operand that many products share packed once per call: each key/value head's keys and values,
 //! each query head's queries and output gradients. Through [`crate::sgemm`]'s interface every
 //! product (one per head and block of 128 queries, four or five of them in the backward) packed
@@ -13,7 +13,8 @@
 use rayon::prelude::*;
 
 use crate::bf16mm::{gemm_prepacked, round_to_bf16, AElem, Engine, Panels};
-use crate::ops::{ds_row, head_major, key_span, row_span, softmax_row, window_cut, SendPtr, ATT_BLOCK};
+use crate::attention_rows::{ds_row, head_major, key_span, row_span, softmax_row, window_cut, AttentionShape, Qkv, QkvGrads, ATT_BLOCK};
+use crate::par::SendPtr;
 
 /// Where a product may start inside packed panels (their columns and depths).
 const GRAIN: usize = 32;
@@ -38,23 +39,25 @@ fn with_heads<R>(n: usize, pack: impl Fn(usize, &mut Panels) + Sync, f: impl FnO
     r
 }
 
-/// A query block's score columns: the shared prefix's keys `[0, np)` in columns `[0, np)`
-/// (padded to `npa`), then the keys from `k0a` (the block's first key `k0` rounded down to the
-/// grain) in columns `npa..`; `w` columns in all, a multiple of the grain. Columns of keys a row
-/// does not see hold 0 once its softmax ran.
+/// A block of `nb` queries ending before `i1`, and its score columns: the shared prefix's keys
+/// `[0, np)` in columns `[0, np)` (padded to `npa`), then the keys from `k0a` (the block's first
+/// key `k0` rounded down to the grain) in columns `npa..`; `w` columns in all, a multiple of the
+/// grain. Columns of keys a row does not see hold 0 once its softmax ran.
 struct BlockCols {
     np: usize,
     npa: usize,
     k0: usize,
     k0a: usize,
     w: usize,
+    nb: usize,
+    i1: usize,
 }
 
 impl BlockCols {
     fn new(seg_start: &[usize], prefix: usize, i0: usize, i1: usize) -> BlockCols {
         let (np, k0) = key_span(seg_start, prefix, i0);
         let (npa, k0a) = (np.next_multiple_of(GRAIN), k0 / GRAIN * GRAIN);
-        BlockCols { np, npa, k0, k0a, w: npa + (i1 - k0a).next_multiple_of(GRAIN) }
+        BlockCols { np, npa, k0, k0a, w: npa + (i1 - k0a).next_multiple_of(GRAIN), nb: i1 - i0, i1 }
     }
 
     /// Query i's columns: `[a0, a)` (the shared prefix) and `[lo, hi)` (its segment up to itself),
@@ -76,9 +79,10 @@ impl BlockCols {
 /// Y a head packed as Yᵀ (depth hd, a column per token).
 ///
 /// # Safety
-/// `x` addresses nb rows of hd; `s` holds nb·w.
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_scores(engine: Engine, s: &mut [f32], x: *const f32, ld: usize, y: &Panels, cols: &BlockCols, nb: usize, i1: usize, hd: usize) {
+/// `engine` is one this CPU has ([`crate::bf16mm::engine`]); `x` addresses nb rows of hd; `s`
+/// holds nb·w.
+unsafe fn block_scores(engine: Engine, s: &mut [f32], x: *const f32, ld: usize, y: &Panels, cols: &BlockCols, hd: usize) {
+    let BlockCols { nb, i1, .. } = *cols;
     if cols.np > 0 {
         gemm_prepacked(engine, nb, 1.0, x, ld, 1, y, 0..hd, 0..cols.np, false, s.as_mut_ptr(), cols.w);
     }
@@ -90,31 +94,21 @@ unsafe fn block_scores(engine: Engine, s: &mut [f32], x: *const f32, ld: usize, 
 /// (alpha 1, [`AElem`]).
 ///
 /// # Safety
-/// `out` addresses nb rows of hd, written by this caller alone.
+/// `engine` is one this CPU has ([`crate::bf16mm::engine`]); `out` addresses nb rows of hd,
+/// written by this caller alone; `p` holds nb·w.
 #[allow(clippy::too_many_arguments)]
-unsafe fn block_times<T: AElem>(engine: Engine, out: *mut f32, ld: usize, alpha: f32, p: &[T], y: &Panels, cols: &BlockCols, nb: usize, i1: usize, hd: usize) {
+unsafe fn block_times<T: AElem>(engine: Engine, out: *mut f32, ld: usize, alpha: f32, p: &[T], y: &Panels, cols: &BlockCols, hd: usize) {
+    let BlockCols { nb, i1, .. } = *cols;
     gemm_prepacked(engine, nb, alpha, p.as_ptr().add(cols.npa), cols.w, 1, y, cols.k0a..i1, 0..hd, true, out, ld);
     if cols.np > 0 {
         gemm_prepacked(engine, nb, alpha, p.as_ptr(), cols.w, 1, y, 0..cols.np, 0..hd, true, out, ld);
     }
 }
 
-/// [`crate::ops::attention_forward_prefix`] on `engine`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn forward(
-    engine: Engine,
-    out: &mut [f32],
-    lse: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    seg_start: &[usize],
-    prefix: usize,
-    window: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-) {
+/// `ops::attention_forward_prefix` on `engine`.
+pub(crate) fn forward(engine: Engine, out: &mut [f32], lse: &mut [f32], x: Qkv, shape: &AttentionShape) {
+    let AttentionShape { seg_start, prefix, window, n_heads, n_kv_heads, head_dim: hd } = *shape;
+    let Qkv { q, k, v } = x;
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     let group = n_heads / n_kv_heads;
@@ -146,7 +140,7 @@ pub(crate) fn forward(
             let cols = BlockCols::new(seg_start, prefix, i0, i1);
             s.resize(nb * cols.w, 0.0);
             // SAFETY: rows i0..i1 of head h of q.
-            unsafe { block_scores(engine, s, q.as_ptr().add(i0 * qw + h * hd), qw, &heads[2 * g], &cols, nb, i1, hd) };
+            unsafe { block_scores(engine, s, q.as_ptr().add(i0 * qw + h * hd), qw, &heads[2 * g], &cols, hd) };
             for r in 0..nb {
                 let i = i0 + r;
                 let l = softmax_row(&mut s[r * cols.w..(r + 1) * cols.w], cols.row(seg_start, prefix, window, i), scale);
@@ -154,34 +148,25 @@ pub(crate) fn forward(
                 unsafe { *lsep.0.add(i * n_heads + h) = l };
             }
             // SAFETY: rows i0..i1, head h of out belong to this task alone (zeroed above).
-            unsafe { block_times(engine, outp.0.add(i0 * qw + h * hd), qw, 1.0, s, &heads[2 * g + 1], &cols, nb, i1, hd) };
+            unsafe { block_times(engine, outp.0.add(i0 * qw + h * hd), qw, 1.0, s, &heads[2 * g + 1], &cols, hd) };
         });
     });
 }
 
-/// [`crate::ops::attention_backward_keep`] on `engine`, given `delta[T, Hq]` (dout·out) and
-/// `seg_end` (the end of the queries that see each key).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn backward(
-    engine: Engine,
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    lse: &[f32],
-    delta: &[f32],
-    seg_start: &[usize],
-    seg_end: &[usize],
-    prefix: usize,
-    window: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-    keep_limit: usize,
-) {
+/// What the attention backward reads per query row besides Q: the output gradient
+/// `dout[T, Hq*hd]`, the forward's `lse[T, Hq]` and `delta[T, Hq]` (dout·out per head).
+#[derive(Clone, Copy)]
+pub(crate) struct QueryRows<'a> {
+    pub(crate) dout: &'a [f32],
+    pub(crate) lse: &'a [f32],
+    pub(crate) delta: &'a [f32],
+}
+
+/// `ops::attention_backward_keep` on `engine`, given `rows` and `seg_end` (the end of
+/// the queries that see each key).
+pub(crate) fn backward(engine: Engine, grads: QkvGrads, x: Qkv, rows: QueryRows, shape: &AttentionShape, seg_end: &[usize], keep_limit: usize) {
+    let AttentionShape { seg_start, prefix, window, n_heads, n_kv_heads, head_dim: hd } = *shape;
+    let (Qkv { q, k, v }, QkvGrads { dq, dk, dv }, QueryRows { dout, lse, delta }) = (x, grads, rows);
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     let group = n_heads / n_kv_heads;
@@ -270,8 +255,8 @@ pub(crate) fn backward(
                 // S = Q·Kᵀ, dP = dO·Vᵀ   [nb, w]
                 // SAFETY: rows i0..i1 of head h of q and dout.
                 unsafe {
-                    block_scores(engine, s, q.as_ptr().add(i0 * qw + h * hd), qw, &heads[kv_at(g)], &cols, nb, i1, hd);
-                    block_scores(engine, dp, dout.as_ptr().add(i0 * qw + h * hd), qw, &heads[kv_at(g) + 1], &cols, nb, i1, hd);
+                    block_scores(engine, s, q.as_ptr().add(i0 * qw + h * hd), qw, &heads[kv_at(g)], &cols, hd);
+                    block_scores(engine, dp, dout.as_ptr().add(i0 * qw + h * hd), qw, &heads[kv_at(g) + 1], &cols, hd);
                 }
                 for r in 0..nb {
                     let i = i0 + r;
@@ -290,9 +275,9 @@ pub(crate) fn backward(
                 unsafe {
                     let dqh = dqp.0.add(i0 * qw + h * hd);
                     if keep {
-                        block_times(engine, dqh, qw, 1.0, kept_s, &heads[kv_at(g) + 2], &cols, nb, i1, hd)
+                        block_times(engine, dqh, qw, 1.0, kept_s, &heads[kv_at(g) + 2], &cols, hd)
                     } else {
-                        block_times(engine, dqh, qw, scale, dp, &heads[kv_at(g) + 2], &cols, nb, i1, hd)
+                        block_times(engine, dqh, qw, scale, dp, &heads[kv_at(g) + 2], &cols, hd)
                     }
                 };
             },
@@ -371,7 +356,7 @@ pub(crate) fn backward(
                         pr[hi..].iter_mut().for_each(|x| *x = 0.0);
                         dsr[..lo].iter_mut().for_each(|x| *x = 0.0);
                         dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
-                        window_cut(pr, dsr, seg_start, prefix, window, j, j0, lo, hi);
+                        window_cut(pr, dsr, shape, j, j0, lo..hi);
                     }
                     // dV[j0..j1, g] += Pᵀ · dO[j0..e, h];  dK[j0..j1, g] += scale · dSᵀ · Q[j0..e, h]
                     // SAFETY: rows j0..j1, kv head g of dk / dv belong to this task alone.
@@ -384,88 +369,4 @@ pub(crate) fn backward(
         );
     });
     KEPT_BF16.set((kept, kept_ds));
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::ops::{attention_backward_keep, attention_forward_prefix, segment_layout_prefix, PER_PRODUCT};
-    use crate::rng::SplitMix64;
-    use crate::MatmulDtype;
-
-    /// The packed path computes what the per-product path computes (the same rounded operands,
-    /// sums grouped differently): outputs, lse and gradients within 1e-5 of their scale (6e-8
-    /// measured), on
-    /// segments and a shared prefix that end off the 32-grain and off the 128-query blocks,
-    /// grouped heads (3 per key/value head), both second passes of the backward.
-    #[test]
-    fn packed_attention_matches_the_per_product_path() {
-        if crate::bf16mm::engine().is_none() {
-            eprintln!("packed_attention_matches_the_per_product_path: skipped, this CPU has no bf16 engine");
-            return;
-        }
-        let (nh, nkv, hd) = (6, 2, 64);
-        let mut rng = SplitMix64::new(21);
-        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
-        let t = 437;
-        let segs: Vec<i32> = (0..t as i32).map(|i| if i < 77 { 0 } else if i < 181 { 1 } else if i < 300 { 2 } else { 3 }).collect();
-        let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
-        for (seg, prefix) in [(None, 0), (Some(&segs), 0), (Some(&segs), 77)] {
-            let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
-            let run = |per_product: bool, limit: usize| {
-                PER_PRODUCT.set(per_product);
-                let (mut out, mut lse) = (vec![f32::NAN; t * nh * hd], vec![0f32; t * nh]);
-                attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::Bf16);
-                let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::Bf16, limit);
-                PER_PRODUCT.set(false);
-                [out, lse, dq, dk, dv]
-            };
-            for limit in [usize::MAX, 0] {
-                let (want, got) = (run(true, limit), run(false, limit));
-                for (name, a, b) in ["out", "lse", "dq", "dk", "dv"].iter().zip(&got).zip(&want).map(|((n, a), b)| (n, a, b)) {
-                    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-                    let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-                    assert!(scale > 0.0 && err <= 1e-5 * scale, "prefix {prefix}, segments {}, keep limit {limit}: {name} differs by {err} (scale {scale})", seg.is_some());
-                }
-            }
-        }
-    }
-
-    /// The attention of one 4096-token row of SmolLM2-135M's shape (9 query heads, 3 key/value
-    /// heads, hd 64), forward and backward, on both paths:
-    /// `cargo test --release -p coa-model --lib packed_attention_speed -- --ignored --nocapture`
-    #[test]
-    #[ignore = "a measurement: run alone on a quiet machine"]
-    fn packed_attention_speed() {
-        if crate::bf16mm::engine().is_none() {
-            eprintln!("packed_attention_speed: skipped, this CPU has no bf16 engine");
-            return;
-        }
-        let (nh, nkv, hd, t) = (9, 3, 64, 4096);
-        let mut rng = SplitMix64::new(3);
-        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
-        let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
-        let (_, seg_start) = segment_layout_prefix(t, None, 0).unwrap();
-        let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-        let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-        for rep in 0..3 {
-            // (per product, keeping P and dS from pass 1 for pass 2)
-            for (per_product, keep) in [(true, true), (false, true), (false, false)] {
-                PER_PRODUCT.set(per_product);
-                let t0 = std::time::Instant::now();
-                attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, 0, 0, nh, nkv, hd, MatmulDtype::Bf16);
-                let t1 = std::time::Instant::now();
-                let keep_limit = if keep { usize::MAX } else { 0 };
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 0, 0, nh, nkv, hd, MatmulDtype::Bf16, keep_limit);
-                let t2 = std::time::Instant::now();
-                PER_PRODUCT.set(false);
-                let name = match (per_product, keep) {
-                    (true, _) => "per product",
-                    (false, true) => "packed once, P and dS kept",
-                    (false, false) => "packed once, P and dS recomputed",
-                };
-                eprintln!("rep {rep} {name}: forward {:.1} ms, backward {:.1} ms", (t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3);
-            }
-        }
-    }
 }

@@ -14,7 +14,7 @@
 //! 16 columns, each 16 rows of depth pairs: the AMX tile's layout, and for the dot kernel one
 //! tile row is one zmm of 16 column pairs). Both engines round the operands to nearest even as
 //! they pack them and sum in f32: within f32 summation error of the exact product of the rounded
-//! operands, not the bits of [`crate::sgemm`] on them (AMX rounds its sums in its own way; a
+//! operands, not the bits of `sgemm` on them (AMX rounds its sums in its own way; a
 //! `vdpbf16ps` adds two products to its accumulator per step). Each output depends only on its
 //! row, its column and the fixed depth blocks, so results do not change with the batch or the
 //! threads, but they differ between the engines in the last bits. Both read subnormal inputs and
@@ -26,12 +26,8 @@
 
 use std::arch::x86_64::*;
 
-/// Values of a tile row: 64 bytes of bf16 (in B's panels, one depth pair of 16 columns).
-pub(crate) const TILE_K: usize = 32;
-/// Rows of a tile, and columns of B (and C) per tile.
-pub(crate) const TILE_M: usize = 16;
-/// bf16 values in one tile of B (16 rows of k pairs × 16 columns × 2).
-pub(crate) const TILE_B: usize = TILE_K * TILE_M;
+// The AMX tile's shape is the packed operands' for both engines.
+pub(crate) use crate::amx::{TILE_B, TILE_K, TILE_M};
 
 /// What multiplies the bf16 operands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +117,8 @@ fn to_bf16(dst: &mut [u16], src: &[f32], alpha: f32) {
 /// [`to_bf16`] in AVX-512 vectors for a caller outside this module's `target_feature` code (an
 /// [`Engine`] means the CPU has AVX-512F and BW: [`pack_rows`] needs them too).
 pub(crate) fn round_to_bf16(_: Engine, dst: &mut [u16], src: &[f32], alpha: f32) {
+    /// # Safety
+    /// The CPU has AVX-512F and BW (an [`Engine`] exists).
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn wide(dst: &mut [u16], src: &[f32], alpha: f32) {
         to_bf16(dst, src, alpha)
@@ -141,6 +139,8 @@ pub(crate) trait AElem: Copy {
 }
 
 impl AElem for f32 {
+    /// # Safety
+    /// As [`AElem::run_to_bf16`]: `src` addresses `dst.len()` readable f32s.
     #[inline(always)]
     unsafe fn run_to_bf16(dst: &mut [u16], src: *const f32, alpha: f32) {
         to_bf16(dst, std::slice::from_raw_parts(src, dst.len()), alpha)
@@ -148,6 +148,9 @@ impl AElem for f32 {
 }
 
 impl AElem for u16 {
+    /// # Safety
+    /// As [`AElem::run_to_bf16`]: `src` addresses `dst.len()` readable bf16 values, not
+    /// overlapping `dst`.
     #[inline(always)]
     unsafe fn run_to_bf16(dst: &mut [u16], src: *const u16, alpha: f32) {
         debug_assert!(alpha == 1.0, "bf16 operands are scaled before they are rounded");
@@ -246,6 +249,9 @@ unsafe fn transpose_block(block: &[[u16; TILE_M]; TILE_K], out: *mut u16, ld: us
 
 /// `r[i]` lane `j` ↔ `r[j]` lane `i`, for 16 rows of 16 u32: pairs of rows interleaved by 32 and
 /// by 64 bits, then 128-bit lanes exchanged twice.
+///
+/// # Safety
+/// The CPU has AVX-512F (no memory is touched but `r`).
 #[target_feature(enable = "avx512f")]
 unsafe fn transpose_16x16_u32(r: &mut [__m512i; 16]) {
     let mut t = [_mm512_setzero_si512(); 16];
@@ -276,6 +282,10 @@ unsafe fn transpose_16x16_u32(r: &mut [__m512i; 16]) {
 /// pair (depths 2q and 2q + 1 of one column) is one u32: taken from two neighbours of a column
 /// where columns are contiguous (`rsb == 1`), else from two rows, 16 columns at a time (one
 /// tile row).
+///
+/// # Safety
+/// The CPU has AVX-512F and BW; B's `k × n` addressed elements are readable; `dst` holds
+/// `n_pad·k_pad` values and is 4-byte aligned (it is written as u32 pairs).
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn pack_panels(dst: &mut [u16], b: *const f32, k: usize, n: usize, rsb: usize, csb: usize, n_pad: usize, k_pad: usize) {
     dst[..n_pad * k_pad].fill(0);
@@ -481,7 +491,7 @@ mod dot {
     }
 }
 
-/// `C = bf16(alpha·A)·bf16(B) + beta·C` with f32 sums on `engine`, strides as [`crate::sgemm`]
+/// `C = bf16(alpha·A)·bf16(B) + beta·C` with f32 sums on `engine`, strides as `sgemm`
 /// takes them (A (i,p) at `a + i·rsa + p·csa`, B (p,j) at `b + p·rsb + j·csb`, C (i,j) at
 /// `c + i·ldc + j`); alpha scales A before it is rounded (exact for a power of two, as the
 /// attention's 1/√64). Both operands are packed once (A as bf16 rows, B as tile panels); the

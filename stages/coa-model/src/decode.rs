@@ -239,41 +239,6 @@ struct AttTask {
     single: bool,
 }
 
-/// A model's linear weights packed once for decoding (the head included), in one
-/// [`DecodeDtype`]: per tensor index of `Params::tensors`, the packed weight, or `None` for
-/// tensors that are not a linear layer's. Built on the model's first decode call
-/// (`Model::decode_weights`) or by `Model::prepare_decoding_as`; `None` as a whole where the CPU
-/// has no packed kernel.
-pub(crate) struct DecodeWeights {
-    pub(crate) dtype: DecodeDtype,
-    packed: Vec<Option<PackedB>>,
-}
-
-impl std::fmt::Debug for DecodeWeights {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DecodeWeights {{ {} packed, {} }}", self.packed.iter().flatten().count(), self.dtype)
-    }
-}
-
-impl DecodeWeights {
-    /// Packs every linear layer's weight of `model` and its head in `dtype`; `None` without a
-    /// packed kernel.
-    pub(crate) fn new(model: &Model, dtype: DecodeDtype) -> Option<DecodeWeights> {
-        let lay = layout(&model.config);
-        let mut linears: Vec<usize> = lay.layers.iter().flat_map(|li| [li.wq, li.wk, li.wv, li.wo, li.wg, li.wu, li.wd]).collect();
-        linears.push(lay.lm_head.unwrap_or(lay.embed));
-        let tensors = &model.params.tensors;
-        // Each [out, in] weight as the B operand of x · wᵀ.
-        let built: Vec<Option<PackedB>> =
-            linears.par_iter().map(|&t| PackedB::new_as(&tensors[t].data, tensors[t].shape[0], tensors[t].shape[1], dtype)).collect();
-        let mut packed: Vec<Option<PackedB>> = (0..tensors.len()).map(|_| None).collect();
-        for (&t, pw) in linears.iter().zip(built) {
-            packed[t] = Some(pw?);
-        }
-        Some(DecodeWeights { dtype, packed })
-    }
-}
-
 /// `out[R,O] = x[R,I] @ w[O,I]ᵀ + b` through a prepacked weight, in parallel over blocks of
 /// output columns (each reads its part of the weight once for all rows). The same bits as
 /// `ops::linear_forward`, whatever the rows or the threads.
@@ -628,5 +593,48 @@ impl Model {
             src += n;
         }
         Ok(logits)
+    }
+}
+
+/// GFLOP/s (the best of many calls: a busy machine disturbs the median) of a linear layer's
+/// product on SmolLM2-135M's shapes at ROWS rows (default 1, 16, 48): `ops::linear_forward`
+/// (packs the weight on every call, as training does) and `decode::linear_packed` (the weight
+/// packed once, as decoding does); both give the same bits:
+/// `ROWS="16 48" cargo test -p coa-model --lib linear_speed -- --ignored --nocapture`
+#[cfg(test)]
+#[test]
+#[ignore = "a measurement: run alone on a quiet machine"]
+fn linear_speed() {
+    let rows: Vec<usize> = std::env::var("ROWS")
+        .map_or(vec![1, 16, 48], |s| s.split_whitespace().map(|a| a.parse().expect("ROWS")).collect());
+    type Rows = fn(&mut [f32], &[f32], &[f32], usize, usize, usize);
+    for &r in &rows {
+        for (i, o) in [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49174)] {
+            let sgemm: Rows = |out, x, w, r, i, o| ops::linear_forward(out, x, w, None, r, i, o);
+            let packed: Rows = |out, x, w, r, i, o| {
+                thread_local!(static PW: std::cell::RefCell<Option<((usize, usize), PackedB)>> = const { std::cell::RefCell::new(None) });
+                PW.with(|pw| {
+                    let mut pw = pw.borrow_mut();
+                    if pw.as_ref().is_none_or(|(p, _)| *p != (w.as_ptr() as usize, o)) {
+                        *pw = Some(((w.as_ptr() as usize, o), PackedB::new_as(w, o, i, crate::DecodeDtype::F32).expect("a packed kernel")));
+                    }
+                    linear_packed(out, x, &pw.as_ref().unwrap().1, None, r, i, o);
+                })
+            };
+            for (name, f) in [("ops::linear_forward", sgemm as Rows), ("decode::linear_packed", packed)] {
+                let x: Vec<f32> = (0..r * i).map(|k| (k % 7) as f32 * 0.1).collect();
+                let w: Vec<f32> = (0..o * i).map(|k| (k % 5) as f32 * 0.1).collect();
+                let mut out = vec![0f32; r * o];
+                let flop = 2.0 * (r * i * o) as f64;
+                let reps = (4e9 / flop).clamp(5.0, 5000.0) as usize;
+                let mut best = f64::INFINITY;
+                for _ in 0..reps {
+                    let t0 = std::time::Instant::now();
+                    f(&mut out, &x, &w, r, i, o);
+                    best = best.min(t0.elapsed().as_secs_f64());
+                }
+                println!("{name:21} rows {r:3} {i:5}x{o:5}: {:6.1} GFLOP/s", flop / best / 1e9);
+            }
+        }
     }
 }

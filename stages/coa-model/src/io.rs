@@ -13,7 +13,7 @@ use coa_schemas::output::write_atomically_now;
 
 use crate::config::ModelConfig;
 use crate::model::Model;
-use crate::params::{param_specs, Params, Tensor};
+use crate::params::{param_specs, to_f32, Params, Tensor};
 
 /// Storage dtype of the saved weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,25 +89,6 @@ impl From<SaveDtype> for SaveFormat {
 /// Tensors in checkpoints that carry no parameters (old HF RoPE buffers).
 fn ignorable(name: &str) -> bool {
     name.ends_with("rotary_emb.inv_freq")
-}
-
-/// Decode one safetensors tensor to f32; errors name the tensor and file.
-pub(crate) fn to_f32(name: &str, file: &Path, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
-    Ok(match dtype {
-        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-            .collect(),
-        other => bail!(
-            "tensor {name} in {} has dtype {other:?}; only F32, BF16 and F16 are supported",
-            file.display()
-        ),
-    })
 }
 
 /// The safetensors files of a checkpoint directory (what a stage that reads it records as its

@@ -18,15 +18,18 @@
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod attention_packed;
+mod attention_rows;
 #[cfg(target_arch = "x86_64")]
 mod bf16mm;
 pub mod config;
 pub mod decode;
+mod decode_weights;
 pub mod gguf;
 pub mod io;
 pub mod lora;
 pub mod model;
 pub mod ops;
+mod par;
 pub mod params;
 pub mod quant;
 pub mod rng;

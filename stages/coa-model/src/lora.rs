@@ -211,6 +211,19 @@ pub struct LoraActs {
     xd: Vec<f32>,
 }
 
+/// Which adapter a forward or backward runs, and how.
+#[derive(Clone, Copy, Debug)]
+pub struct LoraCall {
+    /// The products' precision.
+    pub dtype: MatmulDtype,
+    /// The decoder layer's number.
+    pub layer: usize,
+    /// The projection of that layer.
+    pub target: Target,
+    /// A training pass: dropout on.
+    pub train: bool,
+}
+
 impl Lora {
     /// A fresh adapter: A Kaiming-uniform (U(±1/√in), seeded per tensor name), B zeros.
     pub fn init(model: &ModelConfig, config: LoraConfig, seed: u64) -> Result<Lora> {
@@ -281,10 +294,11 @@ impl Lora {
         train && self.config.dropout > 0.0
     }
 
-    /// `out[T, out] += s · B A drop(x)` for layer `l`'s target `t` (no-op where it has no
-    /// adapter); `x` `[T, in]`. With `acts` (training) what the backward needs is kept there.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, dtype: MatmulDtype, l: usize, t: Target, x: &[f32], out: &mut [f32], n: usize, train: bool, acts: Option<&mut LoraActs>) {
+    /// `out[T, out] += s · B A drop(x)` for `call`'s layer and target (no-op where it has no
+    /// adapter); `x` `[T, in]`, `n` = T. With `acts` (training) what the backward needs is kept
+    /// there.
+    pub fn forward(&self, call: LoraCall, x: &[f32], out: &mut [f32], n: usize, acts: Option<&mut LoraActs>) {
+        let LoraCall { dtype, layer: l, target: t, train } = call;
         let Some(k) = self.index[l][t as usize] else { return };
         let (a, b) = (&self.params.tensors[k].data, &self.params.tensors[k + 1].data);
         let r = self.config.rank;
@@ -308,7 +322,8 @@ impl Lora {
     /// The backward of [`Lora::forward`]: `dy` `[T, out]` is d loss / d out; adds d loss / d x
     /// into `dx` `[T, in]` and the A / B gradients into `grads` (the layout of `self.params`).
     #[allow(clippy::too_many_arguments)]
-    pub fn backward(&self, dtype: MatmulDtype, l: usize, t: Target, x: &[f32], acts: &LoraActs, dy: &[f32], dx: &mut [f32], grads: &mut Params, n: usize, train: bool) {
+    pub fn backward(&self, call: LoraCall, x: &[f32], acts: &LoraActs, dy: &[f32], dx: &mut [f32], grads: &mut Params, n: usize) {
+        let LoraCall { dtype, layer: l, target: t, train } = call;
         let Some(k) = self.index[l][t as usize] else { return };
         let (a, b) = (&self.params.tensors[k].data, &self.params.tensors[k + 1].data);
         let r = self.config.rank;
@@ -468,7 +483,7 @@ impl Lora {
                     if view.shape() != shape.as_slice() {
                         bail!("tensor {name} in {} has shape {:?}, expected {shape:?}", file.display(), view.shape());
                     }
-                    let data = crate::io::to_f32(&name, &file, view.dtype(), view.data())?;
+                    let data = crate::params::to_f32(&name, &file, view.dtype(), view.data())?;
                     if let Some(pos) = data.iter().position(|x| !x.is_finite()) {
                         bail!("tensor {name} in {} has a non-finite value at flat index {pos}", file.display());
                     }

@@ -4,8 +4,8 @@
 use anyhow::{bail, Context, Result};
 
 use crate::config::ModelConfig;
-use crate::lora::{LoraActs, Target};
-use crate::ops;
+use crate::lora::{LoraActs, LoraCall, Target};
+use crate::ops::{self, AttentionShape, Qkv, QkvGrads};
 use crate::params::{layout, param_specs, LayerIdx, Layout, Params, Tensor};
 use crate::rng::{fnv1a, SplitMix64};
 
@@ -26,7 +26,7 @@ pub struct Model {
     pub matmul: crate::MatmulDtype,
     /// The linear weights packed for decoding, from `params` as they are at the first decode
     /// call (decoding serves frozen weights: training never decodes; a clone starts without).
-    decode_weights: std::sync::OnceLock<Option<crate::decode::DecodeWeights>>,
+    decode_weights: std::sync::OnceLock<Option<crate::decode_weights::DecodeWeights>>,
     /// A LoRA adapter on the linear layers (see [`crate::lora`]), kept apart from `params`: the
     /// forward adds its term, and with one `forward_backward` trains it alone (the base gets no
     /// gradient). Decoding needs it merged ([`Model::merge_lora`]; [`Model::load`] merges).
@@ -205,6 +205,41 @@ struct SeqCtx {
     windows: Vec<usize>,
 }
 
+impl SeqCtx {
+    /// The attention shape of a layer of model `c` whose sliding window is `window`.
+    fn attention<'a>(&'a self, c: &ModelConfig, window: usize) -> AttentionShape<'a> {
+        AttentionShape {
+            seg_start: &self.seg_start,
+            prefix: self.prefix,
+            window,
+            n_heads: c.num_attention_heads,
+            n_kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim(),
+        }
+    }
+}
+
+/// One decoder layer as a pass sees it.
+#[derive(Clone, Copy)]
+struct LayerAt<'a> {
+    /// Its number.
+    l: usize,
+    /// Its tensors.
+    idx: &'a LayerIdx,
+    /// Its sliding window (0: none).
+    window: usize,
+}
+
+/// A linear layer `out[T, o] = x[T, i] wᵀ + bias`: its tensors (indices into the parameters)
+/// and its shape.
+#[derive(Clone, Copy)]
+struct Linear {
+    w: usize,
+    bias: Option<usize>,
+    i: usize,
+    o: usize,
+}
+
 impl Model {
     /// A fresh model with HF-style init: every linear weight and the embedding ~ N(0,
     /// initializer_range), biases 0, norm weights 1. Deterministic from `seed` (each tensor has its
@@ -244,8 +279,8 @@ impl Model {
     /// The weights packed for decoding, packed on the first call in f32 unless
     /// [`Model::prepare_decoding_as`] chose another format (`None`: the CPU has no packed kernel,
     /// and decoding multiplies the f32 weights as they are).
-    pub(crate) fn decode_weights(&self) -> Option<&crate::decode::DecodeWeights> {
-        self.decode_weights.get_or_init(|| crate::decode::DecodeWeights::new(self, crate::DecodeDtype::F32)).as_ref()
+    pub(crate) fn decode_weights(&self) -> Option<&crate::decode_weights::DecodeWeights> {
+        self.decode_weights.get_or_init(|| crate::decode_weights::DecodeWeights::new(&self.config, &self.params, crate::DecodeDtype::F32)).as_ref()
     }
 
     /// Packs the weights for decoding now (a copy of the linear layers, as many bytes again),
@@ -260,7 +295,7 @@ impl Model {
     /// already decodes in another format, or if `dtype` is not f32 and the CPU has no packed
     /// kernel (x86-64 with AVX2 and FMA).
     pub fn prepare_decoding_as(&self, dtype: crate::DecodeDtype) -> Result<()> {
-        let got = self.decode_weights.get_or_init(|| crate::decode::DecodeWeights::new(self, dtype));
+        let got = self.decode_weights.get_or_init(|| crate::decode_weights::DecodeWeights::new(&self.config, &self.params, dtype));
         match got {
             Some(dw) if dw.dtype != dtype => {
                 bail!("this model already decodes with {} weights, not {dtype} (load it again to change)", dw.dtype)
@@ -366,8 +401,8 @@ impl Model {
     /// are written into `a` and the output residual into `y` `[T, D]`.
     /// `l` is the layer's number; `train`: a training forward (LoRA dropout on, its activations
     /// kept).
-    #[allow(clippy::too_many_arguments)]
-    fn layer_forward(&self, l: usize, li: &LayerIdx, window: usize, a: &mut LayerActs, y: &mut [f32], cx: &SeqCtx, train: bool) {
+    fn layer_forward(&self, layer: LayerAt, a: &mut LayerActs, y: &mut [f32], cx: &SeqCtx, train: bool) {
+        let LayerAt { l, idx: li, window } = layer;
         let c = &self.config;
         let (t, d, hd, nh, nkv, inter) =
             (cx.t, c.hidden_size, c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
@@ -383,7 +418,7 @@ impl Model {
             // q and k before Qwen3's norm: the adapter adds to the projection, as PEFT's does
             let (qdst, kdst) = if li.qn.is_some() { (&mut a.qr, &mut a.kr) } else { (&mut a.q, &mut a.k) };
             for (tg, out) in [(Target::Q, qdst), (Target::K, kdst), (Target::V, &mut a.v)] {
-                lo.forward(self.matmul, l, tg, &a.h1, out, t, train, Some(&mut a.lora[tg as usize]));
+                lo.forward(self.lora_call(l, tg, train), &a.h1, out, t, Some(&mut a.lora[tg as usize]));
             }
         }
         if let (Some(qn), Some(kn)) = (li.qn, li.kn) {
@@ -392,10 +427,10 @@ impl Model {
         }
         ops::rope_forward(&mut a.q, &cx.cos, &cx.sin, nh, hd);
         ops::rope_forward(&mut a.k, &cx.cos, &cx.sin, nkv, hd);
-        ops::attention_forward_prefix(&mut a.att, &mut a.lse, &a.q, &a.k, &a.v, &cx.seg_start, cx.prefix, window, nh, nkv, hd, self.matmul);
+        ops::attention_forward_prefix(&mut a.att, &mut a.lse, Qkv { q: &a.q, k: &a.k, v: &a.v }, cx.attention(c, window), self.matmul);
         ops::linear_forward_as(self.matmul, &mut a.x2, &a.att, self.p(li.wo), self.pb(li.bo), t, qd, d);
         if let Some(lo) = &self.lora {
-            lo.forward(self.matmul, l, Target::O, &a.att, &mut a.x2, t, train, Some(&mut a.lora[Target::O as usize]));
+            lo.forward(self.lora_call(l, Target::O, train), &a.att, &mut a.x2, t, Some(&mut a.lora[Target::O as usize]));
         }
         a.x2.iter_mut().zip(&a.x).for_each(|(s, b)| *s += b);
         ops::rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x2, self.p(li.ln2), eps, d);
@@ -403,13 +438,13 @@ impl Model {
         ops::linear_forward_as(self.matmul, &mut a.u, &a.h2, self.p(li.wu), self.pb(li.bu), t, d, inter);
         if let Some(lo) = &self.lora {
             for (tg, out) in [(Target::Gate, &mut a.g), (Target::Up, &mut a.u)] {
-                lo.forward(self.matmul, l, tg, &a.h2, out, t, train, Some(&mut a.lora[tg as usize]));
+                lo.forward(self.lora_call(l, tg, train), &a.h2, out, t, Some(&mut a.lora[tg as usize]));
             }
         }
         ops::swiglu_forward(&mut a.a, &a.g, &a.u);
         ops::linear_forward_as(self.matmul, y, &a.a, self.p(li.wd), self.pb(li.bd), t, inter, d);
         if let Some(lo) = &self.lora {
-            lo.forward(self.matmul, l, Target::Down, &a.a, y, t, train, Some(&mut a.lora[Target::Down as usize]));
+            lo.forward(self.lora_call(l, Target::Down, train), &a.a, y, t, Some(&mut a.lora[Target::Down as usize]));
         }
         y.iter_mut().zip(&a.x2).for_each(|(s, b)| *s += b);
     }
@@ -430,7 +465,7 @@ impl Model {
             };
             a.fit(&self.config, cx.t);
             a.x.copy_from_slice(&ws.x);
-            self.layer_forward(l, li, cx.windows[l], a, &mut ws.x, cx, keep_from.is_some());
+            self.layer_forward(LayerAt { l, idx: li, window: cx.windows[l] }, a, &mut ws.x, cx, keep_from.is_some());
         }
     }
 
@@ -614,7 +649,7 @@ impl Model {
                 // overwrite the probabilities with dlogits
                 let dl = &mut ws.head;
                 ops::logsoftmax_backward_from_probs(dl, &head.targets, &dlogp_row, v);
-                self.lin_back(&mut base, wh, None, (&mut ws.dhs, 1.0), dl, &ws.hs, n, d, v);
+                self.lin_back(&mut base, Linear { w: wh, bias: None, i: d, o: v }, (&mut ws.dhs, 1.0), dl, &ws.hs, n);
             } else {
                 fit(&mut ws.head2, chunk * v);
                 for r0 in (0..n).step_by(chunk) {
@@ -623,7 +658,7 @@ impl Model {
                     let (zc, dzc) = (&mut ws.head[..m * v], &mut ws.head2[..m * v]);
                     ops::linear_forward_as(self.matmul, zc, &ws.hs[r0 * d..r1 * d], self.p(wh), None, m, d, v);
                     ops::logsoftmax_backward(dzc, zc, &row_lse[r0..r1], &head.targets[r0..r1], &dlogp_row[r0..r1], v);
-                    self.lin_back(&mut base, wh, None, (&mut ws.dhs[r0 * d..r1 * d], 1.0), dzc, &ws.hs[r0 * d..r1 * d], m, d, v);
+                    self.lin_back(&mut base, Linear { w: wh, bias: None, i: d, o: v }, (&mut ws.dhs[r0 * d..r1 * d], 1.0), dzc, &ws.hs[r0 * d..r1 * d], m);
                 }
             }
         }
@@ -635,7 +670,7 @@ impl Model {
 
         // ---- backward: layers
         for (((l, li), a), &window) in lay.layers.iter().enumerate().skip(frozen).zip(&ws.layers).zip(&cx.windows[frozen..]).rev() {
-            self.layer_backward(l, li, window, a, &cx, &mut ws.dx, &mut base, &mut lg, &mut ws.back);
+            self.layer_backward(LayerAt { l, idx: li, window }, a, &cx, &mut ws.dx, &mut base, &mut lg, &mut ws.back);
         }
         if let (0, Some(g)) = (frozen, base) {
             ops::embedding_backward(&mut g.tensors[lay.embed].data, &ws.dx, ids, d);
@@ -647,58 +682,32 @@ impl Model {
     /// and d loss / d (layer input) on exit. The base's gradients go into `base` (`None`: a
     /// frozen base under LoRA), the adapter's into `lg`.
     #[allow(clippy::too_many_arguments)]
-    fn layer_backward(
-        &self,
-        l: usize,
-        li: &LayerIdx,
-        window: usize,
-        a: &LayerActs,
-        cx: &SeqCtx,
-        dx: &mut [f32],
-        base: &mut Option<&mut Params>,
-        lg: &mut Option<&mut Params>,
-        b: &mut BackBufs,
-    ) {
+    fn layer_backward(&self, layer: LayerAt, a: &LayerActs, cx: &SeqCtx, dx: &mut [f32], base: &mut Option<&mut Params>, lg: &mut Option<&mut Params>, b: &mut BackBufs) {
+        let LayerAt { l, idx: li, window } = layer;
         let c = &self.config;
         let (t, d, hd, nh, nkv, inter) =
             (cx.t, c.hidden_size, c.head_dim(), c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
         let (qd, kvd) = (nh * hd, nkv * hd);
         // MLP: x3 = x2 + down(silu(gate(h2)) * up(h2)), h2 = rmsnorm(x2)
-        self.lin_back(base, li.wd, li.bd, (&mut b.da, 0.0), dx, &a.a, t, inter, d);
-        self.lora_back(lg, l, Target::Down, &a.a, a, dx, &mut b.da, t);
+        self.lin_back(base, Linear { w: li.wd, bias: li.bd, i: inter, o: d }, (&mut b.da, 0.0), dx, &a.a, t);
+        self.lora_back(lg, self.lora_call(l, Target::Down, true), &a.a, a, dx, &mut b.da, t);
         b.dg.iter_mut().for_each(|x| *x = 0.0);
         b.du.iter_mut().for_each(|x| *x = 0.0);
         ops::swiglu_backward(&mut b.dg, &mut b.du, &b.da, &a.g, &a.u);
-        self.lin_back(base, li.wg, li.bg, (&mut b.dh, 0.0), &b.dg, &a.h2, t, d, inter);
-        self.lora_back(lg, l, Target::Gate, &a.h2, a, &b.dg, &mut b.dh, t);
-        self.lin_back(base, li.wu, li.bu, (&mut b.dh, 1.0), &b.du, &a.h2, t, d, inter);
-        self.lora_back(lg, l, Target::Up, &a.h2, a, &b.du, &mut b.dh, t);
+        self.lin_back(base, Linear { w: li.wg, bias: li.bg, i: d, o: inter }, (&mut b.dh, 0.0), &b.dg, &a.h2, t);
+        self.lora_back(lg, self.lora_call(l, Target::Gate, true), &a.h2, a, &b.dg, &mut b.dh, t);
+        self.lin_back(base, Linear { w: li.wu, bias: li.bu, i: d, o: inter }, (&mut b.dh, 1.0), &b.du, &a.h2, t);
+        self.lora_back(lg, self.lora_call(l, Target::Up, true), &a.h2, a, &b.du, &mut b.dh, t);
         let dn = norm_grad(base, &mut b.dnorm, li.ln2, d);
         ops::rmsnorm_backward(dx, dn, &b.dh, &a.x2, self.p(li.ln2), &a.rstd2, d);
         // Attention: x2 = x + o_proj(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = rmsnorm(x)
-        self.lin_back(base, li.wo, li.bo, (&mut b.datt, 0.0), dx, &a.att, t, qd, d);
-        self.lora_back(lg, l, Target::O, &a.att, a, dx, &mut b.datt, t);
+        self.lin_back(base, Linear { w: li.wo, bias: li.bo, i: qd, o: d }, (&mut b.datt, 0.0), dx, &a.att, t);
+        self.lora_back(lg, self.lora_call(l, Target::O, true), &a.att, a, dx, &mut b.datt, t);
         b.dq.iter_mut().for_each(|x| *x = 0.0);
         b.dk.iter_mut().for_each(|x| *x = 0.0);
         b.dv.iter_mut().for_each(|x| *x = 0.0);
-        ops::attention_backward_prefix(
-            &mut b.dq,
-            &mut b.dk,
-            &mut b.dv,
-            &b.datt,
-            &a.q,
-            &a.k,
-            &a.v,
-            &a.att,
-            &a.lse,
-            &cx.seg_start,
-            cx.prefix,
-            window,
-            nh,
-            nkv,
-            hd,
-            self.matmul,
-        );
+        let grads = QkvGrads { dq: &mut b.dq, dk: &mut b.dk, dv: &mut b.dv };
+        ops::attention_backward_prefix(grads, &b.datt, Qkv { q: &a.q, k: &a.k, v: &a.v }, &a.att, &a.lse, cx.attention(c, window), self.matmul);
         ops::rope_backward(&mut b.dq, &cx.cos, &cx.sin, nh, hd);
         ops::rope_backward(&mut b.dk, &cx.cos, &cx.sin, nkv, hd);
         // Through Qwen3's q/k norm: d loss / d (q, k before it) into dqr / dkr.
@@ -713,12 +722,12 @@ impl Model {
         } else {
             (&b.dq, &b.dk)
         };
-        self.lin_back(base, li.wq, li.bq, (&mut b.dh, 0.0), dqp, &a.h1, t, d, qd);
-        self.lora_back(lg, l, Target::Q, &a.h1, a, dqp, &mut b.dh, t);
-        self.lin_back(base, li.wk, li.bk, (&mut b.dh, 1.0), dkp, &a.h1, t, d, kvd);
-        self.lora_back(lg, l, Target::K, &a.h1, a, dkp, &mut b.dh, t);
-        self.lin_back(base, li.wv, li.bv, (&mut b.dh, 1.0), &b.dv, &a.h1, t, d, kvd);
-        self.lora_back(lg, l, Target::V, &a.h1, a, &b.dv, &mut b.dh, t);
+        self.lin_back(base, Linear { w: li.wq, bias: li.bq, i: d, o: qd }, (&mut b.dh, 0.0), dqp, &a.h1, t);
+        self.lora_back(lg, self.lora_call(l, Target::Q, true), &a.h1, a, dqp, &mut b.dh, t);
+        self.lin_back(base, Linear { w: li.wk, bias: li.bk, i: d, o: kvd }, (&mut b.dh, 1.0), dkp, &a.h1, t);
+        self.lora_back(lg, self.lora_call(l, Target::K, true), &a.h1, a, dkp, &mut b.dh, t);
+        self.lin_back(base, Linear { w: li.wv, bias: li.bv, i: d, o: kvd }, (&mut b.dh, 1.0), &b.dv, &a.h1, t);
+        self.lora_back(lg, self.lora_call(l, Target::V, true), &a.h1, a, &b.dv, &mut b.dh, t);
         let dn = norm_grad(base, &mut b.dnorm, li.ln1, d);
         ops::rmsnorm_backward(dx, dn, &b.dh, &a.x, self.p(li.ln1), &a.rstd1, d);
     }
@@ -726,8 +735,8 @@ impl Model {
     /// A linear layer's backward (weight `w`, bias `bias`, `out[T,O] = x[T,I] wᵀ`): `dx` written
     /// (beta 0) or added to (beta 1); the weight and bias gradients into `base`, none when it is
     /// `None` (a frozen base: that product is skipped).
-    #[allow(clippy::too_many_arguments)]
-    fn lin_back(&self, base: &mut Option<&mut Params>, w: usize, bias: Option<usize>, dx: (&mut [f32], f32), dout: &[f32], x: &[f32], t: usize, i: usize, o: usize) {
+    fn lin_back(&self, base: &mut Option<&mut Params>, lin: Linear, dx: (&mut [f32], f32), dout: &[f32], x: &[f32], t: usize) {
+        let Linear { w, bias, i, o } = lin;
         match base {
             Some(g) => {
                 let (dw, db) = grad_pair(&mut g.tensors, w, bias);
@@ -737,13 +746,18 @@ impl Model {
         }
     }
 
-    /// The adapter's backward on layer `l`'s target `tg` (input `x`, d output `dy`), adding into
-    /// `dx` and the adapter gradients `lg`; nothing without an adapter there.
+    /// The adapter's backward for `call` (input `x`, d output `dy`), adding into `dx` and the
+    /// adapter gradients `lg`; nothing without an adapter there.
     #[allow(clippy::too_many_arguments)]
-    fn lora_back(&self, lg: &mut Option<&mut Params>, l: usize, tg: Target, x: &[f32], a: &LayerActs, dy: &[f32], dx: &mut [f32], t: usize) {
+    fn lora_back(&self, lg: &mut Option<&mut Params>, call: LoraCall, x: &[f32], a: &LayerActs, dy: &[f32], dx: &mut [f32], t: usize) {
         if let (Some(lora), Some(g)) = (&self.lora, lg.as_deref_mut()) {
-            lora.backward(self.matmul, l, tg, x, &a.lora[tg as usize], dy, dx, g, t, true);
+            lora.backward(call, x, &a.lora[call.target as usize], dy, dx, g, t);
         }
+    }
+
+    /// The adapter call of layer `l`'s `target` in this model's precision.
+    fn lora_call(&self, l: usize, target: Target, train: bool) -> LoraCall {
+        LoraCall { dtype: self.matmul, layer: l, target, train }
     }
 
     /// Merges the adapter into the base weights (`W += s · B A`, PEFT's `merge_and_unload`) and

@@ -16,6 +16,9 @@ use rayon::prelude::*;
 
 use crate::MatmulDtype;
 
+use crate::attention_rows::{ds_row, head_major, key_span, row_span, softmax_row, window_cut, ATT_BLOCK};
+pub use crate::attention_rows::{AttentionShape, Qkv, QkvGrads};
+pub(crate) use crate::par::SendPtr;
 use crate::sgemm::sgemm_as;
 
 /// Rows per parallel task for row-wise ops (fixed: results do not depend on the thread count).
@@ -23,19 +26,6 @@ const ROW_CHUNK: usize = 16;
 
 // ---------------------------------------------------------------------------------------------
 // matmul
-
-/// An output pointer that parallel tasks share, each writing only its own rows or columns (the
-/// one wrapper the crate's rayon loops use).
-pub(crate) struct SendPtr<T = f32>(pub(crate) *mut T);
-impl<T> Clone for SendPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SendPtr<T> {}
-// SAFETY: the tasks that share it write disjoint parts (each use says which).
-unsafe impl<T> Send for SendPtr<T> {}
-unsafe impl<T> Sync for SendPtr<T> {}
 
 /// The register kernel [`gemm`] runs on this CPU: `"avx512"` (12×32 tiles), `"avx2"` (6×16) or
 /// `"portable"` (the `matrixmultiply` crate). `COA_CPU_KERNEL=avx2` caps it at AVX2.
@@ -396,12 +386,6 @@ pub fn segment_ends(seg_start: &[usize]) -> Vec<usize> {
 // ---------------------------------------------------------------------------------------------
 // attention
 
-/// Query / key rows per attention task. Each task packs its keys and values for the kernel, so
-/// larger blocks pack them fewer times: 128 trained 2-5% faster than 64 (same loss bits at 6
-/// digits) on rows of 512 and of up to 4096 tokens, and the score block of a 4096-token row
-/// (128 × 4096 floats, 2 MB) still fits a core's L2.
-pub(crate) const ATT_BLOCK: usize = 128;
-
 #[cfg(test)]
 thread_local! {
     /// Tests: the attention takes the per-product path in bf16 too (the packed path's reference).
@@ -423,138 +407,16 @@ fn packed_attention(dtype: MatmulDtype) -> Option<crate::bf16mm::Engine> {
     }
 }
 
-/// Causal grouped-query attention within segments, scale 1/sqrt(hd).
-/// `out[T, Hq*hd]` and `lse[T, Hq]` (log-sum-exp of the scaled scores) are written;
-/// `q[T, Hq*hd]`, `k[T, Hk*hd]`, `v[T, Hk*hd]` (q, k already rotated); `seg_start[T]`.
+/// Causal grouped-query attention within segments (with `shape`'s shared prefix and sliding
+/// window, see [`attention_forward_prefix`]), scale 1/sqrt(hd), in f32 products.
+/// `out[T, Hq*hd]` and `lse[T, Hq]` (log-sum-exp of the scaled scores) are written.
 /// Query head h reads kv head h / (Hq/Hk). Token i attends to j in [seg_start[i], i]:
 /// `out_i = Σ_j softmax_j(scale · q_i·k_j) v_j`.
 ///
 /// Work: one task per (head, block of 64 queries); scores for the block against every key its
 /// rows may see are one sgemm, the softmax is row-wise, and P·V is one sgemm.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_forward(
-    out: &mut [f32],
-    lse: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    seg_start: &[usize],
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-) {
-    attention_forward_prefix(out, lse, q, k, v, seg_start, 0, 0, n_heads, n_kv_heads, hd, MatmulDtype::F32);
-}
-
-/// The keys a block of queries starting at `i0` reads: the shared prefix `[0, np)` (np = the
-/// prefix length when the block lies past it, else 0) and the run `[k0, i1)`.
-#[inline]
-pub(crate) fn key_span(seg_start: &[usize], prefix: usize, i0: usize) -> (usize, usize) {
-    let k0 = seg_start[i0];
-    let np = if prefix > 0 && k0 >= prefix { prefix } else { 0 };
-    (np, k0)
-}
-
-/// Position of token i (its RoPE position): its offset in its segment, after the shared prefix
-/// for a token of a later segment. A sliding window compares these.
-#[inline]
-pub(crate) fn position_of(seg_start: &[usize], prefix: usize, i: usize) -> usize {
-    let s = seg_start[i];
-    i - s + if prefix > 0 && s >= prefix { prefix } else { 0 }
-}
-
-/// Whether query i sees key j under a sliding window of `window` (0: no window): their
-/// positions differ by less than the window (transformers' `q_idx - kv_idx < sliding_window`).
-/// Only asked of pairs the segments already allow.
-#[inline]
-pub(crate) fn in_window(seg_start: &[usize], prefix: usize, window: usize, i: usize, j: usize) -> bool {
-    window == 0 || position_of(seg_start, prefix, i) - position_of(seg_start, prefix, j) < window
-}
-
-/// The columns query i sees in its block's score row (columns: `[0, np)` the prefix keys, then
-/// keys from k0): `[a0, a)` (the shared prefix) and `[lo, hi)` (its own segment up to itself).
-/// A block that holds prefix tokens (np = 0, k0 = 0) has the prefix keys among its run. A
-/// sliding window (`window` > 0) moves `a0` and `lo` up to the first key it still sees.
-#[inline]
-pub(crate) fn row_span(seg_start: &[usize], prefix: usize, window: usize, np: usize, k0: usize, i: usize) -> (usize, usize, usize, usize) {
-    let a = if np > 0 {
-        np
-    } else if prefix > 0 && seg_start[i] >= prefix {
-        prefix - k0
-    } else {
-        0
-    };
-    let (mut lo, hi) = (np + seg_start[i] - k0, np + i - k0 + 1);
-    let mut a0 = 0;
-    if window > 0 {
-        lo = lo.max(hi.saturating_sub(window));
-        // prefix key j sits in column j; seen while position(i) - j < window
-        a0 = (position_of(seg_start, prefix, i) + 1).saturating_sub(window).min(a);
-    }
-    (a0, a, lo, hi)
-}
-
-/// Softmax of one query's score row in place over its visible columns `[a0, a)` (the shared
-/// prefix) and `[lo, hi)` (its segment up to itself), the rest set to 0; returns the log-sum-exp
-/// of the scaled scores. One place for both attention paths.
-pub(crate) fn softmax_row(row: &mut [f32], (a0, a, lo, hi): (usize, usize, usize, usize), scale: f32) -> f32 {
-    row[..a0].iter_mut().for_each(|x| *x = 0.0);
-    row[a..lo].iter_mut().for_each(|x| *x = 0.0);
-    row[hi..].iter_mut().for_each(|x| *x = 0.0);
-    let (pre, rest) = row.split_at_mut(a);
-    let pre = &mut pre[a0..];
-    let valid = &mut rest[lo - a..hi - a];
-    let mx = crate::simd::max(pre).max(crate::simd::max(valid)) * scale;
-    let sum = crate::simd::exp_affine_sum(pre, scale, mx) + crate::simd::exp_affine_sum(valid, scale, mx);
-    crate::simd::scale(pre, 1.0 / sum);
-    crate::simd::scale(valid, 1.0 / sum);
-    mx + sum.ln()
-}
-
-/// One query's probabilities `pr` (from its scores) and score gradients `dsr` (from dP) over its
-/// visible columns ([`softmax_row`]'s), given its lse `l` and `delta` = dout·out; dS is 0
-/// elsewhere, and so is P when `zero_p` (a second pass that reads whole columns).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn ds_row(pr: &mut [f32], dsr: &mut [f32], (a0, a, lo, hi): (usize, usize, usize, usize), scale: f32, l: f32, delta: f32, zero_p: bool) {
-    crate::simd::attn_ds_row(&mut pr[a0..a], &mut dsr[a0..a], scale, l, delta);
-    crate::simd::attn_ds_row(&mut pr[lo..hi], &mut dsr[lo..hi], scale, l, delta);
-    dsr[..a0].iter_mut().for_each(|x| *x = 0.0);
-    dsr[a..lo].iter_mut().for_each(|x| *x = 0.0);
-    dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
-    if zero_p {
-        pr[..a0].iter_mut().for_each(|x| *x = 0.0);
-        pr[a..lo].iter_mut().for_each(|x| *x = 0.0);
-        pr[hi..].iter_mut().for_each(|x| *x = 0.0);
-    }
-}
-
-/// A recomputing second pass's row of key j (query `i_first + c` in column c, `[lo, hi)` the
-/// queries its segments allow): zeroes P and dS of the queries a sliding window hides from j.
-/// Elementwise, since with a shared prefix those queries are not one run.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn window_cut(pr: &mut [f32], dsr: &mut [f32], seg_start: &[usize], prefix: usize, window: usize, j: usize, i_first: usize, lo: usize, hi: usize) {
-    if window == 0 {
-        return;
-    }
-    for c in lo..hi {
-        if !in_window(seg_start, prefix, window, i_first + c, j) {
-            pr[c] = 0.0;
-            dsr[c] = 0.0;
-        }
-    }
-}
-
-/// `lse` and `delta` `[T, Hq]` as head-major copies `[Hq, T]` (a recomputing second pass reads
-/// them by column).
-pub(crate) fn head_major(lse: &[f32], delta: &[f32], t_len: usize, n_heads: usize) -> (Vec<f32>, Vec<f32>) {
-    let (mut lse_hm, mut delta_hm) = (vec![0f32; t_len * n_heads], vec![0f32; t_len * n_heads]);
-    for i in 0..t_len {
-        for h in 0..n_heads {
-            lse_hm[h * t_len + i] = lse[i * n_heads + h];
-            delta_hm[h * t_len + i] = delta[i * n_heads + h];
-        }
-    }
-    (lse_hm, delta_hm)
+pub fn attention_forward(out: &mut [f32], lse: &mut [f32], x: Qkv, shape: AttentionShape) {
+    attention_forward_prefix(out, lse, x, shape, MatmulDtype::F32);
 }
 
 /// [`attention_forward_prefix`] with a shared prefix: tokens `[0, prefix)` (the first segment) are seen
@@ -562,21 +424,9 @@ pub(crate) fn head_major(lse: &[f32], delta: &[f32], t_len: usize, n_heads: usiz
 /// [seg_start[i], i]`. Rows that share a prompt packed as `prefix | tail 1 | tail 2 | …` compute
 /// exactly what each row `prefix | tail k` computes alone, the prefix once. `prefix = 0`: plain
 /// segments.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_forward_prefix(
-    out: &mut [f32],
-    lse: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    seg_start: &[usize],
-    prefix: usize,
-    window: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-    dtype: MatmulDtype,
-) {
+pub fn attention_forward_prefix(out: &mut [f32], lse: &mut [f32], x: Qkv, shape: AttentionShape, dtype: MatmulDtype) {
+    let AttentionShape { seg_start, prefix, window, n_heads, n_kv_heads, head_dim: hd } = shape;
+    let Qkv { q, k, v } = x;
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     assert!(q.len() == t_len * qw && out.len() == t_len * qw && lse.len() == t_len * n_heads);
@@ -584,7 +434,7 @@ pub fn attention_forward_prefix(
     assert!(prefix <= t_len && (prefix == 0 || seg_start.get(prefix).is_none_or(|&s| s == prefix)), "the shared prefix must end at a segment start");
     #[cfg(target_arch = "x86_64")]
     if let Some(engine) = packed_attention(dtype) {
-        return crate::attention_packed::forward(engine, out, lse, q, k, v, seg_start, prefix, window, n_heads, n_kv_heads, hd);
+        return crate::attention_packed::forward(engine, out, lse, x, &shape);
     }
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
@@ -628,53 +478,20 @@ pub fn attention_forward_prefix(
     });
 }
 
-/// Attention backward. Accumulates `dq[T, Hq*hd]`, `dk[T, Hk*hd]`, `dv[T, Hk*hd]` from
-/// `dout[T, Hq*hd]`, using the forward's `q, k, v, out, lse[T, Hq]` and `seg_start[T]`.
+/// Attention backward, in f32 products. Accumulates `grads` from `dout[T, Hq*hd]`, using the
+/// forward's `x`, `out[T, Hq*hd]`, `lse[T, Hq]` and `shape`.
 /// Probabilities are recomputed from lse: p_ij = exp(scale·q_i·k_j − lse_i).
 /// With delta_i = dout_i·out_i and dS_ij = p_ij (dout_i·v_j − delta_i):
 /// dq_i = scale Σ_j dS_ij k_j; dk_j = scale Σ_i dS_ij q_i; dv_j = Σ_i p_ij dout_i.
 /// Two race-free passes: tasks over (query head, query block) for dq, then over (kv head, key
 /// block) for dk and dv.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward(
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    seg_start: &[usize],
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-) {
-    attention_backward_prefix(dq, dk, dv, dout, q, k, v, out, lse, seg_start, 0, 0, n_heads, n_kv_heads, hd, MatmulDtype::F32);
+pub fn attention_backward(grads: QkvGrads, dout: &[f32], x: Qkv, out: &[f32], lse: &[f32], shape: AttentionShape) {
+    attention_backward_prefix(grads, dout, x, out, lse, shape, MatmulDtype::F32);
 }
 
 /// [`attention_backward`] with a shared prefix (see [`attention_forward_prefix`]).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward_prefix(
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    seg_start: &[usize],
-    prefix: usize,
-    window: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-    dtype: MatmulDtype,
-) {
-    attention_backward_keep(dq, dk, dv, dout, q, k, v, out, lse, seg_start, prefix, window, n_heads, n_kv_heads, hd, dtype, ATT_KEEP_LIMIT)
+pub fn attention_backward_prefix(grads: QkvGrads, dout: &[f32], x: Qkv, out: &[f32], lse: &[f32], shape: AttentionShape, dtype: MatmulDtype) {
+    attention_backward_keep(grads, dout, x, out, lse, shape, dtype, ATT_KEEP_LIMIT)
 }
 
 thread_local! {
@@ -692,25 +509,10 @@ const ATT_KEEP_LIMIT: usize = 128 << 20;
 /// products per (query block, key run) (dV += Pᵀ·dO, dK += scale·dSᵀ·Q); otherwise pass 2
 /// recomputes them in the transposed layout (two more products and the exponentials again).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_backward_keep(
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    seg_start: &[usize],
-    prefix: usize,
-    window: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    hd: usize,
-    dtype: MatmulDtype,
-    keep_limit: usize,
-) {
+pub(crate) fn attention_backward_keep(grads: QkvGrads, dout: &[f32], x: Qkv, out: &[f32], lse: &[f32], shape: AttentionShape, dtype: MatmulDtype, keep_limit: usize) {
+    let AttentionShape { seg_start, prefix, window, n_heads, n_kv_heads, head_dim: hd } = shape;
+    let Qkv { q, k, v } = x;
+    let QkvGrads { dq, dk, dv } = grads;
     let t_len = seg_start.len();
     let (qw, kw) = (n_heads * hd, n_kv_heads * hd);
     assert!(q.len() == t_len * qw && dq.len() == t_len * qw && dout.len() == t_len * qw && out.len() == t_len * qw);
@@ -731,9 +533,8 @@ pub(crate) fn attention_backward_keep(
     let delta = &delta;
     #[cfg(target_arch = "x86_64")]
     if let Some(engine) = packed_attention(dtype) {
-        return crate::attention_packed::backward(
-            engine, dq, dk, dv, dout, q, k, v, lse, delta, seg_start, &seg_end, prefix, window, n_heads, n_kv_heads, hd, keep_limit,
-        );
+        let rows = crate::attention_packed::QueryRows { dout, lse, delta };
+        return crate::attention_packed::backward(engine, QkvGrads { dq, dk, dv }, x, rows, &shape, &seg_end, keep_limit);
     }
     // Where task (h, query block) keeps its P and dS [nb, nk]: offsets into `kept` (P) and
     // `kept_ds`, if all of them fit.
@@ -900,7 +701,7 @@ pub(crate) fn attention_backward_keep(
                     pr[hi..].iter_mut().for_each(|x| *x = 0.0);
                     dsr[..lo].iter_mut().for_each(|x| *x = 0.0);
                     dsr[hi..].iter_mut().for_each(|x| *x = 0.0);
-                    window_cut(pr, dsr, seg_start, prefix, window, j, j0, lo, hi);
+                    window_cut(pr, dsr, &shape, j, j0, lo..hi);
                 }
                 // SAFETY: rows j0..j1, kv head g of dk / dv belong to this task alone.
                 unsafe {
@@ -1075,6 +876,7 @@ pub fn masked_cross_entropy(logits: &[f32], targets: &[u32], mask: &[f32], v: us
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention_rows::in_window;
     use crate::rng::SplitMix64;
 
     /// The attention backward's two second passes (from the kept P and dS, and recomputing them)
@@ -1090,11 +892,12 @@ mod tests {
         for (seg, prefix) in [(None, 0), (Some(&segs), 0), (Some(&segs), 70)] {
             let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
             let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
+            let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape { prefix, ..AttentionShape::segments(&seg_start, nh, nkv, hd) });
             let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::F32);
+            attention_forward_prefix(&mut out, &mut lse, x, shape, MatmulDtype::F32);
             let grads = |limit: usize| {
                 let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-                attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, 0, nh, nkv, hd, MatmulDtype::F32, limit);
+                attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, MatmulDtype::F32, limit);
                 (dq, dk, dv)
             };
             let (kept, recomputed) = (grads(usize::MAX), grads(0));
@@ -1118,11 +921,12 @@ mod tests {
         let segs: Vec<i32> = (0..t).map(|i| if i < 70 { 0 } else if i < 200 { 1 } else { 2 }).collect();
         let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
         let (_, seg_start) = segment_layout_prefix(t, Some(&segs), 70).unwrap();
+        let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape { prefix: 70, ..AttentionShape::segments(&seg_start, nh, nkv, hd) });
         let run = |dtype: MatmulDtype, limit: usize| {
             let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-            attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, 70, 0, nh, nkv, hd, dtype);
+            attention_forward_prefix(&mut out, &mut lse, x, shape, dtype);
             let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-            attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, 70, 0, nh, nkv, hd, dtype, limit);
+            attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, dtype, limit);
             [out, lse, dq, dk, dv]
         };
         let reference = run(MatmulDtype::F32, usize::MAX);
@@ -1139,8 +943,8 @@ mod tests {
 
     /// Naive attention (f64) under segments, a shared prefix and a sliding window: every (i, j)
     /// pair tested one by one. Returns out and d q, d k, d v for the output gradient `dout`.
-    #[allow(clippy::too_many_arguments)]
-    fn naive_attention(q: &[f32], k: &[f32], v: &[f32], dout: &[f32], seg_start: &[usize], prefix: usize, window: usize, nh: usize, nkv: usize, hd: usize) -> [Vec<f32>; 4] {
+    fn naive_attention(x: Qkv, dout: &[f32], shape: AttentionShape) -> [Vec<f32>; 4] {
+        let (Qkv { q, k, v }, AttentionShape { seg_start, prefix, window, n_heads: nh, n_kv_heads: nkv, head_dim: hd }) = (x, shape);
         let t = seg_start.len();
         let (qw, kw, group) = (nh * hd, nkv * hd, nh / nkv);
         let scale = 1.0 / (hd as f64).sqrt();
@@ -1192,13 +996,14 @@ mod tests {
         let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
         for (seg, prefix, window) in [(None, 0, 33), (None, 0, 200), (Some(&segs), 0, 21), (Some(&segs), 70, 50), (Some(&segs), 70, 95), (Some(&segs), 70, 1)] {
             let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
-            let want = naive_attention(&q, &k, &v, &dout, &seg_start, prefix, window, nh, nkv, hd);
+            let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape { prefix, window, ..AttentionShape::segments(&seg_start, nh, nkv, hd) });
+            let want = naive_attention(x, &dout, shape);
             for (dtype, tol) in [(MatmulDtype::F32, 1e-5), (MatmulDtype::Bf16, 2e-2)] {
                 for limit in [usize::MAX, 0] {
                     let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
-                    attention_forward_prefix(&mut out, &mut lse, &q, &k, &v, &seg_start, prefix, window, nh, nkv, hd, dtype);
+                    attention_forward_prefix(&mut out, &mut lse, x, shape, dtype);
                     let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
-                    attention_backward_keep(&mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &out, &lse, &seg_start, prefix, window, nh, nkv, hd, dtype, limit);
+                    attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, dtype, limit);
                     for (name, a, b) in [("out", &out, &want[0]), ("dq", &dq, &want[1]), ("dk", &dk, &want[2]), ("dv", &dv, &want[3])] {
                         let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
                         let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
@@ -1210,4 +1015,84 @@ mod tests {
         }
     }
 
+    /// The packed path computes what the per-product path computes (the same rounded operands,
+    /// sums grouped differently): outputs, lse and gradients within 1e-5 of their scale (6e-8
+    /// measured), on
+    /// segments and a shared prefix that end off the 32-grain and off the 128-query blocks,
+    /// grouped heads (3 per key/value head), both second passes of the backward.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn packed_attention_matches_the_per_product_path() {
+        if crate::bf16mm::engine().is_none() {
+            eprintln!("packed_attention_matches_the_per_product_path: skipped, this CPU has no bf16 engine");
+            return;
+        }
+        let (nh, nkv, hd) = (6, 2, 64);
+        let mut rng = SplitMix64::new(21);
+        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
+        let t = 437;
+        let segs: Vec<i32> = (0..t as i32).map(|i| if i < 77 { 0 } else if i < 181 { 1 } else if i < 300 { 2 } else { 3 }).collect();
+        let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
+        for (seg, prefix) in [(None, 0), (Some(&segs), 0), (Some(&segs), 77)] {
+            let (_, seg_start) = segment_layout_prefix(t, seg.map(|s| &s[..]), prefix).unwrap();
+            let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape { prefix, ..AttentionShape::segments(&seg_start, nh, nkv, hd) });
+            let run = |per_product: bool, limit: usize| {
+                PER_PRODUCT.set(per_product);
+                let (mut out, mut lse) = (vec![f32::NAN; t * nh * hd], vec![0f32; t * nh]);
+                attention_forward_prefix(&mut out, &mut lse, x, shape, MatmulDtype::Bf16);
+                let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
+                attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, MatmulDtype::Bf16, limit);
+                PER_PRODUCT.set(false);
+                [out, lse, dq, dk, dv]
+            };
+            for limit in [usize::MAX, 0] {
+                let (want, got) = (run(true, limit), run(false, limit));
+                for (name, a, b) in ["out", "lse", "dq", "dk", "dv"].iter().zip(&got).zip(&want).map(|((n, a), b)| (n, a, b)) {
+                    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                    assert!(scale > 0.0 && err <= 1e-5 * scale, "prefix {prefix}, segments {}, keep limit {limit}: {name} differs by {err} (scale {scale})", seg.is_some());
+                }
+            }
+        }
+    }
+
+    /// The attention of one 4096-token row of SmolLM2-135M's shape (9 query heads, 3 key/value
+    /// heads, hd 64), forward and backward, on both paths:
+    /// `cargo test --release -p coa-model --lib packed_attention_speed -- --ignored --nocapture`
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[ignore = "a measurement: run alone on a quiet machine"]
+    fn packed_attention_speed() {
+        if crate::bf16mm::engine().is_none() {
+            eprintln!("packed_attention_speed: skipped, this CPU has no bf16 engine");
+            return;
+        }
+        let (nh, nkv, hd, t) = (9, 3, 64, 4096);
+        let mut rng = SplitMix64::new(3);
+        let mut vec = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.unit_nonzero() * 2.0 - 1.0) as f32).collect() };
+        let (q, k, v, dout) = (vec(t * nh * hd), vec(t * nkv * hd), vec(t * nkv * hd), vec(t * nh * hd));
+        let (_, seg_start) = segment_layout_prefix(t, None, 0).unwrap();
+        let (x, shape) = (Qkv { q: &q, k: &k, v: &v }, AttentionShape::segments(&seg_start, nh, nkv, hd));
+        let (mut out, mut lse) = (vec![0f32; t * nh * hd], vec![0f32; t * nh]);
+        let (mut dq, mut dk, mut dv) = (vec![0f32; t * nh * hd], vec![0f32; t * nkv * hd], vec![0f32; t * nkv * hd]);
+        for rep in 0..3 {
+            // (per product, keeping P and dS from pass 1 for pass 2)
+            for (per_product, keep) in [(true, true), (false, true), (false, false)] {
+                PER_PRODUCT.set(per_product);
+                let t0 = std::time::Instant::now();
+                attention_forward_prefix(&mut out, &mut lse, x, shape, MatmulDtype::Bf16);
+                let t1 = std::time::Instant::now();
+                let keep_limit = if keep { usize::MAX } else { 0 };
+                attention_backward_keep(QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }, &dout, x, &out, &lse, shape, MatmulDtype::Bf16, keep_limit);
+                let t2 = std::time::Instant::now();
+                PER_PRODUCT.set(false);
+                let name = match (per_product, keep) {
+                    (true, _) => "per product",
+                    (false, true) => "packed once, P and dS kept",
+                    (false, false) => "packed once, P and dS recomputed",
+                };
+                eprintln!("rep {rep} {name}: forward {:.1} ms, backward {:.1} ms", (t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3);
+            }
+        }
+    }
 }

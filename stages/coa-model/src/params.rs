@@ -1,6 +1,9 @@
 //! Parameters in canonical order, with HF names.
 
+use std::path::Path;
+
 use anyhow::{bail, Result};
+use safetensors::Dtype;
 
 use crate::config::ModelConfig;
 
@@ -199,4 +202,23 @@ fn build(c: &ModelConfig) -> (Vec<ParamSpec>, Layout) {
     let norm = push("model.norm.weight".into(), vec![d]);
     let lm_head = (!c.tie_word_embeddings).then(|| push("lm_head.weight".into(), vec![c.vocab_size, d]));
     (specs, Layout { embed, layers, norm, lm_head })
+}
+
+/// Decode one safetensors tensor to f32; errors name the tensor and file.
+pub(crate) fn to_f32(name: &str, file: &Path, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
+    Ok(match dtype {
+        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        other => bail!(
+            "tensor {name} in {} has dtype {other:?}; only F32, BF16 and F16 are supported",
+            file.display()
+        ),
+    })
 }

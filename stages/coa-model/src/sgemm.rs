@@ -1,5 +1,5 @@
 //! Single-threaded f32 matrix multiply with arbitrary strides, the inner engine of
-//! [`crate::ops::gemm`] and of the attention's block products.
+//! `ops::gemm` and of the attention's block products.
 //!
 //! On x86-64 it is a packed, cache-blocked GEMM (BLIS structure): B is packed into column panels
 //! of NR and A into row panels of MR (blocks of KC along k, MC rows, NC columns), and an MR×NR
@@ -105,6 +105,10 @@ pub(crate) unsafe fn sgemm(
 /// rounded: on the CPU's bf16 engine where it has one ([`crate::bf16mm`]: AMX tiles or AVX-512
 /// BF16 dot products; within f32 summation error of the exact product of the rounded operands),
 /// elsewhere [`sgemm`] on rounded copies (its bits). Same arguments and safety as [`sgemm`].
+///
+/// # Safety
+/// As [`sgemm`]: every addressed element lies inside its allocation, and no other thread
+/// accesses the addressed part of C concurrently.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm_bf16(m: usize, n: usize, k: usize, alpha: f32, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
     #[cfg(target_arch = "x86_64")]
@@ -117,6 +121,9 @@ pub(crate) unsafe fn sgemm_bf16(m: usize, n: usize, k: usize, alpha: f32, a: *co
 }
 
 /// [`sgemm`] (f32) or [`sgemm_bf16`] as `dtype` says. Same arguments and safety as [`sgemm`].
+///
+/// # Safety
+/// As [`sgemm`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm_as(dtype: crate::MatmulDtype, m: usize, n: usize, k: usize, alpha: f32, a: *const f32, rsa: usize, csa: usize, b: *const f32, rsb: usize, csb: usize, beta: f32, c: *mut f32, ldc: usize) {
     match dtype {
@@ -126,6 +133,9 @@ pub(crate) unsafe fn sgemm_as(dtype: crate::MatmulDtype, m: usize, n: usize, k: 
 }
 
 /// [`sgemm`] on a given kernel, which the CPU must have.
+///
+/// # Safety
+/// As [`sgemm`], and the CPU has `kernel` (what [`kernel`] returned, or a lesser one).
 #[allow(clippy::too_many_arguments)]
 unsafe fn sgemm_with(
     kernel: Kernel,
@@ -481,9 +491,18 @@ mod packed {
 
     /// A register kernel: `C[mr, nr] = alpha · Ã·B̃ + beta · C` for one MR×NR tile from packed
     /// panels `a` [kc·MR] and `b` [kc·NR] (args: kc, alpha, a, b, beta, c, ldc, mr, nr).
+    ///
+    /// # Safety
+    /// For a kernel of this type: the CPU has its features; `a` holds `kc·MR` and `b` `kc·NR`
+    /// packed values; C's `mr ≤ MR` rows of `nr ≤ NR` values from `c` (`ldc` apart) are writable,
+    /// and readable when `beta != 0`.
     pub(super) type Tile = unsafe fn(usize, f32, *const f32, *const f32, f32, *mut f32, usize, usize, usize);
 
     /// The blocked loops around an MR×NR kernel (k > 0).
+    ///
+    /// # Safety
+    /// The CPU has the features of `tile`, an MR×NR kernel; `g` satisfies [`super::sgemm`]'s
+    /// contract; `g.k > 0`.
     pub(super) unsafe fn run<const MR: usize, const NR: usize>(g: &Gemm, tile: Tile) {
         let Gemm { m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc } = *g;
         PACKED.with(|bufs| {
@@ -532,6 +551,11 @@ mod packed {
     /// step's few rows stream each weight panel once. `tile(pc, kc, a panel, jr, beta, c tile,
     /// mr, nr, first, next)` computes one tile: `first` for the first row tile of the row block
     /// on this panel, `next` where that one should also prefetch the block's next panel.
+    ///
+    /// # Safety
+    /// `w` and `a` were packed for this MR×NR; `c` holds `a.m` rows of `w.n` values, and no other
+    /// thread accesses its columns `j0..j1`; `tile` may be called on the panels and C tiles it is
+    /// handed.
     pub(super) unsafe fn run_prepacked<const MR: usize, const NR: usize>(
         w: &super::PackedB,
         a: &super::PackedA,
@@ -564,6 +588,10 @@ mod packed {
     /// q·W.. (zero beyond `lanes`), lane i of depth p read at `x + i·lane_stride + p·depth_stride`.
     /// A[mc, kc] packs as `pack::<MR>(a, rsa, csa, mc)`, B[kc, nc] as `pack::<NR>(b, csb, rsb, nc)`.
     /// Packing only moves values, so every path gives the same panel.
+    ///
+    /// # Safety
+    /// Lane `i < lanes` at depth `p < kc` (`x + i·lane_stride + p·depth_stride`) is readable; `dst`
+    /// holds `lanes.div_ceil(W)·W·kc` values.
     pub(super) unsafe fn pack<const W: usize>(dst: &mut [f32], x: *const f32, lane_stride: usize, depth_stride: usize, lanes: usize, kc: usize) {
         if lane_stride == 1 {
             // The lanes of one depth are contiguous (a row-major B, a transposed A): copy every
@@ -607,6 +635,10 @@ mod packed {
     /// `a + i·rsa`): `panel[p·W + i] = a[i][p]`, zero
     /// for i ≥ rows. Groups of 4 rows go through SSE 4×4 transposes (4 loads, 8 shuffles, 4
     /// stores for 16 values); the rest element by element.
+    ///
+    /// # Safety
+    /// `panel` holds `kc·W` values and `4 ≤ rows ≤ W` (checked in debug builds only: it writes
+    /// through a raw pointer); lane `i < rows` at depth `p < kc` (`a + i·rsa + p`) is readable.
     unsafe fn transpose_rows4<const W: usize>(panel: &mut [f32], a: *const f32, rsa: usize, rows: usize, kc: usize) {
         use std::arch::x86_64::*;
         debug_assert!(panel.len() >= kc * W && rows <= W);
@@ -646,6 +678,10 @@ mod packed {
 
     /// Writes a partial tile (mr < MR or nr < NR) held in `acc` rows: the same arithmetic as a
     /// full tile's vector epilogue (`y = v·alpha`, then `C·beta + y`; no fused multiply-add).
+    ///
+    /// # Safety
+    /// C's `mr` rows of `nr` values from `c` (`ldc` apart) are writable, and readable when
+    /// `beta != 0`; `mr ≤ MR`, `nr ≤ NR`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn store_partial<const MR: usize, const NR: usize>(acc: &[[f32; NR]; MR], alpha: f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
         for (i, row) in acc.iter().enumerate().take(mr) {
@@ -665,6 +701,9 @@ mod packed {
         pub const NR: usize = 16;
 
         /// See [`super::Tile`]; requires AVX2 and FMA.
+        ///
+        /// # Safety
+        /// As [`super::Tile`], on a CPU with AVX2 and FMA.
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx2,fma")]
         pub unsafe fn tile(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
@@ -723,6 +762,9 @@ mod packed {
         /// or a decode step's few rows) runs a kernel with `mr` accumulator rows: the same FMAs
         /// per element in the same order, without the work on zero-padded rows (a one-row
         /// product would otherwise do 12 times its FMAs).
+        ///
+        /// # Safety
+        /// As [`super::Tile`], on a CPU with AVX-512F.
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx512f")]
         pub unsafe fn tile(kc: usize, alpha: f32, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
@@ -734,6 +776,10 @@ mod packed {
         /// from memory while this one's FMAs run (decoding at batch 16: 2% to 39% faster over
         /// five back-to-back pairs, median 8%; the same hints issued for a whole panel at once,
         /// to L2, gained nothing).
+        ///
+        /// # Safety
+        /// As [`tile`]; `pf` is null or the start of another panel of `kc·NR` values (only
+        /// prefetched, never read).
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx512f")]
         pub unsafe fn tile_pf(kc: usize, a: *const f32, b: *const f32, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, pf: *const f32) {
@@ -744,6 +790,9 @@ mod packed {
         }
 
         /// The kernel with `mr` accumulator rows, prefetching `pf` when PF.
+        ///
+        /// # Safety
+        /// As [`tile_pf`] when PF, else as [`tile`].
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = "avx512f")]
@@ -765,6 +814,9 @@ mod packed {
         }
 
         /// [`tile`] on its first `R ≤ MR` rows (the A panel keeps its MR stride).
+        ///
+        /// # Safety
+        /// As [`tile_rows`], for `R ≤ MR` rows.
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = "avx512f")]
@@ -799,6 +851,10 @@ mod packed {
         }
 
         /// `C = alpha · acc + beta · C` for the tile's R rows and `nr` columns.
+        ///
+        /// # Safety
+        /// The CPU has AVX-512F; C's R rows of `nr ≤ NR` values from `c` (`ldc` apart) are writable,
+        /// and readable when `beta != 0`.
         #[inline]
         #[target_feature(enable = "avx512f")]
         unsafe fn store<const R: usize>(acc: &[[__m512; 2]; R], alpha: f32, beta: f32, c: *mut f32, ldc: usize, nr: usize) {
@@ -835,6 +891,9 @@ mod packed {
         }
 
         impl<const FMT: u8> Widen<FMT> {
+            /// # Safety
+            /// The CPU has AVX-512F; for INT8, `scales` addresses the scales [`Self::load`] will read
+            /// (32 per depth group, groups `s_stride` apart).
             #[inline]
             #[target_feature(enable = "avx512f")]
             unsafe fn new(scales: *const f32, s_stride: usize) -> Self {
@@ -842,6 +901,10 @@ mod packed {
             }
 
             /// Depth `p`'s values, at `bp`.
+            ///
+            /// # Safety
+            /// The CPU has AVX-512F; `bp` addresses depth `p` of the panel (64 bytes for BF16, 32 for
+            /// INT8); depths come in order from 0.
             #[inline]
             #[target_feature(enable = "avx512f")]
             unsafe fn load(&mut self, bp: *const u8, p: usize) -> [__m512; 2] {
@@ -869,6 +932,12 @@ mod packed {
         /// for depth group g): each value is widened to its f32 (bf16: exact; int8: q · scale,
         /// one rounding) and then fed to the same FMAs, so the tile equals [`tile`] on those
         /// f32 values bit for bit. `pf` (null: none) is the next panel, prefetched as we go.
+        ///
+        /// # Safety
+        /// The CPU has AVX-512F; `a` holds `kc·MR` packed f32; `b` holds `kc` depths of the panel
+        /// (64 or 32 bytes each) and, for INT8, `scales` the `kc.div_ceil(INT8_GROUP)` groups of 32
+        /// scales `s_stride` apart; C as for [`tile`]; `pf` null or the start of the next panel (only
+        /// prefetched).
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx512f")]
         pub unsafe fn qtile<const FMT: u8>(kc: usize, a: *const f32, b: *const u8, scales: *const f32, s_stride: usize, beta: f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, pf: *const u8) {
@@ -889,6 +958,9 @@ mod packed {
         }
 
         /// [`qtile`] on its first `R ≤ MR` rows.
+        ///
+        /// # Safety
+        /// As [`qtile`], for `R ≤ MR` rows.
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = "avx512f")]
@@ -919,6 +991,10 @@ mod packed {
 
         /// A bf16 or int8 panel (see [`qtile`]) widened to the f32 panel [`tile`] reads,
         /// `out[kc · NR]`: the same values [`qtile`] multiplies.
+        ///
+        /// # Safety
+        /// The CPU has AVX-512F; `b` and `scales` as for [`qtile`]; `out` holds `kc·NR` f32 and is
+        /// 64-byte aligned (aligned stores).
         #[target_feature(enable = "avx512f")]
         pub unsafe fn widen<const FMT: u8>(kc: usize, b: *const u8, scales: *const f32, s_stride: usize, out: *mut f32) {
             let step = if FMT == BF16 { 2 * NR } else { NR };

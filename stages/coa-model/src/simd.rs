@@ -14,6 +14,8 @@ macro_rules! multiversion {
             fn inner($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                /// # Safety
+                /// The CPU supports AVX2 and FMA (checked just below).
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn fast($($arg: $ty),*) $(-> $ret)? { inner($($arg),*) }
@@ -395,6 +397,9 @@ fn attend_scores_plain<T: KvElem>(s: &mut [f32], q: &[f32], kt: &[T], group: usi
 }
 
 /// [`attend_scores_plain`] compiled for AVX2 + FMA (vectorised by the compiler, the same bits).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (the slices are bounds-checked).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_scores_fma<T: KvElem>(s: &mut [f32], q: &[f32], kt: &[T], group: usize, nk: usize, hd: usize) {
@@ -402,6 +407,9 @@ unsafe fn attend_scores_fma<T: KvElem>(s: &mut [f32], q: &[f32], kt: &[T], group
 }
 
 /// 16 consecutive stored values from `p`, widened to f32 (`BF16`: u16 bits, else f32).
+///
+/// # Safety
+/// The CPU has AVX-512F; `p` addresses 16 readable values (bf16 bits when BF16, else f32).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -416,6 +424,11 @@ unsafe fn load16<const BF16: bool>(p: *const u8) -> std::arch::x86_64::__m512 {
 
 /// [`attend_scores`] on AVX-512: two tiles (32 keys) at a time against up to four query heads
 /// (eight accumulator chains, enough to hide the FMA latency).
+///
+/// # Safety
+/// The CPU has AVX-512F; the shapes [`attend_group`] asserts: `s` holds `group·nk` values, `q`
+/// `group·hd`, `kt` `nk.div_ceil(KEY_TILE)` whole tiles of `KEY_TILE·hd` (`v` is only
+/// prefetched).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn attend_scores_avx512(s: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, group: usize, nk: usize, hd: usize) {
@@ -450,6 +463,11 @@ unsafe fn attend_scores_avx512(s: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, 
 /// 32 keys and the next pair's keys, spread over its steps: one head's keys and values are a fresh
 /// stream from DRAM each call, and their misses then overlap the FMAs rather than stall them
 /// (1,440 heads of 364 keys, one thread: 25.6 -> 23.2 ms in f32, 21.0 -> 14.5 ms in bf16).
+///
+/// # Safety
+/// The CPU has AVX-512F; `g0 + G ≤ group` for `s` [group, nk] and `q` [group, hd]; `kt` holds
+/// `nk.div_ceil(KEY_TILE)` tiles of `KEY_TILE·hd` values (bf16 bits when BF16, else f32);
+/// `pv` is null or the values (only prefetched).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -521,6 +539,9 @@ fn attend_values(out: &mut [f32], p: &[f32], v: KvRows, group: usize, nk: usize,
 }
 
 /// [`attend_values_plain`] compiled for AVX2 + FMA (the FMAs inline; the same bits).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (the slices are bounds-checked).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_values_fma<T: KvElem>(out: &mut [f32], p: &[f32], v: &[T], group: usize, nk: usize, hd: usize) {
@@ -540,6 +561,9 @@ fn attend_values_plain<T: KvElem>(out: &mut [f32], p: &[f32], v: &[T], group: us
     }
 }
 
+/// # Safety
+/// The CPU has AVX2 and FMA; `hd` is a multiple of 8; `out` holds `group·hd` values, `p`
+/// `group·nk`, `v` `nk·hd` (the shapes [`attend_group`] asserts).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_values_avx2(out: &mut [f32], p: &[f32], v: &[f32], group: usize, nk: usize, hd: usize) {
@@ -563,6 +587,10 @@ unsafe fn attend_values_avx2(out: &mut [f32], p: &[f32], v: &[f32], group: usize
 }
 
 /// Columns `c..c + 8·NC` of heads `g0..g0 + ng` (ng ≤ 3) of [`attend_values`].
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `g0 + ng ≤ group`, `ng ≤ 3` and `c + 8·NC ≤ hd` for `out`
+/// [group, hd], `p` [group, nk] and `v` [nk, hd].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
@@ -592,6 +620,9 @@ unsafe fn attend_values_cols<const NC: usize>(out: &mut [f32], p: &[f32], v: &[f
 
 /// [`attend_values`] on AVX-512: up to 3 query heads × 64 output columns in 12 registers, each
 /// value row read once per 64 columns (the same sums, in the same order, as the other kernels).
+///
+/// # Safety
+/// The CPU has AVX-512F; `hd` is a multiple of 16; shapes as for [`attend_values_avx2`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn attend_values_avx512(out: &mut [f32], p: &[f32], v: KvRows, group: usize, nk: usize, hd: usize) {
@@ -622,6 +653,10 @@ unsafe fn attend_values_avx512(out: &mut [f32], p: &[f32], v: KvRows, group: usi
 
 /// Columns `c..c + 16·NC` of heads `g0..g0 + ng` (ng ≤ 3) of [`attend_values_avx512`], values
 /// at `v` (f32, or bf16 bits).
+///
+/// # Safety
+/// The CPU has AVX-512F; as for [`attend_values_cols`] with `c + 16·NC ≤ hd`, `v` holding
+/// `nk·hd` values (bf16 bits when BF16, else f32).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -758,49 +793,6 @@ mod attend_tests {
                 // SAFETY: as above.
                 unsafe { attend_scores_fma(&mut s2, &q, &ktb, group, nk, hd) };
                 assert_eq!(s1, s2, "scores, bf16 keys, AVX2: group {group} hd {hd} nk {nk}");
-            }
-        }
-    }
-}
-
-/// GFLOP/s (the best of many calls: a busy machine disturbs the median) of a linear layer's
-/// product on SmolLM2-135M's shapes at ROWS rows (default 1, 16, 48): `ops::linear_forward`
-/// (packs the weight on every call, as training does) and `decode::linear_packed` (the weight
-/// packed once, as decoding does); both give the same bits:
-/// `ROWS="16 48" cargo test -p coa-model --lib linear_speed -- --ignored --nocapture`
-#[cfg(test)]
-#[test]
-#[ignore = "a measurement: run alone on a quiet machine"]
-fn linear_speed() {
-    let rows: Vec<usize> = std::env::var("ROWS")
-        .map_or(vec![1, 16, 48], |s| s.split_whitespace().map(|a| a.parse().expect("ROWS")).collect());
-    type Rows = fn(&mut [f32], &[f32], &[f32], usize, usize, usize);
-    for &r in &rows {
-        for (i, o) in [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49174)] {
-            let sgemm: Rows = |out, x, w, r, i, o| crate::ops::linear_forward(out, x, w, None, r, i, o);
-            let packed: Rows = |out, x, w, r, i, o| {
-                thread_local!(static PW: std::cell::RefCell<Option<((usize, usize), crate::sgemm::PackedB)>> = const { std::cell::RefCell::new(None) });
-                PW.with(|pw| {
-                    let mut pw = pw.borrow_mut();
-                    if pw.as_ref().is_none_or(|(p, _)| *p != (w.as_ptr() as usize, o)) {
-                        *pw = Some(((w.as_ptr() as usize, o), crate::sgemm::PackedB::new_as(w, o, i, crate::DecodeDtype::F32).expect("a packed kernel")));
-                    }
-                    crate::decode::linear_packed(out, x, &pw.as_ref().unwrap().1, None, r, i, o);
-                })
-            };
-            for (name, f) in [("ops::linear_forward", sgemm as Rows), ("decode::linear_packed", packed)] {
-                let x: Vec<f32> = (0..r * i).map(|k| (k % 7) as f32 * 0.1).collect();
-                let w: Vec<f32> = (0..o * i).map(|k| (k % 5) as f32 * 0.1).collect();
-                let mut out = vec![0f32; r * o];
-                let flop = 2.0 * (r * i * o) as f64;
-                let reps = (4e9 / flop).clamp(5.0, 5000.0) as usize;
-                let mut best = f64::INFINITY;
-                for _ in 0..reps {
-                    let t0 = std::time::Instant::now();
-                    f(&mut out, &x, &w, r, i, o);
-                    best = best.min(t0.elapsed().as_secs_f64());
-                }
-                println!("{name:21} rows {r:3} {i:5}x{o:5}: {:6.1} GFLOP/s", flop / best / 1e9);
             }
         }
     }

@@ -198,7 +198,8 @@ fn rope_forward_and_backward() {
 }
 
 /// Naive attention in f64 with an explicit mask, for the forward check.
-fn naive_attention(q: &[f32], k: &[f32], v: &[f32], seg: &[usize], nh: usize, nkv: usize, hd: usize) -> Vec<f32> {
+fn naive_attention(x: ops::Qkv, shape: ops::AttentionShape) -> Vec<f32> {
+    let (ops::Qkv { q, k, v }, ops::AttentionShape { seg_start: seg, n_heads: nh, n_kv_heads: nkv, head_dim: hd, .. }) = (x, shape);
     let t = seg.len();
     let (qw, kw) = (nh * hd, nkv * hd);
     let mut out = vec![0f32; t * qw];
@@ -250,17 +251,19 @@ fn check_attention(seg_start: &[usize], seed: u64, qk_scale: f32) {
     let mut k = rng.vec(t * nkv * hd, qk_scale);
     let mut v = rng.vec(t * nkv * hd, 1.0);
     let r = rng.vec(t * nh * hd, 1.0);
+    let shape = ops::AttentionShape::segments(seg_start, nh, nkv, hd);
     let fwd = |q: &[f32], k: &[f32], v: &[f32]| {
         let mut out = vec![0f32; t * nh * hd];
         let mut lse = vec![0f32; t * nh];
-        ops::attention_forward(&mut out, &mut lse, q, k, v, seg_start, nh, nkv, hd);
+        ops::attention_forward(&mut out, &mut lse, ops::Qkv { q, k, v }, shape);
         (out, lse)
     };
     let (out, lse) = fwd(&q, &k, &v);
-    let want = naive_attention(&q, &k, &v, seg_start, nh, nkv, hd);
+    let want = naive_attention(ops::Qkv { q: &q, k: &k, v: &v }, shape);
     assert!(rel_err(&out, &want) < 1e-5, "forward {}", rel_err(&out, &want));
     let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
-    ops::attention_backward(&mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &out, &lse, seg_start, nh, nkv, hd);
+    let grads = ops::QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv };
+    ops::attention_backward(grads, &r, ops::Qkv { q: &q, k: &k, v: &v }, &out, &lse, shape);
     let (k0, v0) = (k.clone(), v.clone());
     let nq = numgrad(&mut q, 1e-2, &mut |q| dotf64(&fwd(q, &k0, &v0).0, &r));
     let q0 = q.clone();

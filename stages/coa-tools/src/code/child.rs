@@ -194,6 +194,10 @@ pub(crate) struct ChildSetup {
 /// Sets soft and hard limit, clamped to the current hard limit (an unprivileged process may
 /// lower its limits but not raise them; failing because CI already has a lower cap would be
 /// absurd).
+///
+/// # Safety
+/// Raw getrlimit/setrlimit on local structs, allocating nothing, so it may run between fork
+/// and exec; it changes the limits of the calling process, which must be the child.
 unsafe fn set_limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> bool {
     let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     if libc::getrlimit(resource, &mut cur) != 0 {
@@ -273,6 +277,9 @@ impl ChildSetup {
     }
 
     /// PR_SET_PDEATHSIG, then a check that the parent did not die before it took hold.
+    ///
+    /// # Safety
+    /// In the forked child, between fork and exec (it sets the death signal of the calling process).
     unsafe fn tie_to_parent(&self, parent_is_stage: bool) -> Result<(), i32> {
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
             return Err(errno());
@@ -284,6 +291,10 @@ impl ChildSetup {
     }
 
     /// In I: the run's own mounts and its program files.
+    ///
+    /// # Safety
+    /// In I, between fork and exec, after `unshare(CLONE_NEWNS)`: the mounts it makes must land in
+    /// the run's own mount namespace, never the host's.
     unsafe fn prepare_namespace(&self, ns: &Namespaces) -> Result<(), (Step, i32)> {
         let fail = |step| (step, errno());
         // Nothing mounted here propagates back to the host.
@@ -334,6 +345,10 @@ impl ChildSetup {
     }
 
     /// In P (or the only child without namespaces): limits, user, no new privileges, the payload.
+    ///
+    /// # Safety
+    /// In the child that becomes the program (P), between fork and exec: it lowers the calling
+    /// process's limits and privileges for good, and `payload_fd` and `channel_fds` are open in it.
     unsafe fn restrict(&self) -> Result<(), (Step, i32)> {
         let limits = [
             (libc::RLIMIT_CORE, 0, 0),
@@ -381,6 +396,10 @@ impl ChildSetup {
 
 /// Replaces I with the fresh init of `init.py`, keeping only the status pipe open; returns only
 /// if the exec fails.
+///
+/// # Safety
+/// In I, between fork and exec: it closes every descriptor but `status_fd`, so no live Rust
+/// object may own one; `program` is P's pid.
 unsafe fn exec_init(init: &InitExec, program: libc::pid_t, status_fd: RawFd) {
     close_fds_except(&[status_fd]);
     if libc::fcntl(status_fd, libc::F_SETFD, 0) != 0 {
@@ -425,6 +444,10 @@ const INIT_SOURCE: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(c
 /// its `/proc/1/cmdline` (which every process of the run can read) would show the stage's
 /// arguments, task file paths included: it zeroes its copy of the stage's argument and
 /// environment strings first (nothing reads them in I any more).
+///
+/// # Safety
+/// In I only, between fork and exec; each `stage_strings` range (start..end) is writable
+/// memory of this process (the stage's argument and environment strings), which it zeroes.
 unsafe fn run_init(program: libc::pid_t, status_fd: RawFd, stage_strings: Option<[(usize, usize); 2]>) -> ! {
     close_fds_except(&[status_fd]);
     for (start, end) in stage_strings.into_iter().flatten() {
@@ -444,11 +467,17 @@ unsafe fn run_init(program: libc::pid_t, status_fd: RawFd, stage_strings: Option
 }
 
 /// Waits for one child, retrying on EINTR.
+///
+/// # Safety
+/// `pid` is a child of the calling process; allocates nothing (safe between fork and exec).
 unsafe fn wait_for(pid: libc::pid_t) {
     let mut status = 0;
     while libc::waitpid(pid, &mut status, 0) < 0 && errno() == libc::EINTR {}
 }
 
+/// # Safety
+/// `fd` is the open status pipe that the stage reads; allocates nothing (safe between fork and
+/// exec).
 unsafe fn report(fd: RawFd, kind: i32, a: i32, b: i32) {
     let mut msg = [0u8; 12];
     msg[..4].copy_from_slice(&kind.to_ne_bytes());
@@ -472,6 +501,10 @@ const AT_RECURSIVE: libc::c_int = 0x8000;
 /// Makes every mount under `root` read-only in this mount namespace (Linux >= 5.12; on older
 /// kernels only `root` itself). Best effort: what cannot be made read-only keeps its file
 /// permissions, which the run's unprivileged user meets.
+///
+/// # Safety
+/// In a private mount namespace of the run's own: in the host's it would make the host's
+/// mounts read-only.
 pub(crate) unsafe fn make_read_only(root: &std::ffi::CStr) {
     let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
     let rc = libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, root.as_ptr(), AT_RECURSIVE as libc::c_uint, &attr as *const MountAttr, std::mem::size_of::<MountAttr>());
@@ -481,6 +514,10 @@ pub(crate) unsafe fn make_read_only(root: &std::ffi::CStr) {
 }
 
 /// Closes every descriptor but `keep` (close_range(2), or one by one on old kernels).
+///
+/// # Safety
+/// Between fork and exec: no live Rust object may own a descriptor it closes. `keep` holds at
+/// most 4 descriptors (any more are closed too).
 unsafe fn close_fds_except(keep: &[RawFd]) {
     let mut sorted = [RawFd::MAX; 4];
     let n = keep.len().min(sorted.len());
@@ -498,6 +535,8 @@ unsafe fn close_fds_except(keep: &[RawFd]) {
     close_range(from, libc::c_uint::MAX);
 }
 
+/// # Safety
+/// Between fork and exec: no live Rust object may own a descriptor in `first..=last`.
 unsafe fn close_range(first: libc::c_uint, last: libc::c_uint) {
     if libc::syscall(libc::SYS_close_range, first, last, 0) == 0 {
         return;
