@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../../.."
 rm -rf runs/cmpd runs/cmps "$OUT"; mkdir -p "$OUT"
 t0=$(date +%s)
 make tasks distill RUN=cmpd BIN="$BINDIR" CARGO=true
-make runs/cmpd/sft/math/tokens.parquet runs/cmpd/eval/teacher/mas_runs.parquet RUN=cmpd BIN="$BINDIR" CARGO=true
+make runs/cmpd/sft/multihop/tokens.parquet runs/cmpd/sft/math/tokens.parquet runs/cmpd/sft/code/tokens.parquet runs/cmpd/eval/teacher/mas_runs.parquet RUN=cmpd BIN="$BINDIR" CARGO=true
 t1=$(date +%s)
 make pipeline SIZE=smoke RUN=cmps SFT_STEPS=20 SFT_SAVE_EVERY=10 BIN="$BINDIR" CARGO=true
 t2=$(date +%s)
