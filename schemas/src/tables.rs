@@ -406,8 +406,17 @@ mod tests {
 /// The generated reference `schemas/README.md` (see `make schemas-doc`).
 pub fn reference_markdown() -> String {
     let mut out = String::new();
-    out.push_str("# Table schemas\n\n");
+    out.push_str("# coa-schemas\n\n");
     out.push_str("<!-- Generated from schemas/src/tables.rs by `make schemas-doc`; a test fails when this file is stale. -->\n\n");
+    out.push_str(
+        "Owns the data contract every stage shares and the code every stage runs through: the Arrow schema of each \
+         table (below, from `src/tables.rs`), the one IO layer (`io`), atomic outputs (`output`), signal cleanup \
+         (`cleanup`), the stage harness (`stage::main`: flags, summary line, provenance), flag parsing and the flags \
+         several stages share (`flags`: `ThreadsArg`), `--shard` (`shard`), group-by-group parallel passes \
+         (`parallel`), the task suites and their tools (`suite`), the deterministic RNG (`rng`). Entry points: \
+         `stage::main`, `Stage::open`/`create`, `tables::*`. It must not depend on any other workspace crate: \
+         every crate depends on it.\n\n## Table schemas\n\n",
+    );
     out.push_str(&format!(
         "Schema version **{SCHEMA_VERSION}**. Every output also carries `{META_TABLE}`, `{META_SCHEMA_VERSION}` and \
          `{META_PROVENANCE}` (JSON: stage, version, args, seed, inputs with their own provenance) in its Arrow schema metadata.\n\n"
