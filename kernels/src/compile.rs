@@ -9,7 +9,7 @@
 use crate::error::{Error, Result};
 use crate::locate;
 use crate::sources::KernelSource;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// NVRTC, loaded and ready, plus where it found the headers.
 #[derive(Debug, Clone)]
@@ -136,7 +136,7 @@ impl Compiler {
         let ptx = ptx.to_src();
         let mut cache_file = None;
         if let Some(f) = file {
-            if write_atomic(&f, ptx.as_bytes()).is_ok() {
+            if coa_schemas::output::write_cache_entry(&f, ptx.as_bytes()).is_ok() {
                 cache_file = Some(f);
             }
         }
@@ -156,22 +156,3 @@ fn looks_like_ptx(s: &str) -> bool {
     s.contains(".version") && s.contains(".target")
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let tmp = dir.join(format!(
-        ".{}.{}.{nanos}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("ptx"),
-        std::process::id()
-    ));
-    let res = std::fs::write(&tmp, bytes).and_then(|_| std::fs::rename(&tmp, path));
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
-}

@@ -133,10 +133,7 @@ fn cached_file(what: &str, bytes: &[u8]) -> Option<std::path::PathBuf> {
     if std::fs::read(&path).is_ok_and(|b| b == bytes) {
         return Some(path);
     }
-    std::fs::create_dir_all(&dir).ok()?;
-    let tmp = dir.join(format!(".{stem}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes).ok()?;
-    std::fs::rename(&tmp, &path).ok()?;
+    coa_schemas::output::write_cache_entry(&path, bytes).ok()?;
     Some(path)
 }
 

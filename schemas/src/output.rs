@@ -305,6 +305,26 @@ pub fn write_atomically_now(path: &Path, contents: &[u8]) -> Result<()> {
     tmp.rename_into_place()
 }
 
+/// Writes a cache entry whole: a temporary file of its own beside `path` (process, counter and
+/// clock in its name, so concurrent writers of the same entry, threads or processes, never share
+/// one), renamed into place. Every writer of an entry writes the same bytes, so whichever rename
+/// lands last is right; a failed write leaves nothing behind. For caches, not stage outputs:
+/// the kernels' compiled PTX, the emulated device's library, the teacher's HTTP responses.
+pub fn write_cache_entry(path: &Path, contents: &[u8]) -> io::Result<()> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.{n}.{nanos}.tmp", std::process::id()));
+    let written = std::fs::write(&tmp, contents).and_then(|_| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 /// Writes a directory whole: `fill` writes the files into a fresh temporary directory beside
 /// `dir` (`.NAME.tmp-PID`), which then replaces `dir` (an old `dir` is moved aside to
 /// `.NAME.old-PID` meanwhile, and put back if anything fails). It is committed at once, not with

@@ -24,7 +24,6 @@
 //!   its messages, a rerun of an interrupted stage replays every finished activation for free and
 //!   resumes where it stopped. An unreadable cache entry is reported and fetched again.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -280,13 +279,8 @@ impl OpenAiClient {
     }
 
     fn write_cache(&self, path: &Path, response: &Value, latency_ms: f64) -> Result<()> {
-        let dir = path.parent().expect("cache paths have a parent");
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let entry = json!({"latency_ms": latency_ms, "response": response});
-        let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("creating a temp file in {}", dir.display()))?;
-        tmp.write_all(entry.to_string().as_bytes())?;
-        tmp.persist(path).map_err(|e| anyhow!("{e}")).with_context(|| format!("writing {}", path.display()))?;
-        Ok(())
+        coa_schemas::output::write_cache_entry(path, entry.to_string().as_bytes()).with_context(|| format!("writing {}", path.display()))
     }
 
     /// Sends one chat request (see the module docs for retries and the cache).
