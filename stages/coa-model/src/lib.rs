@@ -20,6 +20,7 @@ mod amx;
 mod attention_packed;
 #[cfg(target_arch = "x86_64")]
 mod bf16mm;
+pub mod adamw;
 pub mod config;
 pub mod decode;
 pub mod gguf;
