@@ -56,7 +56,11 @@
 //! drawn: each shard stops at its own share, so the union is not the unsharded run's prefix of
 //! the task list, and a shard that runs out of tasks leaves its share short (the others do not
 //! make it up).
-
+//!
+//! **Layout.** `flags`: the flags and what opens them (checkpoint, decoder); `model`: the policy
+//! on the CPU or a GPU, and the checkpoint it loads; `env`: the tools and the token ids the loop
+//! watches for; `sampler`: one token from the logits; `batch`: the decode loop. This file is the
+//! stage body; every public item is re-exported here.
 
 mod batch;
 mod env;
