@@ -33,6 +33,7 @@ fn pick<T: PartialEq + std::fmt::Debug + Copy>(flag: &str, given: Option<T>, sav
     }
 }
 
+/// [`pick`] for a flag given as text (the objective's name).
 fn pick_str(flag: &str, given: Option<&str>, saved: Option<&str>, default: &str, ckpt: &Option<PathBuf>) -> Result<String> {
     match (given, saved) {
         (Some(g), Some(s)) if g != s => bail!(

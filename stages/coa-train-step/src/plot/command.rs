@@ -48,6 +48,7 @@ pub fn run(stage: &mut Stage, args: &PlotArgs) -> Result<()> {
     }
 }
 
+/// The curve of `column` ([`run_plot`]), refused without a file name to write.
 fn curve(stage: &mut Stage, input: Option<&Path>, output: &Path, title: Option<&str>, column: &str) -> Result<()> {
     if output.as_os_str().is_empty() {
         bail!("plot: -o FILE.png is required");
