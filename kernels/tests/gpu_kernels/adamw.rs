@@ -1,8 +1,9 @@
-//! `kernels/adamw.cu` (launcher: `src/ops/adamw.rs`) against coa-train-step's CPU update
-//! (`optim::adamw_update`, written out below in the same order of operations).
+//! `kernels/adamw.cu` (launcher: `src/ops/adamw.rs`) against the CPU update coa-train-step
+//! applies (`coa_model::adamw::adamw_update`).
 
 use super::*;
 use coa_kernels::ops::adamw::AdamWArgs;
+use coa_model::adamw::{adamw_update, AdamWConfig, Moments};
 
 #[test]
 fn adamw_matches_cpu() {
@@ -19,22 +20,17 @@ pub fn small(gpu: &Gpu, rng: &mut Rng) {
 
 fn case(gpu: &Gpu, rng: &mut Rng, n: usize) {
     let mut p = rng.normals(n, 0.02);
-    let mut m = rng.normals(n, 1e-3);
-    let mut v: Vec<f32> = rng.normals(n, 1e-3).iter().map(|x| x * x).collect();
-    let (pd0, md0, vd0) = (p.clone(), m.clone(), v.clone());
+    let exp_avg = rng.normals(n, 1e-3);
+    let exp_avg_sq: Vec<f32> = rng.normals(n, 1e-3).iter().map(|x| x * x).collect();
+    let (pd0, md0, vd0) = (p.clone(), exp_avg.clone(), exp_avg_sq.clone());
     let g = rng.normals(n, 1e-2);
     let (lr, b1, b2, eps, wd, t, clip) = (3e-4f64, 0.9f64, 0.95f64, 1e-8f64, 0.1f64, 7u64, 0.5f32);
-    // CPU: coa-train-step's update, written out (same order of operations).
+    // CPU: coa-train-step's step, which scales the gradients by the clip factor, then updates.
+    let clipped: Vec<f32> = g.iter().map(|x| x * clip).collect();
+    let mut moments = Moments { exp_avg, exp_avg_sq };
+    adamw_update(&AdamWConfig { beta1: b1, beta2: b2, eps, weight_decay: wd }, lr, t, true, &mut p, &clipped, &mut moments);
+    let Moments { exp_avg: m, exp_avg_sq: v } = moments;
     let a = AdamWArgs::new(lr, b1, b2, eps, wd, t, true, clip);
-    for i in 0..n {
-        let gi = g[i] * clip;
-        let pi = p[i] * a.keep;
-        let mi = m[i] * a.b1 + (1.0 - a.b1) * gi;
-        let vi = v[i] * a.b2 + (1.0 - a.b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi - a.step_size * mi / (vi.sqrt() / a.bc2_sqrt + a.eps);
-    }
     let (mut pd, gd, mut md, mut vd) = (gpu.upload(&pd0).unwrap(), gpu.upload(&g).unwrap(), gpu.upload(&md0).unwrap(), gpu.upload(&vd0).unwrap());
     let mut pb = poison_bf16(gpu, n);
     gpu.adamw(&mut pd, &gd, &mut md, &mut vd, Some(&mut pb), n, &a).unwrap();

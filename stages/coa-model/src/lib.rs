@@ -21,6 +21,7 @@ mod attention_packed;
 mod attention_rows;
 #[cfg(target_arch = "x86_64")]
 mod bf16mm;
+pub mod adamw;
 pub mod config;
 pub mod decode;
 mod decode_weights;

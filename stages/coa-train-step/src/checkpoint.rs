@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::Cursor;
 use crate::optim::Moments;
-use crate::train::Settings;
+use crate::settings::Settings;
 
 pub const STATE_FILE: &str = "trainer_state.json";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";

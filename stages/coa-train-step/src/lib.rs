@@ -5,7 +5,10 @@
 //! - [`objective`]: per-token loss gradients (SFT, DAPO).
 //! - [`dapo`]: the DAPO clipped token-level policy loss, by itself.
 //! - [`schedule`]: warmup then cosine learning rate.
-//! - [`optim`]: AdamW with decoupled weight decay, global-norm clipping.
+//! - [`optim`]: which parameters train and at what rate; AdamW and global-norm clipping
+//!   (`coa_model::adamw`, re-exported).
+//! - [`settings`]: the settings that define a run (saved in the checkpoint, checked on resume).
+//! - [`step`]: what one optimizer step computes and reports, on either device.
 //! - [`train`]: the trainer (one optimizer step; save and load for exact resume).
 //! - [`share`]: rows that share a prompt packed behind it, computed once.
 //! - [`cuda`]: the trainer's GPU path (`--device cuda`), on `coa_kernels::GpuModel`.
@@ -23,6 +26,8 @@ pub mod objective;
 pub mod optim;
 pub mod plot;
 pub mod schedule;
+pub mod settings;
 pub mod share;
+pub mod step;
 pub mod tensorboard;
 pub mod train;

@@ -1,16 +1,16 @@
 //! `coa-train-step`: optimizer steps on the `tokens` table (SFT), CPU or GPU, with HF checkpoints and
 //! exact resume. The logic lives in the library (`coa_train_step::{data, train, optim, ...}`);
-//! this binary parses flags, resolves them against a checkpoint on `--resume`, and writes the
-//! `metrics` table, the checkpoint and the plot.
+//! this binary parses flags and calls the library's commands: training and `merge-lora`
+//! (`coa_train_step::cli`, which resolves the flags against a checkpoint on `--resume` and writes
+//! the `metrics` table, the checkpoint and the plot) and `plot` (`coa_train_step::plot::command`).
 
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
-use coa_schemas::stage::{self, Stage};
+use clap::{Parser, Subcommand};
+use coa_schemas::stage;
 
-use coa_train_step::cli::{run_plot, run_train};
+use coa_train_step::cli::{run_merge, run_train, MergeArgs, TrainArgs};
+use coa_train_step::plot::command::{self as plot, PlotArgs};
 
 #[derive(Parser)]
 #[command(
@@ -43,7 +43,7 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]
-    train: coa_train_step::cli::TrainArgs,
+    train: TrainArgs,
 }
 
 #[derive(Subcommand)]
@@ -55,75 +55,18 @@ enum Command {
     MergeLora(MergeArgs),
 }
 
-#[derive(Args)]
-struct MergeArgs {
-    /// The adapter directory (a --lora-rank checkpoint, or a PEFT adapter whose
-    /// base_model_name_or_path is a local model).
-    #[arg(short = 'i', long, value_name = "DIR")]
-    input: PathBuf,
-    /// The merged checkpoint directory to write.
-    #[arg(short = 'o', long, value_name = "DIR")]
-    output: PathBuf,
-    /// Storage dtype of the merged weights.
-    #[arg(long, value_enum, default_value = "f32")]
-    save_dtype: coa_train_step::cli::SaveDtypeArg,
-}
-
-#[derive(Args)]
-struct PlotArgs {
-    /// The `metrics` table (default: stdin).
-    #[arg(short = 'i', long, value_name = "FILE")]
-    input: Option<PathBuf>,
-    /// The metrics column to draw against the step: loss, lr, grad_norm, tokens_per_s,
-    /// reward_mean, clip_frac, entropy, response_len, logprob_mismatch.
-    #[arg(long, default_value = "loss")]
-    column: String,
-    /// Instead of a curve, draw side-by-side panels of grouped bars from this JSON file:
-    /// {"title": "...", "panels": [{"title": "...", "ylabel": "...", "xlabel": "...", "unit": "%",
-    /// "missing": "none solved", "groups": ["code", "math"], "series": [{"label": "SFT",
-    /// "values": [12.5, null]}, ...]}, ...]} (one value per group; null: no value).
-    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["input", "column", "lines"])]
-    bars: Option<PathBuf>,
-    /// Instead of a curve, draw side-by-side panels of lines from a JSON file of --bars's shape:
-    /// each panel's groups are the x axis in order (e.g. RL iterations), each series a line.
-    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["input", "column"])]
-    lines: Option<PathBuf>,
-    /// The PNG to write.
-    #[arg(short = 'o', long, value_name = "FILE.png")]
-    output: PathBuf,
-    /// Title drawn above the curve (default: "COLUMN per step").
-    #[arg(long)]
-    title: Option<String>,
-}
-
 #[global_allocator]
 static ALLOC: coa_schemas::stage::Allocator = coa_schemas::stage::Allocator;
 
 fn main() -> ExitCode {
     let cli: Cli = coa_schemas::flags::parse();
     match cli.command {
-        Some(Command::Plot(p)) => {
-            stage::main("coa-train-step plot", env!("CARGO_PKG_VERSION"), None, |s| {
-                s.outputs(&[("-o", Some(&p.output))])?;
-                match (&p.bars, &p.lines) {
-                    (Some(json), _) => coa_train_step::cli::run_panels(s, json, &p.output, false),
-                    (None, Some(json)) => coa_train_step::cli::run_panels(s, json, &p.output, true),
-                    (None, None) => plot(s, p.input.as_deref(), &p.output, p.title.as_deref(), &p.column),
-                }
-            })
-        }
+        Some(Command::Plot(p)) => stage::main("coa-train-step plot", env!("CARGO_PKG_VERSION"), None, |s| plot::run(s, &p)),
         Some(Command::MergeLora(m)) => {
-            stage::main("coa-train-step merge-lora", env!("CARGO_PKG_VERSION"), None, |_| coa_train_step::cli::run_merge(&m.input, &m.output, m.save_dtype.into()))
+            stage::main("coa-train-step merge-lora", env!("CARGO_PKG_VERSION"), None, |_| run_merge(&m.input, &m.output, m.save_dtype.into()))
         }
         None => {
             stage::main("coa-train-step", env!("CARGO_PKG_VERSION"), cli.train.io.stats.clone(), |s| run_train(s, &cli.train))
         }
     }
-}
-
-fn plot(stage: &mut Stage, input: Option<&Path>, output: &Path, title: Option<&str>, column: &str) -> Result<()> {
-    if output.as_os_str().is_empty() {
-        bail!("plot: -o FILE.png is required");
-    }
-    run_plot(stage, input, output, title, column).context("plot")
 }

@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use prost::Message;
 use syntaxdot_summary::SummaryWriter;
 
-use crate::train::StepReport;
+use crate::step::StepReport;
 
 /// The scalars of one step, as (tag, value): the same quantities as the `metrics` row.
 pub fn scalars(r: &StepReport) -> Vec<(&'static str, f64)> {
@@ -164,7 +164,7 @@ mod tests {
         drop(b);
         let per_step = scalars(&report(1)).len();
         let mut rl = report(1);
-        rl.rl = Some(crate::train::RlStep { reward_mean: -1.5, clip_frac: 0.01, entropy: 1.6, response_len: 700.0, logprob_mismatch: 0.0, kl: 0.0 });
+        rl.rl = Some(crate::step::RlStep { reward_mean: -1.5, clip_frac: 0.01, entropy: 1.6, response_len: 700.0, logprob_mismatch: 0.0, kl: 0.0 });
         let tags: Vec<&str> = scalars(&rl).into_iter().map(|(t, _)| t).collect();
         assert!(["train/loss", "dapo/reward_mean", "dapo/clip_frac", "dapo/entropy", "dapo/response_len"].iter().all(|t| tags.contains(t)), "{tags:?}");
         assert_eq!(steps_on_disk(&tb), vec![std::iter::once(0).chain((1..=5).flat_map(|s| vec![s; per_step])).collect::<Vec<i64>>()]);

@@ -15,90 +15,25 @@
 //! records and reports is shared (`finish_step`).
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use coa_kernels::GpuModel;
+use coa_kernels::{Gpu, GpuModel};
 use coa_model::{Model, Params, SaveDtype, SaveFormat, Seq, Workspace};
 use coa_tokenize::Vocab;
 use coa_schemas::rows::Shown;
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, DataInfo, LogPoint, TrainerState};
+use crate::cuda;
 use crate::data::{micro_batches, Cursor, Dataset};
 use crate::objective::{Objective, RlSums};
-use crate::optim::{self, AdamWConfig, Moments};
-use crate::schedule::Schedule;
+use crate::optim::{self, Moments};
+pub use crate::settings::Settings;
 use crate::share;
-
-/// The settings that define a run besides its objective. Saved in trainer_state.json (flattened
-/// into [`TrainerState`], in this order); all but `micro_batch_tokens` must match on resume.
-/// The objective stays apart: the state saves its name, while its DAPO clip and KL settings are
-/// flags of each invocation ([`Trainer::objective`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Settings {
-    pub seed: u64,
-    pub schedule: Schedule,
-    pub adamw: AdamWConfig,
-    /// Max global gradient norm; 0 disables clipping.
-    pub grad_clip: f64,
-    pub batch_tokens: usize,
-    pub micro_batch_tokens: usize,
-    /// The embedding rows this run added to the vocabulary and their learning-rate factor
-    /// (absent: none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_rows: Option<optim::NewRows>,
-    /// The bottom decoder layers that do not train (0, absent from the file: all train).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub frozen_layers: usize,
-    /// What the linear layers' products multiply: f32, or both inputs rounded to bf16 (f32,
-    /// absent from the file: f32).
-    #[serde(default, skip_serializing_if = "is_f32")]
-    pub matmul: coa_model::MatmulDtype,
-    /// LoRA: the adapter that trains instead of the weights (absent: full fine-tuning).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lora: Option<coa_model::LoraConfig>,
-}
-
-fn is_f32(m: &coa_model::MatmulDtype) -> bool {
-    *m == coa_model::MatmulDtype::F32
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
-/// What one optimizer step did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepReport {
-    /// 1-based step number.
-    pub step: u64,
-    /// Token-mean loss over the whole step.
-    pub loss: f64,
-    pub lr: f64,
-    /// Global gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Target tokens (the N of the mean).
-    pub targets: usize,
-    /// Input tokens processed.
-    pub tokens: usize,
-    pub rows: usize,
-    pub seconds: f64,
-    /// DAPO: the step's token statistics and its rows' mean reward and response length.
-    pub rl: Option<RlStep>,
-}
-
-/// What a DAPO step reports beyond the loss.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RlStep {
-    pub reward_mean: f64,
-    pub clip_frac: f64,
-    pub entropy: f64,
-    pub response_len: f64,
-    pub logprob_mismatch: f64,
-    pub kl: f64,
-}
+use crate::step::{check_finite, dropout_seed, StepTotals};
+pub use crate::step::{trained, trained_mut, RlStep, StepReport};
 
 pub struct Trainer {
     /// The model; on CUDA its parameters are the ones of the last upload or sync (the GPU
@@ -164,7 +99,7 @@ impl Trainer {
     }
 
     /// Loads a checkpoint written by [`Trainer::save`]: model (f32 masters), moments, state.
-    /// The caller checks the run's settings against `state` (see `cli::resolve_settings`).
+    /// The caller checks the run's settings against `state` (see `cli::resolve::resolve_settings`).
     pub fn load(dir: &Path, data: &Dataset) -> Result<Trainer> {
         let state = TrainerState::read(dir)?;
         let objective = Objective::parse(&state.objective).with_context(|| format!("{}/{}", dir.display(), checkpoint::STATE_FILE))?;
@@ -249,8 +184,8 @@ impl Trainer {
     /// DAPO: the old log-probs of every rollout under the weights as they are now, before the
     /// first step (π_old of the ratio), and the reference model's when a KL term is used.
     pub fn prepare_rl(&mut self, data: &mut Dataset, reference: Option<&Model>) -> Result<()> {
-        if self.cuda.is_some() {
-            return self.prepare_rl_cuda(data, reference);
+        if let Some(gm) = self.cuda.as_deref_mut() {
+            return cuda::prepare_rl(gm, data, reference);
         }
         let model = &self.model;
         data.examples.par_iter_mut().try_for_each(|ex| -> Result<()> {
@@ -358,13 +293,37 @@ impl Trainer {
         Ok(self.finish_step(data, totals, started))
     }
 
+    /// [`Trainer::step`] on the GPU ([`cuda::step`]), recorded as a CPU step is.
+    fn step_cuda(&mut self, data: &Dataset) -> Result<StepReport> {
+        let started = Instant::now();
+        let trainable = self.trainable();
+        let Some(gm) = self.cuda.as_deref_mut() else { bail!("internal: step_cuda without a GPU model") };
+        let totals = cuda::step(gm, &mut self.state, self.objective, trainable, data)?;
+        Ok(self.finish_step(data, totals, started))
+    }
+
+    /// Moves training to the GPU: uploads the f32 masters and the AdamW moments, and allocates
+    /// the buffers for passes of `max(--micro-batch-tokens, longest row)` tokens.
+    pub fn to_cuda(&mut self, gpu: Arc<Gpu>, data: &Dataset) -> Result<()> {
+        self.cuda = Some(Box::new(cuda::upload(&self.state.settings, &self.model, &self.moments, gpu, data)?));
+        Ok(())
+    }
+
+    /// Brings the GPU's master weights (or LoRA adapter) and moments back into `model` and
+    /// `moments` (no-op on the CPU).
+    pub fn sync_from_cuda(&mut self) -> Result<()> {
+        let Some(gm) = &self.cuda else { return Ok(()) };
+        self.moments = cuda::download(gm, &mut self.model)?;
+        Ok(())
+    }
+
     /// Which parameters this run updates, and at what rate.
     pub fn trainable(&self) -> optim::Trainable {
         optim::Trainable { new_rows: self.state.settings.new_rows, frozen_layers: self.state.settings.frozen_layers, tied_head: self.model.config.tie_word_embeddings }
     }
 
     /// Records a step taken (state, history) and reports it.
-    pub(crate) fn finish_step(&mut self, data: &Dataset, t: StepTotals, started: Instant) -> StepReport {
+    fn finish_step(&mut self, data: &Dataset, t: StepTotals, started: Instant) -> StepReport {
         let StepTotals { step, rows, n_targets, n_tokens, loss, lr, grad_norm, sums } = t;
         let objective = self.objective;
         self.state.step = step;
@@ -389,42 +348,4 @@ impl Trainer {
         };
         StepReport { step, loss, lr, grad_norm, targets: n_targets, tokens: n_tokens, rows: rows.len(), seconds: started.elapsed().as_secs_f64(), rl }
     }
-}
-
-/// The LoRA dropout mask seed of a step's sequence, named by its (first) row: a resume, and the
-/// GPU path (one row per sequence), draw the same masks.
-pub(crate) fn dropout_seed(seed: u64, step: u64, row: usize) -> u64 {
-    coa_schemas::rng::fmix64(seed ^ (step << 32) ^ row as u64)
-}
-
-/// The tensors a run trains: the adapter's with LoRA, else the model's.
-pub fn trained(m: &Model) -> &Params {
-    m.lora.as_ref().map_or(&m.params, |l| &l.params)
-}
-
-pub fn trained_mut(m: &mut Model) -> &mut Params {
-    match m.lora.as_mut() {
-        Some(l) => &mut l.params,
-        None => &mut m.params,
-    }
-}
-
-/// What a step computed, before it is recorded.
-pub(crate) struct StepTotals {
-    pub step: u64,
-    pub rows: Vec<usize>,
-    pub n_targets: usize,
-    pub n_tokens: usize,
-    pub loss: f64,
-    pub lr: f64,
-    pub grad_norm: f64,
-    pub sums: RlSums,
-}
-
-/// A step whose loss or gradient norm is not finite stops the run, naming its rows.
-pub(crate) fn check_finite(step: u64, loss: f64, grad_norm: f64, data: &Dataset, rows: &[usize]) -> Result<()> {
-    if !loss.is_finite() || !grad_norm.is_finite() {
-        bail!("step {step}: the loss ({loss}) or the gradient norm ({grad_norm}) is not finite; lower --lr or check the data (rows {:?})", rows.iter().map(|&r| data.examples[r].row).collect::<Vec<_>>());
-    }
-    Ok(())
 }

@@ -5,6 +5,10 @@
 //! libraries) in DejaVu Sans, which the `dejavu` crate embeds in the binary (DejaVu fonts
 //! license: the Bitstream Vera terms, free to embed and redistribute). So a figure looks the same
 //! on a bare machine as on a desktop.
+//!
+//! [`command`] is the `coa-train-step plot` subcommand that draws them from files.
+
+pub mod command;
 
 use std::path::Path;
 use std::sync::Once;

@@ -7,6 +7,7 @@ use coa_agents::ToolConfig;
 use coa_format::{render, Step, Tag};
 use coa_model::{Model, ModelConfig};
 use coa_tokenize::{encode_row, Vocab};
+use coa_tools::crawl::Goal;
 
 use super::*;
 
