@@ -61,10 +61,11 @@ pub struct DeviceArg {
     /// Where the model runs: `cpu`; `cuda` or `cuda:N` (the GPU: an error when none is usable or
     /// the GPU path cannot run this model); `auto` (the GPU when it can, else the CPU with a note on
     /// stderr); `emu` (the GPU path on the CPU's emulated CUDA device: a correctness check of the
-    /// GPU code, not a fast device). Training on the GPU keeps bf16 weights and activations with
-    /// fp32 masters, gradients and optimizer state: close to the CPU's f32 run, not bit-identical;
-    /// the checkpoint format is the same, so a run can resume on either device. Sampling and tools
-    /// run on the CPU either way.
+    /// GPU code, not a fast device). The CPU is deterministic for any batch and thread count. On
+    /// the GPU, training keeps bf16 weights and activations with fp32 masters, gradients and
+    /// optimizer state (close to the CPU's f32 run, not bit-identical; the checkpoint format is
+    /// the same, so a run can resume on either device), and decoding bf16 weights and KV cache
+    /// with fp32 accumulation. Sampling and tools run on the CPU either way.
     #[arg(long, value_name = "auto|cpu|cuda[:N]|emu", default_value = "cpu")]
     pub device: DeviceChoice,
 }

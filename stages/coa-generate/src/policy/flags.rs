@@ -6,11 +6,12 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context, Result};
 use coa_kernels::decode::{check_decodable, GpuDecoder};
-use coa_kernels::{gpu_for_model, select_device, Device, DeviceChoice, Gpu};
+use coa_kernels::{gpu_for_model, select_device, Device, DeviceArg, Gpu};
 use coa_model::Model;
+use coa_schemas::flags::ThreadsArg;
 use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::IoArgs;
-use coa_tokenize::{SpecialChoice, TemplateChoice, Vocab};
+use coa_tokenize::{LayoutArgs, Vocab};
 use coa_tools::flags::ToolFlags;
 
 use super::model::{load_checkpoint, Decoder, GpuPolicy, ModelPolicy, GPU_PASS_ROWS};
@@ -97,9 +98,8 @@ pub struct PolicyArgs {
     pub(super) model_name: Option<String>,
     #[command(flatten)]
     pub(super) tools: ToolFlags,
-    /// Worker threads (default: all cores).
-    #[arg(long, value_parser = positive, value_name = "N")]
-    pub(super) threads: Option<usize>,
+    #[command(flatten)]
+    pub(super) threads: ThreadsArg,
     #[command(flatten)]
     pub shard: ShardArgs,
     #[command(flatten)]
@@ -113,16 +113,9 @@ pub struct CheckpointFlags {
     /// coa-train-step saves it) or a GGUF file (e.g. a pretrained model, the CoA tags then added).
     #[arg(long, value_name = "DIR|GGUF")]
     pub checkpoint: PathBuf,
-    /// Token(s) before the prompt, as given to coa-tokenize: auto, none or a token.
-    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
-    pub bos: SpecialChoice,
-    /// The EOS token, as given to coa-tokenize: auto, none or a token.
-    #[arg(long, value_name = "auto|none|TOKEN", default_value = "auto")]
-    pub eos: SpecialChoice,
-    /// The chat template, as given to coa-tokenize: auto (the checkpoint's: the layout it was
-    /// trained with), none or a FILE.
-    #[arg(long, value_name = "auto|none|FILE", default_value = "auto")]
-    pub chat_template: TemplateChoice,
+    /// The layout the model was trained with: give the values given to coa-tokenize.
+    #[command(flatten)]
+    pub layout: LayoutArgs,
 }
 
 impl CheckpointFlags {
@@ -139,7 +132,7 @@ impl CheckpointFlags {
 
     /// The checkpoint's model and vocabulary ([`load_checkpoint`]).
     pub fn load(&self) -> Result<(Model, Vocab)> {
-        load_checkpoint(&self.checkpoint, &self.bos, &self.eos, &self.chat_template)
+        load_checkpoint(&self.checkpoint, &self.layout.bos, &self.layout.eos, &self.layout.chat_template)
     }
 }
 
@@ -151,13 +144,8 @@ pub struct DecodeFlags {
     /// of a prompt's prefill, and all but two tokens of it for a task's later samples).
     #[arg(long)]
     pub no_prefix_reuse: bool,
-    /// Where to decode: `cpu` (f32, deterministic for any --batch and thread count); `cuda` or
-    /// `cuda:N` (bf16 weights and KV cache with fp32 accumulation: an error when no GPU is
-    /// usable); `auto` (the GPU when one is usable, else the CPU with a note on stderr). Sampling
-    /// and tools run on the CPU either way. `emu`: the GPU decoder on the CPU's emulated CUDA
-    /// device (a correctness check of the GPU code, not a fast device).
-    #[arg(long, value_name = "auto|cpu|cuda[:N]|emu", default_value = "cpu")]
-    pub device: DeviceChoice,
+    #[command(flatten)]
+    pub device: DeviceArg,
     /// The format the CPU decoder holds the weights in: `f32` (as trained; the trainer's
     /// log-probs bit for bit), `bf16`, or `int8` (symmetric, one scale per 32 inputs of an
     /// output). A decode step reads every weight once, so on AVX-512 CPUs bf16 and int8 read a
@@ -180,7 +168,7 @@ impl DecodeFlags {
     /// The device of `--device` (first, so that `--device cuda` without a GPU fails before
     /// anything is read).
     pub fn select(&self) -> Result<Device> {
-        select_device(self.device).map_err(|e| anyhow!("{e}"))
+        select_device(self.device.device).map_err(|e| anyhow!("{e}"))
     }
 
     /// Opens `model` for decoding on `device` (from [`DecodeFlags::select`]): `slots` sequences
@@ -188,17 +176,17 @@ impl DecodeFlags {
     /// note printed when a GPU is used.
     pub fn open<'a>(&self, device: Device, model: &'a Model, slots: usize, max_len: usize, who: &str) -> Result<(Decoder<'a>, String)> {
         let supported = check_decodable(&model.config);
-        match gpu_for_model(device, self.device, supported, "decodes this model").map_err(|e| anyhow!("{e}"))? {
+        match gpu_for_model(device, self.device.device, supported, "decodes this model").map_err(|e| anyhow!("{e}"))? {
             Some(info) => {
                 if self.decode_weights != coa_model::DecodeDtype::F32 || self.kv_cache != coa_model::DecodeDtype::F32 {
                     bail!(
                         "--decode-weights {} --kv-cache {}: the CPU decoder's options; the GPU decoder (--device {}) holds bf16 weights and KV cache",
                         self.decode_weights,
                         self.kv_cache,
-                        self.device
+                        self.device.device
                     );
                 }
-                let at = |e: coa_kernels::Error| anyhow!("--device {}: {e}", self.device);
+                let at = |e: coa_kernels::Error| anyhow!("--device {}: {e}", self.device.device);
                 let gpu = Gpu::open(&info).map_err(at)?;
                 gpu.warm_up().map_err(at)?;
                 let decoder = GpuDecoder::new(std::sync::Arc::new(gpu), &model.config, &model.params, slots, max_len, GPU_PASS_ROWS).map_err(at)?;

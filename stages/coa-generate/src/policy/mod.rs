@@ -102,9 +102,7 @@ pub fn groups_share(total: usize, shard: Option<ShardSpec>) -> usize {
 pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     // The device first: `--device cuda` without a GPU fails before anything is read.
     let device = args.decode.select()?;
-    if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow!("--threads: {e}"))?;
-    }
+    args.threads.install()?;
     stage.set_seed(args.seed);
     let (model, vocab) = args.model.load()?;
     if args.model.checkpoint.is_file() {

@@ -52,11 +52,22 @@ pub use coa_schemas::suite::Suite;
 
 /// The synthesised suite named `s` (case and surrounding spaces ignored): multihop, math or code.
 pub fn parse_synthesised(s: &str) -> Result<Suite> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "multihop" => Ok(Suite::Multihop),
-        "math" => Ok(Suite::Math),
-        "code" => Ok(Suite::Code),
-        other => bail!("unknown suite `{other}` (expected multihop, math or code)"),
+    let name = s.trim().to_ascii_lowercase();
+    match Suite::parse(&name).filter(|suite| Suite::SYNTHESISED.contains(suite)) {
+        Some(suite) => Ok(suite),
+        None => {
+            let known: Vec<&str> = Suite::SYNTHESISED.iter().map(|s| s.as_str()).collect();
+            bail!("unknown suite `{name}` (expected {})", or_list(&known))
+        }
+    }
+}
+
+/// `a, b or c`.
+fn or_list(items: &[&str]) -> String {
+    match items.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 

@@ -532,3 +532,12 @@ fn stress_many_seeds_and_all_solutions() {
         if *ok && !out.is_empty() { assert_eq!(r.stdout.trim(), out, "{}", progs[i]); }
     }
 }
+
+#[test]
+fn suite_flags_name_the_synthesised_suites_only() {
+    assert_eq!(parse_synthesised(" Math ").unwrap(), Suite::Math);
+    assert_eq!(parse_synthesised("multihop").unwrap(), Suite::Multihop);
+    let e = parse_synthesised("qa").unwrap_err().to_string();
+    assert_eq!(e, "unknown suite `qa` (expected multihop, math or code)");
+    assert!(parse_synthesised("web").is_err());
+}

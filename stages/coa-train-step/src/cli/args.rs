@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use coa_kernels::DeviceChoice;
+use anyhow::{bail, Result};
+use coa_kernels::DeviceArg;
 use coa_model::gguf::GgufDtype;
 use coa_model::SaveDtype;
+use coa_schemas::flags::ThreadsArg;
 use coa_schemas::stage::{IoArgs, Stage};
 use coa_tokenize::SpecialChoice;
 
@@ -179,23 +180,16 @@ pub struct TrainArgs {
     /// Seed of the model init and the data shuffle. Default 0.
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
-    /// Where to train: `cpu`; `cuda` or `cuda:N` (the GPU; an error when none is usable or the
-    /// GPU path cannot train this model); `auto` (the GPU when it can, else the CPU with a note on
-    /// stderr). GPU runs use bf16 weights and activations with fp32 masters, gradients and
-    /// optimizer state: close to the CPU's f32 run, not bit-identical. The checkpoint format is
-    /// the same, so a run can resume on either device. `emu`: the GPU path on the CPU's emulated
-    /// CUDA device (a correctness check of the GPU code, not a fast device).
-    #[arg(long, value_name = "auto|cpu|cuda[:N]|emu", default_value = "cpu")]
-    pub device: DeviceChoice,
+    #[command(flatten)]
+    pub device: DeviceArg,
     /// Compute every row alone. By default (CPU), rows of a micro-batch that begin with the same
     /// prompt (a suite's instruction, the G rollouts of a task) run as one sequence with the
     /// prompt computed once, and the other rows as one sequence of independent segments (larger
     /// matrix products): the same update up to float rounding, with less work.
     #[arg(long)]
     pub no_share_prompts: bool,
-    /// Worker threads (default: all cores). Does not change the result.
-    #[arg(long, value_name = "N", value_parser = coa_schemas::flags::at_least_one::<usize>)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: ThreadsArg,
     /// Print a log line every K steps (default: about 20 lines per run).
     #[arg(long, value_name = "K", value_parser = coa_schemas::flags::at_least_one::<u64>)]
     pub log_every: Option<u64>,
@@ -243,12 +237,7 @@ pub(super) fn check_flags(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     if let Some(dir) = &args.save {
         checkpoint::check_save_dir(dir)?;
     }
-    if let Some(t) = args.threads {
-        if t == 0 {
-            bail!("--threads must be at least 1");
-        }
-        rayon::ThreadPoolBuilder::new().num_threads(t).build_global().context("--threads: setting up the thread pool")?;
-    }
+    args.threads.install()?;
     if args.save_every.is_some() && args.save.is_none() {
         bail!("--save-every needs --save DIR");
     }

@@ -31,7 +31,7 @@ use crate::train::{RlStep, Settings, StepReport, Trainer};
 pub fn run_train(stage: &mut Stage, args: &TrainArgs) -> Result<()> {
     check_flags(stage, args)?;
     // The device first: `--device cuda` without a GPU fails before any data is read.
-    let device = select_device(args.device).map_err(|e| anyhow!("{e}"))?;
+    let device = select_device(args.device.device).map_err(|e| anyhow!("{e}"))?;
     let saved: Option<TrainerState> = match &args.resume {
         Some(dir) => Some(TrainerState::read(dir)?),
         None => None,
@@ -93,11 +93,11 @@ fn prepare_trainer(stage: &mut Stage, args: &TrainArgs, trainer: &mut Trainer, d
         (fit, ..) => fit?,
     }
     let supported = coa_kernels::model::check_supported(&trainer.model.config);
-    let device = match gpu_for_model(device, args.device, supported, "trains this model").map_err(|e| anyhow!("{e}"))? {
+    let device = match gpu_for_model(device, args.device.device, supported, "trains this model").map_err(|e| anyhow!("{e}"))? {
         Some(info) => {
-            let gpu = Gpu::open(&info).map_err(|e| anyhow!("--device {}: {e}", args.device))?;
+            let gpu = Gpu::open(&info).map_err(|e| anyhow!("--device {}: {e}", args.device.device))?;
             // Compile (or load from the PTX cache) every kernel now, not inside the first step.
-            gpu.warm_up().map_err(|e| anyhow!("--device {}: {e}", args.device))?;
+            gpu.warm_up().map_err(|e| anyhow!("--device {}: {e}", args.device.device))?;
             trainer.to_cuda(Arc::new(gpu), data)?;
             let gm = trainer.cuda.as_deref().map(|g| (g.capacity(), g.device_bytes())).unwrap_or_default();
             eprintln!("coa-train-step: training on {info}: {} tokens per pass, {:.2} GiB of buffers", gm.0, gm.1 as f64 / (1u64 << 30) as f64);
