@@ -15,9 +15,6 @@ use half::bf16;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-// AdamW's per-tensor scalars (coa-train-step uses them by this path).
-pub use crate::ops::adamw::AdamWArgs;
-
 /// The GPU: context, stream, cuBLAS, NVRTC and the modules compiled so far. On the emulated device
 /// (`info.emulated`) the same, without NVRTC: its modules are compiled into it (see [`crate::emu`]).
 pub struct Gpu {

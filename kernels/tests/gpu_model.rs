@@ -261,7 +261,7 @@ fn gpu_model_matches_cpu_on_one_batch() {
 /// masters bit for bit as they were; the adapter's moments round-trip exactly.
 #[test]
 fn gpu_lora_matches_cpu_on_one_batch() {
-    use coa_kernels::gpu::AdamWArgs;
+    use coa_kernels::ops::adamw::AdamWArgs;
     use coa_model::lora::{Lora, LoraConfig, Target};
     let test = "gpu_lora_matches_cpu_on_one_batch";
     let gpu = test_gpu(test);

@@ -238,6 +238,14 @@ fn bad_input_is_named() {
     let e = stderr(&o);
     assert!(!o.status.success() && !long.exists(), "{e}");
     assert!(e.contains("--max-response-tokens 2040") && e.contains("max_position_embeddings 2048") && e.contains("or less"), "{e}");
+    // --overlong-cache shapes only --oversample's judging, and never past the budget
+    let o = run(&["policy", "--checkpoint", ck, "-i", math, "--overlong-cache", "8"]);
+    assert!(!o.status.success() && stderr(&o).contains("give --oversample too"), "{}", stderr(&o));
+    let o = run(&["policy", "--checkpoint", ck, "-i", math, "--oversample", "--groups", "1", "--overlong-cache", "2000"]);
+    let e = stderr(&o);
+    assert!(!o.status.success() && e.contains("--overlong-cache 2000 is larger than --max-response-tokens 1024"), "{e}");
+    let o = run(&["policy", "--checkpoint", ck, "-i", math, "--oversample", "--groups", "1", "--overlong-cache", "-1"]);
+    assert!(!o.status.success() && stderr(&o).contains("a whole number (0 or more)"), "{}", stderr(&o));
     std::fs::remove_file(s.ckpt.join("tokenizer.json")).unwrap();
     let o = run(&["policy", "--checkpoint", ck, "-i", math]);
     assert!(!o.status.success() && stderr(&o).contains("tokenizer.json is missing"), "{}", stderr(&o));

@@ -11,7 +11,8 @@
 //!
 //! - [`gold`]: gold and perturbed answers of a task, for checking the checkers on real files.
 //! - [`shaping`]: the total reward (outcome, format, DAPO overlong shaping), GRPO group
-//!   advantages and pass@k.
+//!   advantages and pass@k; [`OverlongCacheArg`], the `--overlong-cache` flag of the commands
+//!   that compute rewards.
 //!
 //! [`answer_correct`] picks the right check for a text answer by suite; [`check_answer`] also
 //! covers code tasks (it runs the tests).
@@ -31,7 +32,7 @@ use coa_tools::SandboxLimits;
 pub use code::{code_passes, extract_program, CodeVerdict, SandboxVerdict, TestStyle};
 pub use math::{boxed_answer, extract_boxed, math_equal, normalize_math};
 pub use qa::{comparable_answer, exact_match, f1, normalize_answer, split_answers};
-pub use shaping::{group_advantages, overlong_penalty, pass_at_k, total_reward, RewardConfig};
+pub use shaping::{group_advantages, overlong_penalty, pass_at_k, total_reward, OverlongCacheArg, RewardConfig};
 
 /// Whether a text `answer` is correct for `task`: exact match (after SQuAD normalisation) for the
 /// `multihop` and `qa` suites, [`math_equal`] against any gold for `math`.

@@ -17,7 +17,36 @@ pub struct RewardConfig {
 
 impl Default for RewardConfig {
     fn default() -> Self {
-        RewardConfig { max_len: 4096, cache_len: 512, format_penalty: 1.0 }
+        let max_len = 4096;
+        RewardConfig { max_len, cache_len: default_cache_len(max_len), format_penalty: 1.0 }
+    }
+}
+
+/// Lcache when `--overlong-cache` is not given: an eighth of Lmax (DAPO's 4k band of 32k; 512 of
+/// the default 4096).
+pub fn default_cache_len(max_len: usize) -> usize {
+    max_len / 8
+}
+
+/// `--overlong-cache`, the length-shaping flag of every command that computes rewards
+/// (`coa-score`, `coa-generate policy --oversample`): one validator, one help text, one default.
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct OverlongCacheArg {
+    /// Lcache of the overlong shaping: the band before Lmax where the length penalty grows from 0
+    /// to -1 (0: none) [default: an eighth of Lmax].
+    #[arg(long, value_name = "N", value_parser = coa_schemas::flags::whole::<usize>)]
+    pub overlong_cache: Option<usize>,
+}
+
+impl OverlongCacheArg {
+    /// Lcache for a response budget of `max_len` tokens, given on the command line as
+    /// `max_len_flag`: the flag's value, or [`default_cache_len`]; an error when it exceeds Lmax.
+    pub fn cache_len(&self, max_len: usize, max_len_flag: &str) -> anyhow::Result<usize> {
+        let cache_len = self.overlong_cache.unwrap_or_else(|| default_cache_len(max_len));
+        if cache_len > max_len {
+            anyhow::bail!("--overlong-cache {cache_len} is larger than {max_len_flag} {max_len}");
+        }
+        Ok(cache_len)
     }
 }
 
@@ -76,6 +105,17 @@ pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlong_cache_defaults_to_an_eighth_of_lmax_and_never_exceeds_it() {
+        let unset = OverlongCacheArg::default();
+        assert_eq!(unset.cache_len(4096, "--max-response-len").unwrap(), RewardConfig::default().cache_len);
+        assert_eq!(unset.cache_len(1536, "--max-response-tokens").unwrap(), 192);
+        let given = OverlongCacheArg { overlong_cache: Some(0) };
+        assert_eq!(given.cache_len(100, "--max-response-len").unwrap(), 0);
+        let e = OverlongCacheArg { overlong_cache: Some(101) }.cache_len(100, "--max-response-tokens").unwrap_err();
+        assert_eq!(e.to_string(), "--overlong-cache 101 is larger than --max-response-tokens 100");
+    }
 
     #[test]
     fn overlong_band_matches_the_dapo_formula() {

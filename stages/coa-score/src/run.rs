@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use coa_rewards::RewardConfig;
+use coa_rewards::{OverlongCacheArg, RewardConfig};
 use coa_schemas::flags;
 use coa_schemas::rows::{self, Rollout, Task};
 use coa_schemas::shard::ShardArgs;
@@ -25,9 +25,8 @@ pub struct ScoreArgs {
     /// Lmax of the overlong shaping: responses longer than this many tokens get -1.
     #[arg(long, default_value_t = RewardConfig::default().max_len, value_parser = flags::at_least_one::<usize>)]
     pub max_response_len: usize,
-    /// Lcache: the band before Lmax where the length penalty grows from 0 to -1 (0: none).
-    #[arg(long, default_value_t = RewardConfig::default().cache_len, value_parser = flags::whole::<usize>)]
-    pub overlong_cache: usize,
+    #[command(flatten)]
+    pub overlong: OverlongCacheArg,
     /// Subtracted from the reward of a response that breaks the CoA grammar.
     #[arg(long, default_value_t = RewardConfig::default().format_penalty, value_parser = flags::finite::<f32>)]
     pub format_penalty: f32,
@@ -59,10 +58,11 @@ pub struct ScoreArgs {
 pub fn run(stage: &mut Stage, args: &ScoreArgs) -> Result<()> {
     let [out, stats] = args.io.outputs();
     stage.outputs(&[out, stats, ("--report", args.report.as_deref())])?;
-    let config = RewardConfig { max_len: args.max_response_len, cache_len: args.overlong_cache, format_penalty: args.format_penalty };
-    if config.cache_len > config.max_len {
-        anyhow::bail!("--overlong-cache {} is larger than --max-response-len {}", config.cache_len, config.max_len);
-    }
+    let config = RewardConfig {
+        max_len: args.max_response_len,
+        cache_len: args.overlong.cache_len(args.max_response_len, "--max-response-len")?,
+        format_penalty: args.format_penalty,
+    };
     if let (Some(spec), Some(_)) = (args.shard.shard, &args.report) {
         anyhow::bail!(
             "--shard {spec} with --report: the report summarizes the whole table (pass@k per suite and model); \

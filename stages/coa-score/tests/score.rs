@@ -211,7 +211,8 @@ fn unknown_tasks_and_ragged_rows_are_named() {
     assert!(stderr.contains("row 0") && stderr.contains("loss_mask 4"), "{stderr}");
 
     let out = score(dir.path(), &["--overlong-cache", "9999"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--overlong-cache"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--overlong-cache 9999 is larger than --max-response-len 4096"), "{stderr}");
 }
 
 /// Attacks on the verdict itself (issue 43): programs that would make the tests pass without

@@ -23,7 +23,7 @@
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use coa_kernels::gpu::AdamWArgs;
+use coa_kernels::ops::adamw::AdamWArgs;
 use coa_kernels::model::DLogp;
 use coa_kernels::{Gpu, GpuModel};
 use coa_model::{Model, Seq, TokenStats};

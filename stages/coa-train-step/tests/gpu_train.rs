@@ -173,7 +173,7 @@ fn mean(v: &[f64]) -> f64 {
 /// it builds its expectation from the same `AdamWArgs`.
 #[test]
 fn gpu_adamw_matches_the_cpu_optimizer() {
-    use coa_kernels::gpu::AdamWArgs;
+    use coa_kernels::ops::adamw::AdamWArgs;
     use coa_train_step::optim::{adamw_update, Moments};
     let gpu = test_gpu("gpu_adamw_matches_the_cpu_optimizer");
     let cfg = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };

@@ -14,6 +14,8 @@ use coa_schemas::stage::IoArgs;
 use coa_tokenize::{LayoutArgs, Vocab};
 use coa_tools::flags::ToolFlags;
 
+use coa_rewards::OverlongCacheArg;
+
 use super::model::{load_checkpoint, Decoder, GpuPolicy, ModelPolicy, GPU_PASS_ROWS};
 use crate::positive;
 
@@ -88,11 +90,10 @@ pub struct PolicyArgs {
     /// shard wants G/N, one more for the first G mod N shards).
     #[arg(long, value_parser = positive, value_name = "N", requires = "oversample")]
     pub(super) groups: Option<usize>,
-    /// With --oversample: Lcache of the overlong shaping the groups are judged with (default:
-    /// an eighth of --max-response-tokens, as coa-score's 512 of 4096); Lmax is
-    /// --max-response-tokens. Match coa-score's --max-response-len / --overlong-cache.
-    #[arg(long, value_name = "N", requires = "oversample")]
-    pub(super) overlong_cache: Option<usize>,
+    /// With --oversample: the overlong shaping the groups are judged with (Lmax is
+    /// --max-response-tokens; give coa-score the same --max-response-len and --overlong-cache).
+    #[command(flatten)]
+    pub(super) overlong: OverlongCacheArg,
     /// The `model` column (default: the checkpoint directory's name).
     #[arg(long, value_name = "NAME")]
     pub(super) model_name: Option<String>,

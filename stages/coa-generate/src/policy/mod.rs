@@ -42,7 +42,7 @@
 //!
 //! **Oversampling.** With `--oversample --groups N`, each finished group (in task order) is judged
 //! with `coa_score::judge` against its task's gold (reward as coa-score computes it, with
-//! Lmax = `--max-response-tokens`, Lcache = `--overlong-cache` (default Lmax / 8) and the default
+//! Lmax = `--max-response-tokens`, Lcache = `--overlong-cache` (`coa_rewards::OverlongCacheArg`: default Lmax / 8) and the default
 //! format penalty); a group is
 //! informative when its rewards are not all equal. Tasks are taken in order until N informative
 //! groups exist; every group up to and including the N-th informative one is written (dropping
@@ -104,6 +104,14 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
     let device = args.decode.select()?;
     args.threads.install()?;
     stage.set_seed(args.seed);
+    if args.overlong.overlong_cache.is_some() && !args.oversample {
+        bail!("--overlong-cache shapes the rewards --oversample judges groups with: give --oversample too, or drop it");
+    }
+    let reward_config = RewardConfig {
+        max_len: args.max_response_tokens,
+        cache_len: args.overlong.cache_len(args.max_response_tokens, "--max-response-tokens")?,
+        ..RewardConfig::default()
+    };
     let (model, vocab) = args.model.load()?;
     if args.model.checkpoint.is_file() {
         stage.add_input_file(&args.model.checkpoint);
@@ -175,14 +183,6 @@ pub fn run(stage: &mut Stage, args: &PolicyArgs) -> Result<()> {
         (0..g).map(move |k| Job { key: ti * g + k, prompt_ids: p.clone(), seed: sample_seed(args.seed, &t.task_id, k) })
     });
 
-    let reward_config = RewardConfig {
-        max_len: args.max_response_tokens,
-        cache_len: args.overlong_cache.unwrap_or(args.max_response_tokens / 8),
-        ..RewardConfig::default()
-    };
-    if reward_config.cache_len > reward_config.max_len {
-        bail!("--overlong-cache {} is larger than --max-response-tokens {}", reward_config.cache_len, reward_config.max_len);
-    }
     let mut writer = stage.create(args.io.output.as_deref(), args.io.format, &ROLLOUTS.schema())?;
     let bar = stage.progress(Some((tasks.len() * g) as u64), "sampling the policy");
     // Finished samples wait here until their whole group and every earlier group are done; groups
