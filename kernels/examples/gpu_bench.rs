@@ -7,7 +7,7 @@
 //! `COA_BENCH_DEVICE=emu COA_BENCH_SMALL=1`: the same calls on small shapes on the emulated device
 //! (the device script's rehearsal; the numbers mean nothing).
 
-use coa_kernels::ops::attention::{AttnLayout, AttnShape};
+use coa_kernels::ops::attention::{AttnLayout, AttnShape, Qkv, QkvGrads};
 use coa_kernels::rng::Rng;
 use coa_kernels::testing::{bench_gpu, bench_small};
 
@@ -43,8 +43,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut o = gpu.zeros(n)?;
             let mut lse = gpu.zeros::<f32>(b * t * h)?;
             let (mut dq, mut dk, mut dv) = (gpu.zeros(n)?, gpu.zeros(n)?, gpu.zeros(n)?);
-            let fwd = median(gpu.time_ms(iters, || gpu.attention_fwd(&s, &l, &q, &k, &v, None, &mut o, &mut lse))?);
-            let bwd = median(gpu.time_ms(iters, || gpu.attention_bwd(&s, &l, &q, &k, &v, &o, &lse, None, &dout, &mut dq, &mut dk, &mut dv))?);
+            let fwd = median(gpu.time_ms(iters, || gpu.attention_fwd(&s, &l, Qkv { q: &q, k: &k, v: &v }, None, &mut o, &mut lse))?);
+            let bwd = median(gpu.time_ms(iters, || gpu.attention_bwd(&s, &l, Qkv { q: &q, k: &k, v: &v }, &o, &lse, None, &dout, QkvGrads { dq: &mut dq, dk: &mut dk, dv: &mut dv }))?);
             // Causal FLOPs: fwd 2 matmuls of B*H*T*T*hd/2 MACs each; bwd 2.5x the forward.
             let fwd_flops = 4.0 * (b * h) as f64 * (t * t) as f64 * hd as f64 / 2.0;
             let total = fwd_flops * 3.5;

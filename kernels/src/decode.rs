@@ -11,8 +11,8 @@ use half::bf16;
 use crate::error::{Error, Result};
 use crate::gpu::{Alloc, Gpu};
 use crate::layout::{check_common, Dims, FlatLayout};
-use crate::ops::decode_attention::CacheShape;
-use crate::ops::gemm::linear_fwd;
+use crate::ops::decode_attention::{CacheShape, KvCacheRows};
+use crate::ops::gemm::{linear_fwd, Gemm, Linear, LinearWeights};
 
 /// Whether the GPU decoder can run this model: an error naming the unsupported feature otherwise.
 /// (Decoding does not use the flash-attention kernels, so any even head_dim up to 256 works;
@@ -248,24 +248,27 @@ impl GpuDecoder {
         let (d, eps, f) = (c.d, c.eps, c.inter);
         let shape = CacheShape { rows: n, q_heads: c.hq, kv_heads: c.hkv, head_dim: c.hd, slots: self.slots, max_len: self.max_len };
         gpu.embedding_fwd(&self.tokens, &w.slice(flat.embed..flat.embed + c.vocab * d), x, n, d, c.vocab)?;
+        let ws = LinearWeights { flat: w, ones };
+        let [q_rows, k_rows, qk_rows] = c.head_rows(n);
         for (li, lw) in flat.layers.iter().enumerate() {
             // x += o_proj(attn(rope(qkv(rmsnorm(x)))))
             gpu.rmsnorm_fwd(x, &w.slice(lw.ln1..lw.ln1 + d), h, rstd, n, d, eps)?;
-            linear_fwd(gpu, h, w, lw.qkv, lw.qkv_bias, qkv, ones, (n, d, c.wqkv), false)?;
+            linear_fwd(gpu, ws, Linear { w: lw.qkv, bias: lw.qkv_bias, shape: (n, d, c.wqkv) }, h, qkv, false)?;
             if let (Some(qn), Some(kn)) = (lw.q_norm, lw.k_norm) {
                 // Qwen3: q and k heads normalised in place before RoPE
-                gpu.head_rmsnorm_fwd(qkv, &w.slice(qn..qn + c.hd), qk_rstd, None::<&mut CudaSlice<bf16>>, n, c.hq, c.hd, c.wqkv, eps)?;
-                gpu.head_rmsnorm_fwd(&mut qkv.slice_mut(c.qd..), &w.slice(kn..kn + c.hd), qk_rstd, None::<&mut CudaSlice<bf16>>, n, c.hkv, c.hd, c.wqkv, eps)?;
+                gpu.head_rmsnorm_fwd(qkv, q_rows, &w.slice(qn..qn + c.hd), qk_rstd, None::<&mut CudaSlice<bf16>>, eps)?;
+                gpu.head_rmsnorm_fwd(&mut qkv.slice_mut(c.qd..), k_rows, &w.slice(kn..kn + c.hd), qk_rstd, None::<&mut CudaSlice<bf16>>, eps)?;
             }
-            gpu.rope(qkv, None, &self.cos, &self.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, false)?;
+            gpu.rope(qkv, qk_rows, None, &self.cos, &self.sin, false)?;
             gpu.kv_append(&shape, &qkv.slice(c.qd..), &qkv.slice(c.qd + c.kvd..), c.wqkv, &mut k[li], &mut v[li], &self.slot_of, &self.pos_of)?;
-            gpu.attn_extend(&shape, qkv, c.wqkv, &k[li], &v[li], &self.slot_of, &self.pos_of, att, windows[li])?;
-            linear_fwd(gpu, att, w, lw.o, lw.o_bias, x, ones, (n, c.qd, d), true)?;
+            let cache = KvCacheRows { k_cache: &k[li], v_cache: &v[li], slot: &self.slot_of, pos: &self.pos_of };
+            gpu.attn_extend(&shape, qkv, c.wqkv, cache, att, windows[li])?;
+            linear_fwd(gpu, ws, Linear { w: lw.o, bias: lw.o_bias, shape: (n, c.qd, d) }, att, x, true)?;
             // x += down(silu(gate(h)) * up(h)), h = rmsnorm(x)
             gpu.rmsnorm_fwd(x, &w.slice(lw.ln2..lw.ln2 + d), h, rstd, n, d, eps)?;
-            linear_fwd(gpu, h, w, lw.gu, lw.gu_bias, gu, ones, (n, d, 2 * f), false)?;
+            linear_fwd(gpu, ws, Linear { w: lw.gu, bias: lw.gu_bias, shape: (n, d, 2 * f) }, h, gu, false)?;
             gpu.swiglu_fwd(&gu.slice(..), &gu.slice(f..), a, n, f, 2 * f, 2 * f, f)?;
-            linear_fwd(gpu, a, w, lw.down, lw.down_bias, x, ones, (n, f, d), true)?;
+            linear_fwd(gpu, ws, Linear { w: lw.down, bias: lw.down_bias, shape: (n, f, d) }, a, x, true)?;
         }
         // The head, on the last new row of each finished item only. In a one-token step (the
         // common case) every row is its item's last, in order: the head reads `x` as it is
@@ -281,7 +284,8 @@ impl GpuDecoder {
         };
         if m > 0 {
             gpu.rmsnorm_fwd(head_in, &w.slice(flat.norm..flat.norm + d), h, rstd, m, d, eps)?;
-            gpu.gemm(m, c.vocab, d, &h.slice(..m * d), false, &w.slice(flat.head..flat.head + c.vocab * d), true, &mut logits.slice_mut(..m * c.vocab), 1.0, 0.0)?;
+            let g = Gemm::new(m, c.vocab, d).transposed(false, true);
+            gpu.gemm(g, &h.slice(..m * d), &w.slice(flat.head..flat.head + c.vocab * d), &mut logits.slice_mut(..m * c.vocab))?;
         }
         for &(it, from, to) in pass {
             self.len[items[it].0] += to - from;

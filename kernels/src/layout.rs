@@ -7,6 +7,7 @@ use coa_model::{layout, param_specs, ModelConfig, Params};
 
 use crate::error::{Error, Result};
 use crate::ops::attention::{AttnLayout, AttnShape, Strides};
+use crate::ops::rope::HeadRows;
 
 /// What every kernel of the model path needs, training or decoding: an even hidden size (RMSNorm
 /// reads bf16 pairs) and token ids that fit the kernels' int32. The attention kernels add their
@@ -69,6 +70,13 @@ impl Dims {
         let s = AttnShape { batch: 1, seq: n, q_heads: self.hq, kv_heads: self.hkv, head_dim: self.hd, window: 0 };
         let qkv = Strides { b: (n * self.wqkv) as i64, t: self.wqkv as i64, h: self.hd as i64 };
         (s, AttnLayout { q: qkv, k: qkv, v: qkv, o: Strides::contiguous(n, self.hq, self.hd) })
+    }
+
+    /// The heads of `n` fused q|k|v rows, each slice starting at its block's first column: q's,
+    /// k's, and q's and k's together (what RoPE rotates).
+    pub(crate) fn head_rows(&self, n: usize) -> [HeadRows; 3] {
+        let rows = |heads| HeadRows { tokens: n, heads, head_dim: self.hd, ld: self.wqkv };
+        [rows(self.hq), rows(self.hkv), rows(self.hq + self.hkv)]
     }
 }
 

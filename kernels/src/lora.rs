@@ -17,6 +17,8 @@ use cudarc::driver::CudaSlice;
 
 use crate::gpu::Alloc;
 use crate::layout::FlatLayout;
+use crate::ops::elementwise::DropoutMask;
+use crate::ops::gemm::Gemm;
 use crate::{bf16, Error, Gpu, Result};
 
 /// One adapted layer: flat offsets of A `[r, in]` and B `[out, r]`, and (in, out).
@@ -26,6 +28,18 @@ struct Site {
     b: usize,
     inp: usize,
     out: usize,
+}
+
+/// Which adapter a LoRA forward or backward runs and where its product lands: layer `layer`'s
+/// adapter on `target`, over `rows` rows, on columns `col..col + out_features` of an output (or
+/// its gradient) whose rows are `ld` elements apart (a block of the fused q|k|v or gate|up rows).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GpuLoraCall {
+    pub layer: usize,
+    pub target: Target,
+    pub rows: usize,
+    pub col: usize,
+    pub ld: usize,
 }
 
 /// The adapter on the device (see the module doc).
@@ -125,29 +139,31 @@ impl GpuLora {
         Ok(())
     }
 
-    /// `out[:, col..col + out_features] += s · B A drop(x)` (rows of `out` `ldo` apart) for layer
-    /// `l`'s adapter on `tg`; nothing without one or while inactive. `x` `[n, in]`; `train`: a
-    /// training pass (dropout on, `xs` kept for the backward).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn forward(&mut self, gpu: &Gpu, l: usize, tg: Target, x: &CudaSlice<bf16>, out: &mut CudaSlice<bf16>, col: usize, ldo: usize, n: usize, train: bool) -> Result<()> {
+    /// `out[:, col..col + out_features] += s · B A drop(x)` for the adapter `at` names; nothing
+    /// without one or while inactive. `x` `[n, in]`; `train`: a training pass (dropout on, `xs`
+    /// kept for the backward).
+    pub(crate) fn forward(&mut self, gpu: &Gpu, at: GpuLoraCall, x: &CudaSlice<bf16>, out: &mut CudaSlice<bf16>, train: bool) -> Result<()> {
+        let GpuLoraCall { layer: l, target: tg, rows: n, col, ld: ldo } = at;
         let Some(s) = self.sites[l][tg as usize].filter(|_| self.active) else { return Ok(()) };
         let (r, p, scale) = (self.config.rank, self.config.dropout, self.config.scale());
         let GpuLora { w, xs, scratch, seeds, rows, .. } = self;
         let xs = xs[l][tg as usize].as_mut().expect("an adapted layer has its xs");
         let drop = train && p > 0.0;
         if drop {
-            gpu.lora_dropout(&x.slice(..n * s.inp), &mut scratch.slice_mut(..n * s.inp), seeds, rows, n, s.inp, dropout_key(l, tg, 0), p, false)?;
+            let mask = DropoutMask { seeds, local_row: rows, key_hi: dropout_key(l, tg, 0), p };
+            gpu.lora_dropout(&x.slice(..n * s.inp), &mut scratch.slice_mut(..n * s.inp), (n, s.inp), &mask, false)?;
         }
         let xin = if drop { &*scratch } else { x };
-        gpu.gemm(n, r, s.inp, &xin.slice(..n * s.inp), false, &w.slice(s.a..s.a + r * s.inp), true, &mut xs.slice_mut(..n * r), scale, 0.0)?;
-        gpu.gemm_ld(n, s.out, r, &xs.slice(..n * r), false, r, &w.slice(s.b..s.b + s.out * r), true, r, &mut out.slice_mut(col..), ldo, 1.0, 1.0)
+        gpu.gemm(Gemm::new(n, r, s.inp).transposed(false, true).alpha(scale), &xin.slice(..n * s.inp), &w.slice(s.a..s.a + r * s.inp), &mut xs.slice_mut(..n * r))?;
+        let g = Gemm::new(n, s.out, r).transposed(false, true).ld(r, r, ldo).beta(1.0);
+        gpu.gemm(g, &xs.slice(..n * r), &w.slice(s.b..s.b + s.out * r), &mut out.slice_mut(col..))
     }
 
     /// The backward of [`GpuLora::forward`] (after a training forward): `dy` is d loss / d out,
-    /// columns `col..` of rows `ldy` apart; adds dA and dB into `grad` and the input gradient's
-    /// LoRA term `drop'(s · dy B A)` into `dx` `[n, in]`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn backward(&mut self, gpu: &Gpu, l: usize, tg: Target, x: &CudaSlice<bf16>, dy: &CudaSlice<bf16>, col: usize, ldy: usize, dx: &mut CudaSlice<bf16>, n: usize) -> Result<()> {
+    /// read at the columns and row distance `at` gives; adds dA and dB into `grad` and the input
+    /// gradient's LoRA term `drop'(s · dy B A)` into `dx` `[n, in]`.
+    pub(crate) fn backward(&mut self, gpu: &Gpu, at: GpuLoraCall, x: &CudaSlice<bf16>, dy: &CudaSlice<bf16>, dx: &mut CudaSlice<bf16>) -> Result<()> {
+        let GpuLoraCall { layer: l, target: tg, rows: n, col, ld: ldy } = at;
         let Some(s) = self.sites[l][tg as usize].filter(|_| self.active) else { return Ok(()) };
         let (r, p, scale) = (self.config.rank, self.config.dropout, self.config.scale());
         let GpuLora { w, grad, xs, scratch, dxa, seeds, rows, .. } = self;
@@ -155,23 +171,23 @@ impl GpuLora {
         let (ra, rb) = (s.a..s.a + r * s.inp, s.b..s.b + s.out * r);
         let dy = dy.slice(col..);
         // dB [out, r] += dyᵀ @ xs
-        gpu.gemm_ld(s.out, r, n, &dy, true, ldy, &xs.slice(..n * r), false, r, &mut grad.slice_mut(rb.clone()), r, 1.0, 1.0)?;
+        gpu.gemm(Gemm::new(s.out, r, n).transposed(true, false).ld(ldy, r, r).beta(1.0), &dy, &xs.slice(..n * r), &mut grad.slice_mut(rb.clone()))?;
         // dxa [n, r] = s · dy @ B
-        gpu.gemm_ld(n, r, s.out, &dy, false, ldy, &w.slice(rb), false, r, &mut dxa.slice_mut(..n * r), r, scale, 0.0)?;
+        gpu.gemm(Gemm::new(n, r, s.out).ld(ldy, r, r).alpha(scale), &dy, &w.slice(rb), &mut dxa.slice_mut(..n * r))?;
         let drop = p > 0.0;
-        let key = dropout_key(l, tg, 0);
+        let mask = DropoutMask { seeds, local_row: rows, key_hi: dropout_key(l, tg, 0), p };
         if drop {
-            gpu.lora_dropout(&x.slice(..n * s.inp), &mut scratch.slice_mut(..n * s.inp), seeds, rows, n, s.inp, key, p, false)?;
+            gpu.lora_dropout(&x.slice(..n * s.inp), &mut scratch.slice_mut(..n * s.inp), (n, s.inp), &mask, false)?;
         }
         let xin = if drop { &*scratch } else { x };
         // dA [r, in] += dxaᵀ @ drop(x)
-        gpu.gemm(r, s.inp, n, &dxa.slice(..n * r), true, &xin.slice(..n * s.inp), false, &mut grad.slice_mut(ra.clone()), 1.0, 1.0)?;
+        gpu.gemm(Gemm::new(r, s.inp, n).transposed(true, false).beta(1.0), &dxa.slice(..n * r), &xin.slice(..n * s.inp), &mut grad.slice_mut(ra.clone()))?;
         // dx += drop'(dxa @ A)
         if drop {
-            gpu.gemm(n, s.inp, r, &dxa.slice(..n * r), false, &w.slice(ra), false, &mut scratch.slice_mut(..n * s.inp), 1.0, 0.0)?;
-            gpu.lora_dropout(&scratch.slice(..n * s.inp), &mut dx.slice_mut(..n * s.inp), seeds, rows, n, s.inp, key, p, true)
+            gpu.gemm(Gemm::new(n, s.inp, r), &dxa.slice(..n * r), &w.slice(ra), &mut scratch.slice_mut(..n * s.inp))?;
+            gpu.lora_dropout(&scratch.slice(..n * s.inp), &mut dx.slice_mut(..n * s.inp), (n, s.inp), &mask, true)
         } else {
-            gpu.gemm(n, s.inp, r, &dxa.slice(..n * r), false, &w.slice(ra), false, &mut dx.slice_mut(..n * s.inp), 1.0, 1.0)
+            gpu.gemm(Gemm::new(n, s.inp, r).beta(1.0), &dxa.slice(..n * r), &w.slice(ra), &mut dx.slice_mut(..n * s.inp))
         }
     }
 }

@@ -46,11 +46,11 @@ use cudarc::driver::CudaSlice;
 
 use crate::gpu::Alloc;
 use crate::layout::{check_common, Dims, FlatLayout, Slot};
-use crate::lora::GpuLora;
-use crate::ops::attention::AttnShape;
+use crate::lora::{GpuLora, GpuLoraCall};
+use crate::ops::attention::{AttnShape, Qkv};
 use crate::ops::adamw::AdamWArgs;
 use crate::ops::embedding::EmbeddingGradPlan;
-use crate::ops::gemm::{linear_bwd, linear_fwd};
+use crate::ops::gemm::{linear_bwd, linear_fwd, Linear, LinearWeights};
 use crate::{bf16, Error, Gpu, Result};
 
 /// Whether the GPU path can train this model: an error naming the unsupported feature otherwise.
@@ -500,15 +500,17 @@ impl GpuModel {
         let (d, eps) = (c.d, c.eps);
         gpu.embedding_fwd(&io.tokens, &w.slice(flat.embed..flat.embed + c.vocab * d), &mut acts.resid[0], n, d, c.vocab)?;
         let (s, l) = c.attention(n);
+        let ws = LinearWeights { flat: w, ones: &io.ones };
+        let [q_rows, k_rows, qk_rows] = c.head_rows(n);
         for (li, (lw, a)) in flat.layers.iter().zip(acts.layers.iter_mut()).enumerate() {
             let (lo, hi) = acts.resid.split_at_mut(li + 1);
             let (x, out) = (&lo[li], &mut hi[0]);
             // attention block: x2 = x + o_proj(attn(rope(qkv(rmsnorm(x)))))
             gpu.rmsnorm_fwd(x, &w.slice(lw.ln1..lw.ln1 + d), &mut a.h1, &mut a.rstd1, n, d, eps)?;
-            linear_fwd(gpu, &a.h1, w, lw.qkv, lw.qkv_bias, &mut a.qkv, &io.ones, (n, d, c.wqkv), false)?;
+            linear_fwd(gpu, ws, Linear { w: lw.qkv, bias: lw.qkv_bias, shape: (n, d, c.wqkv) }, &a.h1, &mut a.qkv, false)?;
             if let Some(lo) = lora.as_mut() {
                 for (tg, col) in [(Target::Q, 0), (Target::K, c.qd), (Target::V, c.qd + c.kvd)] {
-                    lo.forward(gpu, li, tg, &a.h1, &mut a.qkv, col, c.wqkv, n, train)?;
+                    lo.forward(gpu, GpuLoraCall { layer: li, target: tg, rows: n, col, ld: c.wqkv }, &a.h1, &mut a.qkv, train)?;
                 }
             }
             if let (Some((raw, rstd)), Some(qn), Some(kn)) = (&mut a.qk, lw.q_norm, lw.k_norm) {
@@ -516,37 +518,37 @@ impl GpuModel {
                 let nq = n * c.hq;
                 let (mut rq, mut rk) = raw.split_at_mut(nq * c.hd);
                 let (mut rsq, mut rsk) = rstd.split_at_mut(nq);
-                gpu.head_rmsnorm_fwd(&mut a.qkv, &w.slice(qn..qn + c.hd), &mut rsq, Some(&mut rq), n, c.hq, c.hd, c.wqkv, eps)?;
-                gpu.head_rmsnorm_fwd(&mut a.qkv.slice_mut(c.qd..), &w.slice(kn..kn + c.hd), &mut rsk, Some(&mut rk), n, c.hkv, c.hd, c.wqkv, eps)?;
+                gpu.head_rmsnorm_fwd(&mut a.qkv, q_rows, &w.slice(qn..qn + c.hd), &mut rsq, Some(&mut rq), eps)?;
+                gpu.head_rmsnorm_fwd(&mut a.qkv.slice_mut(c.qd..), k_rows, &w.slice(kn..kn + c.hd), &mut rsk, Some(&mut rk), eps)?;
             }
-            gpu.rope(&mut a.qkv, Some(&io.pos), &io.cos, &io.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, false)?;
+            gpu.rope(&mut a.qkv, qk_rows, Some(&io.pos), &io.cos, &io.sin, false)?;
             let (q, k, v) = (a.qkv.slice(..), a.qkv.slice(c.qd..), a.qkv.slice(c.qd + c.kvd..));
             let s = AttnShape { window: windows[li], ..s };
-            gpu.attention_fwd(&s, &l, &q, &k, &v, Some(&io.seg), &mut a.att, &mut a.lse)?;
+            gpu.attention_fwd(&s, &l, Qkv { q: &q, k: &k, v: &v }, Some(&io.seg), &mut a.att, &mut a.lse)?;
             gpu.stream.memcpy_dtod(&x.slice(..n * d), &mut a.x2.slice_mut(..n * d))?;
-            linear_fwd(gpu, &a.att, w, lw.o, lw.o_bias, &mut a.x2, &io.ones, (n, c.qd, d), true)?;
+            linear_fwd(gpu, ws, Linear { w: lw.o, bias: lw.o_bias, shape: (n, c.qd, d) }, &a.att, &mut a.x2, true)?;
             if let Some(lo) = lora.as_mut() {
-                lo.forward(gpu, li, Target::O, &a.att, &mut a.x2, 0, d, n, train)?;
+                lo.forward(gpu, GpuLoraCall { layer: li, target: Target::O, rows: n, col: 0, ld: d }, &a.att, &mut a.x2, train)?;
             }
             // MLP block: out = x2 + down(silu(gate(h2)) * up(h2)), h2 = rmsnorm(x2)
             gpu.rmsnorm_fwd(&a.x2, &w.slice(lw.ln2..lw.ln2 + d), &mut a.h2, &mut a.rstd2, n, d, eps)?;
-            linear_fwd(gpu, &a.h2, w, lw.gu, lw.gu_bias, &mut a.gu, &io.ones, (n, d, 2 * c.inter), false)?;
+            linear_fwd(gpu, ws, Linear { w: lw.gu, bias: lw.gu_bias, shape: (n, d, 2 * c.inter) }, &a.h2, &mut a.gu, false)?;
             let f = c.inter;
             if let Some(lo) = lora.as_mut() {
                 for (tg, col) in [(Target::Gate, 0), (Target::Up, f)] {
-                    lo.forward(gpu, li, tg, &a.h2, &mut a.gu, col, 2 * f, n, train)?;
+                    lo.forward(gpu, GpuLoraCall { layer: li, target: tg, rows: n, col, ld: 2 * f }, &a.h2, &mut a.gu, train)?;
                 }
             }
             gpu.swiglu_fwd(&a.gu.slice(..), &a.gu.slice(f..), &mut a.a, n, f, 2 * f, 2 * f, f)?;
             gpu.stream.memcpy_dtod(&a.x2.slice(..n * d), &mut out.slice_mut(..n * d))?;
-            linear_fwd(gpu, &a.a, w, lw.down, lw.down_bias, out, &io.ones, (n, f, d), true)?;
+            linear_fwd(gpu, ws, Linear { w: lw.down, bias: lw.down_bias, shape: (n, f, d) }, &a.a, out, true)?;
             if let Some(lo) = lora.as_mut() {
-                lo.forward(gpu, li, Target::Down, &a.a, out, 0, d, n, train)?;
+                lo.forward(gpu, GpuLoraCall { layer: li, target: Target::Down, rows: n, col: 0, ld: d }, &a.a, out, train)?;
             }
         }
         let xl = &acts.resid[c.layers];
         gpu.rmsnorm_fwd(xl, &w.slice(flat.norm..flat.norm + d), &mut acts.hf, &mut acts.rstdf, n, d, eps)?;
-        linear_fwd(gpu, &acts.hf, w, flat.head, None, &mut acts.logits, &io.ones, (n, d, c.vocab), false)
+        linear_fwd(gpu, ws, Linear { w: flat.head, bias: None, shape: (n, d, c.vocab) }, &acts.hf, &mut acts.logits, false)
     }
 
     /// Backward from d loss / d logits (in `acts.logits`), accumulating every trained gradient:
@@ -556,56 +558,58 @@ impl GpuModel {
         let d = c.d;
         // Under LoRA the base weights get no gradient: no dW products, RMSNorm's dw into a sink.
         let base = lora.is_none();
+        let ws = LinearWeights { flat: w, ones: &io.ones };
         macro_rules! dw {
             ($r:expr) => {
                 if base { grad.slice_mut($r) } else { b.dw_sink.slice_mut(..) }
             };
         }
-        linear_bwd(gpu, &acts.logits, &acts.hf, w, flat.head, None, &mut b.dh, base.then_some(&mut *grad), &io.ones, (n, d, c.vocab))?;
+        linear_bwd(gpu, ws, Linear { w: flat.head, bias: None, shape: (n, d, c.vocab) }, &acts.logits, &acts.hf, &mut b.dh, base.then_some(&mut *grad))?;
         let xl = &acts.resid[c.layers];
         let nw = flat.norm..flat.norm + d;
-        gpu.rmsnorm_bwd(&b.dh, xl, &w.slice(nw.clone()), &acts.rstdf, &mut b.dres, &mut dw!(nw), n, d, false)?;
+        gpu.rmsnorm_bwd(&b.dh, xl, &w.slice(nw.clone()), &acts.rstdf, &mut b.dres, &mut dw!(nw), (n, d), false)?;
         let (s, l) = c.attention(n);
+        let [q_rows, k_rows, qk_rows] = c.head_rows(n);
         // b.dres holds d loss / d (layer output) on entry to each layer, d loss / d (input) on exit.
         for (li, (lw, a)) in flat.layers.iter().zip(&acts.layers).enumerate().rev() {
             let f = c.inter;
-            linear_bwd(gpu, &b.dres, &a.a, w, lw.down, lw.down_bias, &mut b.da, base.then_some(&mut *grad), &io.ones, (n, f, d))?;
+            linear_bwd(gpu, ws, Linear { w: lw.down, bias: lw.down_bias, shape: (n, f, d) }, &b.dres, &a.a, &mut b.da, base.then_some(&mut *grad))?;
             if let Some(lo) = lora.as_mut() {
-                lo.backward(gpu, li, Target::Down, &a.a, &b.dres, 0, d, &mut b.da, n)?;
+                lo.backward(gpu, GpuLoraCall { layer: li, target: Target::Down, rows: n, col: 0, ld: d }, &a.a, &b.dres, &mut b.da)?;
             }
             gpu.swiglu_bwd_fused(&b.da, &a.gu, &mut b.dgu, n, f)?;
-            linear_bwd(gpu, &b.dgu, &a.h2, w, lw.gu, lw.gu_bias, &mut b.dh, base.then_some(&mut *grad), &io.ones, (n, d, 2 * f))?;
+            linear_bwd(gpu, ws, Linear { w: lw.gu, bias: lw.gu_bias, shape: (n, d, 2 * f) }, &b.dgu, &a.h2, &mut b.dh, base.then_some(&mut *grad))?;
             if let Some(lo) = lora.as_mut() {
                 for (tg, col) in [(Target::Gate, 0), (Target::Up, f)] {
-                    lo.backward(gpu, li, tg, &a.h2, &b.dgu, col, 2 * f, &mut b.dh, n)?;
+                    lo.backward(gpu, GpuLoraCall { layer: li, target: tg, rows: n, col, ld: 2 * f }, &a.h2, &b.dgu, &mut b.dh)?;
                 }
             }
             let r2 = lw.ln2..lw.ln2 + d;
-            gpu.rmsnorm_bwd(&b.dh, &a.x2, &w.slice(r2.clone()), &a.rstd2, &mut b.dres, &mut dw!(r2), n, d, true)?;
-            linear_bwd(gpu, &b.dres, &a.att, w, lw.o, lw.o_bias, &mut b.datt, base.then_some(&mut *grad), &io.ones, (n, c.qd, d))?;
+            gpu.rmsnorm_bwd(&b.dh, &a.x2, &w.slice(r2.clone()), &a.rstd2, &mut b.dres, &mut dw!(r2), (n, d), true)?;
+            linear_bwd(gpu, ws, Linear { w: lw.o, bias: lw.o_bias, shape: (n, c.qd, d) }, &b.dres, &a.att, &mut b.datt, base.then_some(&mut *grad))?;
             if let Some(lo) = lora.as_mut() {
-                lo.backward(gpu, li, Target::O, &a.att, &b.dres, 0, d, &mut b.datt, n)?;
+                lo.backward(gpu, GpuLoraCall { layer: li, target: Target::O, rows: n, col: 0, ld: d }, &a.att, &b.dres, &mut b.datt)?;
             }
             let s = AttnShape { window: windows[li], ..s };
             gpu.attention_bwd_qkv(&s, &l, &a.qkv, &a.att, &a.lse, Some(&io.seg), &b.datt, &mut b.dqkv)?;
-            gpu.rope(&mut b.dqkv, Some(&io.pos), &io.cos, &io.sin, n, c.hq + c.hkv, c.hd, c.wqkv, c.hd, true)?;
+            gpu.rope(&mut b.dqkv, qk_rows, Some(&io.pos), &io.cos, &io.sin, true)?;
             if let (Some((raw, rstd)), Some(qn), Some(kn)) = (&a.qk, lw.q_norm, lw.k_norm) {
                 // through Qwen3's q/k norms, in place on dq | dk (under LoRA their weights frozen)
                 let (nq, nk) = (n * c.hq, n * c.hkv);
                 let (rq, rk) = (raw.slice(..nq * c.hd), raw.slice(nq * c.hd..(nq + nk) * c.hd));
                 let (sq, sk) = (rstd.slice(..nq), rstd.slice(nq..nq + nk));
                 let (gq, gk) = (qn..qn + c.hd, kn..kn + c.hd);
-                gpu.head_rmsnorm_bwd(&mut b.dqkv, &rq, &w.slice(gq.clone()), &sq, &mut dw!(gq), n, c.hq, c.hd, c.wqkv)?;
-                gpu.head_rmsnorm_bwd(&mut b.dqkv.slice_mut(c.qd..), &rk, &w.slice(gk.clone()), &sk, &mut dw!(gk), n, c.hkv, c.hd, c.wqkv)?;
+                gpu.head_rmsnorm_bwd(&mut b.dqkv, q_rows, &rq, &w.slice(gq.clone()), &sq, &mut dw!(gq))?;
+                gpu.head_rmsnorm_bwd(&mut b.dqkv.slice_mut(c.qd..), k_rows, &rk, &w.slice(gk.clone()), &sk, &mut dw!(gk))?;
             }
-            linear_bwd(gpu, &b.dqkv, &a.h1, w, lw.qkv, lw.qkv_bias, &mut b.dh, base.then_some(&mut *grad), &io.ones, (n, d, c.wqkv))?;
+            linear_bwd(gpu, ws, Linear { w: lw.qkv, bias: lw.qkv_bias, shape: (n, d, c.wqkv) }, &b.dqkv, &a.h1, &mut b.dh, base.then_some(&mut *grad))?;
             if let Some(lo) = lora.as_mut() {
                 for (tg, col) in [(Target::Q, 0), (Target::K, c.qd), (Target::V, c.qd + c.kvd)] {
-                    lo.backward(gpu, li, tg, &a.h1, &b.dqkv, col, c.wqkv, &mut b.dh, n)?;
+                    lo.backward(gpu, GpuLoraCall { layer: li, target: tg, rows: n, col, ld: c.wqkv }, &a.h1, &b.dqkv, &mut b.dh)?;
                 }
             }
             let r1 = lw.ln1..lw.ln1 + d;
-            gpu.rmsnorm_bwd(&b.dh, &acts.resid[li], &w.slice(r1.clone()), &a.rstd1, &mut b.dres, &mut dw!(r1), n, d, true)?;
+            gpu.rmsnorm_bwd(&b.dh, &acts.resid[li], &w.slice(r1.clone()), &a.rstd1, &mut b.dres, &mut dw!(r1), (n, d), true)?;
         }
         match plan {
             Some(plan) => gpu.embedding_bwd(plan, &b.dres, &mut grad.slice_mut(flat.embed..flat.embed + c.vocab * d), d),

@@ -67,6 +67,22 @@ impl AttnLayout {
     }
 }
 
+/// The q, k and v an attention call reads, each with its layout's strides (the CPU reference's
+/// `coa_model::Qkv`, on the device).
+pub struct Qkv<'a, P: DevicePtr<bf16>> {
+    pub q: &'a P,
+    pub k: &'a P,
+    pub v: &'a P,
+}
+
+/// The gradients an attention backward WRITES, with q's, k's and v's strides (the CPU
+/// reference's `coa_model::QkvGrads`, on the device).
+pub struct QkvGrads<'a, P: DevicePtrMut<bf16>> {
+    pub dq: &'a mut P,
+    pub dk: &'a mut P,
+    pub dv: &'a mut P,
+}
+
 /// The kernels' `AttnParams` (attention.cu), mirrored field for field: same names, order and
 /// types. The test below holds it against the struct as the C++ compiler lays it out for the
 /// emulated device (the same layout rules as the GPU's for these types).
@@ -176,18 +192,16 @@ impl Gpu {
 
     /// Causal flash attention forward: `o` and `lse` [B, T, Hq] written. `seg_start` [B, T]: the
     /// first token of each token's packed segment (`coa_model::ops::segment_layout`), or None.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_fwd(
+    pub fn attention_fwd<P: DevicePtr<bf16>>(
         &self,
         s: &AttnShape,
         l: &AttnLayout,
-        q: &impl DevicePtr<bf16>,
-        k: &impl DevicePtr<bf16>,
-        v: &impl DevicePtr<bf16>,
+        x: Qkv<P>,
         seg_start: Option<&CudaSlice<i32>>,
         o: &mut impl DevicePtrMut<bf16>,
         lse: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
+        let Qkv { q, k, v } = x;
         let mut p = self.attn_params(s, l)?;
         Self::attn_check_inputs(s, l, q.len(), k.len(), v.len(), seg_start.map(|x| x.len()))?;
         check_len("attention o", o.len(), l.o.extent(s.batch, s.seq, s.q_heads, s.head_dim))?;
@@ -225,21 +239,18 @@ impl Gpu {
     /// summed over the query heads of each kv group), from the forward's o and lse and `dout`
     /// (o's strides). Allocates an f32 dq accumulator and the delta buffer for the call.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_bwd(
+    pub fn attention_bwd<P: DevicePtr<bf16>, G: DevicePtrMut<bf16>>(
         &self,
         s: &AttnShape,
         l: &AttnLayout,
-        q: &impl DevicePtr<bf16>,
-        k: &impl DevicePtr<bf16>,
-        v: &impl DevicePtr<bf16>,
+        x: Qkv<P>,
         o: &impl DevicePtr<bf16>,
         lse: &impl DevicePtr<f32>,
         seg_start: Option<&CudaSlice<i32>>,
         dout: &impl DevicePtr<bf16>,
-        dq: &mut impl DevicePtrMut<bf16>,
-        dk: &mut impl DevicePtrMut<bf16>,
-        dv: &mut impl DevicePtrMut<bf16>,
+        grads: QkvGrads<G>,
     ) -> Result<()> {
+        let (Qkv { q, k, v }, QkvGrads { dq, dk, dv }) = (x, grads);
         let mut p = self.attn_params(s, l)?;
         Self::attn_check_inputs(s, l, q.len(), k.len(), v.len(), seg_start.map(|x| x.len()))?;
         let oe = l.o.extent(s.batch, s.seq, s.q_heads, s.head_dim);

@@ -6,7 +6,7 @@
 //! The cache of one layer is `[S, L, Hkv, D]` bf16 (S slots of L positions); row r of a call
 //! belongs to slot `slot[r]` at absolute position `pos[r]`.
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
 use crate::error::{Error, Result};
@@ -49,6 +49,16 @@ impl CacheShape {
         }
         Ok(())
     }
+}
+
+/// One layer's key and value caches and, for each new row, the slot and position it reads up to:
+/// what [`Gpu::attn_extend`] attends over.
+#[derive(Clone, Copy)]
+pub struct KvCacheRows<'a> {
+    pub k_cache: &'a CudaSlice<bf16>,
+    pub v_cache: &'a CudaSlice<bf16>,
+    pub slot: &'a CudaSlice<i32>,
+    pub pos: &'a CudaSlice<i32>,
 }
 
 impl Gpu {
@@ -101,19 +111,16 @@ impl Gpu {
     /// `o [R, Hq, D]` = causal attention of `q [R, Hq, D]` (row stride `q_stride`) over positions
     /// `0..=pos[r]` of slot `slot[r]` (with a sliding `window` > 0, only the last `window` of
     /// them: `pos[r] − window < j`), softmax scale `1/sqrt(D)`.
-    #[allow(clippy::too_many_arguments)]
     pub fn attn_extend(
         &self,
         s: &CacheShape,
         q: &impl DevicePtr<bf16>,
         q_stride: usize,
-        k_cache: &impl DevicePtr<bf16>,
-        v_cache: &impl DevicePtr<bf16>,
-        slot: &impl DevicePtr<i32>,
-        pos: &impl DevicePtr<i32>,
+        cache: KvCacheRows,
         o: &mut impl DevicePtrMut<bf16>,
         window: usize,
     ) -> Result<()> {
+        let KvCacheRows { k_cache, v_cache, slot, pos } = cache;
         s.check()?;
         let qd = s.q_heads * s.head_dim;
         if q_stride < qd {

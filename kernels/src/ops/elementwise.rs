@@ -15,6 +15,17 @@ pub const SOURCE: KernelSource = KernelSource {
     entry_points: &["cast_f32_bf16", "cast_bf16_f32", "add_bf16", "accum_bf16_f32", "sumsq_f32", "lora_dropout"],
 };
 
+/// Which dropout mask LoRA applies to a batch of rows: row r belongs to a sequence of mask seed
+/// `seeds[r]` and is row `local_row[r]` of it; `key_hi` is `dropout_key(layer, target, 0)` and
+/// `p` the dropout probability.
+#[derive(Clone, Copy)]
+pub struct DropoutMask<'a> {
+    pub seeds: &'a CudaSlice<u64>,
+    pub local_row: &'a CudaSlice<i32>,
+    pub key_hi: u64,
+    pub p: f64,
+}
+
 impl Gpu {
     fn unary<A, B>(&self, name: &'static str, x: &impl DevicePtr<A>, y: &mut impl DevicePtrMut<B>, n: usize) -> Result<()> {
         check_len(name, x.len(), n)?;
@@ -79,21 +90,16 @@ impl Gpu {
     }
 
     /// LoRA's inverted dropout on `x` `[rows, cols]` (`coa_model::lora::dropout_factor` per
-    /// element): `y = x · f`, or `y += x · f` with `accumulate`. Row r belongs to a sequence of mask
-    /// seed `seeds[r]` and is row `local_row[r]` of it; `key_hi` is `dropout_key(layer, target, 0)`.
-    #[allow(clippy::too_many_arguments)]
+    /// element, as `mask` draws it): `y = x · f`, or `y += x · f` with `accumulate`.
     pub fn lora_dropout(
         &self,
         x: &impl DevicePtr<bf16>,
         y: &mut impl DevicePtrMut<bf16>,
-        seeds: &impl DevicePtr<u64>,
-        local_row: &impl DevicePtr<i32>,
-        rows: usize,
-        cols: usize,
-        key_hi: u64,
-        p: f64,
+        (rows, cols): (usize, usize),
+        mask: &DropoutMask,
         accumulate: bool,
     ) -> Result<()> {
+        let DropoutMask { seeds, local_row, key_hi, p } = *mask;
         let n = rows * cols;
         check_len("lora_dropout x", x.len(), n)?;
         check_len("lora_dropout y", y.len(), n)?;

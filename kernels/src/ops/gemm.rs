@@ -21,52 +21,65 @@ impl GemmOut for f32 {
     const DTYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_32F;
 }
 
-impl Gpu {
-    /// `c[m,n] = alpha * a' @ b' + beta * c` in row-major terms, the convention of
-    /// `coa_model::ops::gemm`: a' = a (stored [m,k]) or aᵀ (a stored [k,m], `a_t`); b' = b (stored
-    /// [k,n]) or bᵀ (b stored [n,k], `b_t`). a, b bf16; c bf16 or f32; fp32 accumulation.
-    /// Linear forward `y = x @ wᵀ` is `gemm(T, O, I, x, false, w, true, y, 1, 0)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm<C: GemmOut>(
-        &self,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: &impl DevicePtr<bf16>,
-        a_t: bool,
-        b: &impl DevicePtr<bf16>,
-        b_t: bool,
-        c: &mut impl DevicePtrMut<C>,
-        alpha: f32,
-        beta: f32,
-    ) -> Result<()> {
-        let (lda, ldb) = (if a_t { m } else { k }, if b_t { k } else { n });
-        self.gemm_ld(m, n, k, a, a_t, lda, b, b_t, ldb, c, n, alpha, beta)
-    }
+/// One product `c[m,n] = alpha * a' @ b' + beta * c` in row-major terms, the convention of
+/// `coa_model::ops::gemm`: a' = a (stored [m,k]) or aᵀ (a stored [k,m], `a_t`); b' = b (stored
+/// [k,n]) or bᵀ (b stored [n,k], `b_t`). `Gemm::new(m, n, k)` is `c = a @ b` on dense operands;
+/// the other methods set the rest, e.g. linear forward `y[T,O] = x @ wᵀ` is
+/// `Gemm::new(T, O, I).transposed(false, true)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_t: bool,
+    pub b_t: bool,
+    /// Elements between the stored rows of a, b and c (row-major leading dimensions), for
+    /// sub-matrices such as a column block of a fused q|k|v buffer; None: dense operands.
+    pub ld: Option<[usize; 3]>,
+    pub alpha: f32,
+    pub beta: f32,
+}
 
-    /// [`Gpu::gemm`] on sub-matrices: the stored rows of a, b and c are `lda`, `ldb`, `ldc`
-    /// elements apart (row-major leading dimensions), e.g. a column block of a fused q|k|v buffer
-    /// (LoRA's updates and gradients of q, k or v alone).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_ld<C: GemmOut>(
-        &self,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: &impl DevicePtr<bf16>,
-        a_t: bool,
-        lda: usize,
-        b: &impl DevicePtr<bf16>,
-        b_t: bool,
-        ldb: usize,
-        c: &mut impl DevicePtrMut<C>,
-        ldc: usize,
-        alpha: f32,
-        beta: f32,
-    ) -> Result<()> {
-        // (stored rows, stored columns) of each operand
-        let (ar, ac) = if a_t { (k, m) } else { (m, k) };
-        let (br, bc) = if b_t { (n, k) } else { (k, n) };
+impl Gemm {
+    /// `c[m,n] = a[m,k] @ b[k,n]`: dense, not transposed, alpha 1, c overwritten (beta 0).
+    pub fn new(m: usize, n: usize, k: usize) -> Self {
+        Gemm { m, n, k, a_t: false, b_t: false, ld: None, alpha: 1.0, beta: 0.0 }
+    }
+    /// Which of a and b are stored transposed.
+    pub fn transposed(self, a_t: bool, b_t: bool) -> Self {
+        Gemm { a_t, b_t, ..self }
+    }
+    /// The operands are sub-matrices whose stored rows are `lda`, `ldb`, `ldc` elements apart.
+    pub fn ld(self, lda: usize, ldb: usize, ldc: usize) -> Self {
+        Gemm { ld: Some([lda, ldb, ldc]), ..self }
+    }
+    /// Scales the product.
+    pub fn alpha(self, alpha: f32) -> Self {
+        Gemm { alpha, ..self }
+    }
+    /// Keeps `beta * c` (1: accumulate into c).
+    pub fn beta(self, beta: f32) -> Self {
+        Gemm { beta, ..self }
+    }
+    /// (stored rows, stored columns) of a and of b.
+    fn stored(&self) -> [(usize, usize); 2] {
+        let Gemm { m, n, k, .. } = *self;
+        [if self.a_t { (k, m) } else { (m, k) }, if self.b_t { (n, k) } else { (k, n) }]
+    }
+    /// The leading dimensions of a, b, c: the given ones, or the stored rows' lengths.
+    fn lds(&self) -> [usize; 3] {
+        let [(_, ac), (_, bc)] = self.stored();
+        self.ld.unwrap_or([ac, bc, self.n])
+    }
+}
+
+impl Gpu {
+    /// `g`'s product on cuBLAS: a, b bf16; c bf16 or f32; fp32 accumulation. Every operand's
+    /// length is checked against the rows the product reads or writes.
+    pub fn gemm<C: GemmOut>(&self, g: Gemm, a: &impl DevicePtr<bf16>, b: &impl DevicePtr<bf16>, c: &mut impl DevicePtrMut<C>) -> Result<()> {
+        let Gemm { m, n, k, a_t, b_t, alpha, beta, .. } = g;
+        let [(ar, ac), (br, bc)] = g.stored();
+        let [lda, ldb, ldc] = g.lds();
         let need = |rows: usize, cols: usize, ld: usize| if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld + cols };
         if lda < ac || ldb < bc || ldc < n {
             return Err(crate::Error(format!("gemm: leading dimensions {lda}, {ldb}, {ldc} below the rows' lengths {ac}, {bc}, {n}")));
@@ -81,11 +94,10 @@ impl Gpu {
         use blas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
         let op_b = if b_t { CUBLAS_OP_T } else { CUBLAS_OP_N };
         let op_a = if a_t { CUBLAS_OP_T } else { CUBLAS_OP_N };
-        let (ldb_, lda_) = (ldb, lda);
         let (ap, _ga) = a.device_ptr(&self.stream);
         let (bp, _gb) = b.device_ptr(&self.stream);
         let (cp, _gc) = c.device_ptr_mut(&self.stream);
-        // SAFETY: lengths checked above against the m, n, k the call describes.
+        // SAFETY: lengths checked above against the m, n, k and leading dimensions the call describes.
         unsafe {
             cudarc::cublas::result::gemm_ex(
                 *self.blas.handle(),
@@ -97,10 +109,10 @@ impl Gpu {
                 (&alpha) as *const f32 as *const _,
                 bp as *const _,
                 blas_sys::cudaDataType::CUDA_R_16BF,
-                i32_of("ldb", ldb_)?,
+                i32_of("ldb", ldb)?,
                 ap as *const _,
                 blas_sys::cudaDataType::CUDA_R_16BF,
-                i32_of("lda", lda_)?,
+                i32_of("lda", lda)?,
                 (&beta) as *const f32 as *const _,
                 cp as *mut _,
                 C::DTYPE,
@@ -113,53 +125,57 @@ impl Gpu {
     }
 }
 
+/// One linear layer of a model: w [O, I] at `w` of the flat bf16 weight buffer, its bias [O] at
+/// `bias` if it has one (llama `attention_bias` / `mlp_bias`), applied to `rows` rows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Linear {
+    pub w: usize,
+    pub bias: Option<usize>,
+    /// (T, I, O): rows, input and output features.
+    pub shape: (usize, usize, usize),
+}
+
+/// What every linear layer reads besides its input: the flat bf16 weights and an all-ones vector
+/// (at least T long) biases are broadcast and summed through.
+#[derive(Clone, Copy)]
+pub(crate) struct LinearWeights<'a> {
+    pub flat: &'a CudaSlice<bf16>,
+    pub ones: &'a CudaSlice<bf16>,
+}
+
 /// `y[T, O] = x[T, I] @ w[O, I]ᵀ (+ b[O])`, plus the old `y` when `residual` (the residual stream
-/// copied there first). Without a bias, matmul + residual are rounded to bf16 once; with one
-/// (llama `attention_bias` / `mlp_bias` on o_proj / down_proj), the bias is added first and that
-/// sum is rounded too. Weights at `w_off` / `b_off` of the flat bf16 buffer.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn linear_fwd(
-    gpu: &Gpu,
-    x: &impl DevicePtr<bf16>,
-    w: &CudaSlice<bf16>,
-    w_off: usize,
-    b_off: Option<usize>,
-    y: &mut impl DevicePtrMut<bf16>,
-    ones: &CudaSlice<bf16>,
-    (t, i, o): (usize, usize, usize),
-    residual: bool,
-) -> Result<()> {
+/// copied there first). Without a bias, matmul + residual are rounded to bf16 once; with one, the
+/// bias is added first and that sum is rounded too.
+pub(crate) fn linear_fwd(gpu: &Gpu, ws: LinearWeights, l: Linear, x: &impl DevicePtr<bf16>, y: &mut impl DevicePtrMut<bf16>, residual: bool) -> Result<()> {
+    let (t, i, o) = l.shape;
     let mut beta = if residual { 1.0 } else { 0.0 };
-    if let Some(b) = b_off {
+    if let Some(b) = l.bias {
         // y (+)= ones[T, 1] @ b[1, O]: the bias broadcast through cuBLAS (k = 1).
-        gpu.gemm(t, o, 1, &ones.slice(..t), false, &w.slice(b..b + o), false, y, 1.0, beta)?;
+        gpu.gemm(Gemm::new(t, o, 1).beta(beta), &ws.ones.slice(..t), &ws.flat.slice(b..b + o), y)?;
         beta = 1.0;
     }
-    gpu.gemm(t, o, i, x, false, &w.slice(w_off..w_off + o * i), true, y, 1.0, beta)
+    gpu.gemm(Gemm::new(t, o, i).transposed(false, true).beta(beta), x, &ws.flat.slice(l.w..l.w + o * i), y)
 }
 
 /// Backward of [`linear_fwd`]: `dx[T, I] = dy[T, O] @ w[O, I]` (written), `dw[O, I] += dyᵀ @ x`
 /// and `db[O] += ones[1, T] @ dy` into the f32 gradient buffer at the weights' offsets (none
 /// without one: frozen weights under LoRA).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_bwd(
     gpu: &Gpu,
+    ws: LinearWeights,
+    l: Linear,
     dy: &impl DevicePtr<bf16>,
     x: &impl DevicePtr<bf16>,
-    w: &CudaSlice<bf16>,
-    w_off: usize,
-    b_off: Option<usize>,
     dx: &mut impl DevicePtrMut<bf16>,
     grad: Option<&mut CudaSlice<f32>>,
-    ones: &CudaSlice<bf16>,
-    (t, i, o): (usize, usize, usize),
 ) -> Result<()> {
-    let wr = w_off..w_off + o * i;
-    gpu.gemm(t, i, o, dy, false, &w.slice(wr.clone()), false, dx, 1.0, 0.0)?;
+    let (t, i, o) = l.shape;
+    let wr = l.w..l.w + o * i;
+    gpu.gemm(Gemm::new(t, i, o), dy, &ws.flat.slice(wr.clone()), dx)?;
     let Some(grad) = grad else { return Ok(()) };
-    gpu.gemm(o, i, t, dy, true, x, false, &mut grad.slice_mut(wr), 1.0, 1.0)?;
-    if let Some(b) = b_off {
-        gpu.gemm(1, o, t, &ones.slice(..t), false, dy, false, &mut grad.slice_mut(b..b + o), 1.0, 1.0)?;
+    gpu.gemm(Gemm::new(o, i, t).transposed(true, false).beta(1.0), dy, x, &mut grad.slice_mut(wr))?;
+    if let Some(b) = l.bias {
+        gpu.gemm(Gemm::new(1, o, t).beta(1.0), &ws.ones.slice(..t), dy, &mut grad.slice_mut(b..b + o))?;
     }
     Ok(())
 }

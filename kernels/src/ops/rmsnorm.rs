@@ -7,6 +7,7 @@ use half::bf16;
 
 use crate::error::{Error, Result};
 use crate::gpu::{check_len, i32_of, Gpu};
+use crate::ops::rope::HeadRows;
 use crate::sources::KernelSource;
 
 /// `kernels/rmsnorm.cu` and the kernels it must export.
@@ -58,29 +59,26 @@ impl Gpu {
         unsafe { self.launch_rmsnorm_fwd([xp, wp, yp, rp, 0], Rows { n, d, per: 1, ld: d, threads: 256 }, eps) }
     }
 
-    /// Qwen3's q or k norm: RMSNorm of each of the `heads` heads (`hd` wide) of `tokens` rows
-    /// `ld` elements apart in `x` (a column block of the fused q|k|v rows), in place; `rstd
-    /// [tokens·heads]` written, and the input kept in `xsave [tokens·heads, hd]` when given (what
-    /// [`Gpu::head_rmsnorm_bwd`] reads). CPU reference: `rmsnorm_forward` over rows of hd.
-    #[allow(clippy::too_many_arguments)]
+    /// Qwen3's q or k norm: RMSNorm of each head of `rows` in `x` (a column block of the fused
+    /// q|k|v rows), in place; `rstd [tokens·heads]` written, and the input kept in
+    /// `xsave [tokens·heads, hd]` when given (what [`Gpu::head_rmsnorm_bwd`] reads). CPU
+    /// reference: `rmsnorm_forward` over rows of hd.
     pub fn head_rmsnorm_fwd<S: DevicePtrMut<bf16>>(
         &self,
         x: &mut impl DevicePtrMut<bf16>,
+        rows: HeadRows,
         w: &impl DevicePtr<bf16>,
         rstd: &mut impl DevicePtrMut<f32>,
         xsave: Option<&mut S>,
-        tokens: usize,
-        heads: usize,
-        hd: usize,
-        ld: usize,
         eps: f32,
     ) -> Result<()> {
+        let HeadRows { tokens, heads, head_dim: hd, ld } = rows;
         let n = tokens * heads;
         check_heads(hd, heads, ld)?;
         if n == 0 {
             return Ok(());
         }
-        check_len("head rmsnorm x", x.len(), (tokens - 1) * ld + heads * hd)?;
+        check_len("head rmsnorm x", x.len(), rows.extent())?;
         check_len("head rmsnorm w", w.len(), hd)?;
         check_len("head rmsnorm rstd", rstd.len(), n)?;
         if let Some(xs) = &xsave {
@@ -119,25 +117,22 @@ impl Gpu {
     /// Backward of [`Gpu::head_rmsnorm_fwd`], in place: `dx` holds d loss / d (the norm's output)
     /// on entry (heads as there) and d loss / d (its input) on exit; `x` is the kept input
     /// `[tokens·heads, hd]`; `dw [hd]` ACCUMULATED.
-    #[allow(clippy::too_many_arguments)]
     pub fn head_rmsnorm_bwd(
         &self,
         dx: &mut impl DevicePtrMut<bf16>,
+        rows: HeadRows,
         x: &impl DevicePtr<bf16>,
         w: &impl DevicePtr<bf16>,
         rstd: &impl DevicePtr<f32>,
         dw: &mut impl DevicePtrMut<f32>,
-        tokens: usize,
-        heads: usize,
-        hd: usize,
-        ld: usize,
     ) -> Result<()> {
+        let HeadRows { tokens, heads, head_dim: hd, ld } = rows;
         let n = tokens * heads;
         check_heads(hd, heads, ld)?;
         if n == 0 {
             return Ok(());
         }
-        check_len("head rmsnorm_bwd dx", dx.len(), (tokens - 1) * ld + heads * hd)?;
+        check_len("head rmsnorm_bwd dx", dx.len(), rows.extent())?;
         for (what, len, need) in [("x", x.len(), n * hd), ("w", w.len(), hd), ("rstd", rstd.len(), n), ("dw", dw.len(), hd)] {
             check_len(&format!("head rmsnorm_bwd {what}"), len, need)?;
         }
@@ -162,8 +157,7 @@ impl Gpu {
         rstd: &impl DevicePtr<f32>,
         dx: &mut impl DevicePtrMut<bf16>,
         dw: &mut impl DevicePtrMut<f32>,
-        n: usize,
-        d: usize,
+        (n, d): (usize, usize),
         accumulate: bool,
     ) -> Result<()> {
         if d % 2 != 0 {

@@ -16,31 +16,52 @@ pub const SOURCE: KernelSource = KernelSource {
     entry_points: &["rope_apply"],
 };
 
+/// Where heads lie in a `[tokens, ld]` bf16 buffer: `heads` vectors of `head_dim` side by side
+/// from the start of each token's row (q and k within a fused q|k|v row: ld is its width). RoPE
+/// and the per-head RMSNorm (Qwen3's q/k norms) work on such rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadRows {
+    pub tokens: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Elements between consecutive tokens' rows.
+    pub ld: usize,
+}
+
+impl HeadRows {
+    /// One past the last element the rows cover (0 without tokens or heads).
+    pub fn extent(&self) -> usize {
+        if self.tokens == 0 || self.heads == 0 {
+            return 0;
+        }
+        (self.tokens - 1) * self.ld + self.heads * self.head_dim
+    }
+}
+
 impl Gpu {
-    /// In-place rotary embedding on `x` (token n, head h at `n*st + h*sh`, `hd` values), with
-    /// `cos`/`sin` [P, hd/2] from `coa_model::ops::rope_tables`; `pos` [N] picks the table row
-    /// (None: row n). `inverse` applies the backward (rotation by −angle) to a gradient.
-    #[allow(clippy::too_many_arguments)]
+    /// In-place rotary embedding on the heads of `x`, with `cos`/`sin` [P, hd/2] from
+    /// `coa_model::ops::rope_tables`; `pos` [tokens] picks the table row (None: row n).
+    /// `inverse` applies the backward (rotation by −angle) to a gradient.
     pub fn rope(
         &self,
         x: &mut impl DevicePtrMut<bf16>,
+        rows: HeadRows,
         pos: Option<&CudaSlice<i32>>,
         cos: &impl DevicePtr<f32>,
         sin: &impl DevicePtr<f32>,
-        n: usize,
-        heads: usize,
-        hd: usize,
-        st: usize,
-        sh: usize,
         inverse: bool,
     ) -> Result<()> {
+        let HeadRows { tokens: n, heads, head_dim: hd, ld } = rows;
         if hd % 2 != 0 {
             return Err(Error(format!("rope needs an even head_dim, got {hd}")));
+        }
+        if heads * hd > ld {
+            return Err(Error(format!("rope: {heads} heads of {hd} do not fit rows of {ld} elements")));
         }
         if n == 0 || heads == 0 {
             return Ok(());
         }
-        check_len("rope x", x.len(), (n - 1) * st + (heads - 1) * sh + hd)?;
+        check_len("rope x", x.len(), rows.extent())?;
         match pos {
             Some(p) => check_len("rope pos", p.len(), n)?,
             None => check_len("rope tables (per token)", cos.len().min(sin.len()), n * hd / 2)?,
@@ -51,7 +72,8 @@ impl Gpu {
         let (cp, _g2) = cos.device_ptr(&self.stream);
         let (sp, _g3) = sin.device_ptr(&self.stream);
         let (ni, hi, di) = (i32_of("rows", n)?, i32_of("heads", heads)?, i32_of("head_dim", hd)?);
-        let (sti, shi, inv) = (st as i64, sh as i64, inverse as i32);
+        // heads are contiguous within a row: head stride hd
+        let (sti, shi, inv) = (ld as i64, hd as i64, inverse as i32);
         let f = self.func(&SOURCE, "rope_apply")?;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&xp).arg(&posp).arg(&cp).arg(&sp).arg(&ni).arg(&hi).arg(&di).arg(&sti).arg(&shi).arg(&inv);

@@ -3,7 +3,7 @@
 //! dims, tails, packed segments, batches of two, sliding windows.
 
 use super::*;
-use coa_kernels::ops::attention::{AttnLayout, AttnShape};
+use coa_kernels::ops::attention::{AttnLayout, AttnShape, Qkv, QkvGrads};
 
 #[test]
 fn attention_fwd_bwd_matches_cpu() {
@@ -102,9 +102,10 @@ fn case_with(gpu: &Gpu, rng: &mut Rng, s: AttnShape, segments: Option<Vec<Option
     let seg_d = if use_seg { Some(gpu.upload(&seg_start_all).unwrap()) } else { None };
     let mut od = poison_bf16(gpu, q.len());
     let mut lsed = poison_f32(gpu, b * t * hq);
-    gpu.attention_fwd(&s, &l, &qd, &kd, &vd, seg_d.as_ref(), &mut od, &mut lsed).unwrap();
+    gpu.attention_fwd(&s, &l, Qkv { q: &qd, k: &kd, v: &vd }, seg_d.as_ref(), &mut od, &mut lsed).unwrap();
     let (mut dqd, mut dkd, mut dvd) = (poison_bf16(gpu, q.len()), poison_bf16(gpu, k.len()), poison_bf16(gpu, v.len()));
-    gpu.attention_bwd(&s, &l, &qd, &kd, &vd, &od, &lsed, seg_d.as_ref(), &dod, &mut dqd, &mut dkd, &mut dvd).unwrap();
+    let grads = QkvGrads { dq: &mut dqd, dk: &mut dkd, dv: &mut dvd };
+    gpu.attention_bwd(&s, &l, Qkv { q: &qd, k: &kd, v: &vd }, &od, &lsed, seg_d.as_ref(), &dod, grads).unwrap();
     let o = gpu.download_bf16(&od).unwrap();
     let lse = gpu.download(&lsed).unwrap();
     let vmax = max_abs(&v);

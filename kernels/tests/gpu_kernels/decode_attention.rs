@@ -5,7 +5,7 @@
 //! `coa_model::ops::attention_forward`): row p of it equals the decode output at position p.
 
 use super::*;
-use coa_kernels::ops::decode_attention::CacheShape;
+use coa_kernels::ops::decode_attention::{CacheShape, KvCacheRows};
 
 #[test]
 fn decode_attention_matches_cpu() {
@@ -81,7 +81,8 @@ fn case(gpu: &Gpu, rng: &mut Rng, hd: usize, hq: usize, hkv: usize, max_len: usi
         let (sd, pd) = (gpu.upload(&slot_i).unwrap(), gpu.upload(&pos_i).unwrap());
         gpu.kv_append(&shape, &kd, &vd, kw, &mut kc, &mut vc, &sd, &pd).unwrap();
         let mut od = poison_bf16(gpu, rows.len() * qw);
-        gpu.attn_extend(&shape, &qd, qw, &kc, &vc, &sd, &pd, &mut od, window).unwrap();
+        let cache = KvCacheRows { k_cache: &kc, v_cache: &vc, slot: &sd, pos: &pd };
+        gpu.attn_extend(&shape, &qd, qw, cache, &mut od, window).unwrap();
         let got = gpu.download_bf16(&od).unwrap();
         // fp32 softmax and accumulation (fast exp), then one bf16 rounding of the output.
         check(&format!("decode attention (call {call})"), &got, &want, BF16_ULP * max_abs(&vn), BF16_ULP, 1e-2);

@@ -3,6 +3,7 @@
 //! LoRA's dropout mask (exactly `coa_model::lora::dropout_factor`'s).
 
 use super::*;
+use coa_kernels::ops::elementwise::DropoutMask;
 
 #[test]
 fn elementwise_matches_cpu() {
@@ -64,7 +65,8 @@ fn lora_dropout_case(gpu: &Gpu, rng: &mut Rng, n: usize) {
     }
     let (xd, sd, rd) = (gpu.upload_bf16(&x).unwrap(), gpu.upload(&seeds).unwrap(), gpu.upload(&rows).unwrap());
     let mut yd = poison_bf16(gpu, r * cols);
-    gpu.lora_dropout(&xd, &mut yd, &sd, &rd, r, cols, dropout_key(l, tg, 0), p, false).unwrap();
+    let mask = DropoutMask { seeds: &sd, local_row: &rd, key_hi: dropout_key(l, tg, 0), p };
+    gpu.lora_dropout(&xd, &mut yd, (r, cols), &mask, false).unwrap();
     let want: Vec<f32> = round_bf16(&x.iter().zip(&factors).map(|(a, f)| a * f).collect::<Vec<_>>());
     let what = format!("lora_dropout {r}x{cols} p {p} layer {l} {}", tg.name());
     check(&what, &gpu.download_bf16(&yd).unwrap(), &want, 0.0, 0.0, 0.0);
@@ -72,7 +74,7 @@ fn lora_dropout_case(gpu: &Gpu, rng: &mut Rng, n: usize) {
     assert!(factors.len() < 200 || (dropped - p).abs() < 0.1, "{what}: {dropped} of the elements dropped");
     let y0 = round_bf16(&rng.normals(r * cols, 1.0));
     let mut yd = gpu.upload_bf16(&y0).unwrap();
-    gpu.lora_dropout(&xd, &mut yd, &sd, &rd, r, cols, dropout_key(l, tg, 0), p, true).unwrap();
+    gpu.lora_dropout(&xd, &mut yd, (r, cols), &mask, true).unwrap();
     let want: Vec<f32> = round_bf16(&x.iter().zip(&factors).zip(&y0).map(|((a, f), y)| y + a * f).collect::<Vec<_>>());
     check(&format!("{what} accumulate"), &gpu.download_bf16(&yd).unwrap(), &want, 1e-6, BF16_ULP, 1e-2);
 }

@@ -1,8 +1,9 @@
 //! cuBLAS matmuls (`src/ops/gemm.rs`, `Gpu::gemm`) against the CPU reference
 //! `coa_model::ops::gemm`: every transpose combination, f32 output accumulating (beta = 1) and bf16
-//! output written (beta = 0); and sub-matrices through leading dimensions (`Gpu::gemm_ld`).
+//! output written (beta = 0); and sub-matrices through leading dimensions (`Gemm::ld`).
 
 use super::*;
+use coa_kernels::ops::gemm::Gemm;
 
 #[test]
 fn gemm_matches_cpu() {
@@ -14,7 +15,7 @@ fn gemm_matches_cpu() {
     }
 }
 
-/// `gemm_ld` on column blocks of wider buffers (LoRA's q / k / v blocks of a fused q|k|v row):
+/// `Gemm::ld` on column blocks of wider buffers (LoRA's q / k / v blocks of a fused q|k|v row):
 /// a, b and c each a block at a column offset of rows `pad` elements longer; the columns around
 /// c's block must stay as they were.
 #[test]
@@ -42,9 +43,10 @@ fn gemm_on_column_blocks_matches_cpu() {
             }
             let (ad, bd) = (gpu.upload_bf16(&a_full).unwrap(), gpu.upload_bf16(&b_full).unwrap());
             let mut cd = gpu.upload_bf16(&c_full).unwrap();
-            gpu.gemm_ld(m, n, k, &ad.slice(off..), a_t, lda, &bd.slice(off..), b_t, ldb, &mut cd.slice_mut(off..), ldc, 1.0, 1.0).unwrap();
+            let g = Gemm::new(m, n, k).transposed(a_t, b_t).ld(lda, ldb, ldc).beta(1.0);
+            gpu.gemm(g, &ad.slice(off..), &bd.slice(off..), &mut cd.slice_mut(off..)).unwrap();
             let tol = 1e-5 * (k as f32).sqrt() * max_abs(&want);
-            check(&format!("gemm_ld {m}x{n}x{k} a_t {a_t} b_t {b_t} lds {lda} {ldb} {ldc}"), &gpu.download_bf16(&cd).unwrap(), &want, tol, BF16_ULP, 1e-2);
+            check(&format!("gemm on blocks {m}x{n}x{k} a_t {a_t} b_t {b_t} lds {lda} {ldb} {ldc}"), &gpu.download_bf16(&cd).unwrap(), &want, tol, BF16_ULP, 1e-2);
         }
     }
 }
@@ -58,13 +60,13 @@ fn case(gpu: &Gpu, rng: &mut Rng, m: usize, n: usize, k: usize) {
         ops::gemm(m, n, k, &a, a_t, &b, b_t, &mut want, 1.0);
         let (ad, bd) = (gpu.upload_bf16(&a).unwrap(), gpu.upload_bf16(&b).unwrap());
         let mut cd = gpu.upload(&c0).unwrap();
-        gpu.gemm(m, n, k, &ad, a_t, &bd, b_t, &mut cd, 1.0, 1.0).unwrap();
+        gpu.gemm(Gemm::new(m, n, k).transposed(a_t, b_t).beta(1.0), &ad, &bd, &mut cd).unwrap();
         let tol = 1e-5 * (k as f32).sqrt() * max_abs(&want);
         check(&format!("gemm f32 {m}x{n}x{k} a_t {a_t} b_t {b_t}"), &gpu.download(&cd).unwrap(), &want, tol, 1e-5, 1e-5);
         let mut want = vec![0f32; m * n];
         ops::gemm(m, n, k, &a, a_t, &b, b_t, &mut want, 0.0);
         let mut cb = poison_bf16(gpu, m * n);
-        gpu.gemm(m, n, k, &ad, a_t, &bd, b_t, &mut cb, 1.0, 0.0).unwrap();
+        gpu.gemm(Gemm::new(m, n, k).transposed(a_t, b_t), &ad, &bd, &mut cb).unwrap();
         check(&format!("gemm bf16 {m}x{n}x{k} a_t {a_t} b_t {b_t}"), &gpu.download_bf16(&cb).unwrap(), &want, tol, BF16_ULP, 1e-2);
     }
 }

@@ -2,6 +2,7 @@
 //! `coa_model::ops::rmsnorm_forward` / `rmsnorm_backward`.
 
 use super::*;
+use coa_kernels::ops::rope::HeadRows;
 
 #[test]
 fn rmsnorm_matches_cpu() {
@@ -38,7 +39,7 @@ fn case(gpu: &Gpu, rng: &mut Rng, n: usize, d: usize) {
     check(&format!("rmsnorm rstd ({n}x{d})"), &gpu.download(&rd).unwrap(), &rstd_ref, 0.0, 1e-5, 1e-5);
     let mut dxd = gpu.upload_bf16(&dx0).unwrap();
     let mut dwd = gpu.upload(&dw0).unwrap();
-    gpu.rmsnorm_bwd(&dyd, &xd, &wd, &rd, &mut dxd, &mut dwd, n, d, true).unwrap();
+    gpu.rmsnorm_bwd(&dyd, &xd, &wd, &rd, &mut dxd, &mut dwd, (n, d), true).unwrap();
     check(&format!("rmsnorm dx ({n}x{d})"), &gpu.download_bf16(&dxd).unwrap(), &dx_ref, 1e-3 * max_abs(&dx_ref), BF16_ULP, 1e-2);
     check(&format!("rmsnorm dw ({n}x{d})"), &gpu.download(&dwd).unwrap(), &dw_ref, 1e-4 * max_abs(&dw_ref), 1e-4, 1e-4);
 }
@@ -73,7 +74,8 @@ fn head_rmsnorm_matches_cpu() {
             let wd = gpu.upload_bf16(&w).unwrap();
             let mut xd = gpu.upload_bf16(&rows).unwrap();
             let (mut saved, mut rd) = (poison_bf16(&gpu, m * hd), poison_f32(&gpu, m));
-            gpu.head_rmsnorm_fwd(&mut xd.slice_mut(col0..), &wd, &mut rd, Some(&mut saved), n, heads, hd, ld, eps).unwrap();
+            let at = HeadRows { tokens: n, heads, head_dim: hd, ld };
+            gpu.head_rmsnorm_fwd(&mut xd.slice_mut(col0..), at, &wd, &mut rd, Some(&mut saved), eps).unwrap();
             let after = gpu.download_bf16(&xd).unwrap();
             check(&format!("head rmsnorm y ({label})"), &gather(&after), &y_ref, 1e-6, BF16_ULP, 1e-2);
             check(&format!("head rmsnorm rstd ({label})"), &gpu.download(&rd).unwrap(), &rstd_ref, 0.0, 1e-5, 1e-5);
@@ -85,11 +87,11 @@ fn head_rmsnorm_matches_cpu() {
             }
             let mut dd = gpu.upload_bf16(&dy).unwrap();
             let mut dwd = gpu.upload(&dw0).unwrap();
-            gpu.head_rmsnorm_bwd(&mut dd.slice_mut(col0..), &saved, &wd, &rd, &mut dwd, n, heads, hd, ld).unwrap();
+            gpu.head_rmsnorm_bwd(&mut dd.slice_mut(col0..), at, &saved, &wd, &rd, &mut dwd).unwrap();
             let dx = gpu.download_bf16(&dd).unwrap();
             check(&format!("head rmsnorm dx ({label})"), &gather(&dx), &dx_ref, 1e-3 * max_abs(&dx_ref), BF16_ULP, 1e-2);
             check(&format!("head rmsnorm dw ({label})"), &gpu.download(&dwd).unwrap(), &dw_ref, 1e-4 * max_abs(&dw_ref), 1e-4, 1e-4);
-            assert!(gpu.head_rmsnorm_fwd(&mut xd, &wd, &mut rd, None::<&mut coa_kernels::cudarc::driver::CudaSlice<bf16>>, n, heads, hd, heads * hd - 2, eps).is_err(), "heads wider than the row");
+            assert!(gpu.head_rmsnorm_fwd(&mut xd, HeadRows { tokens: n, heads, head_dim: hd, ld: heads * hd - 2 }, &wd, &mut rd, None::<&mut coa_kernels::cudarc::driver::CudaSlice<bf16>>, eps).is_err(), "heads wider than the row");
         }
     }
 }

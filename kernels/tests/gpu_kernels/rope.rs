@@ -2,6 +2,7 @@
 //! `coa_model::ops::rope_forward` / `rope_backward`, tables by token and by position.
 
 use super::*;
+use coa_kernels::ops::rope::HeadRows;
 
 #[test]
 fn rope_matches_cpu() {
@@ -19,7 +20,7 @@ pub fn small(gpu: &Gpu, rng: &mut Rng) {
 }
 
 fn case(gpu: &Gpu, rng: &mut Rng, t: usize, h: usize, hd: usize, theta: f64) {
-
+    let rows = HeadRows { tokens: t, heads: h, head_dim: hd, ld: h * hd };
     let segs = random_segments(rng, t);
     let (pos, _) = ops::segment_layout(t, segs.as_deref());
     let (cos, sin) = ops::rope_tables(&pos, hd, theta);
@@ -28,7 +29,7 @@ fn case(gpu: &Gpu, rng: &mut Rng, t: usize, h: usize, hd: usize, theta: f64) {
     ops::rope_forward(&mut want, &cos, &sin, h, hd);
     let (cd, sd) = (gpu.upload(&cos).unwrap(), gpu.upload(&sin).unwrap());
     let mut xd = gpu.upload_bf16(&x).unwrap();
-    gpu.rope(&mut xd, None, &cd, &sd, t, h, hd, h * hd, hd, false).unwrap();
+    gpu.rope(&mut xd, rows, None, &cd, &sd, false).unwrap();
     check(&format!("rope fwd (T {t} hd {hd})"), &gpu.download_bf16(&xd).unwrap(), &want, 1e-3 * max_abs(&want), BF16_ULP, 1e-2);
     // Position-indexed tables (rows = positions 0..max) give the same result.
     let maxp = *pos.iter().max().unwrap() as usize + 1;
@@ -36,13 +37,13 @@ fn case(gpu: &Gpu, rng: &mut Rng, t: usize, h: usize, hd: usize, theta: f64) {
     let posd = gpu.upload(&pos.iter().map(|&p| p as i32).collect::<Vec<_>>()).unwrap();
     let (cpd, spd) = (gpu.upload(&cos_p).unwrap(), gpu.upload(&sin_p).unwrap());
     let mut xd = gpu.upload_bf16(&x).unwrap();
-    gpu.rope(&mut xd, Some(&posd), &cpd, &spd, t, h, hd, h * hd, hd, false).unwrap();
+    gpu.rope(&mut xd, rows, Some(&posd), &cpd, &spd, false).unwrap();
     check(&format!("rope fwd by position (T {t} hd {hd})"), &gpu.download_bf16(&xd).unwrap(), &want, 1e-3 * max_abs(&want), BF16_ULP, 1e-2);
     // Backward.
     let dy = round_bf16(&rng.normals(t * h * hd, 1.0));
     let mut want = dy.clone();
     ops::rope_backward(&mut want, &cos, &sin, h, hd);
     let mut dd = gpu.upload_bf16(&dy).unwrap();
-    gpu.rope(&mut dd, None, &cd, &sd, t, h, hd, h * hd, hd, true).unwrap();
+    gpu.rope(&mut dd, rows, None, &cd, &sd, true).unwrap();
     check(&format!("rope bwd (T {t} hd {hd})"), &gpu.download_bf16(&dd).unwrap(), &want, 1e-3 * max_abs(&want), BF16_ULP, 1e-2);
 }

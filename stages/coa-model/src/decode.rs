@@ -474,7 +474,8 @@ impl Model {
                     // SAFETY: row r0, heads h·group..(h+1)·group of `att` belong to this task alone.
                     let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(q0), w) };
                     let (kh, vh) = (kc.rows(kbase, nk.div_ceil(KEY_TILE) * KEY_TILE * hd), vc.rows(kbase, nk * hd));
-                    crate::simd::attend_group(o, &qref[q0..q0 + w], kh, vh, group, first_key(t.p0), nk, hd, scale, s);
+                    let shape = crate::simd::GroupShape { group, lo: first_key(t.p0), nk, hd, scale };
+                    crate::simd::attend_group(o, &qref[q0..q0 + w], kh, vh, shape, s);
                     return;
                 }
                 let kbase = t.slot * slot_stride + t.h * head_stride;

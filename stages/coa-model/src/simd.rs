@@ -323,8 +323,19 @@ pub fn key_at(j: usize, d: usize, hd: usize) -> usize {
     (j / KEY_TILE * hd + d) * KEY_TILE + j % KEY_TILE
 }
 
+/// What one [`attend_group`] call attends: `group` query heads of `hd` values over the first `nk`
+/// cached keys, those before `lo` out of the sliding window, scores scaled by `scale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupShape {
+    pub group: usize,
+    pub lo: usize,
+    pub nk: usize,
+    pub hd: usize,
+    pub scale: f32,
+}
+
 /// Attention of one new token's `group` query heads that share one key/value head (a decode step
-/// under grouped-query attention) against that head's `nk` cached keys and values:
+/// under grouped-query attention) against that head's `nk` cached keys and values (`shape`):
 /// `out[g] = softmax(q[g]·Kᵀ · scale) V` for `q[group, hd]`, keys `kt` in tiles ([`key_at`],
 /// `nk.div_ceil(KEY_TILE)` whole tiles), `v[nk, hd]` (rows contiguous), `out[group, hd]`; keys
 /// before `lo` (out of a sliding window) are left out of the softmax;
@@ -334,8 +345,8 @@ pub fn key_at(j: usize, d: usize, hd: usize) -> usize {
 /// result depends only on `q`, the keys and `v`: each score sums q[d]·k[d] by FMA in d order, the
 /// softmax is [`max`], [`exp_affine_sum`] and [`scale`], and each output element sums p_j·v_j
 /// over j in order.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_group(out: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, group: usize, lo: usize, nk: usize, hd: usize, scale: f32, scores: &mut Vec<f32>) {
+pub fn attend_group(out: &mut [f32], q: &[f32], kt: KvRows, v: KvRows, shape: GroupShape, scores: &mut Vec<f32>) {
+    let GroupShape { group, lo, nk, hd, scale } = shape;
     assert!(
         out.len() == group * hd && q.len() == group * hd && kt.n_values() >= nk.div_ceil(KEY_TILE) * KEY_TILE * hd && v.n_values() >= nk * hd && lo < nk,
         "attend_group: shapes"
@@ -749,7 +760,7 @@ mod attend_tests {
             for (kt, vr, kref, vref) in [(KvRows::F32(&tiled(&k, nk, hd)), KvRows::F32(&v), &k, &v), (KvRows::Bf16(&kb), KvRows::Bf16(&vb), &k16_rows, &v16)] {
                 let mut out = vec![f32::NAN; group * hd];
                 let mut scratch = Vec::new();
-                attend_group(&mut out, &q, kt, vr, group, 0, nk, hd, scale, &mut scratch);
+                attend_group(&mut out, &q, kt, vr, GroupShape { group, lo: 0, nk, hd, scale }, &mut scratch);
                 let want = reference(&q, kref, vref, group, nk, hd, scale);
                 let err = out.iter().zip(&want).map(|(&a, &b)| (a as f64 - b).abs()).fold(0f64, f64::max);
                 assert!(err < 2e-5, "group {group} hd {hd} nk {nk} {kt:?}: max abs err {err}", kt = std::mem::discriminant(&kt));
@@ -822,7 +833,7 @@ fn attend_speed() {
     for rep in 0..3 {
         let t = std::time::Instant::now();
         for h in 0..heads {
-            attend_group(&mut out, &q, rows(h * stride), vals(h), group, 0, nk, hd, 0.125, &mut s);
+            attend_group(&mut out, &q, rows(h * stride), vals(h), GroupShape { group, lo: 0, nk, hd, scale: 0.125 }, &mut s);
         }
         let dt = t.elapsed().as_secs_f64();
         eprintln!("rep {rep}: {:.2} ms for {heads} heads, {:.1} GB/s", dt * 1e3, (2 * heads * nk * hd * if bf16 { 2 } else { 4 }) as f64 / dt / 1e9);
