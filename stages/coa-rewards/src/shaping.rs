@@ -32,8 +32,9 @@ pub fn default_cache_len(max_len: usize) -> usize {
 /// (`coa-score`, `coa-generate policy --oversample`): one validator, one help text, one default.
 #[derive(clap::Args, Debug, Clone, Copy, Default)]
 pub struct OverlongCacheArg {
-    /// Lcache of the overlong shaping: the band before Lmax where the length penalty grows from 0
-    /// to -1 (0: none) [default: an eighth of Lmax].
+    /// Lcache of the overlong shaping (in `coa-generate policy`, of the rewards --oversample
+    /// judges groups with): the band before Lmax where the length penalty grows from 0 to -1
+    /// (0: none) [default: an eighth of Lmax].
     #[arg(long, value_name = "N", value_parser = coa_schemas::flags::whole::<usize>)]
     pub overlong_cache: Option<usize>,
 }
