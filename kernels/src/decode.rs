@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use coa_model::ops::Gemm;
 use coa_model::{ModelConfig, Params};
 use cudarc::driver::CudaSlice;
 use half::bf16;
@@ -12,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{Alloc, Gpu};
 use crate::layout::{check_common, Dims, FlatLayout};
 use crate::ops::decode_attention::{CacheShape, KvCacheRows};
-use crate::ops::gemm::{linear_fwd, Gemm, Linear, LinearWeights};
+use crate::ops::gemm::{linear_fwd, Linear, LinearWeights};
 
 /// Whether the GPU decoder can run this model: an error naming the unsupported feature otherwise.
 /// (Decoding does not use the flash-attention kernels, so any even head_dim up to 256 works;

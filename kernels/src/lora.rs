@@ -12,13 +12,13 @@
 //! its column block through the leading-dimension form of the matmul ([`Gpu::gemm_ld`]).
 
 use coa_model::lora::{dropout_key, Lora, LoraConfig, Target};
+use coa_model::ops::Gemm;
 use coa_model::ModelConfig;
 use cudarc::driver::CudaSlice;
 
 use crate::gpu::Alloc;
 use crate::layout::FlatLayout;
 use crate::ops::elementwise::DropoutMask;
-use crate::ops::gemm::Gemm;
 use crate::{bf16, Error, Gpu, Result};
 
 /// One adapted layer: flat offsets of A `[r, in]` and B `[out, r]`, and (in, out).

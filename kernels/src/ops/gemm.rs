@@ -9,6 +9,7 @@ use half::bf16;
 
 use crate::error::Result;
 use crate::gpu::{check_len, i32_of, Gpu};
+use coa_model::ops::Gemm;
 
 /// Output element types of [`Gpu::gemm`]: bf16 activations or f32 gradient accumulators.
 pub trait GemmOut: DeviceRepr {
@@ -21,65 +22,13 @@ impl GemmOut for f32 {
     const DTYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_32F;
 }
 
-/// One product `c[m,n] = alpha * a' @ b' + beta * c` in row-major terms, the convention of
-/// `coa_model::ops::gemm`: a' = a (stored [m,k]) or aᵀ (a stored [k,m], `a_t`); b' = b (stored
-/// [k,n]) or bᵀ (b stored [n,k], `b_t`). `Gemm::new(m, n, k)` is `c = a @ b` on dense operands;
-/// the other methods set the rest, e.g. linear forward `y[T,O] = x @ wᵀ` is
-/// `Gemm::new(T, O, I).transposed(false, true)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Gemm {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub a_t: bool,
-    pub b_t: bool,
-    /// Elements between the stored rows of a, b and c (row-major leading dimensions), for
-    /// sub-matrices such as a column block of a fused q|k|v buffer; None: dense operands.
-    pub ld: Option<[usize; 3]>,
-    pub alpha: f32,
-    pub beta: f32,
-}
-
-impl Gemm {
-    /// `c[m,n] = a[m,k] @ b[k,n]`: dense, not transposed, alpha 1, c overwritten (beta 0).
-    pub fn new(m: usize, n: usize, k: usize) -> Self {
-        Gemm { m, n, k, a_t: false, b_t: false, ld: None, alpha: 1.0, beta: 0.0 }
-    }
-    /// Which of a and b are stored transposed.
-    pub fn transposed(self, a_t: bool, b_t: bool) -> Self {
-        Gemm { a_t, b_t, ..self }
-    }
-    /// The operands are sub-matrices whose stored rows are `lda`, `ldb`, `ldc` elements apart.
-    pub fn ld(self, lda: usize, ldb: usize, ldc: usize) -> Self {
-        Gemm { ld: Some([lda, ldb, ldc]), ..self }
-    }
-    /// Scales the product.
-    pub fn alpha(self, alpha: f32) -> Self {
-        Gemm { alpha, ..self }
-    }
-    /// Keeps `beta * c` (1: accumulate into c).
-    pub fn beta(self, beta: f32) -> Self {
-        Gemm { beta, ..self }
-    }
-    /// (stored rows, stored columns) of a and of b.
-    fn stored(&self) -> [(usize, usize); 2] {
-        let Gemm { m, n, k, .. } = *self;
-        [if self.a_t { (k, m) } else { (m, k) }, if self.b_t { (n, k) } else { (k, n) }]
-    }
-    /// The leading dimensions of a, b, c: the given ones, or the stored rows' lengths.
-    fn lds(&self) -> [usize; 3] {
-        let [(_, ac), (_, bc)] = self.stored();
-        self.ld.unwrap_or([ac, bc, self.n])
-    }
-}
-
 impl Gpu {
     /// `g`'s product on cuBLAS: a, b bf16; c bf16 or f32; fp32 accumulation. Every operand's
     /// length is checked against the rows the product reads or writes.
     pub fn gemm<C: GemmOut>(&self, g: Gemm, a: &impl DevicePtr<bf16>, b: &impl DevicePtr<bf16>, c: &mut impl DevicePtrMut<C>) -> Result<()> {
         let Gemm { m, n, k, a_t, b_t, alpha, beta, .. } = g;
-        let [(ar, ac), (br, bc)] = g.stored();
-        let [lda, ldb, ldc] = g.lds();
+        let [(ar, ac), (br, bc)] = g.stored_shapes();
+        let [lda, ldb, ldc] = g.leading_dims();
         let need = |rows: usize, cols: usize, ld: usize| if rows == 0 || cols == 0 { 0 } else { (rows - 1) * ld + cols };
         if lda < ac || ldb < bc || ldc < n {
             return Err(crate::Error(format!("gemm: leading dimensions {lda}, {ldb}, {ldc} below the rows' lengths {ac}, {bc}, {n}")));

@@ -3,7 +3,7 @@
 //! output written (beta = 0); and sub-matrices through leading dimensions (`Gemm::ld`).
 
 use super::*;
-use coa_kernels::ops::gemm::Gemm;
+use coa_model::ops::Gemm;
 
 #[test]
 fn gemm_matches_cpu() {
@@ -36,7 +36,7 @@ fn gemm_on_column_blocks_matches_cpu() {
             let (b_full, b, ldb) = if b_t { block(n, k, &mut rng) } else { block(k, n, &mut rng) };
             let (c_full, c, ldc) = block(m, n, &mut rng);
             let mut want_block = c.clone();
-            ops::gemm(m, n, k, &a, a_t, &b, b_t, &mut want_block, 1.0);
+            ops::gemm(Gemm::new(m, n, k).transposed(a_t, b_t).beta(1.0), &a, &b, &mut want_block);
             let mut want = c_full.clone();
             for r in 0..m {
                 want[r * ldc + off..r * ldc + off + n].copy_from_slice(&want_block[r * n..(r + 1) * n]);
@@ -57,14 +57,14 @@ fn case(gpu: &Gpu, rng: &mut Rng, m: usize, n: usize, k: usize) {
         let b = round_bf16(&rng.normals(k * n, 1.0));
         let c0 = rng.normals(m * n, 1.0);
         let mut want = c0.clone();
-        ops::gemm(m, n, k, &a, a_t, &b, b_t, &mut want, 1.0);
+        ops::gemm(Gemm::new(m, n, k).transposed(a_t, b_t).beta(1.0), &a, &b, &mut want);
         let (ad, bd) = (gpu.upload_bf16(&a).unwrap(), gpu.upload_bf16(&b).unwrap());
         let mut cd = gpu.upload(&c0).unwrap();
         gpu.gemm(Gemm::new(m, n, k).transposed(a_t, b_t).beta(1.0), &ad, &bd, &mut cd).unwrap();
         let tol = 1e-5 * (k as f32).sqrt() * max_abs(&want);
         check(&format!("gemm f32 {m}x{n}x{k} a_t {a_t} b_t {b_t}"), &gpu.download(&cd).unwrap(), &want, tol, 1e-5, 1e-5);
         let mut want = vec![0f32; m * n];
-        ops::gemm(m, n, k, &a, a_t, &b, b_t, &mut want, 0.0);
+        ops::gemm(Gemm::new(m, n, k).transposed(a_t, b_t), &a, &b, &mut want);
         let mut cb = poison_bf16(gpu, m * n);
         gpu.gemm(Gemm::new(m, n, k).transposed(a_t, b_t), &ad, &bd, &mut cb).unwrap();
         check(&format!("gemm bf16 {m}x{n}x{k} a_t {a_t} b_t {b_t}"), &gpu.download_bf16(&cb).unwrap(), &want, tol, BF16_ULP, 1e-2);

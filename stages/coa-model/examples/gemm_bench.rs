@@ -43,7 +43,7 @@ fn main() -> Result<()> {
                 // SAFETY: the strides address a [m,k], b [k,n], c [m,n] in bounds.
                 unsafe { matrixmultiply::sgemm(m, k, n, 1.0, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, 0.0, c.as_mut_ptr(), n as isize, 1) };
             } else {
-                ops::gemm(m, n, k, &a, a_t, &b, b_t, c, 0.0);
+                ops::gemm(ops::Gemm::new(m, n, k).transposed(a_t, b_t), &a, &b, c);
             }
         };
         product(&mut c); // warm-up

@@ -403,7 +403,7 @@ impl Model {
                     layers.iter_mut().map(|(out, w, b, _)| (&mut **out, dw.packed[*w].as_ref().expect("a linear weight is packed"), pb(*b))).collect();
                 linears_packed(&mut outs, x, r, i)
             }
-            None => layers.iter_mut().for_each(|(out, w, b, o)| ops::linear_forward(out, x, p(*w), pb(*b), r, i, *o)),
+            None => layers.iter_mut().for_each(|(out, w, b, o)| ops::linear_forward(out, x, p(*w), pb(*b), (r, i, *o))),
         };
 
         let mut x = vec![0f32; r * d];
@@ -573,7 +573,7 @@ impl Model {
         let head = lay.lm_head.unwrap_or(lay.embed);
         match packed {
             Some(dw) => linear_packed(&mut z, &hf, dw.packed[head].as_ref().expect("the head is packed"), None, rows, d, v),
-            None => ops::linear_forward(&mut z, &hf, p(head), None, rows, d, v),
+            None => ops::linear_forward(&mut z, &hf, p(head), None, (rows, d, v)),
         }
         // Back to item order (already so when no one-token item precedes a multi-token one).
         if order.iter().enumerate().all(|(k, &it)| k == it) {
@@ -611,7 +611,7 @@ fn linear_speed() {
     type Rows = fn(&mut [f32], &[f32], &[f32], usize, usize, usize);
     for &r in &rows {
         for (i, o) in [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49174)] {
-            let sgemm: Rows = |out, x, w, r, i, o| ops::linear_forward(out, x, w, None, r, i, o);
+            let sgemm: Rows = |out, x, w, r, i, o| ops::linear_forward(out, x, w, None, (r, i, o));
             let packed: Rows = |out, x, w, r, i, o| {
                 thread_local!(static PW: std::cell::RefCell<Option<((usize, usize), PackedB)>> = const { std::cell::RefCell::new(None) });
                 PW.with(|pw| {

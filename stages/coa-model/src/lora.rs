@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::config::ModelConfig;
-use crate::ops;
+use crate::ops::{self, Gemm};
 use crate::params::{Params, Tensor};
 use crate::rng::SplitMix64;
 use crate::MatmulDtype;
@@ -313,10 +313,10 @@ impl Lora {
             x
         };
         acts.xs.resize(n * r, 0.0);
-        ops::gemm_as(dtype, n, r, inp, xin, false, a, true, &mut acts.xs, 0.0);
+        ops::gemm_as(dtype, Gemm::new(n, r, inp).transposed(false, true), xin, a, &mut acts.xs);
         let s = self.config.scale();
         acts.xs.iter_mut().for_each(|v| *v *= s);
-        ops::gemm_as(dtype, n, o, r, &acts.xs, false, b, true, out, 1.0);
+        ops::gemm_as(dtype, Gemm::new(n, o, r).transposed(false, true).beta(1.0), &acts.xs, b, out);
     }
 
     /// The backward of [`Lora::forward`]: `dy` `[T, out]` is d loss / d out; adds d loss / d x
@@ -331,21 +331,21 @@ impl Lora {
         let drop = self.dropout_on(train);
         let xin: &[f32] = if drop { &acts.xd } else { x };
         // dB [out, r] += dyᵀ @ xs
-        ops::gemm_as(dtype, o, r, n, dy, true, &acts.xs, false, &mut grads.tensors[k + 1].data, 1.0);
+        ops::gemm_as(dtype, Gemm::new(o, r, n).transposed(true, false).beta(1.0), dy, &acts.xs, &mut grads.tensors[k + 1].data);
         // dxa [T, r] = s · dy @ B
         let mut dxa = vec![0f32; n * r];
-        ops::gemm_as(dtype, n, r, o, dy, false, b, false, &mut dxa, 0.0);
+        ops::gemm_as(dtype, Gemm::new(n, r, o), dy, b, &mut dxa);
         let s = self.config.scale();
         dxa.iter_mut().for_each(|v| *v *= s);
         // dA [r, in] += dxaᵀ @ drop(x)
-        ops::gemm_as(dtype, r, inp, n, &dxa, true, xin, false, &mut grads.tensors[k].data, 1.0);
+        ops::gemm_as(dtype, Gemm::new(r, inp, n).transposed(true, false).beta(1.0), &dxa, xin, &mut grads.tensors[k].data);
         // dx += drop'(dxa @ A)
         if drop {
             let mut dxd = vec![0f32; n * inp];
-            ops::gemm_as(dtype, n, inp, r, &dxa, false, a, false, &mut dxd, 0.0);
+            ops::gemm_as(dtype, Gemm::new(n, inp, r), &dxa, a, &mut dxd);
             dx.iter_mut().zip(&dxd).enumerate().for_each(|(i, (d, &g))| *d += g * self.dropout_factor(l, t, i));
         } else {
-            ops::gemm_as(dtype, n, inp, r, &dxa, false, a, false, dx, 1.0);
+            ops::gemm_as(dtype, Gemm::new(n, inp, r).beta(1.0), &dxa, a, dx);
         }
     }
 
@@ -362,7 +362,7 @@ impl Lora {
                 let name = format!("model.layers.{l}.{}.weight", t.module());
                 let w = params.get_mut(&name).with_context(|| format!("merging LoRA: the model has no {name}"))?;
                 let mut delta = vec![0f32; o * inp];
-                ops::gemm(o, inp, r, b, false, a, false, &mut delta, 0.0);
+                ops::gemm(Gemm::new(o, inp, r), b, a, &mut delta);
                 w.data.iter_mut().zip(&delta).for_each(|(w, d)| *w += d * s);
             }
         }

@@ -411,9 +411,9 @@ impl Model {
         ops::rmsnorm_forward(&mut a.h1, &mut a.rstd1, &a.x, self.p(li.ln1), eps, d);
         // With Qwen3's q/k norm the projections land in qr / kr and the norm writes q / k.
         let (qdst, kdst) = if li.qn.is_some() { (&mut a.qr, &mut a.kr) } else { (&mut a.q, &mut a.k) };
-        ops::linear_forward_as(self.matmul, qdst, &a.h1, self.p(li.wq), self.pb(li.bq), t, d, qd);
-        ops::linear_forward_as(self.matmul, kdst, &a.h1, self.p(li.wk), self.pb(li.bk), t, d, kvd);
-        ops::linear_forward_as(self.matmul, &mut a.v, &a.h1, self.p(li.wv), self.pb(li.bv), t, d, kvd);
+        ops::linear_forward_as(self.matmul, qdst, &a.h1, self.p(li.wq), self.pb(li.bq), (t, d, qd));
+        ops::linear_forward_as(self.matmul, kdst, &a.h1, self.p(li.wk), self.pb(li.bk), (t, d, kvd));
+        ops::linear_forward_as(self.matmul, &mut a.v, &a.h1, self.p(li.wv), self.pb(li.bv), (t, d, kvd));
         if let Some(lo) = &self.lora {
             // q and k before Qwen3's norm: the adapter adds to the projection, as PEFT's does
             let (qdst, kdst) = if li.qn.is_some() { (&mut a.qr, &mut a.kr) } else { (&mut a.q, &mut a.k) };
@@ -428,21 +428,21 @@ impl Model {
         ops::rope_forward(&mut a.q, &cx.cos, &cx.sin, nh, hd);
         ops::rope_forward(&mut a.k, &cx.cos, &cx.sin, nkv, hd);
         ops::attention_forward_prefix(&mut a.att, &mut a.lse, Qkv { q: &a.q, k: &a.k, v: &a.v }, cx.attention(c, window), self.matmul);
-        ops::linear_forward_as(self.matmul, &mut a.x2, &a.att, self.p(li.wo), self.pb(li.bo), t, qd, d);
+        ops::linear_forward_as(self.matmul, &mut a.x2, &a.att, self.p(li.wo), self.pb(li.bo), (t, qd, d));
         if let Some(lo) = &self.lora {
             lo.forward(self.lora_call(l, Target::O, train), &a.att, &mut a.x2, t, Some(&mut a.lora[Target::O as usize]));
         }
         a.x2.iter_mut().zip(&a.x).for_each(|(s, b)| *s += b);
         ops::rmsnorm_forward(&mut a.h2, &mut a.rstd2, &a.x2, self.p(li.ln2), eps, d);
-        ops::linear_forward_as(self.matmul, &mut a.g, &a.h2, self.p(li.wg), self.pb(li.bg), t, d, inter);
-        ops::linear_forward_as(self.matmul, &mut a.u, &a.h2, self.p(li.wu), self.pb(li.bu), t, d, inter);
+        ops::linear_forward_as(self.matmul, &mut a.g, &a.h2, self.p(li.wg), self.pb(li.bg), (t, d, inter));
+        ops::linear_forward_as(self.matmul, &mut a.u, &a.h2, self.p(li.wu), self.pb(li.bu), (t, d, inter));
         if let Some(lo) = &self.lora {
             for (tg, out) in [(Target::Gate, &mut a.g), (Target::Up, &mut a.u)] {
                 lo.forward(self.lora_call(l, tg, train), &a.h2, out, t, Some(&mut a.lora[tg as usize]));
             }
         }
         ops::swiglu_forward(&mut a.a, &a.g, &a.u);
-        ops::linear_forward_as(self.matmul, y, &a.a, self.p(li.wd), self.pb(li.bd), t, inter, d);
+        ops::linear_forward_as(self.matmul, y, &a.a, self.p(li.wd), self.pb(li.bd), (t, inter, d));
         if let Some(lo) = &self.lora {
             lo.forward(self.lora_call(l, Target::Down, train), &a.a, y, t, Some(&mut a.lora[Target::Down as usize]));
         }
@@ -482,7 +482,7 @@ impl Model {
         let mut ws = Workspace::default();
         self.final_norm(&lay, seq.input_ids, &cx, None, &mut ws);
         let mut logits = vec![0f32; cx.t * v];
-        ops::linear_forward_as(self.matmul, &mut logits, &ws.hf, self.p(self.head_weight(&lay)), None, cx.t, d, v);
+        ops::linear_forward_as(self.matmul, &mut logits, &ws.hf, self.p(self.head_weight(&lay)), None, (cx.t, d, v));
         Ok(logits)
     }
 
@@ -517,7 +517,7 @@ impl Model {
         for r0 in (0..n).step_by(HEAD_CHUNK_ROWS) {
             let r1 = (r0 + HEAD_CHUNK_ROWS).min(n);
             let z = &mut buf[..(r1 - r0) * v];
-            ops::linear_forward_as(self.matmul, z, &ws.hs[r0 * d..r1 * d], self.p(self.head_weight(&lay)), None, r1 - r0, d, v);
+            ops::linear_forward_as(self.matmul, z, &ws.hs[r0 * d..r1 * d], self.p(self.head_weight(&lay)), None, (r1 - r0, d, v));
             ops::logsoftmax_forward(&mut lp[r0..r1], &mut en[r0..r1], &mut lse[r0..r1], z, &head.targets[r0..r1], v);
         }
         Ok(head.token_stats(cx.t, &lp, &en))
@@ -606,14 +606,14 @@ impl Model {
         if cache {
             // ws.head [n, V]: the logits, then the probabilities (the head backward reads them)
             fit(&mut ws.head, n * v);
-            ops::linear_forward_as(self.matmul, &mut ws.head, &ws.hs, self.p(wh), None, n, d, v);
+            ops::linear_forward_as(self.matmul, &mut ws.head, &ws.hs, self.p(wh), None, (n, d, v));
             ops::logsoftmax_forward_inplace(&mut row_lp, &mut row_en, &mut row_lse, &mut ws.head, &head.targets, v);
         } else {
             fit(&mut ws.head, chunk * v);
             for r0 in (0..n).step_by(chunk) {
                 let r1 = (r0 + chunk).min(n);
                 let z = &mut ws.head[..(r1 - r0) * v];
-                ops::linear_forward_as(self.matmul, z, &ws.hs[r0 * d..r1 * d], self.p(wh), None, r1 - r0, d, v);
+                ops::linear_forward_as(self.matmul, z, &ws.hs[r0 * d..r1 * d], self.p(wh), None, (r1 - r0, d, v));
                 ops::logsoftmax_forward(
                     &mut row_lp[r0..r1],
                     &mut row_en[r0..r1],
@@ -656,7 +656,7 @@ impl Model {
                     let r1 = (r0 + chunk).min(n);
                     let m = r1 - r0;
                     let (zc, dzc) = (&mut ws.head[..m * v], &mut ws.head2[..m * v]);
-                    ops::linear_forward_as(self.matmul, zc, &ws.hs[r0 * d..r1 * d], self.p(wh), None, m, d, v);
+                    ops::linear_forward_as(self.matmul, zc, &ws.hs[r0 * d..r1 * d], self.p(wh), None, (m, d, v));
                     ops::logsoftmax_backward(dzc, zc, &row_lse[r0..r1], &head.targets[r0..r1], &dlogp_row[r0..r1], v);
                     self.lin_back(&mut base, Linear { w: wh, bias: None, i: d, o: v }, (&mut ws.dhs[r0 * d..r1 * d], 1.0), dzc, &ws.hs[r0 * d..r1 * d], m);
                 }
@@ -740,9 +740,9 @@ impl Model {
         match base {
             Some(g) => {
                 let (dw, db) = grad_pair(&mut g.tensors, w, bias);
-                ops::linear_backward_as(self.matmul, Some(dx), dw, db, dout, x, self.p(w), t, i, o)
+                ops::linear_backward_as(self.matmul, Some(dx), dw, db, dout, x, self.p(w), (t, i, o))
             }
-            None => ops::linear_backward_input_as(self.matmul, dx.0, dx.1, dout, self.p(w), t, i, o),
+            None => ops::linear_backward_input_as(self.matmul, dx.0, dx.1, dout, self.p(w), (t, i, o)),
         }
     }
 

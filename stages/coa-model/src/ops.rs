@@ -33,19 +33,71 @@ pub fn gemm_kernel() -> &'static str {
     crate::sgemm::kernel().name()
 }
 
-/// `c[m,n] = a' @ b' + beta * c`, where a' = a (stored [m,k]) or aᵀ (a stored [k,m], `a_t`), and
-/// b' = b (stored [k,n]) or bᵀ (b stored [n,k], `b_t`). `c` is row-major contiguous. With
+/// One product `c[m,n] = alpha * a' @ b' + beta * c` in row-major terms, as the CPU's [`gemm`]
+/// and the GPU's (`coa_kernels`' `Gpu::gemm`) take it: a' = a (stored [m,k]) or aᵀ (a stored
+/// [k,m], `a_t`); b' = b (stored [k,n]) or bᵀ (b stored [n,k], `b_t`). `Gemm::new(m, n, k)` is `c = a @ b` on dense operands;
+/// the other methods set the rest, e.g. linear forward `y[T,O] = x @ wᵀ` is
+/// `Gemm::new(T, O, I).transposed(false, true)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_t: bool,
+    pub b_t: bool,
+    /// Elements between the stored rows of a, b and c (row-major leading dimensions), for
+    /// sub-matrices such as a column block of a fused q|k|v buffer; None: dense operands (the
+    /// CPU's [`gemm`] takes dense operands only).
+    pub ld: Option<[usize; 3]>,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+impl Gemm {
+    /// `c[m,n] = a[m,k] @ b[k,n]`: dense, not transposed, alpha 1, c overwritten (beta 0).
+    pub fn new(m: usize, n: usize, k: usize) -> Self {
+        Gemm { m, n, k, a_t: false, b_t: false, ld: None, alpha: 1.0, beta: 0.0 }
+    }
+    /// Which of a and b are stored transposed.
+    pub fn transposed(self, a_t: bool, b_t: bool) -> Self {
+        Gemm { a_t, b_t, ..self }
+    }
+    /// The operands are sub-matrices whose stored rows are `lda`, `ldb`, `ldc` elements apart.
+    pub fn ld(self, lda: usize, ldb: usize, ldc: usize) -> Self {
+        Gemm { ld: Some([lda, ldb, ldc]), ..self }
+    }
+    /// Scales the product.
+    pub fn alpha(self, alpha: f32) -> Self {
+        Gemm { alpha, ..self }
+    }
+    /// Keeps `beta * c` (1: accumulate into c).
+    pub fn beta(self, beta: f32) -> Self {
+        Gemm { beta, ..self }
+    }
+    /// (stored rows, stored columns) of a and of b.
+    pub fn stored_shapes(&self) -> [(usize, usize); 2] {
+        let Gemm { m, n, k, .. } = *self;
+        [if self.a_t { (k, m) } else { (m, k) }, if self.b_t { (n, k) } else { (k, n) }]
+    }
+    /// The leading dimensions of a, b, c: the given ones, or the stored rows' lengths.
+    pub fn leading_dims(&self) -> [usize; 3] {
+        let [(_, ac), (_, bc)] = self.stored_shapes();
+        self.ld.unwrap_or([ac, bc, self.n])
+    }
+}
+
+/// `g`'s product on dense row-major operands: `c[m,n] = alpha * a' @ b' + beta * c`. With
 /// `beta == 0` the old contents of `c` are ignored (may be anything, even NaN).
 /// Parallel over output tiles with rayon; single-threaded [`crate::sgemm`] per tile.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm(m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: bool, c: &mut [f32], beta: f32) {
-    gemm_as(MatmulDtype::F32, m, n, k, a, a_t, b, b_t, c, beta)
+pub fn gemm(g: Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    gemm_as(MatmulDtype::F32, g, a, b, c)
 }
 
 /// [`gemm`] with its operands as `dtype` has them: f32, or rounded to bf16 (f32 sums; on AMX
 /// tiles where the CPU has them).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_as(dtype: MatmulDtype, m: usize, n: usize, k: usize, a: &[f32], a_t: bool, b: &[f32], b_t: bool, c: &mut [f32], beta: f32) {
+pub fn gemm_as(dtype: MatmulDtype, g: Gemm, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let Gemm { m, n, k, a_t, b_t, alpha, beta, .. } = g;
+    assert!(g.ld.is_none(), "gemm: the CPU reference takes dense operands (no leading dimensions)");
     assert_eq!(a.len(), m * k, "gemm: a has {} elements, expected {m}x{k}", a.len());
     assert_eq!(b.len(), k * n, "gemm: b has {} elements, expected {k}x{n}", b.len());
     assert_eq!(c.len(), m * n, "gemm: c has {} elements, expected {m}x{n}", c.len());
@@ -94,8 +146,8 @@ pub fn gemm_as(dtype: MatmulDtype, m: usize, n: usize, k: usize, a: &[f32], a_t:
             let b0 = (bp as *const f32).offset(j0 as isize * csb);
             let c0 = cp.0.add(i0 * n + j0);
             match dtype {
-                MatmulDtype::F32 => crate::sgemm::sgemm(mm, nn, k, 1.0, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n),
-                MatmulDtype::Bf16 => crate::sgemm::sgemm_bf16(mm, nn, k, 1.0, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n),
+                MatmulDtype::F32 => crate::sgemm::sgemm(mm, nn, k, alpha, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n),
+                MatmulDtype::Bf16 => crate::sgemm::sgemm_bf16(mm, nn, k, alpha, a0, rsa as usize, csa as usize, b0, rsb as usize, csb as usize, beta, c0, n),
             }
         }
     };
@@ -108,14 +160,13 @@ pub fn gemm_as(dtype: MatmulDtype, m: usize, n: usize, k: usize, a: &[f32], a_t:
 }
 
 /// Linear layer forward: `out[T,O] = x[T,I] @ w[O,I]ᵀ + b[O]` (out is written).
-pub fn linear_forward(out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, t: usize, i: usize, o: usize) {
-    linear_forward_as(MatmulDtype::F32, out, x, w, b, t, i, o)
+pub fn linear_forward(out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, (t, i, o): (usize, usize, usize)) {
+    linear_forward_as(MatmulDtype::F32, out, x, w, b, (t, i, o))
 }
 
 /// [`linear_forward`] with the product in `dtype` ([`gemm_as`]).
-#[allow(clippy::too_many_arguments)]
-pub fn linear_forward_as(dtype: MatmulDtype, out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, t: usize, i: usize, o: usize) {
-    gemm_as(dtype, t, o, i, x, false, w, true, out, 0.0);
+pub fn linear_forward_as(dtype: MatmulDtype, out: &mut [f32], x: &[f32], w: &[f32], b: Option<&[f32]>, (t, i, o): (usize, usize, usize)) {
+    gemm_as(dtype, Gemm::new(t, o, i).transposed(false, true), x, w, out);
     if let Some(b) = b {
         assert_eq!(b.len(), o);
         out.par_chunks_mut(o * ROW_CHUNK).for_each(|rows| {
@@ -128,19 +179,8 @@ pub fn linear_forward_as(dtype: MatmulDtype, out: &mut [f32], x: &[f32], w: &[f3
 
 /// Linear layer backward. Accumulates `dx[T,I] += dout[T,O] @ w[O,I]` (when `dx` is given),
 /// `dw[O,I] += dout[T,O]ᵀ @ x[T,I]`, `db[O] += Σ_t dout[t,:]`.
-#[allow(clippy::too_many_arguments)]
-pub fn linear_backward(
-    dx: Option<&mut [f32]>,
-    dw: &mut [f32],
-    db: Option<&mut [f32]>,
-    dout: &[f32],
-    x: &[f32],
-    w: &[f32],
-    t: usize,
-    i: usize,
-    o: usize,
-) {
-    linear_backward_as(MatmulDtype::F32, dx.map(|d| (d, 1.0)), dw, db, dout, x, w, t, i, o)
+pub fn linear_backward(dx: Option<&mut [f32]>, dw: &mut [f32], db: Option<&mut [f32]>, dout: &[f32], x: &[f32], w: &[f32], shape: (usize, usize, usize)) {
+    linear_backward_as(MatmulDtype::F32, dx.map(|d| (d, 1.0)), dw, db, dout, x, w, shape)
 }
 
 /// [`linear_backward`] with the products in `dtype` ([`gemm_as`]); `dx` is written (`beta` 0: the
@@ -154,14 +194,13 @@ pub fn linear_backward_as(
     dout: &[f32],
     x: &[f32],
     w: &[f32],
-    t: usize,
-    i: usize,
-    o: usize,
+    shape: (usize, usize, usize),
 ) {
+    let (t, i, o) = shape;
     if let Some((dx, beta)) = dx {
-        linear_backward_input_as(dtype, dx, beta, dout, w, t, i, o);
+        linear_backward_input_as(dtype, dx, beta, dout, w, shape);
     }
-    gemm_as(dtype, o, i, t, dout, true, x, false, dw, 1.0);
+    gemm_as(dtype, Gemm::new(o, i, t).transposed(true, false).beta(1.0), dout, x, dw);
     if let Some(db) = db {
         let partial = column_sums(dout, t, o);
         db.iter_mut().zip(&partial).for_each(|(a, b)| *a += b);
@@ -170,9 +209,8 @@ pub fn linear_backward_as(
 
 /// The input half of [`linear_backward_as`]: `dx[T,I] = dout[T,O] @ w[O,I] + beta · dx` (a
 /// frozen weight needs no gradient of its own).
-#[allow(clippy::too_many_arguments)]
-pub fn linear_backward_input_as(dtype: MatmulDtype, dx: &mut [f32], beta: f32, dout: &[f32], w: &[f32], t: usize, i: usize, o: usize) {
-    gemm_as(dtype, t, i, o, dout, false, w, false, dx, beta);
+pub fn linear_backward_input_as(dtype: MatmulDtype, dx: &mut [f32], beta: f32, dout: &[f32], w: &[f32], (t, i, o): (usize, usize, usize)) {
+    gemm_as(dtype, Gemm::new(t, i, o).beta(beta), dout, w, dx);
 }
 
 /// Σ over rows of `x[T,C]` → `[C]`, with fixed chunking (deterministic).

@@ -48,6 +48,7 @@ const TOL: f32 = 1e-2;
 
 #[test]
 fn gemm_matches_naive_all_layouts() {
+    // alpha and beta both away from 1: the product is scaled, the old c kept at half weight
     let mut rng = Rng(1);
     for &(m, n, k) in &[(1, 1, 1), (3, 5, 7), (70, 33, 19), (130, 260, 40), (9, 300, 64)] {
         let a = rng.vec(m * k, 1.0);
@@ -56,7 +57,7 @@ fn gemm_matches_naive_all_layouts() {
             for b_t in [false, true] {
                 let mut c = rng.vec(m * n, 1.0);
                 let c0 = c.clone();
-                ops::gemm(m, n, k, &a, a_t, &b, b_t, &mut c, 0.5);
+                ops::gemm(ops::Gemm::new(m, n, k).transposed(a_t, b_t).alpha(-1.5).beta(0.5), &a, &b, &mut c);
                 let mut want = vec![0f32; m * n];
                 for i in 0..m {
                     for j in 0..n {
@@ -66,7 +67,7 @@ fn gemm_matches_naive_all_layouts() {
                             let bv = if b_t { b[j * k + p] } else { b[p * n + j] };
                             s += av as f64 * bv as f64;
                         }
-                        want[i * n + j] = (s + 0.5 * c0[i * n + j] as f64) as f32;
+                        want[i * n + j] = (-1.5 * s + 0.5 * c0[i * n + j] as f64) as f32;
                     }
                 }
                 let e = rel_err(&c, &want);
@@ -74,6 +75,14 @@ fn gemm_matches_naive_all_layouts() {
             }
         }
     }
+}
+
+#[test]
+#[should_panic(expected = "dense operands")]
+fn gemm_refuses_leading_dimensions() {
+    // sub-matrices are the GPU's (`Gpu::gemm`); the reference says so rather than reading past rows
+    let (a, b, mut c) = (vec![0f32; 4], vec![0f32; 4], vec![0f32; 4]);
+    ops::gemm(ops::Gemm::new(2, 2, 2).ld(3, 3, 3), &a, &b, &mut c);
 }
 
 #[test]
@@ -86,11 +95,11 @@ fn linear_backward_matches_finite_differences() {
     let r = rng.vec(t * o, 1.0);
     let fwd = |x: &[f32], w: &[f32], b: &[f32]| {
         let mut out = vec![0f32; t * o];
-        ops::linear_forward(&mut out, x, w, Some(b), t, i, o);
+        ops::linear_forward(&mut out, x, w, Some(b), (t, i, o));
         dotf64(&out, &r)
     };
     let (mut dx, mut dw, mut db) = (vec![0f32; t * i], vec![0f32; o * i], vec![0f32; o]);
-    ops::linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &r, &x, &w, t, i, o);
+    ops::linear_backward(Some(&mut dx), &mut dw, Some(&mut db), &r, &x, &w, (t, i, o));
     let (w0, b0) = (w.clone(), b.clone());
     let nx = numgrad(&mut x, 1e-2, &mut |x| fwd(x, &w0, &b0));
     let x0 = x.clone();
@@ -101,11 +110,11 @@ fn linear_backward_matches_finite_differences() {
     assert!(rel_err(&db, &nb) < TOL, "db {}", rel_err(&db, &nb));
     // accumulation: a second call adds the same amount
     let dw1 = dw.clone();
-    ops::linear_backward(None, &mut dw, None, &r, &x, &w, t, i, o);
+    ops::linear_backward(None, &mut dw, None, &r, &x, &w, (t, i, o));
     assert!(rel_err(&dw, &dw1.iter().map(|v| 2.0 * v).collect::<Vec<_>>()) < 1e-6);
     // beta 0 writes dx whatever it held (NaN here) and still adds to dw
     let mut dx_to = vec![f32::NAN; t * i];
-    ops::linear_backward_as(coa_model::MatmulDtype::F32, Some((&mut dx_to, 0.0)), &mut dw, None, &r, &x, &w, t, i, o);
+    ops::linear_backward_as(coa_model::MatmulDtype::F32, Some((&mut dx_to, 0.0)), &mut dw, None, &r, &x, &w, (t, i, o));
     assert!(dx_to.iter().zip(&dx).all(|(a, b)| a.to_bits() == b.to_bits()), "dx {dx_to:?} vs {dx:?}");
     assert!(rel_err(&dw, &dw1.iter().map(|v| 3.0 * v).collect::<Vec<_>>()) < 1e-6);
 }
