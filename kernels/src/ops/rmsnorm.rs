@@ -72,9 +72,7 @@ impl Gpu {
         xsave: Option<&mut S>,
         eps: f32,
     ) -> Result<()> {
-        let HeadRows { tokens, heads, head_dim: hd, ld } = rows;
-        let n = tokens * heads;
-        check_heads(hd, heads, ld)?;
+        let (n, hd) = check_heads(&rows)?;
         if n == 0 {
             return Ok(());
         }
@@ -96,7 +94,7 @@ impl Gpu {
         };
         // x and y are the same buffer: the kernel reads each row before writing it.
         // SAFETY: extents checked (the last token's heads end at (tokens - 1)·ld + heads·hd).
-        unsafe { self.launch_rmsnorm_fwd([xp, wp, xp, rp, sp], Rows { n, d: hd, per: heads, ld, threads: 64 }, eps) }
+        unsafe { self.launch_rmsnorm_fwd([xp, wp, xp, rp, sp], Rows { n, d: hd, per: rows.heads, ld: rows.ld, threads: 64 }, eps) }
     }
 
     /// `rmsnorm_fwd` on device pointers x, w, y, rstd, xsave (0: none).
@@ -126,9 +124,7 @@ impl Gpu {
         rstd: &impl DevicePtr<f32>,
         dw: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
-        let HeadRows { tokens, heads, head_dim: hd, ld } = rows;
-        let n = tokens * heads;
-        check_heads(hd, heads, ld)?;
+        let (n, hd) = check_heads(&rows)?;
         if n == 0 {
             return Ok(());
         }
@@ -143,7 +139,7 @@ impl Gpu {
         let (dwp, _g5) = dw.device_ptr_mut(&self.stream);
         // dy and dx are the same buffer: each thread reads its columns before writing them.
         // SAFETY: extents checked.
-        unsafe { self.launch_rmsnorm_bwd([dxp, xp, wp, rp, dxp, dwp], Rows { n, d: hd, per: heads, ld, threads: 64 }, false) }
+        unsafe { self.launch_rmsnorm_bwd([dxp, xp, wp, rp, dxp, dwp], Rows { n, d: hd, per: rows.heads, ld: rows.ld, threads: 64 }, false) }
     }
 
     /// dx [N, D] written (`accumulate`: added to), dw [D] f32 ACCUMULATED (+=), as
@@ -208,10 +204,12 @@ impl Gpu {
     }
 }
 
-/// Head norms: an even head dimension, and heads that fit their token's row.
-fn check_heads(hd: usize, heads: usize, ld: usize) -> Result<()> {
+/// Head norms: an even head dimension, and heads that fit their token's row. Returns the rows
+/// normalised (tokens × heads) and the head dimension.
+fn check_heads(r: &HeadRows) -> Result<(usize, usize)> {
+    let HeadRows { tokens, heads, head_dim: hd, ld } = *r;
     if hd % 2 != 0 || hd == 0 || heads == 0 || heads * hd > ld {
         return Err(Error(format!("head rmsnorm: {heads} heads of {hd} (even, > 0) must fit rows of {ld} elements")));
     }
-    Ok(())
+    Ok((tokens * heads, hd))
 }
