@@ -1,15 +1,15 @@
-//! Matmuls on cuBLAS (`cublasGemmEx`, bf16 in, bf16 or f32 out, fp32 compute) in the row-major
-//! convention of the CPU reference `coa_model::ops::gemm`, and the linear layer built on them
-//! (forward, and backward into the f32 gradient buffer; biases through k = 1 products with a ones
-//! vector). Test: `tests/gpu_kernels/gemm.rs`.
+//! Matmuls on cuBLAS (`cublasGemmEx`, bf16 in, bf16 or f32 out, fp32 compute), each described by
+//! a `coa_model::ops::Gemm` as the CPU reference `coa_model::ops::gemm` takes it, and the linear
+//! layer built on them (forward, and backward into the f32 gradient buffer; biases through k = 1
+//! products with a ones vector). Test: `tests/gpu_kernels/gemm.rs`.
 
+use coa_model::ops::Gemm;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 
 use crate::error::Result;
 use crate::gpu::{check_len, i32_of, Gpu};
-use coa_model::ops::Gemm;
 
 /// Output element types of [`Gpu::gemm`]: bf16 activations or f32 gradient accumulators.
 pub trait GemmOut: DeviceRepr {
