@@ -204,12 +204,9 @@ impl Gpu {
     }
 }
 
-/// Head norms: an even head dimension, and heads that fit their token's row. Returns the rows
-/// normalised (tokens × heads) and the head dimension.
+/// Head norms: the checks of [`HeadRows::check`]. Returns the rows normalised (tokens × heads) and
+/// the head dimension.
 fn check_heads(r: &HeadRows) -> Result<(usize, usize)> {
-    let HeadRows { tokens, heads, head_dim: hd, ld } = *r;
-    if hd % 2 != 0 || hd == 0 || heads == 0 || heads * hd > ld {
-        return Err(Error(format!("head rmsnorm: {heads} heads of {hd} (even, > 0) must fit rows of {ld} elements")));
-    }
-    Ok((tokens * heads, hd))
+    r.check("head rmsnorm")?;
+    Ok((r.tokens * r.heads, r.head_dim))
 }

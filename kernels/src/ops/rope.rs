@@ -29,6 +29,15 @@ pub struct HeadRows {
 }
 
 impl HeadRows {
+    /// What every op on heads needs: at least one head, an even head dimension (the kernels rotate
+    /// and read bf16 pairs), and heads that fit their token's row.
+    pub fn check(&self, op: &str) -> Result<()> {
+        let HeadRows { heads, head_dim: hd, ld, .. } = *self;
+        if hd % 2 != 0 || hd == 0 || heads == 0 || heads * hd > ld {
+            return Err(Error(format!("{op}: {heads} heads of {hd} (even, > 0) must fit rows of {ld} elements")));
+        }
+        Ok(())
+    }
     /// One past the last element the rows cover (0 without tokens or heads).
     pub fn extent(&self) -> usize {
         if self.tokens == 0 || self.heads == 0 {
@@ -51,14 +60,9 @@ impl Gpu {
         sin: &impl DevicePtr<f32>,
         inverse: bool,
     ) -> Result<()> {
+        rows.check("rope")?;
         let HeadRows { tokens: n, heads, head_dim: hd, ld } = rows;
-        if hd % 2 != 0 {
-            return Err(Error(format!("rope needs an even head_dim, got {hd}")));
-        }
-        if heads * hd > ld {
-            return Err(Error(format!("rope: {heads} heads of {hd} do not fit rows of {ld} elements")));
-        }
-        if n == 0 || heads == 0 {
+        if n == 0 {
             return Ok(());
         }
         check_len("rope x", x.len(), rows.extent())?;
