@@ -8,13 +8,12 @@ use anyhow::{anyhow, bail, Context, Result};
 use coa_kernels::decode::{check_decodable, GpuDecoder};
 use coa_kernels::{gpu_for_model, select_device, Device, DeviceArg, Gpu};
 use coa_model::Model;
+use coa_rewards::OverlongCacheArg;
 use coa_schemas::flags::ThreadsArg;
 use coa_schemas::shard::ShardArgs;
 use coa_schemas::stage::IoArgs;
 use coa_tokenize::{LayoutArgs, Vocab};
 use coa_tools::flags::ToolFlags;
-
-use coa_rewards::OverlongCacheArg;
 
 use super::model::{load_checkpoint, Decoder, GpuPolicy, ModelPolicy, GPU_PASS_ROWS};
 use crate::positive;
