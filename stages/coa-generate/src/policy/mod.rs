@@ -44,8 +44,9 @@
 //! with `coa_score::judge` against its task's gold (reward as coa-score computes it, with
 //! Lmax = `--max-response-tokens`, Lcache = `--overlong-cache` (`coa_rewards::OverlongCacheArg`:
 //! default Lmax / 8) and the default format penalty); a group is informative when its rewards
-//! are not all equal. Tasks are taken in order until N informative groups exist; every group up to and including the N-th informative one is written (dropping
-//! the uninformative ones is `coa-filter --dynamic-sampling`'s job).
+//! are not all equal. Tasks are taken in order until N informative groups exist; every group up
+//! to and including the N-th informative one is written (dropping the uninformative ones is
+//! `coa-filter --dynamic-sampling`'s job).
 //!
 //! **Oversampling in shards.** With `--shard I/N` too, `--groups G` stays the whole run's count and
 //! shard I wants its share of it ([`groups_share`]: G/N, one more for the first G mod N shards),
